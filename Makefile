@@ -1,0 +1,33 @@
+# The two commands: `make run` (the default job) and `make test` (the whole suite).
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint format venv clean
+
+$(STAMP): pyproject.toml requirements-lock.txt
+	@command -v $(PYTHON) >/dev/null || (echo "need $(PYTHON) on PATH (set PYTHON=...)"; exit 1)
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch first, pinned: pip takes the CPU wheel; an unpinned torch would pull a CUDA build
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -c requirements-lock.txt -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/pyflyte run workflows/grpo.py grpo $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python -m pytest -m "slow or not slow" $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+clean:
+	rm -rf runs mlruns mlruns.db

@@ -1,0 +1,30 @@
+"""Held-out greedy accuracy: the task verifier over greedy completions of the built-in engine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from areal_core.models import chat_prompt
+from areal_core.reward.math import gsm8k_reward
+from areal_core.rollout.engine import SamplingParams
+from areal_core.rollout.torch_engine import TorchEngine
+
+
+@torch.no_grad()
+def greedy_accuracy(model, tokenizer, records: list[dict[str, Any]], max_new_tokens: int, batch_size: int) -> float:
+    """Fraction of `records` whose greedy completion's final answer matches the reference."""
+    if not records:
+        raise ValueError("no held-out records to evaluate")
+    was_training = model.training
+    engine = TorchEngine(model, tokenizer.pad_token_id, tokenizer.eos_token_id)
+    params = SamplingParams(max_new_tokens=max_new_tokens, greedy=True)
+    correct = 0.0
+    for start in range(0, len(records), batch_size):
+        chunk = records[start : start + batch_size]
+        gens = engine.generate([chat_prompt(tokenizer, r["prompt"]) for r in chunk], params)
+        for r, g in zip(chunk, gens):
+            correct += gsm8k_reward(tokenizer.decode(g.token_ids, skip_special_tokens=True), r["answer"])
+    model.train(was_training)
+    return correct / len(records)

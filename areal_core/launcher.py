@@ -1,0 +1,141 @@
+"""Single-machine supervisor: starts N rollout, K reward and one trainer process on one run
+root, forwards their logs with the role's name, shows progress, and stops everything when
+any role fails, naming it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from areal_core.store import Store
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+class RoleFailed(RuntimeError):
+    """A role process exited with an error; the message names the role and its exit code."""
+
+
+@dataclass
+class RoleProcess:
+    name: str
+    proc: subprocess.Popen
+    pump: threading.Thread
+
+
+def _pump(name: str, stream, sink) -> None:
+    for line in iter(stream.readline, ""):
+        sink.write(f"[{name}] {line}")
+        sink.flush()
+    stream.close()
+
+
+def start_role(
+    role: str, run_uri: str, index: int = 0, env: dict[str, str] | None = None, log_sink=None
+) -> RoleProcess:
+    name = f"{role}-{index}"
+    full_env = {**os.environ, **(env or {})}
+    full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), full_env.get("PYTHONPATH", "")]))
+    full_env.setdefault("PYTHONUNBUFFERED", "1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "areal_core.roles", role, "--run-uri", run_uri, "--index", str(index)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=full_env,
+        cwd=str(PROJECT_ROOT),
+    )
+    pump = threading.Thread(target=_pump, args=(name, proc.stdout, log_sink or sys.stderr), daemon=True)
+    pump.start()
+    return RoleProcess(name, proc, pump)
+
+
+def stop_all(procs: list[RoleProcess], grace_s: float = 10.0) -> None:
+    for p in procs:
+        if p.proc.poll() is None:
+            p.proc.terminate()
+    deadline = time.time() + grace_s
+    for p in procs:
+        try:
+            p.proc.wait(timeout=max(0.1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            p.proc.kill()
+            p.proc.wait()
+
+
+class Progress:
+    """A one-line progress display of the trainer's heartbeat."""
+
+    def __init__(self, store: Store, enabled: bool):
+        self.store, self.enabled = store, enabled and sys.stderr.isatty()
+        self.last_step = -1
+        self.plain = enabled and not self.enabled
+
+    def update(self) -> None:
+        if not (self.enabled or self.plain) or not self.store.exists("status/trainer-0.json"):
+            return
+        try:
+            st = self.store.read_json("status/trainer-0.json")
+        except Exception:  # a heartbeat being rewritten
+            return
+        step, total = st.get("step", 0), st.get("steps", 0)
+        if step == self.last_step:
+            return
+        self.last_step = step
+        width = 30
+        filled = int(width * step / max(total, 1))
+        line = (
+            f"step {step}/{total} [{'#' * filled}{'.' * (width - filled)}] reward {st.get('reward_mean', 0):.3f} "
+            f"staleness {st.get('staleness_mean', 0):.2f} dropped {int(st.get('dropped_samples', 0))} "
+            f"{st.get('elapsed_s', 0):.0f}s"
+        )
+        if "eval_accuracy" in st:
+            line += f" eval {st['eval_accuracy']:.3f}"
+        if self.enabled:
+            sys.stderr.write("\r" + line)
+        elif step % 10 == 0 or step == total:
+            sys.stderr.write(f"[progress] {line}\n")
+        sys.stderr.flush()
+
+
+def launch(
+    run_uri: str,
+    num_rollout: int,
+    num_reward: int,
+    timeout_s: float = 3600.0,
+    progress: bool = True,
+    env: dict[str, str] | None = None,
+) -> dict:
+    """Run all roles until the trainer writes DONE; raise RoleFailed naming a role that dies."""
+    store = Store(run_uri)
+    procs = [start_role("trainer", store.uri, 0, env)]
+    procs += [start_role("rollout", store.uri, i, env) for i in range(num_rollout)]
+    procs += [start_role("reward", store.uri, i, env) for i in range(num_reward)]
+    bar = Progress(store, progress)
+    t0 = time.time()
+    try:
+        while True:
+            for p in procs:
+                rc = p.proc.poll()
+                if rc not in (None, 0):
+                    raise RoleFailed(f"role {p.name} exited with code {rc}; stopping the run")
+            if all(p.proc.poll() == 0 for p in procs):
+                break
+            if time.time() - t0 > timeout_s:
+                raise RoleFailed(f"run did not finish within {timeout_s:.0f}s")
+            bar.update()
+            time.sleep(0.2)
+    finally:
+        stop_all(procs)
+        for p in procs:
+            p.pump.join(timeout=2)
+        if bar.enabled:
+            sys.stderr.write("\n")
+    if not store.done():
+        raise RoleFailed("all roles exited but the trainer wrote no DONE")
+    return {"wall_s": time.time() - t0, **store.read_json("DONE")}

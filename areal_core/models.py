@@ -1,0 +1,98 @@
+"""Tokenizer and model factory: the tiny default built in code, or any HF checkpoint.
+
+The tiny default is a Qwen2-architecture causal LM from `transformers` created from a
+config, with a byte-level BPE tokenizer trained in code on the task's text (digits kept
+one per token) and saved in HF format with a chat template.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+PAD, BOS, EOS = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def build_tokenizer(corpus: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    """Byte-level BPE trained on `corpus`; digits are split one per token so arithmetic stays learnable."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[PAD, BOS, EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus + ["user", "assistant", "system"], trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS, bos_token=BOS)
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def build_tiny_model(cfg: Any, vocab_size: int, seed: int) -> Qwen2ForCausalLM:
+    """A Qwen2 model created from `cfg` (areal_core.config.ModelConfig), randomly initialised."""
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        max_position_embeddings=cfg.max_position_embeddings,
+        tie_word_embeddings=True,
+        rope_theta=10000.0,
+    )
+    model = Qwen2ForCausalLM(config)
+    return model.float()
+
+
+def chat_prompt(tokenizer: Any, question: str) -> list[int]:
+    """Token ids of the question in the chat template, ending with the assistant header."""
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True
+    )
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    return list(ids)
+
+
+def load_pretrained(path: str, device: str = "cpu") -> tuple[Any, Any]:
+    """(model, tokenizer) from a local folder or an fsspec URI of an HF checkpoint."""
+    local = localize(path)
+    tokenizer = AutoTokenizer.from_pretrained(local)
+    model = AutoModelForCausalLM.from_pretrained(local, dtype=torch.float32).to(device)
+    return model, tokenizer
+
+
+def localize(path: str) -> str:
+    if "://" not in path or path.startswith("file://"):
+        return path.removeprefix("file://")
+    from areal_core.store import Store
+
+    dst = tempfile.mkdtemp(prefix="areal-ckpt-")
+    Store(path).get_dir("", dst)
+    return dst
+
+
+def save_pretrained(model: Any, tokenizer: Any, out_dir: str | Path) -> None:
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out_dir)
+
+
+def num_params(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

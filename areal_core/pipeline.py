@@ -1,0 +1,165 @@
+"""The steps a workflow composes: prepare -> SFT -> asynchronous RL -> evaluate.
+
+Each is a plain function of strings (URIs, config text) so Flyte tasks stay thin and
+cache on their inputs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shlex
+from typing import Any
+
+from areal_core.config import RunConfig, from_yaml_text, load_config, to_yaml
+from areal_core.store import FINAL_MODEL, INIT_MODEL, Store
+
+log = logging.getLogger("areal.pipeline")
+
+# Everything under a run root that belongs to one training attempt (cleared for a new run).
+RUN_STATE = ["weights", "trajectories", "trainer", "status", "quarantine", "DONE", "tracking.json", FINAL_MODEL]
+
+
+def parse_overrides(overrides: str | list[str]) -> list[str]:
+    """'a.b=1 c=2' or ['a.b=1', 'c=2'] -> ['a.b=1', 'c=2']."""
+    if isinstance(overrides, list):
+        return overrides
+    return shlex.split(overrides.replace(",", " "))
+
+
+def sft_key(cfg: RunConfig) -> str:
+    """What the SFT result depends on: seed, task, model and SFT settings."""
+    part = {"seed": cfg.seed, "task": vars(cfg.task), "model": vars(cfg.model), "sft": vars(cfg.sft)}
+    return json.dumps(part, sort_keys=True)
+
+
+def prepare(config_path: str, overrides: str | list[str] = "", resume: bool = False) -> tuple[str, str]:
+    """Validate the config (before any work), write config.yaml and prompts/; returns (run URI, SFT key).
+
+    A run root left by an earlier run is cleared for a new run, unless `resume` is set.
+    """
+    cfg = load_config(config_path or None, parse_overrides(overrides))
+    store = Store(cfg.store)
+    if store.exists("config.yaml") and resume:
+        old = from_yaml_text(store.read_text("config.yaml"))
+        if to_yaml(old) != to_yaml(cfg):
+            raise ValueError(f"cannot resume {store.uri}: its config.yaml differs from this config")
+    elif not resume:
+        for name in RUN_STATE:
+            store.delete(name, recursive=True)
+    from areal_core.prepare import prepare_run
+
+    return prepare_run(cfg), sft_key(cfg)
+
+
+def sft(run_uri: str) -> str:
+    from areal_core.train.sft import run_sft
+
+    return run_sft(run_uri)
+
+
+def ensure_init_model(store: Store, init_model_uri: str) -> None:
+    """Copy the SFT checkpoint into the run root when it came from another run (a cache hit)."""
+    if init_model_uri.rstrip("/") == store.url(INIT_MODEL):
+        return
+    src_root, _, name = init_model_uri.rstrip("/").rpartition("/")
+    src = Store(src_root)
+    if not src.exists(f"{name}/COMMITTED"):
+        raise FileNotFoundError(
+            f"the cached SFT checkpoint {init_model_uri} no longer exists: rerun with `pyflyte run --overwrite-cache`"
+        )
+    for rel in src.find(name):
+        store.write_bytes(f"{INIT_MODEL}/{rel[len(name) + 1 :]}", src.read_bytes(rel))
+
+
+def run_async_rl(run_uri: str, init_model_uri: str) -> str:
+    """Start every role on this machine and wait for DONE; returns the final model's URI."""
+    from areal_core.launcher import launch
+    from areal_core.run_context import load_run_config
+    from areal_core.tracking import Tracker
+
+    store = Store(run_uri)
+    ensure_init_model(store, init_model_uri)
+    cfg = load_run_config(store)
+    tracker = Tracker.create(store, cfg)
+    try:
+        result = launch(
+            store.uri, cfg.rollout.num_workers, cfg.reward.num_workers, cfg.launcher.timeout_s, cfg.launcher.progress
+        )
+    except Exception:
+        tracker.finish("FAILED")
+        raise
+    tracker.log_metrics({"wall_s": result["wall_s"]}, result["step"])
+    log.info("async RL finished in %.1fs", result["wall_s"])
+    return store.url(FINAL_MODEL)
+
+
+def evaluate_run(run_uri: str) -> dict[str, Any]:
+    """Held-out greedy accuracy of the SFT checkpoint and of the final model, logged to MLflow."""
+    import tempfile
+
+    import torch
+
+    from areal_core.evaluate import greedy_accuracy
+    from areal_core.models import load_pretrained
+    from areal_core.prompts import load_prompts
+    from areal_core.run_context import load_run_config
+    from areal_core.tracking import Tracker
+
+    store = Store(run_uri)
+    cfg = load_run_config(store)
+    torch.set_num_threads(max(2, cfg.threads_per_role))
+    records = load_prompts(store, "eval")[: cfg.eval.num_samples]
+    out: dict[str, Any] = {}
+    for label, rel in (("before", INIT_MODEL), ("after", FINAL_MODEL)):
+        model, tokenizer = load_pretrained(store.url(rel), cfg.device)
+        out[label] = greedy_accuracy(model, tokenizer, records, cfg.eval.max_new_tokens, cfg.eval.batch_size)
+    out["gain"] = out["after"] - out["before"]
+    out["curves"] = metrics_rows(store)
+    tracker = Tracker.attach(store)
+    tracker.log_metrics({"heldout_accuracy_before": out["before"], "heldout_accuracy_after": out["after"]}, 0)
+    if tracker.enabled:
+        with tempfile.TemporaryDirectory() as tmp:
+            store.get_dir(FINAL_MODEL, tmp)
+            tracker.log_artifacts(tmp, "final_model")
+    tracker.finish()
+    print(f"held-out greedy accuracy: before RL {out['before']:.3f}, after RL {out['after']:.3f} ({out['gain']:+.3f})")
+    return out
+
+
+def metrics_rows(store: Store) -> list[dict[str, float]]:
+    if not store.exists("trainer/metrics.jsonl"):
+        return []
+    return [json.loads(line) for line in store.read_text("trainer/metrics.jsonl").splitlines() if line]
+
+
+def curves_html(rows: list[dict[str, float]], before: float, after: float) -> str:
+    """An HTML page with the reward and accuracy curves as inline PNG charts."""
+    import base64
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+    steps = [r["step"] for r in rows]
+    axes[0].plot(steps, [r.get("reward_mean", 0) for r in rows])
+    axes[0].set(title="reward mean per step", xlabel="step")
+    acc = [(r["step"], r["eval_accuracy"]) for r in rows if "eval_accuracy" in r]
+    axes[1].plot(
+        [0] + [s for s, _ in acc] + [steps[-1] if steps else 0], [before] + [a for _, a in acc] + [after], marker="o"
+    )
+    axes[1].set(title="held-out greedy accuracy", xlabel="step", ylim=(0, 1))
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    plt.close(fig)
+    img = base64.b64encode(buf.getvalue()).decode()
+    digest = hashlib.sha256(buf.getvalue()).hexdigest()[:8]
+    return (
+        f"<h3>AReaL-Flyte run</h3><p>held-out accuracy {before:.3f} → {after:.3f}</p>"
+        f'<img alt="curves-{digest}" src="data:image/png;base64,{img}"/>'
+    )

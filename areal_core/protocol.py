@@ -1,0 +1,155 @@
+"""Trajectory protocol: Arrow IPC shards, one row a sample (DESIGN.md).
+
+A shard that fails to parse or validate is moved to `quarantine/` with the reason and
+counted by the reader; it never crashes the consumer.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from areal_core.store import Store
+
+SCHEMA_VERSION = "1"
+
+SCHEMA = pa.schema(
+    [
+        ("sample_id", pa.string()),
+        ("group_id", pa.string()),
+        ("prompt_id", pa.string()),
+        ("worker_id", pa.string()),
+        ("input_ids", pa.list_(pa.int32())),
+        ("prompt_len", pa.int32()),
+        ("loss_mask", pa.list_(pa.int8())),
+        ("behav_logprobs", pa.list_(pa.float32())),
+        ("versions", pa.list_(pa.int32())),
+        ("finish_reason", pa.string()),
+        ("reward", pa.float32()),
+        ("token_rewards", pa.list_(pa.float32())),
+        ("reward_info", pa.string()),
+        ("num_turns", pa.int32()),
+        ("created_at", pa.float64()),
+        ("meta", pa.string()),
+    ],
+    metadata={"areal.schema_version": SCHEMA_VERSION},
+)
+
+
+class ShardError(ValueError):
+    """A shard that cannot be parsed or breaks the schema; the message says why."""
+
+
+@dataclass
+class Sample:
+    """One trajectory: prompt then response tokens, with per-token behaviour data."""
+
+    sample_id: str
+    group_id: str
+    prompt_id: str
+    worker_id: str
+    input_ids: list[int]
+    prompt_len: int
+    loss_mask: list[int]
+    behav_logprobs: list[float]
+    versions: list[int]
+    finish_reason: str = "stop"
+    reward: float | None = None
+    token_rewards: list[float] | None = None
+    reward_info: dict[str, Any] = field(default_factory=dict)
+    num_turns: int = 1
+    created_at: float = field(default_factory=time.time)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def response_ids(self) -> list[int]:
+        return self.input_ids[self.prompt_len :]
+
+    def min_version(self) -> int:
+        """Oldest policy version among the tokens the policy produced (-1 if none)."""
+        produced = [v for v, m in zip(self.versions, self.loss_mask) if m]
+        return min(produced) if produced else -1
+
+
+def _check(sample: Sample) -> None:
+    n = len(sample.input_ids)
+    if not (len(sample.loss_mask) == len(sample.behav_logprobs) == len(sample.versions) == n):
+        raise ShardError(f"sample {sample.sample_id}: per-token columns differ in length from input_ids ({n})")
+    if not 0 <= sample.prompt_len <= n:
+        raise ShardError(f"sample {sample.sample_id}: prompt_len {sample.prompt_len} outside 0..{n}")
+    if sample.token_rewards is not None and len(sample.token_rewards) != n:
+        raise ShardError(f"sample {sample.sample_id}: token_rewards length differs from input_ids")
+
+
+def to_table(samples: list[Sample]) -> pa.Table:
+    for s in samples:
+        _check(s)
+    cols: dict[str, list[Any]] = {name: [] for name in SCHEMA.names}
+    for s in samples:
+        for name in SCHEMA.names:
+            value = getattr(s, name)
+            if name in ("reward_info", "meta"):
+                value = json.dumps(value)
+            cols[name].append(value)
+    return pa.Table.from_pydict(cols, schema=SCHEMA)
+
+
+def from_table(table: pa.Table) -> list[Sample]:
+    out = []
+    for row in table.to_pylist():
+        row["reward_info"] = json.loads(row["reward_info"] or "{}")
+        row["meta"] = json.loads(row["meta"] or "{}")
+        sample = Sample(**row)
+        _check(sample)
+        out.append(sample)
+    return out
+
+
+def encode_shard(samples: list[Sample]) -> bytes:
+    sink = pa.BufferOutputStream()
+    table = to_table(samples)
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def decode_shard(data: bytes) -> list[Sample]:
+    """Parse and validate a shard; raises ShardError with the reason."""
+    try:
+        table = pa.ipc.open_file(pa.BufferReader(data)).read_all()
+    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
+        raise ShardError(f"not a readable Arrow IPC file ({len(data)} bytes): {exc}") from None
+    version = (table.schema.metadata or {}).get(b"areal.schema_version", b"").decode()
+    if version != SCHEMA_VERSION:
+        raise ShardError(f"schema version {version or 'missing'!r}, expected {SCHEMA_VERSION!r}")
+    missing = [n for n in SCHEMA.names if n not in table.schema.names]
+    if missing:
+        raise ShardError(f"missing columns {missing}")
+    try:
+        return from_table(table.select(SCHEMA.names).cast(SCHEMA))
+    except (pa.ArrowInvalid, TypeError, json.JSONDecodeError) as exc:
+        raise ShardError(f"bad values: {exc}") from None
+
+
+def write_shard(store: Store, rel: str, samples: list[Sample]) -> None:
+    store.write_bytes(rel, encode_shard(samples))
+
+
+def quarantine(store: Store, rel: str, reason: str) -> str:
+    """Move a bad shard under quarantine/ beside a JSON note with the reason; returns its new path."""
+    dst = "quarantine/" + rel.replace("/", "__")
+    store.move(rel, dst)
+    store.write_json(dst + ".reason.json", {"source": rel, "reason": reason, "time": time.time()})
+    return dst
+
+
+def read_shard_or_quarantine(store: Store, rel: str) -> list[Sample] | None:
+    """The shard's samples, or None after moving a corrupt shard to quarantine/."""
+    try:
+        return decode_shard(store.read_bytes(rel))
+    except ShardError as exc:
+        quarantine(store, rel, str(exc))
+        return None

@@ -1,0 +1,178 @@
+"""A process pool for reward functions: each call has a timeout that kills its process.
+
+A call that raises, crashes its process or runs past `timeout_s` is retried up to
+`retries` times, then scores 0 with the reason in `info["error"]`. A hung or crashing
+sample never stalls the other samples.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import multiprocessing as mp
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+
+@dataclass
+class RewardResult:
+    reward: float
+    token_rewards: list[float] | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def resolve(path: str) -> Callable[..., Any]:
+    """'package.module:function' -> the function; a clear error when it does not resolve."""
+    if ":" not in path:
+        raise ValueError(f"reward function '{path}' must look like 'package.module:function'")
+    module, name = path.split(":", 1)
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"reward function '{path}' cannot be imported: {exc}") from None
+    if not callable(fn):
+        raise ValueError(f"reward function '{path}' is not callable")
+    return fn
+
+
+def normalize(value: Any) -> RewardResult:
+    """float | (float, info) | {"reward", "token_rewards"?, "info"?} -> RewardResult."""
+    if isinstance(value, RewardResult):
+        return value
+    if isinstance(value, dict):
+        return RewardResult(float(value["reward"]), value.get("token_rewards"), dict(value.get("info", {})))
+    if isinstance(value, tuple):
+        return RewardResult(float(value[0]), None, dict(value[1]) if len(value) > 1 else {})
+    return RewardResult(float(value))
+
+
+def accepted_kwargs(fn: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Only the keyword arguments `fn` declares (all of them if it takes **kwargs)."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return kwargs
+    return {k: v for k, v in kwargs.items() if k in params}
+
+
+def call_reward(fn: Callable[..., Any], kwargs: dict[str, Any]) -> RewardResult:
+    out = fn(**accepted_kwargs(fn, kwargs))
+    if inspect.isawaitable(out):
+        out = asyncio.run(_await(out))
+    return normalize(out)
+
+
+async def _await(awaitable: Any) -> Any:
+    return await awaitable
+
+
+def _worker_main(conn: Connection, fn_path: str) -> None:
+    fn = resolve(fn_path)
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg is None:
+            return
+        job, kwargs = msg
+        try:
+            conn.send((job, True, call_reward(fn, kwargs)))
+        except Exception as exc:  # reported to the parent, which decides on retries
+            conn.send((job, False, f"{type(exc).__name__}: {exc} | {traceback.format_exc(limit=2)[-300:]}"))
+
+
+class _Proc:
+    def __init__(self, ctx: Any, fn_path: str):
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker_main, args=(child, fn_path), daemon=True)
+        self.proc.start()
+        child.close()
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.join(timeout=5)
+        self.conn.close()
+
+
+class RewardPool:
+    def __init__(self, fn_path: str, size: int = 1, timeout_s: float = 5.0, retries: int = 1):
+        resolve(fn_path)  # fail early, in the parent, with a clear message
+        self.fn_path, self.size, self.timeout_s, self.retries = fn_path, size, timeout_s, retries
+        self._ctx = mp.get_context("fork")
+        self._procs = [_Proc(self._ctx, fn_path) for _ in range(size)]
+        self.stats = {"calls": 0, "timeouts": 0, "errors": 0, "crashes": 0}
+
+    def grade(self, jobs: list[dict[str, Any]]) -> list[RewardResult]:
+        """Each job is the keyword arguments of one reward call; results keep the jobs' order."""
+        results: list[RewardResult | None] = [None] * len(jobs)
+        attempts = [0] * len(jobs)
+        todo = deque(range(len(jobs)))
+        idle = deque(self._procs)
+        busy: dict[Connection, tuple[_Proc, int, float]] = {}
+
+        def fail(i: int, reason: str) -> None:
+            attempts[i] += 1
+            if attempts[i] <= self.retries:
+                todo.append(i)
+            else:
+                results[i] = RewardResult(0.0, None, {"error": reason})
+
+        while todo or busy:
+            while todo and idle:
+                proc, i = idle.popleft(), todo.popleft()
+                proc.conn.send((i, jobs[i]))
+                busy[proc.conn] = (proc, i, time.monotonic() + self.timeout_s)
+                self.stats["calls"] += 1
+            next_deadline = min(d for _, _, d in busy.values())
+            for conn in wait(list(busy), timeout=max(0.0, next_deadline - time.monotonic())):
+                proc, i, _ = busy.pop(conn)
+                try:
+                    _, ok, payload = conn.recv()
+                except (EOFError, OSError):
+                    self.stats["crashes"] += 1
+                    proc.kill()
+                    idle.append(self._replace(proc))
+                    fail(i, f"reward process died (exit code {proc.proc.exitcode})")
+                    continue
+                idle.append(proc)
+                if ok:
+                    results[i] = payload
+                else:
+                    self.stats["errors"] += 1
+                    fail(i, payload)
+            now = time.monotonic()
+            for conn, (proc, i, deadline) in list(busy.items()):
+                if now >= deadline:
+                    busy.pop(conn)
+                    self.stats["timeouts"] += 1
+                    proc.kill()
+                    idle.append(self._replace(proc))
+                    fail(i, f"timeout after {self.timeout_s:g}s")
+        return [r for r in results if r is not None]
+
+    def _replace(self, dead: _Proc) -> _Proc:
+        fresh = _Proc(self._ctx, self.fn_path)
+        self._procs[self._procs.index(dead)] = fresh
+        return fresh
+
+    def close(self) -> None:
+        for p in self._procs:
+            try:
+                p.conn.send(None)
+            except OSError:
+                pass
+            p.proc.join(timeout=2)
+            if p.proc.is_alive():
+                p.kill()
+
+    def __enter__(self) -> RewardPool:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,93 @@
+"""Reward worker: grades ungraded shards and publishes graded ones under the same name.
+
+Worker k of K owns the shards whose path hashes to k; a shard whose graded twin exists is
+done, so a restarted worker picks up exactly where it stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import zlib
+
+from areal_core.prompts import load_prompts
+from areal_core.protocol import read_shard_or_quarantine, write_shard
+from areal_core.reward.pool import RewardPool
+from areal_core.run_context import load_run_config
+from areal_core.store import INIT_MODEL, Store
+
+log = logging.getLogger("areal.reward")
+
+DEFAULT_REWARD = "areal_core.reward.math:gsm8k_reward"
+
+
+def owner(path: str, num_workers: int) -> int:
+    return zlib.crc32(path.encode()) % num_workers
+
+
+def graded_name(ungraded: str) -> str:
+    return ungraded.replace("trajectories/ungraded/", "trajectories/graded/", 1)
+
+
+def grade_shard(store: Store, rel: str, pool: RewardPool, references: dict[str, dict], tokenizer) -> int:
+    """Grade one shard; returns the number of samples graded (0 if it was quarantined)."""
+    samples = read_shard_or_quarantine(store, rel)
+    if samples is None:
+        log.warning("quarantined %s", rel)
+        return 0
+    jobs = []
+    for s in samples:
+        ref = references.get(s.prompt_id)
+        jobs.append(
+            {
+                "completion": tokenizer.decode(s.response_ids(), skip_special_tokens=True),
+                "reference": ref["answer"] if ref else "",
+                "prompt": ref["prompt"] if ref else "",
+                "prompt_id": s.prompt_id,
+                "meta": s.meta,
+            }
+        )
+    for s, result in zip(samples, pool.grade(jobs)):
+        s.reward = result.reward
+        s.token_rewards = result.token_rewards
+        s.reward_info = result.info
+    write_shard(store, graded_name(rel), samples)
+    return len(samples)
+
+
+def run_reward_worker(run_uri: str, index: int = 0) -> dict:
+    from transformers import AutoTokenizer
+
+    from areal_core.models import localize
+
+    store = Store(run_uri)
+    cfg = load_run_config(store)
+    num_workers = cfg.reward.num_workers
+    references = {r["prompt_id"]: r for r in load_prompts(store)}
+    tokenizer = AutoTokenizer.from_pretrained(localize(store.url(INIT_MODEL)))
+    done: set[str] = set()
+    graded = 0
+    t0 = time.time()
+    with RewardPool(
+        cfg.reward.function or DEFAULT_REWARD, cfg.reward.pool_size, cfg.reward.timeout_s, cfg.reward.retries
+    ) as pool:
+        while True:
+            finished = store.done()
+            already = set(store.find("trajectories/graded", ".arrow"))
+            todo = [
+                p
+                for p in store.find("trajectories/ungraded", ".arrow")
+                if p not in done and owner(p, num_workers) == index and graded_name(p) not in already
+            ]
+            for rel in todo:
+                graded += grade_shard(store, rel, pool, references, tokenizer)
+                done.add(rel)
+            if todo:
+                store.heartbeat(
+                    "reward", str(index), graded=graded, grades_per_s=graded / max(time.time() - t0, 1e-9), **pool.stats
+                )
+            elif finished:
+                break
+            else:
+                time.sleep(cfg.reward.poll_interval_s)
+    return {"graded": graded}

@@ -1,0 +1,52 @@
+"""Command-line entry point for every role, used by the launcher and by `pyflyte run` tasks.
+
+python -m areal_core.roles trainer --run-uri s3://bucket/run
+python -m areal_core.roles rollout --run-uri runs/default --index 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from areal_core.run_context import setup_logging
+
+
+def run_role(role: str, run_uri: str, index: int = 0) -> dict:
+    if role == "trainer":
+        from areal_core.train.trainer import run_trainer
+
+        return run_trainer(run_uri)
+    if role == "rollout":
+        from areal_core.rollout.worker import run_rollout_worker
+
+        return run_rollout_worker(run_uri, index)
+    if role == "reward":
+        from areal_core.reward.worker import run_reward_worker
+
+        return run_reward_worker(run_uri, index)
+    if role == "sft":
+        from areal_core.train.sft import run_sft
+
+        return {"init_model": run_sft(run_uri)}
+    raise ValueError(f"unknown role {role!r}")
+
+
+ROLES = ("trainer", "rollout", "reward", "sft")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m areal_core.roles")
+    parser.add_argument("role", choices=ROLES)
+    parser.add_argument("--run-uri", required=True)
+    parser.add_argument("--index", type=int, default=0)
+    args = parser.parse_args(argv)
+    setup_logging()
+    result = run_role(args.role, args.run_uri, args.index)
+    print(json.dumps({"role": args.role, "index": args.index, "result": result}, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""Built-in torch engine: batched generation with a KV cache and interruptible weight swaps.
+
+Between two decode steps the engine installs weights staged by another thread
+(`stage_weights`). It then drops the KV cache, re-prefills prompt + generated tokens
+under the new weights and continues; every token records the version that sampled it.
+
+The behaviour log-prob recorded per token is that of the temperature-scaled distribution
+before top-k/top-p filtering, which is what the trainer recomputes.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+from transformers import DynamicCache
+
+from areal_core.rollout.engine import Generation, SamplingParams
+
+
+def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None):
+    """(token ids [B], log-probs [B]) from last-position logits [B, V]."""
+    logits = logits.float()
+    if params.greedy or params.temperature == 0:
+        logp = torch.log_softmax(logits, dim=-1)
+        tok = logits.argmax(-1)
+        return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+    scaled = logits / params.temperature
+    logp = torch.log_softmax(scaled, dim=-1)
+    filtered = scaled
+    if params.top_k > 0 and params.top_k < filtered.shape[-1]:
+        kth = torch.topk(filtered, params.top_k, dim=-1).values[:, -1:]
+        filtered = filtered.masked_fill(filtered < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_logits, order = torch.sort(filtered, descending=True, dim=-1)
+        cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
+        drop = cum - torch.softmax(sorted_logits, dim=-1) > params.top_p
+        filtered = filtered.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
+    probs = torch.softmax(filtered, dim=-1)
+    tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+
+
+class TorchEngine:
+    def __init__(self, model: torch.nn.Module, pad_id: int, eos_id: int, version: int = 0, seed: int = 0):
+        self.model = model.eval()
+        self.pad_id = pad_id
+        self.eos_id = eos_id
+        self.version = version
+        self.device = next(model.parameters()).device
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self._staged: tuple[int, dict] | None = None
+        self._lock = threading.Lock()
+        self.swaps = 0
+
+    # -- weights ------------------------------------------------------------------------
+    def stage_weights(self, version: int, state_dict: dict[str, torch.Tensor]) -> None:
+        """Called from any thread; installed at the next decode-step boundary."""
+        with self._lock:
+            if self._staged is None or version > self._staged[0]:
+                self._staged = (version, state_dict)
+
+    def _install_staged(self) -> bool:
+        with self._lock:
+            staged, self._staged = self._staged, None
+        if staged is None or staged[0] <= self.version:
+            return False
+        version, sd = staged
+        self.model.load_state_dict(sd, strict=False)
+        self.version = version
+        self.swaps += 1
+        return True
+
+    def load_version(self, version: int, state_dict: dict[str, torch.Tensor] | None = None) -> None:
+        if state_dict is not None:
+            self.stage_weights(version, state_dict)
+        self._install_staged()
+
+    def health(self) -> dict:
+        return {"ok": True, "version": self.version, "swaps": self.swaps}
+
+    # -- generation ---------------------------------------------------------------------
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1] :]
+        out = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
+        )
+        return out.logits[:, -1]
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        self._install_staged()
+        bsz = len(prompts)
+        plen = max(len(p) for p in prompts)
+        seq = torch.full((bsz, plen), self.pad_id, dtype=torch.long, device=self.device)
+        mask = torch.zeros((bsz, plen), dtype=torch.long, device=self.device)
+        for i, p in enumerate(prompts):
+            seq[i, plen - len(p) :] = torch.tensor(p, dtype=torch.long)
+            mask[i, plen - len(p) :] = 1
+        stops = torch.tensor(sorted({self.eos_id, *params.stop_token_ids}), device=self.device)
+        tokens: list[list[int]] = [[] for _ in range(bsz)]
+        logprobs: list[list[float]] = [[] for _ in range(bsz)]
+        versions: list[list[int]] = [[] for _ in range(bsz)]
+        alive = torch.ones(bsz, dtype=torch.bool, device=self.device)
+        cache = DynamicCache()
+        logits = self._forward(seq, mask, cache)
+        for _ in range(params.max_new_tokens):
+            tok, lp = sample_next(logits, params, self.generator)
+            tok = torch.where(alive, tok, torch.full_like(tok, self.pad_id))
+            for i in alive.nonzero().flatten().tolist():
+                tokens[i].append(int(tok[i]))
+                logprobs[i].append(float(lp[i]))
+                versions[i].append(self.version)
+            alive &= ~torch.isin(tok, stops)
+            if not alive.any():
+                break
+            seq = torch.cat([seq, tok[:, None]], dim=1)
+            mask = torch.cat([mask, alive[:, None].long()], dim=1)
+            if self._install_staged():
+                cache = DynamicCache()  # re-prefill everything under the new weights
+                logits = self._forward(seq, mask, cache)
+            else:
+                logits = self._forward(seq[:, -1:], mask, cache)
+        out = []
+        for i in range(bsz):
+            stopped = bool(tokens[i]) and tokens[i][-1] in stops.tolist()
+            out.append(Generation(tokens[i], logprobs[i], versions[i], "stop" if stopped else "length"))
+        return out

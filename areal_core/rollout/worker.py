@@ -1,0 +1,146 @@
+"""Rollout worker: generates groups under the admission rule and writes ungraded shards.
+
+Restart-safe: the sequence number and the count of started groups are recovered from the
+worker's own shards, and prompt choice is a pure function of (worker, group index).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+
+from areal_core.config import RunConfig
+from areal_core.models import chat_prompt, load_pretrained
+from areal_core.prompts import load_prompts
+from areal_core.protocol import Sample, decode_shard, write_shard
+from areal_core.rollout.engine import SamplingParams
+from areal_core.rollout.torch_engine import TorchEngine
+from areal_core.run_context import load_run_config, set_threads, wait_for_version
+from areal_core.staleness import groups_admissible
+from areal_core.store import INIT_MODEL, Store, shard_name
+from areal_core.train.weights import WeightsError, load_state_dict
+
+log = logging.getLogger("areal.rollout")
+
+
+class WeightWatcher(threading.Thread):
+    """Polls weights/LATEST, loads and verifies new versions, and stages them in the engine."""
+
+    def __init__(self, store: Store, engine: TorchEngine, interval_s: float):
+        super().__init__(daemon=True)
+        self.store, self.engine, self.interval_s = store, engine, interval_s
+        self.latest_staged = engine.version
+        self.stop = threading.Event()
+        self.new_version = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            latest = self.store.latest_version()
+            if latest is not None and latest > self.latest_staged:
+                try:
+                    self.engine.stage_weights(latest, load_state_dict(self.store, latest))
+                    self.latest_staged = latest
+                    self.new_version.set()
+                except WeightsError as exc:  # a half-pruned or racing version: try again next poll
+                    log.warning("%s", exc)
+            self.stop.wait(self.interval_s)
+
+
+def recover_progress(store: Store, worker_id: str) -> tuple[int, int]:
+    """(next sequence number, groups started) from this worker's existing shards."""
+    names = store.find(f"trajectories/ungraded/{worker_id}", ".arrow")
+    groups = 0
+    for name in names:
+        try:
+            groups += len({s.group_id for s in decode_shard(store.read_bytes(name))})
+        except Exception:  # a torn shard of ours is rewritten under the same name
+            names = names[: names.index(name)]
+            break
+    seq = int(names[-1].rsplit("/", 1)[-1].split(".")[0]) + 1 if names else 0
+    return seq, groups
+
+
+def run_rollout_worker(run_uri: str, index: int = 0) -> dict:
+    store = Store(run_uri)
+    cfg: RunConfig = load_run_config(store)
+    set_threads(cfg.threads_per_role)
+    worker_id = f"rollout-{index}"
+    num_workers = cfg.rollout.num_workers
+    prompts = load_prompts(store, "train")
+    order = list(range(len(prompts)))
+    random.Random(cfg.seed * 1000 + 7).shuffle(order)
+
+    version = wait_for_version(store)
+    model, tokenizer = load_pretrained(store.url(INIT_MODEL), cfg.device)
+    model.load_state_dict(load_state_dict(store, version), strict=False)
+    engine = TorchEngine(model, tokenizer.pad_token_id, tokenizer.eos_token_id, version, seed=cfg.seed * 7919 + index)
+    watcher = WeightWatcher(store, engine, cfg.rollout.poll_interval_s)
+    watcher.start()
+    params = SamplingParams(
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        temperature=cfg.rollout.temperature,
+        top_p=cfg.rollout.top_p,
+        top_k=cfg.rollout.top_k,
+    )
+    seq, started = recover_progress(store, worker_id)
+    prompt_cache: dict[int, list[int]] = {}
+    produced = 0
+    t_start = time.time()
+    log.info("%s starting at seq=%d groups=%d version=%d", worker_id, seq, started, engine.version)
+    while not store.done():
+        engine.load_version(engine.version)  # install any staged version before deciding admission
+        room = cfg.rollout.max_batch_groups
+        if cfg.rollout.admission:
+            room = min(
+                room,
+                groups_admissible(started, engine.version, cfg.train.eta, cfg.train.batch_groups, index, num_workers),
+            )
+        if room == 0:
+            watcher.new_version.wait(cfg.rollout.poll_interval_s * 5)
+            watcher.new_version.clear()
+            continue
+        group_indices = list(range(started, started + room))
+        batch_prompts, meta = [], []
+        for g in group_indices:
+            p = order[(g * num_workers + index) % len(order)]
+            if p not in prompt_cache:
+                prompt_cache[p] = chat_prompt(tokenizer, prompts[p]["prompt"])
+            for k in range(cfg.rollout.group_size):
+                batch_prompts.append(prompt_cache[p])
+                meta.append((g, p, k))
+        gens = engine.generate(batch_prompts, params)
+        samples = []
+        for (g, p, k), prompt_ids, gen in zip(meta, batch_prompts, gens):
+            n_p, n_r = len(prompt_ids), len(gen.token_ids)
+            samples.append(
+                Sample(
+                    sample_id=f"{worker_id}-g{g:07d}-{k}",
+                    group_id=f"{worker_id}-g{g:07d}",
+                    prompt_id=prompts[p]["prompt_id"],
+                    worker_id=worker_id,
+                    input_ids=prompt_ids + gen.token_ids,
+                    prompt_len=n_p,
+                    loss_mask=[0] * n_p + [1] * n_r,
+                    behav_logprobs=[0.0] * n_p + gen.logprobs,
+                    versions=[-1] * n_p + gen.versions,
+                    finish_reason=gen.finish_reason,
+                )
+            )
+        write_shard(store, shard_name("ungraded", worker_id, seq), samples)
+        seq += 1
+        started += len(group_indices)
+        produced += len(samples)
+        store.heartbeat(
+            "rollout",
+            str(index),
+            seq=seq,
+            groups_started=started,
+            version=engine.version,
+            swaps=engine.swaps,
+            samples_per_s=produced / max(time.time() - t_start, 1e-9),
+        )
+    watcher.stop.set()
+    log.info("%s done: %d shards, %d groups", worker_id, seq, started)
+    return {"worker": worker_id, "shards": seq, "groups": started}

@@ -1,0 +1,39 @@
+"""What every role does first: read the run's resolved config, set threads, wait for weights."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import torch
+
+from areal_core.config import RunConfig, from_yaml_text
+from areal_core.store import Store
+
+
+def load_run_config(store: Store) -> RunConfig:
+    if not store.exists("config.yaml"):
+        raise FileNotFoundError(f"{store.url('config.yaml')} is missing: the run was not prepared")
+    return from_yaml_text(store.read_text("config.yaml"))
+
+
+def set_threads(n: int) -> None:
+    torch.set_num_threads(n)
+    os.environ.setdefault("OMP_NUM_THREADS", str(n))
+
+
+def wait_for_version(store: Store, timeout_s: float = 600.0, poll_s: float = 0.05) -> int:
+    """Block until weights/LATEST names a version (the trainer publishes v0 at start)."""
+    deadline = time.time() + timeout_s
+    while (v := store.latest_version()) is None:
+        if store.done():
+            raise RuntimeError("run already DONE before any weights were published")
+        if time.time() > deadline:
+            raise TimeoutError(f"no weights/LATEST under {store.uri} after {timeout_s:.0f}s")
+        time.sleep(poll_s)
+    return v
+
+
+def setup_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")

@@ -1,0 +1,46 @@
+"""The staleness contract as pure functions (no I/O).
+
+Admission (AReaL): with B groups a batch, bound η and newest loaded version v, the rollout
+side may have started at most (v + η + 1)·B groups in all; a worker w of W owns its share.
+
+Hard bound (checked by the trainer when consuming): the step that produces version v+1
+trains only on tokens whose version is >= v − η.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+
+def admission_capacity(version: int, eta: int, batch_groups: int) -> int:
+    """Total groups the whole rollout side may have started: (v + η + 1)·B."""
+    return (version + eta + 1) * batch_groups
+
+
+def worker_share(total: int, worker_index: int, num_workers: int) -> int:
+    """Worker `worker_index`'s part of `total`, splitting the remainder over the first workers."""
+    base, rest = divmod(total, num_workers)
+    return base + (1 if worker_index < rest else 0)
+
+
+def groups_admissible(
+    started: int, version: int, eta: int, batch_groups: int, worker_index: int, num_workers: int
+) -> int:
+    """How many more groups worker `worker_index` may start now (>= 0)."""
+    cap = worker_share(admission_capacity(version, eta, batch_groups), worker_index, num_workers)
+    return max(0, cap - started)
+
+
+def min_allowed_version(trainer_version: int, eta: int) -> int:
+    """Oldest token version the step producing `trainer_version + 1` may train on: v − η."""
+    return trainer_version - eta
+
+
+def is_fresh(sample_min_version: int, trainer_version: int, eta: int) -> bool:
+    return sample_min_version >= min_allowed_version(trainer_version, eta)
+
+
+def staleness_histogram(token_versions: Iterable[int], trainer_version: int) -> dict[int, int]:
+    """Count of trained tokens by staleness (trainer version − token version)."""
+    return dict(sorted(Counter(trainer_version - v for v in token_versions).items()))

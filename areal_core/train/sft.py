@@ -1,0 +1,81 @@
+"""SFT warm start: teach the initial model the answer format on the task's reference solutions.
+
+Writes the HF checkpoint (model + tokenizer) to `init_model/` under the run root; that is
+the policy the RL run starts from and the 'before RL' point of the evaluation.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import tempfile
+
+import torch
+
+from areal_core.models import build_tiny_model, build_tokenizer, chat_prompt, load_pretrained, save_pretrained
+from areal_core.prompts import load_prompts
+from areal_core.run_context import load_run_config, set_threads
+from areal_core.store import INIT_MODEL, Store
+
+log = logging.getLogger("areal.sft")
+
+
+def sft_examples(tokenizer, records: list[dict]) -> list[tuple[list[int], int]]:
+    """(prompt + answer + EOS token ids, prompt length) per record."""
+    out = []
+    for r in records:
+        prompt = chat_prompt(tokenizer, r["prompt"])
+        answer = tokenizer(r["answer"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        out.append((prompt + answer, len(prompt)))
+    return out
+
+
+def sft_loss(model, batch: list[tuple[list[int], int]], pad_id: int) -> torch.Tensor:
+    """Mean next-token cross-entropy over answer tokens only."""
+    width = max(len(ids) for ids, _ in batch)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(batch), width), -100, dtype=torch.long)
+    attn = torch.zeros((len(batch), width), dtype=torch.long)
+    for i, (seq, plen) in enumerate(batch):
+        ids[i, : len(seq)] = torch.tensor(seq)
+        attn[i, : len(seq)] = 1
+        labels[i, plen : len(seq)] = torch.tensor(seq[plen:])
+    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1))
+
+
+def run_sft(run_uri: str) -> str:
+    store = Store(run_uri)
+    cfg = load_run_config(store)
+    set_threads(max(cfg.threads_per_role, torch.get_num_threads()))
+    train = load_prompts(store, "train")
+    if cfg.model.path:
+        model, tokenizer = load_pretrained(cfg.model.path, cfg.device)
+    else:
+        tokenizer = build_tokenizer([r["prompt"] + "\n" + r["answer"] for r in train], cfg.model.vocab_size)
+        model = build_tiny_model(cfg.model, len(tokenizer), cfg.seed)
+    sc = cfg.sft
+    if sc.enabled and sc.steps:
+        examples = sft_examples(tokenizer, train)
+        rng = random.Random(cfg.seed)
+        opt = torch.optim.AdamW(model.parameters(), lr=sc.lr, weight_decay=0.0)
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: min(1.0, (s + 1) / max(sc.warmup_steps, 1)) * 0.5 * (1 + math.cos(math.pi * s / sc.steps))
+        )
+        model.train()
+        for step in range(sc.steps):
+            loss = sft_loss(model, rng.sample(examples, min(sc.batch_size, len(examples))), tokenizer.pad_token_id)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            if step % 50 == 0 or step == sc.steps - 1:
+                log.info("sft step %d/%d loss %.4f", step + 1, sc.steps, loss.item())
+    model.eval()
+    with tempfile.TemporaryDirectory() as tmp:
+        save_pretrained(model, tokenizer, tmp)
+        store.put_dir(tmp, INIT_MODEL)
+    store.write_json(f"{INIT_MODEL}/COMMITTED", {"sft_steps": sc.steps if sc.enabled else 0})
+    return store.url(INIT_MODEL)

@@ -1,0 +1,218 @@
+"""The trainer role: consume graded shards, enforce the hard staleness bound, take decoupled
+PPO steps, publish weights/v{N}, checkpoint, and write DONE at the end.
+
+One step, producing version v+1 from version v:
+  1. drop buffered samples with a token older than v − η (counted),
+  2. take the B oldest groups, compute GRPO advantages,
+  3. π_prox = the current parameters (one no-grad pass, or the same forward when there is
+     a single minibatch), loss = decoupled PPO, AdamW step,
+  4. publish v+1, log metrics, checkpoint every `checkpoint_every` steps.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+import time
+
+import torch
+
+from areal_core.config import RunConfig
+from areal_core.evaluate import greedy_accuracy
+from areal_core.models import load_pretrained, save_pretrained
+from areal_core.prompts import load_prompts
+from areal_core.protocol import Sample, read_shard_or_quarantine
+from areal_core.run_context import load_run_config, set_threads
+from areal_core.staleness import staleness_histogram
+from areal_core.store import FINAL_MODEL, INIT_MODEL, Store
+from areal_core.tracking import Tracker
+from areal_core.train import checkpoint
+from areal_core.train.advantages import grpo_advantages
+from areal_core.train.batch import GroupBuffer, collate
+from areal_core.train.logprobs import token_logprobs
+from areal_core.train.losses import decoupled_ppo_loss
+from areal_core.train.weights import hf_side_files, prune, publish, state_dict_bytes
+
+log = logging.getLogger("areal.trainer")
+
+
+def ppo_update(model, optimizer, samples: list[Sample], cfg: RunConfig, pad_id: int) -> dict[str, float]:
+    """One training step on complete groups; returns its metrics."""
+    tc = cfg.train
+    batch = collate(samples, pad_id)
+    adv = grpo_advantages(batch.rewards, batch.group_index)[:, None].expand_as(batch.loss_mask)
+    temperature = cfg.rollout.temperature or 1.0
+    n_mb = tc.ppo_minibatches
+    prox_all = None
+    if n_mb > 1:
+        with torch.no_grad():
+            prox_all = token_logprobs(model, batch.input_ids, batch.attention_mask, temperature)
+    stats: dict[str, float] = {}
+    for mb in range(n_mb):
+        rows = (batch.group_index % n_mb) == mb
+        logp = token_logprobs(model, batch.input_ids[rows], batch.attention_mask[rows], temperature)
+        prox = logp.detach() if prox_all is None else prox_all[rows]
+        loss, mb_stats = decoupled_ppo_loss(
+            logp,
+            prox,
+            batch.behav_logprobs[rows],
+            adv[rows],
+            batch.loss_mask[rows],
+            tc.eps_clip_low,
+            tc.eps_clip_high,
+            tc.dual_clip,
+            tc.behav_weight_cap,
+        )
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip or float("inf"))
+        optimizer.step()
+        for k, v in {**mb_stats, "loss": loss.item(), "grad_norm": float(grad_norm)}.items():
+            stats[k] = stats.get(k, 0.0) + v / n_mb
+    stats["reward_mean"] = batch.rewards.mean().item()
+    stats["response_tokens"] = batch.loss_mask.sum().item()
+    return stats
+
+
+class Trainer:
+    def __init__(self, run_uri: str):
+        self.store = Store(run_uri)
+        self.cfg = load_run_config(self.store)
+        set_threads(self.cfg.threads_per_role)
+        torch.manual_seed(self.cfg.seed)
+        self.model, self.tokenizer = load_pretrained(self.store.url(INIT_MODEL), self.cfg.device)
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=self.cfg.train.lr, weight_decay=self.cfg.train.weight_decay, betas=(0.9, 0.99)
+        )
+        self.side_files = hf_side_files(self.model, self.tokenizer)
+        self.buffer = GroupBuffer()
+        self.tracker = Tracker.attach(self.store)
+        self.eval_records = load_prompts(self.store, "eval")[: self.cfg.eval.num_samples]
+        restored = checkpoint.restore(self.store, self.model, self.optimizer)
+        if restored:
+            self.state, pending = restored
+            self.buffer.add(pending)
+            log.info(
+                "resumed at step %d (version %d, %d pending samples)", self.state.step, self.state.version, len(pending)
+            )
+        else:
+            self.state = checkpoint.TrainerState(
+                counters={"dropped_samples": 0, "quarantined_shards": 0, "trained_samples": 0}
+            )
+        self.consumed = set(self.state.consumed)
+        self._metrics_lines: list[str] = []
+        if self.store.exists("trainer/metrics.jsonl"):
+            old = self.store.read_text("trainer/metrics.jsonl").splitlines()
+            self._metrics_lines = [line for line in old if line and json.loads(line)["step"] <= self.state.step]
+        if self.store.latest_version() != self.state.version:
+            publish(self.store, self.state.version, state_dict_bytes(self.model), self.side_files)
+
+    def ingest(self) -> int:
+        new = [p for p in self.store.find("trajectories/graded", ".arrow") if p not in self.consumed]
+        for rel in new:
+            samples = read_shard_or_quarantine(self.store, rel)
+            if samples is None:
+                self.state.counters["quarantined_shards"] += 1
+                log.warning("quarantined corrupt shard %s", rel)
+            else:
+                self.buffer.add(samples)
+            self.consumed.add(rel)
+        return len(new)
+
+    def step(self, samples: list[Sample], dropped: list[Sample]) -> dict[str, float]:
+        cfg, st = self.cfg, self.state
+        t0 = time.perf_counter()
+        metrics = ppo_update(self.model, self.optimizer, samples, cfg, self.tokenizer.pad_token_id)
+        t_train = time.perf_counter() - t0
+        trained_versions = [v for s in samples for v, m in zip(s.versions, s.loss_mask) if m]
+        hist = staleness_histogram(trained_versions, st.version)
+        self.store.write_json(
+            f"trainer/trained/step-{st.step:06d}.json",
+            {
+                "step": st.step,
+                "trainer_version": st.version,
+                "eta": cfg.train.eta,
+                "samples": [[s.sample_id, s.min_version()] for s in samples],
+                "dropped": [[s.sample_id, s.min_version()] for s in dropped],
+                "staleness_histogram": hist,
+            },
+        )
+        st.step += 1
+        st.version += 1
+        publish_s = publish(self.store, st.version, state_dict_bytes(self.model), self.side_files)
+        prune(self.store, st.version - max(8, 2 * cfg.train.eta + 2))
+        st.counters["dropped_samples"] += len(dropped)
+        st.counters["trained_samples"] += len(samples)
+        staleness = [st.version - 1 - v for v in trained_versions]
+        metrics.update(
+            staleness_mean=sum(staleness) / max(len(staleness), 1),
+            staleness_max=max(staleness, default=0),
+            dropped_samples=st.counters["dropped_samples"],
+            quarantined_shards=st.counters["quarantined_shards"],
+            train_s=t_train,
+            publish_s=publish_s,
+            tokens_per_s=metrics["response_tokens"] / max(t_train, 1e-9),
+        )
+        if cfg.train.eval_every and st.step % cfg.train.eval_every == 0:
+            metrics["eval_accuracy"] = self.evaluate()
+        if st.step % cfg.train.checkpoint_every == 0 or st.step == cfg.train.steps:
+            self.save_checkpoint()
+        return metrics
+
+    def evaluate(self) -> float:
+        e = self.cfg.eval
+        return greedy_accuracy(self.model, self.tokenizer, self.eval_records, e.max_new_tokens, e.batch_size)
+
+    def save_checkpoint(self) -> None:
+        self.state.consumed = sorted(self.consumed)
+        checkpoint.save(self.store, self.state, self.model, self.optimizer, self.buffer.samples())
+
+    def run(self) -> dict[str, float]:
+        cfg, st = self.cfg, self.state
+        t_start, last = time.time(), {}
+        while st.step < cfg.train.steps:
+            self.ingest()
+            dropped = self.buffer.drop_stale(st.version, cfg.train.eta)
+            samples = self.buffer.take(cfg.train.batch_groups)
+            if samples is None:
+                if dropped:
+                    st.counters["dropped_samples"] += len(dropped)
+                time.sleep(cfg.train.poll_interval_s)
+                continue
+            if cfg.train.slow_step_s:
+                time.sleep(cfg.train.slow_step_s)
+            last = self.step(samples, dropped)
+            self.tracker.log_metrics(last, st.step)
+            with_metrics = {k: round(v, 4) for k, v in last.items()}
+            self.store.heartbeat(
+                "trainer",
+                "0",
+                step=st.step,
+                version=st.version,
+                steps=cfg.train.steps,
+                elapsed_s=time.time() - t_start,
+                **with_metrics,
+            )
+            self._append_metrics({"step": st.step, **with_metrics})
+        self.finish()
+        return last
+
+    def _append_metrics(self, row: dict) -> None:
+        self._metrics_lines.append(json.dumps(row))
+        self.store.write_text("trainer/metrics.jsonl", "\n".join(self._metrics_lines) + "\n")
+
+    def finish(self) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            save_pretrained(self.model, self.tokenizer, tmp)
+            self.store.put_dir(tmp, FINAL_MODEL)
+        self.store.write_json(f"{FINAL_MODEL}/COMMITTED", {"step": self.state.step, "version": self.state.version})
+        self.store.write_json(
+            "DONE", {"step": self.state.step, "version": self.state.version, "counters": self.state.counters}
+        )
+        log.info("DONE at step %d", self.state.step)
+
+
+def run_trainer(run_uri: str) -> dict[str, float]:
+    return Trainer(run_uri).run()

@@ -1,0 +1,1 @@
+"""Flyte tasks: thin wrappers over areal_core. No RL logic lives here."""

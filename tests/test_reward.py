@@ -1,0 +1,80 @@
+import json
+import time
+
+import pytest
+
+from areal_core.reward.math import extract_answer, gsm8k_reward
+from areal_core.reward.pool import RewardPool
+from tests.conftest import GSM8K
+
+
+def gsm8k_test_rows():
+    return [json.loads(line) for line in (GSM8K / "test.jsonl").read_text().splitlines() if line]
+
+
+def test_every_reference_solution_scores_one_against_itself():
+    rows = gsm8k_test_rows()
+    assert len(rows) > 1000
+    assert all(gsm8k_reward(r["answer"], r["answer"]) == 1.0 for r in rows)
+
+
+def test_answers_from_other_questions_score_zero():
+    rows = gsm8k_test_rows()
+    finals = [r["answer"].rsplit("####", 1)[1].strip() for r in rows]
+    mismatched = [(rows[i], rows[i - 1]) for i in range(len(rows)) if finals[i] != finals[i - 1]]
+    assert len(mismatched) > 1000
+    assert all(gsm8k_reward(other["answer"], r["answer"]) == 0.0 for r, other in mismatched)
+
+
+@pytest.mark.parametrize(
+    "completion, value",
+    [
+        ("so 3+4=7\n#### 7", 7),
+        ("The answer is $1,234.", 1234),
+        ("\\boxed{42}", 42),
+        ("Answer: 3.50 dollars", 3.5),
+        ("we get 12 then 15", 15),
+        ("#### -4", -4),
+    ],
+)
+def test_extract_answer_endings(completion, value):
+    assert float(extract_answer(completion)) == value
+
+
+def test_wrong_or_missing_answers_score_zero():
+    assert gsm8k_reward("#### 17", "#### 18") == 0.0
+    assert gsm8k_reward("no number here", "#### 18") == 0.0
+    assert gsm8k_reward("#### 18.0", "#### 18") == 1.0
+
+
+def sleepy(completion: str, reference: str) -> float:
+    if completion == "hang":
+        time.sleep(60)
+    if completion == "crash":
+        import os
+
+        os._exit(3)
+    if completion == "raise":
+        raise RuntimeError("boom")
+    return 1.0
+
+
+def test_pool_kills_hung_and_crashed_calls_and_keeps_serving():
+    with RewardPool("tests.test_reward:sleepy", size=2, timeout_s=1.0, retries=1) as pool:
+        t0 = time.time()
+        jobs = [{"completion": c, "reference": ""} for c in ["ok", "hang", "crash", "raise", "ok"]]
+        results = pool.grade(jobs)
+        assert time.time() - t0 < 10
+        assert [r.reward for r in results] == [1.0, 0.0, 0.0, 0.0, 1.0]
+        assert "timeout" in results[1].info["error"]
+        assert "died" in results[2].info["error"]
+        assert "boom" in results[3].info["error"]
+        assert pool.stats["timeouts"] == 2  # first try and one retry
+        assert [r.reward for r in pool.grade([{"completion": "ok", "reference": ""}] * 4)] == [1.0] * 4
+
+
+def test_pool_rejects_unknown_function():
+    with pytest.raises(ValueError, match="cannot be imported"):
+        RewardPool("tests.nope:fn")
+    with pytest.raises(ValueError, match="package.module:function"):
+        RewardPool("no_colon")
