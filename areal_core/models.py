@@ -71,6 +71,9 @@ def chat_prompt(tokenizer: Any, question: str) -> list[int]:
 
 def load_pretrained(path: str, device: str = "cpu") -> tuple[Any, Any]:
     """(model, tokenizer) from a local folder or an fsspec URI of an HF checkpoint."""
+    from areal_core.run_context import quiet_libraries
+
+    quiet_libraries()
     local = localize(path)
     tokenizer = AutoTokenizer.from_pretrained(local)
     model = AutoModelForCausalLM.from_pretrained(local, dtype=torch.float32).to(device)
@@ -88,6 +91,9 @@ def localize(path: str) -> str:
 
 
 def save_pretrained(model: Any, tokenizer: Any, out_dir: str | Path) -> None:
+    from areal_core.run_context import quiet_libraries
+
+    quiet_libraries()
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     if tokenizer is not None:

@@ -1,0 +1,114 @@
+"""The roles as separate processes on one run root: local folder and a real S3 endpoint."""
+
+from __future__ import annotations
+
+import pytest
+
+from areal_core import pipeline
+from areal_core.launcher import RoleFailed, launch
+from areal_core.protocol import encode_shard
+from areal_core.run_context import load_run_config
+from areal_core.store import Store
+
+
+def prepared(overrides: list[str]) -> Store:
+    run_uri, _ = pipeline.prepare("", overrides)
+    pipeline.sft(run_uri)
+    return Store(run_uri)
+
+
+def trained_log(store: Store) -> list[dict]:
+    return [store.read_json(p) for p in store.find("trainer/trained", ".json")]
+
+
+def assert_contract(store: Store, steps: int, eta: int) -> list[dict]:
+    logs = trained_log(store)
+    assert [entry["step"] for entry in logs] == list(range(steps))
+    for entry in logs:
+        for _, min_version in entry["samples"]:
+            assert min_version >= entry["trainer_version"] - eta
+    return logs
+
+
+def run_and_check(store: Store) -> dict:
+    cfg = load_run_config(store)
+    result = launch(store.uri, cfg.rollout.num_workers, cfg.reward.num_workers, timeout_s=300, progress=False)
+    assert store.done()
+    logs = assert_contract(store, cfg.train.steps, cfg.train.eta)
+    ids = [sid for entry in logs for sid, _ in entry["samples"]]
+    assert len(ids) == len(set(ids)) == cfg.train.steps * cfg.train.batch_groups * cfg.rollout.group_size
+    assert store.latest_version() == cfg.train.steps
+    assert store.exists("final_model/COMMITTED") and store.exists("final_model/model.safetensors")
+    return result
+
+
+@pytest.mark.slow
+def test_roles_on_a_local_folder_with_two_rollout_workers(tiny_overrides):
+    store = prepared([*tiny_overrides, "rollout.num_workers=2", "reward.num_workers=2"])
+    # a corrupt graded shard already in the store is quarantined, not fatal
+    store.write_bytes("trajectories/graded/rollout-9/00000000.arrow", b"not arrow at all")
+    store.write_bytes("trajectories/ungraded/rollout-8/00000000.arrow", encode_shard([])[:40])
+    result = run_and_check(store)
+    assert result["counters"]["quarantined_shards"] == 1
+    assert len([p for p in store.find("quarantine") if p.endswith(".reason.json")]) == 2
+    statuses = store.statuses()
+    assert {"rollout-0", "rollout-1", "reward-0", "reward-1", "trainer-0"} <= set(statuses)
+
+
+@pytest.mark.slow
+@pytest.mark.s3
+def test_roles_on_s3(tiny_overrides, s3_bucket):
+    overrides = [o for o in tiny_overrides if not o.startswith("store=")]
+    store = prepared([*overrides, f"store={s3_bucket}/runs/tiny"])
+    assert store.uri.startswith("s3://")
+    run_and_check(store)
+
+
+@pytest.mark.slow
+def test_hard_bound_drops_and_counts_stale_samples(tiny_overrides):
+    """η = 1, admission off and slow training: the rollout side floods the trainer, which
+    must drop (and count) every sample older than its version − η."""
+    store = prepared(
+        [*tiny_overrides, "train.eta=1", "rollout.admission=false", "train.slow_step_s=0.5", "train.steps=5"]
+    )
+    cfg = load_run_config(store)
+    result = launch(store.uri, 1, 1, timeout_s=300, progress=False)
+    logs = assert_contract(store, 5, 1)
+    dropped = [d for entry in logs for d in entry["dropped"]]
+    assert result["counters"]["dropped_samples"] >= len(dropped) > 0
+    assert all(min_v < entry["trainer_version"] - 1 for entry in logs for _, min_v in entry["dropped"])
+    assert cfg.train.eta == 1
+
+
+@pytest.mark.slow
+def test_eta_zero_is_synchronous_on_policy(tiny_overrides):
+    store = prepared([*tiny_overrides, "train.eta=0"])
+    result = run_and_check(store)
+    for entry in trained_log(store):
+        assert {v for _, v in entry["samples"]} == {entry["trainer_version"]}
+        assert set(entry["staleness_histogram"]) == {"0"}
+    assert result["counters"]["dropped_samples"] == 0
+
+
+@pytest.mark.slow
+def test_a_failing_role_stops_the_run_and_is_named(tiny_overrides):
+    store = prepared(tiny_overrides)
+    store.delete("prompts", recursive=True)  # rollout and reward cannot start without prompts
+    with pytest.raises(RoleFailed, match=r"role (rollout|reward)-0 exited with code 1"):
+        launch(store.uri, 1, 1, timeout_s=120, progress=False)
+
+
+def test_prepare_fails_before_any_work_on_bad_config(tmp_path):
+    from areal_core.config import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown config key 'train.stepz'"):
+        pipeline.prepare("", [f"store={tmp_path / 'r'}", "train.stepz=3"])
+    assert not (tmp_path / "r").exists()
+
+
+def test_prepare_fails_on_missing_dataset(tmp_path):
+    from datasets.gsm8k import DatasetError
+
+    with pytest.raises(DatasetError, match="does not exist"):
+        pipeline.prepare("", [f"store={tmp_path / 'r'}", "task.name=gsm8k", f"task.path={tmp_path / 'nope'}"])
+    assert not (tmp_path / "r" / "config.yaml").exists()
