@@ -53,6 +53,9 @@ class SFTConfig:
     batch_size: int = 64
     lr: float = 3e-3
     warmup_steps: int = 20
+    # Share of multi-step problems kept in the SFT set (1.0 keeps all). The default job
+    # under-represents them, as demonstrations often do, and RL with the verifier closes the gap.
+    multi_step_fraction: float = 1.0
 
 
 @dataclass
@@ -247,6 +250,8 @@ def validate(cfg: RunConfig) -> RunConfig:
             raise ConfigError(f"config key '{key}' must be >= 0, got {flat[key]!r}")
     if cfg.rollout.group_size < 2:
         raise ConfigError("config key 'rollout.group_size' must be >= 2 for group-relative advantages")
+    if not 0 <= cfg.sft.multi_step_fraction <= 1:
+        raise ConfigError(f"config key 'sft.multi_step_fraction' must be in [0, 1], got {cfg.sft.multi_step_fraction}")
     if not 0 < cfg.rollout.top_p <= 1:
         raise ConfigError(f"config key 'rollout.top_p' must be in (0, 1], got {cfg.rollout.top_p}")
     if not 0 <= cfg.train.eps_clip_low < 1:

@@ -31,6 +31,12 @@ def sft_examples(tokenizer, records: list[dict]) -> list[tuple[list[int], int]]:
     return out
 
 
+def sft_records(records: list[dict], multi_step_fraction: float, seed: int) -> list[dict]:
+    """All single-step records plus a seeded `multi_step_fraction` of the multi-step ones."""
+    rng = random.Random(seed + 17)
+    return [r for r in records if r["meta"].get("steps", 1) <= 1 or rng.random() < multi_step_fraction]
+
+
 def sft_loss(model, batch: list[tuple[list[int], int]], pad_id: int) -> torch.Tensor:
     """Mean next-token cross-entropy over answer tokens only."""
     width = max(len(ids) for ids, _ in batch)
@@ -57,7 +63,8 @@ def run_sft(run_uri: str) -> str:
         model = build_tiny_model(cfg.model, len(tokenizer), cfg.seed)
     sc = cfg.sft
     if sc.enabled and sc.steps:
-        examples = sft_examples(tokenizer, train)
+        examples = sft_examples(tokenizer, sft_records(train, sc.multi_step_fraction, cfg.seed))
+        log.info("sft on %d of %d train problems", len(examples), len(train))
         rng = random.Random(cfg.seed)
         opt = torch.optim.AdamW(model.parameters(), lr=sc.lr, weight_decay=0.0)
         sched = torch.optim.lr_scheduler.LambdaLR(
