@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from areal_core.train.algorithm import AlgorithmConfig, required_inputs
+
 
 class ConfigError(ValueError):
     """A configuration problem, with a one-line message naming the offending key."""
@@ -90,10 +92,7 @@ class TrainConfig:
     lr: float = 1e-3
     weight_decay: float = 0.0
     grad_clip: float = 1.0
-    eps_clip_low: float = 0.2
-    eps_clip_high: float = 0.28
-    dual_clip: float = 0.0  # 0 disables; else c > 1
-    behav_weight_cap: float = 5.0  # cap on w = π_prox/π_behav; 0 disables
+    packing: bool = True  # pack sequences without padding for the forward passes
     ppo_minibatches: int = 1
     checkpoint_every: int = 10
     poll_interval_s: float = 0.01
@@ -137,6 +136,7 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    algo: AlgorithmConfig = field(default_factory=AlgorithmConfig)
 
 
 _CHOICES = {
@@ -166,7 +166,7 @@ _POSITIVE = {
     "task.num_eval",
     "threads_per_role",
 }
-_NON_NEGATIVE = {"train.eta", "sft.steps", "rollout.temperature", "reward.retries", "train.dual_clip"}
+_NON_NEGATIVE = {"train.eta", "sft.steps", "rollout.temperature", "reward.retries"}
 
 
 def _coerce(key: str, value: Any, typ: Any) -> Any:
@@ -254,10 +254,12 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise ConfigError(f"config key 'sft.multi_step_fraction' must be in [0, 1], got {cfg.sft.multi_step_fraction}")
     if not 0 < cfg.rollout.top_p <= 1:
         raise ConfigError(f"config key 'rollout.top_p' must be in (0, 1], got {cfg.rollout.top_p}")
-    if not 0 <= cfg.train.eps_clip_low < 1:
-        raise ConfigError(f"config key 'train.eps_clip_low' must be in [0, 1), got {cfg.train.eps_clip_low}")
-    if cfg.train.dual_clip and cfg.train.dual_clip <= 1:
-        raise ConfigError(f"config key 'train.dual_clip' must be 0 (off) or > 1, got {cfg.train.dual_clip}")
+    try:
+        cfg.algo.validate()
+    except ValueError as exc:
+        raise ConfigError(str(exc).splitlines()[0]) from None
+    if "values" in required_inputs(cfg.algo):
+        raise ConfigError("config key 'algo.adv_estimator' gae needs a value head, which the built-in trainer lacks")
     if cfg.train.batch_groups % cfg.train.ppo_minibatches:
         raise ConfigError("config key 'train.ppo_minibatches' must divide 'train.batch_groups'")
     if cfg.task.name == "arithmetic":
@@ -275,16 +277,22 @@ def validate(cfg: RunConfig) -> RunConfig:
 
 
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Read YAML (if given), apply dotted overrides, validate. Raises ConfigError."""
+    """Read YAML files (if given; comma-separated paths apply in order), apply dotted
+    overrides, validate. Raises ConfigError.
+
+        load_config("configs/default.yaml,configs/algorithms/dapo.yaml", ["train.eta=0"])
+    """
     cfg = RunConfig()
-    if path:
-        p = Path(path)
+    for one in str(path or "").split(","):
+        if not one.strip():
+            continue
+        p = Path(one.strip())
         if not p.is_file():
-            raise ConfigError(f"config file '{path}' does not exist")
+            raise ConfigError(f"config file '{one.strip()}' does not exist")
         try:
             data = yaml.safe_load(p.read_text()) or {}
         except yaml.YAMLError as exc:
-            raise ConfigError(f"config file '{path}' is not valid YAML: {exc}") from None
+            raise ConfigError(f"config file '{p}' is not valid YAML: {str(exc).splitlines()[0]}") from None
         _apply(cfg, data)
     for text in overrides or []:
         key, value = parse_override(text)

@@ -1,5 +1,19 @@
-"""Container images. The registry comes from $AREAL_IMAGE_REGISTRY (default: localhost:30000,
-the Flyte sandbox's). Local `pyflyte run` never builds them."""
+"""Container images, one per device: cpu, cuda, npu (Ascend). Local `pyflyte run` never builds them;
+`pyflyte run --remote` / `pyflyte register` build and push them (ImageSpec) before registering.
+
+Environment (read at import, i.e. at registration time):
+  AREAL_IMAGE_REGISTRY     registry to push to (default: localhost:30000, the Flyte sandbox's)
+  AREAL_CUDA_ENGINE        inference engine baked into the cuda image: vllm (default) or sglang
+  AREAL_CANN_BASE_IMAGE    the prebuilt Ascend CANN base image the npu image starts from
+  AREAL_CANN_PYTHON        the python interpreter inside that base image
+
+The version pins are not verified here (no GPU, NPU or Docker on the development machine):
+treat them as a starting point and check them against each engine's release notes.
+The cuda image pins torch to the version its inference engine was built against; megatron-core
+and flash-attn are installed on top (flash-attn from its prebuilt wheels, no compilation). The
+npu image starts from a CANN base that already holds the Ascend driver user space, toolkit and
+kernels; torch-npu must match its torch exactly, vllm-ascend must match vllm.
+"""
 
 from __future__ import annotations
 
@@ -8,23 +22,97 @@ import os
 from flytekit import ImageSpec
 
 REGISTRY = os.environ.get("AREAL_IMAGE_REGISTRY", "localhost:30000")
+DEVICES = ("cpu", "cuda", "npu")
+CUDA_ENGINES = ("vllm", "sglang")
 
 COMMON = [
     "transformers>=4.50",
+    "tokenizers>=0.20",
+    "safetensors>=0.4",
     "pyarrow",
+    "fsspec",
     "s3fs",
     "mlflow",
+    "boto3",
+    "psycopg2-binary",  # MLflow server mode with a Postgres backend
     "math-verify",
     "pyyaml",
+    "matplotlib",
     "flytekitplugins-kfpytorch",
 ]
 
+# Versions that are known to go together (each engine release pins its torch).
+CUDA_VERSION = "12.8"
+CUDA_STACK = {
+    "vllm": ["torch==2.8.0", "vllm==0.11.0"],
+    "sglang": ["torch==2.8.0", "sglang[all]==0.5.3"],
+}
+CUDA_TRAINING = ["megatron-core>=0.13", "flash-attn>=2.8"]
 
-def cpu_image() -> ImageSpec:
+# vllm-ascend 0.11.0 goes with torch/torch-npu 2.7.1 and CANN >= 8.3.RC1. vLLM itself is built
+# without CUDA kernels (VLLM_TARGET_DEVICE=empty) before vllm-ascend is installed on top.
+NPU_STACK = ["torch==2.7.1", "torch-npu==2.7.1"]
+NPU_COMMANDS = [
+    "VLLM_TARGET_DEVICE=empty pip install --no-binary vllm vllm==0.11.0",
+    "pip install vllm-ascend==0.11.0",
+]
+CANN_BASE = os.environ.get("AREAL_CANN_BASE_IMAGE", "quay.io/ascend/cann:8.3.rc2-910b-ubuntu22.04-py3.11")
+CANN_PYTHON = os.environ.get("AREAL_CANN_PYTHON", "/usr/local/python3.11/bin/python3")
+
+
+def cpu_image(registry: str | None = None) -> ImageSpec:
     return ImageSpec(
         name="areal-flyte-cpu",
-        registry=REGISTRY,
+        registry=registry or REGISTRY,
         python_version="3.11",
         packages=["torch==2.13.0", *COMMON],
         pip_extra_index_url=["https://download.pytorch.org/whl/cpu"],
+        env={"AREAL_DEVICE": "cpu"},
     )
+
+
+def cuda_image(registry: str | None = None, engine: str | None = None) -> ImageSpec:
+    engine = engine or os.environ.get("AREAL_CUDA_ENGINE", "vllm")
+    if engine not in CUDA_ENGINES:
+        raise ValueError(f"AREAL_CUDA_ENGINE must be one of {CUDA_ENGINES}, got {engine!r}")
+    return ImageSpec(
+        name=f"areal-flyte-cuda-{engine}",
+        registry=registry or REGISTRY,
+        python_version="3.11",
+        cuda=CUDA_VERSION,
+        apt_packages=["git", "build-essential"],
+        packages=[*CUDA_STACK[engine], *CUDA_TRAINING, *COMMON],
+        # flash-attn compiles against the installed torch without an isolated build env
+        pip_extra_args="--no-build-isolation",
+        env={"AREAL_DEVICE": "cuda", "NCCL_DEBUG": "WARN"},
+    )
+
+
+def npu_image(registry: str | None = None) -> ImageSpec:
+    return ImageSpec(
+        name="areal-flyte-ascend",
+        registry=registry or REGISTRY,
+        base_image=CANN_BASE,
+        python_exec=CANN_PYTHON,
+        packages=[*NPU_STACK, *COMMON],
+        pip_extra_index_url=["https://download.pytorch.org/whl/cpu"],
+        commands=NPU_COMMANDS,
+        env={
+            "AREAL_DEVICE": "npu",
+            # the CANN base sets up LD_LIBRARY_PATH through this script; torch-npu needs it
+            "ASCEND_TOOLKIT_HOME": "/usr/local/Ascend/ascend-toolkit/latest",
+            "HCCL_CONNECT_TIMEOUT": "1200",
+        },
+    )
+
+
+def image_for(device: str, registry: str | None = None) -> ImageSpec:
+    """The image a task runs in on `device` (cpu | cuda | npu; `ascend` is accepted for npu)."""
+    device = "npu" if device == "ascend" else device
+    if device == "cpu":
+        return cpu_image(registry)
+    if device == "cuda":
+        return cuda_image(registry)
+    if device == "npu":
+        return npu_image(registry)
+    raise ValueError(f"unknown device {device!r}; expected one of {DEVICES}")

@@ -25,7 +25,8 @@ def test_overrides_apply_with_types():
         ("rollout.engine=foo", "config key 'rollout.engine' must be one of"),
         ("rollout.group_size=1", "rollout.group_size"),
         ("rollout.admission=maybe", "config key 'rollout.admission' must be true or false"),
-        ("train.dual_clip=0.5", "train.dual_clip"),
+        ("algo.dual_clip=0.5", "algo.dual_clip"),
+        ("algo.adv_estimator=nope", "algo.adv_estimator"),
         ("task.name=gsm8k", "task.path"),
         ("train", "must look like key=value"),
     ],
@@ -47,3 +48,9 @@ def test_bad_yaml_file(tmp_path):
     p.write_text("train: 5\n")
     with pytest.raises(ConfigError, match="section 'train' must be a mapping"):
         load_config(p)
+
+
+def test_algorithm_files_layer_on_the_default():
+    cfg = load_config("configs/default.yaml,configs/algorithms/dapo.yaml", ["train.eta=0"])
+    assert cfg.algo.dynamic_sampling and cfg.algo.eps_high > cfg.algo.eps_low
+    assert cfg.train.eta == 0 and cfg.task.name == "arithmetic"

@@ -36,7 +36,7 @@ def test_grpo_workflow_serializes_with_its_four_nodes():
     wf = serialize(grpo)
     nodes = [n.id for n in wf.template.nodes]
     assert len(nodes) == 4
-    assert set(wf.template.interface.inputs) == {"config", "overrides", "resume"}
+    assert set(wf.template.interface.inputs) == {"config", "overrides", "resume_run"}
 
 
 def test_tasks_carry_cache_retries_and_resources():

@@ -73,6 +73,15 @@ class GroupBuffer:
                 self.groups[gid] = fresh
         return dropped
 
+    def drop_uninformative(self) -> list[Sample]:
+        """DAPO dynamic sampling: remove and return groups whose rewards are all equal (no signal)."""
+        dropped: list[Sample] = []
+        for gid in list(self.groups):
+            rewards = {float(s.reward or 0.0) for s in self.groups[gid]}
+            if len(rewards) == 1:
+                dropped.extend(self.groups.pop(gid))
+        return dropped
+
     def take(self, num_groups: int) -> list[Sample] | None:
         """The `num_groups` oldest groups (by their oldest token version), or None if too few."""
         if len(self.groups) < num_groups:

@@ -1,13 +1,121 @@
-"""Policy losses: pure functions over per-token tensors of shape [N, T]."""
+"""Policy, critic, preference and regulariser losses: pure functions over per-token tensors [N, T].
+
+Notation per policy token t of sample i (mask = 1 on policy tokens):
+  π_θ (logp, with gradient), π_prox (prox_logp: the trainer's parameters before this update),
+  π_behav (behav_logp: logged by the inference engine), A (advantages).
+Aggregation of a per-token term x (see `aggregate`):
+  token_mean               Σ_it x·m / Σ_it m                       (DAPO, the default)
+  seq_mean_token_mean      (1/N') Σ_i [Σ_t x·m / Σ_t m]            (GRPO paper, GSPO)
+  seq_mean_token_sum_norm  (1/N') Σ_i [Σ_t x·m / C], C constant    (Dr.GRPO)
+N' counts the rows holding at least one policy token.
+"""
 
 from __future__ import annotations
 
+import math
+
 import torch
+
+AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+BEHAV_CORRECTIONS = ("none", "truncate", "mask")
+BEHAV_LEVELS = ("token", "sequence", "geometric")
+KL_ESTIMATORS = ("k1", "k2", "k3")
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Σ x·m / max(Σ m, 1): the token-mean over the batch."""
     return (x * mask).sum() / mask.sum().clamp(min=1)
+
+
+def aggregate(
+    x: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str = "token_mean",
+    norm_const: float = 0.0,
+    global_tokens: float | None = None,
+    global_seqs: float | None = None,
+) -> torch.Tensor:
+    """Reduce a per-token term to a scalar (modes in the module docstring).
+
+    `norm_const` is Dr.GRPO's C (the generation budget in tokens); 0 falls back to the longest
+    row's policy-token count, which is not constant across batches. `global_tokens` /
+    `global_seqs` replace the batch's own token / sequence count so that micro-batch losses of
+    one batch sum to the full-batch loss (gradient accumulation).
+    """
+    m = mask.float()
+    per_row_tokens = m.sum(1)
+    n_seqs = global_seqs if global_seqs is not None else (per_row_tokens > 0).sum().clamp(min=1)
+    if mode == "token_mean":
+        n_tok = global_tokens if global_tokens is not None else m.sum().clamp(min=1)
+        return (x * m).sum() / n_tok
+    if mode == "seq_mean_token_mean":
+        return ((x * m).sum(1) / per_row_tokens.clamp(min=1)).sum() / n_seqs
+    if mode == "seq_mean_token_sum_norm":
+        c = norm_const if norm_const > 0 else per_row_tokens.max().clamp(min=1)
+        return (x * m).sum() / c / n_seqs
+    raise ValueError(f"unknown aggregation {mode!r}; expected one of {AGGREGATIONS}")
+
+
+def _per_row(log_x: torch.Tensor, mask: torch.Tensor, level: str) -> torch.Tensor:
+    """Token-level log values, or their row sum / row mean broadcast over the row."""
+    if level == "token":
+        return log_x
+    m = mask.float()
+    s = (log_x * m).sum(1, keepdim=True)
+    if level == "sequence":
+        return s.expand_as(log_x)
+    if level == "geometric":
+        return (s / m.sum(1, keepdim=True).clamp(min=1)).expand_as(log_x)
+    raise ValueError(f"unknown level {level!r}; expected one of {BEHAV_LEVELS}")
+
+
+def behaviour_weights(
+    prox_logp: torch.Tensor,
+    behav_logp: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str = "truncate",
+    low: float = 0.0,
+    high: float = 0.0,
+    level: str = "token",
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """Behaviour-policy correction w ≈ π_prox/π_behav (no gradient); returns (w, keep, stats).
+
+    level: token ρ_t = π_prox(t)/π_behav(t); sequence ρ_i = Π_t ρ_t; geometric ρ_i = (Π_t ρ_t)^(1/|y_i|).
+    mode:  none      w = 1
+           truncate  w = min(ρ, high)   (truncated importance sampling; high ≤ 0: uncapped)
+           mask      w = ρ·1[low ≤ ρ ≤ high], keep = 1[low ≤ ρ ≤ high]   (IcePop; high ≤ 0: no upper
+                     bound). Masked tokens contribute 0 but stay in the aggregation's denominator.
+    stats: importance-weight mean/max/min of w, truncated and masked fractions of policy tokens.
+    """
+    m = mask.float()
+    log_rho = _per_row((prox_logp - behav_logp).detach().float(), m, level)
+    keep = torch.ones_like(log_rho)
+    truncated = torch.zeros_like(log_rho)
+    if mode == "none":
+        w = torch.ones_like(log_rho)
+    elif mode == "truncate":
+        if high > 0:
+            truncated = (log_rho > math.log(high)).float()
+            log_rho = log_rho.clamp(max=math.log(high))
+        w = torch.exp(log_rho)
+    elif mode == "mask":
+        if low > 0:
+            keep = keep * (log_rho >= math.log(low)).float()
+        if high > 0:
+            keep = keep * (log_rho <= math.log(high)).float()
+        w = torch.exp(log_rho.clamp(max=80.0)) * keep
+    else:
+        raise ValueError(f"unknown behaviour correction {mode!r}; expected one of {BEHAV_CORRECTIONS}")
+    on = m > 0
+    wm = w[on] if on.any() else w.new_ones(1)
+    stats = {
+        "importance_weight_mean": masked_mean(w, m).item(),
+        "importance_weight_max": wm.max().item(),
+        "importance_weight_min": wm.min().item(),
+        "behav_truncated_frac": masked_mean(truncated, m).item(),
+        "behav_masked_frac": masked_mean(1 - keep, m).item(),
+    }
+    return w, keep, stats
 
 
 def decoupled_ppo_loss(
@@ -20,21 +128,38 @@ def decoupled_ppo_loss(
     eps_high: float = 0.2,
     dual_clip: float = 0.0,
     behav_weight_cap: float = 0.0,
+    *,
+    behav_correction: str = "truncate",
+    behav_low: float = 0.0,
+    behav_high: float | None = None,
+    behav_level: str = "token",
+    ratio_level: str = "token",
+    aggregation: str = "token_mean",
+    norm_const: float = 0.0,
+    global_tokens: float | None = None,
+    global_seqs: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Decoupled PPO (AReaL), token-mean aggregated.
+    """Decoupled PPO (AReaL), token-mean aggregated by default.
 
-    r = π_θ/π_prox,  w = π_prox/π_behav (capped at `behav_weight_cap` when > 0, no gradient),
+    r = π_θ/π_prox,  w = π_prox/π_behav (see `behaviour_weights`; the cap is `behav_high`, or
+    `behav_weight_cap` when `behav_high` is None; no gradient),
     L_t = w · max(−A·r, −A·clip(r, 1−ε_low, 1+ε_high)),
     with dual clip (c > 1): for A < 0, L_t = w · min(L_t/w, −c·A).
-    Returns (loss, stats) with clip fraction, dual-clip fraction, importance-weight mean and
-    KL(behaviour‖proximal) estimated as mean(log π_behav − log π_prox).
+    ratio_level="sequence" is GSPO: r_i = exp(mean_t(log π_θ − log π_prox)) for every token of
+    row i, written as sg[r_i]·π_θ(t)/sg[π_θ(t)] so that the gradient is that of r_i.
+    Returns (loss, stats) with clip fractions (all, low side, high side, dual), importance-weight
+    statistics, masked fraction and KL(behaviour‖proximal) estimated as mean(log π_behav − log π_prox).
     """
-    mask = mask.float()
-    ratio = torch.exp(logp - prox_logp)
-    log_w = (prox_logp - behav_logp).detach()
-    w = torch.exp(log_w)
-    if behav_weight_cap > 0:
-        w = w.clamp(max=behav_weight_cap)
+    m = mask.float()
+    log_ratio = logp - prox_logp
+    if ratio_level == "sequence":
+        seq = _per_row(log_ratio.detach(), m, "geometric")
+        log_ratio = seq + logp - logp.detach()
+    elif ratio_level != "token":
+        raise ValueError(f"unknown ratio level {ratio_level!r}; expected 'token' or 'sequence'")
+    ratio = torch.exp(log_ratio)
+    high = behav_weight_cap if behav_high is None else behav_high
+    w, _keep, w_stats = behaviour_weights(prox_logp, behav_logp, m, behav_correction, behav_low, high, behav_level)
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1 - eps_low, 1 + eps_high)
     per_token = torch.maximum(unclipped, clipped)
@@ -44,11 +169,149 @@ def decoupled_ppo_loss(
         bound = -dual_clip * advantages
         dual_hit = ((advantages < 0) & (per_token > bound)).float()
         per_token = torch.where(advantages < 0, torch.minimum(per_token, bound), per_token)
-    loss = masked_mean(w * per_token, mask)
+    loss = aggregate(w * per_token, m, aggregation, norm_const, global_tokens, global_seqs)
+    r = ratio.detach()
     stats = {
-        "clip_frac": masked_mean(clip_hit, mask).item(),
-        "dual_clip_frac": masked_mean(dual_hit, mask).item(),
-        "importance_weight_mean": masked_mean(w, mask).item(),
-        "kl_behav_prox": masked_mean(-log_w, mask).item(),
+        "clip_frac": masked_mean(clip_hit, m).item(),
+        "clip_low_frac": masked_mean(clip_hit * (r < 1).float(), m).item(),
+        "clip_high_frac": masked_mean(clip_hit * (r > 1).float(), m).item(),
+        "dual_clip_frac": masked_mean(dual_hit, m).item(),
+        "ratio_mean": masked_mean(r, m).item(),
+        **w_stats,
+        "kl_behav_prox": masked_mean((behav_logp - prox_logp).detach(), m).item(),
     }
     return loss, stats
+
+
+def gspo_loss(
+    logp: torch.Tensor,
+    prox_logp: torch.Tensor,
+    behav_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    eps_low: float = 3e-4,
+    eps_high: float = 4e-4,
+    **kwargs,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """GSPO (Zheng et al. 2025): sequence-level ratio s_i = (π_θ(y_i)/π_prox(y_i))^(1/|y_i|),
+    L_i = −min(s_i·A_i, clip(s_i, 1−ε_low, 1+ε_high)·A_i), averaged over sequences by default.
+    `kwargs` go to `decoupled_ppo_loss` (behaviour correction, aggregation)."""
+    kwargs.setdefault("aggregation", "seq_mean_token_mean")
+    return decoupled_ppo_loss(
+        logp, prox_logp, behav_logp, advantages, mask, eps_low, eps_high, ratio_level="sequence", **kwargs
+    )
+
+
+def ppo_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    **kwargs,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Naive (coupled) PPO: r = π_θ/π_old with π_old the behaviour policy, no separate π_prox."""
+    return decoupled_ppo_loss(
+        logp, old_logp, old_logp, advantages, mask, eps_low, eps_high, behav_correction="none", **kwargs
+    )
+
+
+def critic_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    value_clip: float = 0.0,
+    aggregation: str = "token_mean",
+    **agg_kwargs,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Clipped value loss: V_c = V_old + clip(V − V_old, −c, c),
+    L_t = ½ · max((V − R)², (V_c − R)²)   (c ≤ 0: L_t = ½ (V − R)²)."""
+    m = mask.float()
+    err = (values - returns) ** 2
+    clip_hit = torch.zeros_like(err)
+    if value_clip > 0:
+        v_clip = old_values + (values - old_values).clamp(-value_clip, value_clip)
+        err_clip = (v_clip - returns) ** 2
+        clip_hit = (err_clip > err).float()
+        err = torch.maximum(err, err_clip)
+    loss = aggregate(0.5 * err, m, aggregation, **agg_kwargs)
+    v, r = values.detach(), returns.detach()
+    ret_var = masked_mean((r - masked_mean(r, m)) ** 2, m)
+    res_var = masked_mean((r - v - masked_mean(r - v, m)) ** 2, m)
+    stats = {
+        "value_loss": loss.item(),
+        "value_clip_frac": masked_mean(clip_hit, m).item(),
+        "value_mean": masked_mean(v, m).item(),
+        "explained_variance": (1 - res_var / ret_var.clamp(min=1e-8)).item(),
+    }
+    return loss, stats
+
+
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3", clamp: float = 10.0) -> torch.Tensor:
+    """Per-token estimate of KL(π_θ‖π_ref) from samples of π_θ, with x = log π_θ − log π_ref:
+
+    k1 = x,   k2 = ½ x²,   k3 = e^{−x} − 1 + x   (Schulman's unbiased, non-negative estimator).
+    k3 clamps x to [−20, 20] and the result to ≤ `clamp` for stability (≤ 0: no clamp).
+    """
+    x = logp - ref_logp
+    if estimator == "k1":
+        return x
+    if estimator == "k2":
+        return 0.5 * x**2
+    if estimator == "k3":
+        x = x.clamp(-20, 20)
+        k3 = torch.exp(-x) - 1 + x
+        return k3.clamp(max=clamp) if clamp > 0 else k3
+    raise ValueError(f"unknown KL estimator {estimator!r}; expected one of {KL_ESTIMATORS}")
+
+
+def sequence_logprobs(logp: torch.Tensor, mask: torch.Tensor, average: bool = False) -> torch.Tensor:
+    """log π(y_i) = Σ_t logp·m per row, or the per-token average when `average`."""
+    m = mask.float()
+    s = (logp * m).sum(1)
+    return s / m.sum(1).clamp(min=1) if average else s
+
+
+def preference_loss(
+    policy_chosen: torch.Tensor,
+    policy_rejected: torch.Tensor,
+    ref_chosen: torch.Tensor,
+    ref_rejected: torch.Tensor,
+    beta: float = 0.1,
+    loss_type: str = "dpo",
+    label_smoothing: float = 0.0,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """DPO / IPO on preference pairs, from sequence log-probabilities [P] each.
+
+    h = (log π(y_w) − log π_ref(y_w)) − (log π(y_l) − log π_ref(y_l))
+    dpo: L = −(1−ε)·log σ(β h) − ε·log σ(−β h)   (ε = label smoothing; L = log 2 at h = 0)
+    ipo: L = (h − 1/(2β))²                      (use per-token average log-probs, as in the paper)
+    """
+    h = (policy_chosen - ref_chosen) - (policy_rejected - ref_rejected)
+    if loss_type == "dpo":
+        f = torch.nn.functional.logsigmoid
+        losses = -(1 - label_smoothing) * f(beta * h) - label_smoothing * f(-beta * h)
+    elif loss_type == "ipo":
+        losses = (h - 1 / (2 * beta)) ** 2
+    else:
+        raise ValueError(f"unknown preference loss {loss_type!r}; expected 'dpo' or 'ipo'")
+    hd = h.detach()
+    stats = {
+        "pref_accuracy": (hd > 0).float().mean().item(),
+        "pref_margin": (beta * hd).mean().item(),
+        "pref_chosen_reward": (beta * (policy_chosen - ref_chosen)).detach().mean().item(),
+        "pref_rejected_reward": (beta * (policy_rejected - ref_rejected)).detach().mean().item(),
+    }
+    return losses.mean(), stats
+
+
+def dpo_loss(pc, pr, rc, rr, beta: float = 0.1, label_smoothing: float = 0.0):
+    """DPO (Rafailov et al. 2023); see `preference_loss`."""
+    return preference_loss(pc, pr, rc, rr, beta, "dpo", label_smoothing)
+
+
+def ipo_loss(pc, pr, rc, rr, beta: float = 0.1):
+    """IPO (Azar et al. 2023); see `preference_loss`."""
+    return preference_loss(pc, pr, rc, rr, beta, "ipo")

@@ -28,45 +28,72 @@ from areal_core.staleness import staleness_histogram
 from areal_core.store import FINAL_MODEL, INIT_MODEL, Store
 from areal_core.tracking import Tracker
 from areal_core.train import checkpoint
-from areal_core.train.advantages import grpo_advantages
-from areal_core.train.batch import GroupBuffer, collate
+from areal_core.train.algorithm import compute_advantages, compute_loss, required_inputs
+from areal_core.train.batch import GroupBuffer, TrainBatch, collate
+from areal_core.train.entropy import token_logprobs_and_entropy
 from areal_core.train.logprobs import token_logprobs
-from areal_core.train.losses import decoupled_ppo_loss
+from areal_core.train.packing import packed_token_logprobs
 from areal_core.train.weights import hf_side_files, prune, publish, state_dict_bytes
 
 log = logging.getLogger("areal.trainer")
 
 
-def ppo_update(model, optimizer, samples: list[Sample], cfg: RunConfig, pad_id: int) -> dict[str, float]:
-    """One training step on complete groups; returns its metrics."""
-    tc = cfg.train
-    batch = collate(samples, pad_id)
-    adv = grpo_advantages(batch.rewards, batch.group_index)[:, None].expand_as(batch.loss_mask)
+def policy_logprobs(
+    model, batch: TrainBatch, rows: torch.Tensor | None, cfg: RunConfig, pad_id: int, entropy: bool = False
+):
+    """Per-token log-probs (and entropy) of `rows` of the batch, packed without padding when configured."""
+    ids, attn = batch.input_ids, batch.attention_mask
+    if rows is not None:
+        ids, attn = ids[rows], attn[rows]
     temperature = cfg.rollout.temperature or 1.0
-    n_mb = tc.ppo_minibatches
-    prox_all = None
-    if n_mb > 1:
-        with torch.no_grad():
-            prox_all = token_logprobs(model, batch.input_ids, batch.attention_mask, temperature)
-    stats: dict[str, float] = {}
+    if cfg.train.packing:
+        return packed_token_logprobs(model, ids, attn, temperature, pad_id=pad_id, with_entropy=entropy)
+    if entropy:
+        return token_logprobs_and_entropy(model, ids, attn, temperature)
+    return token_logprobs(model, ids, attn, temperature)
+
+
+def ppo_update(
+    model, optimizer, samples: list[Sample], cfg: RunConfig, pad_id: int, ref_model=None
+) -> dict[str, float]:
+    """One training step on complete groups: the configured advantage estimator and loss
+    (decoupled PPO by default), `train.ppo_minibatches` optimizer steps; returns metrics."""
+    algo, n_mb = cfg.algo, cfg.train.ppo_minibatches
+    batch = collate(samples, pad_id)
+    need = required_inputs(algo)
+    prox_all = ref_all = None
+    with torch.no_grad():
+        if n_mb > 1 or algo.kl_as_reward:
+            prox_all = policy_logprobs(model, batch, None, cfg, pad_id)
+        if "ref_logp" in need:
+            if ref_model is None:
+                raise ValueError("this algorithm needs a reference model")
+            ref_all = policy_logprobs(ref_model, batch, None, cfg, pad_id)
+    adv, returns, stats = compute_advantages(
+        algo, batch.rewards, batch.group_index, batch.loss_mask, prox_logp=prox_all, ref_logp=ref_all
+    )
     for mb in range(n_mb):
         rows = (batch.group_index % n_mb) == mb
-        logp = token_logprobs(model, batch.input_ids[rows], batch.attention_mask[rows], temperature)
+        out = policy_logprobs(model, batch, rows, cfg, pad_id, entropy="entropy" in need)
+        logp, ent = out if isinstance(out, tuple) else (out, None)
+        # π_prox: the parameters before this update; with one minibatch that is this very forward pass
         prox = logp.detach() if prox_all is None else prox_all[rows]
-        loss, mb_stats = decoupled_ppo_loss(
+        loss, mb_stats = compute_loss(
+            algo,
             logp,
             prox,
             batch.behav_logprobs[rows],
-            adv[rows],
+            batch.rewards[rows],
+            batch.group_index[rows],
             batch.loss_mask[rows],
-            tc.eps_clip_low,
-            tc.eps_clip_high,
-            tc.dual_clip,
-            tc.behav_weight_cap,
+            ref_logp=None if ref_all is None else ref_all[rows],
+            entropy=ent,
+            advantages=adv[rows],
+            returns=None if returns is None else returns[rows],
         )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip or float("inf"))
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip or float("inf"))
         optimizer.step()
         for k, v in {**mb_stats, "loss": loss.item(), "grad_norm": float(grad_norm)}.items():
             stats[k] = stats.get(k, 0.0) + v / n_mb
@@ -87,6 +114,10 @@ class Trainer:
             self.model.parameters(), lr=self.cfg.train.lr, weight_decay=self.cfg.train.weight_decay, betas=(0.9, 0.99)
         )
         self.side_files = hf_side_files(self.model, self.tokenizer)
+        self.ref_model = None
+        if "ref_logp" in required_inputs(self.cfg.algo):
+            self.ref_model, _ = load_pretrained(self.store.url(INIT_MODEL), self.cfg.device)
+            self.ref_model.eval().requires_grad_(False)
         self.buffer = GroupBuffer()
         self.tracker = Tracker.attach(self.store)
         self.eval_records = load_prompts(self.store, "eval")[: self.cfg.eval.num_samples]
@@ -124,7 +155,7 @@ class Trainer:
     def step(self, samples: list[Sample], dropped: list[Sample]) -> dict[str, float]:
         cfg, st = self.cfg, self.state
         t0 = time.perf_counter()
-        metrics = ppo_update(self.model, self.optimizer, samples, cfg, self.tokenizer.pad_token_id)
+        metrics = ppo_update(self.model, self.optimizer, samples, cfg, self.tokenizer.pad_token_id, self.ref_model)
         t_train = time.perf_counter() - t0
         trained_versions = [v for s in samples for v, m in zip(s.versions, s.loss_mask) if m]
         hist = staleness_histogram(trained_versions, st.version)
@@ -150,6 +181,7 @@ class Trainer:
             staleness_mean=sum(staleness) / max(len(staleness), 1),
             staleness_max=max(staleness, default=0),
             dropped_samples=st.counters["dropped_samples"],
+            filtered_groups=st.counters.get("filtered_groups", 0),
             quarantined_shards=st.counters["quarantined_shards"],
             train_s=t_train,
             publish_s=publish_s,
@@ -175,6 +207,11 @@ class Trainer:
         while st.step < cfg.train.steps:
             self.ingest()
             dropped = self.buffer.drop_stale(st.version, cfg.train.eta)
+            if cfg.algo.dynamic_sampling:
+                filtered = self.buffer.drop_uninformative()
+                st.counters["filtered_groups"] = st.counters.get("filtered_groups", 0) + len(
+                    {s.group_id for s in filtered}
+                )
             samples = self.buffer.take(cfg.train.batch_groups)
             if samples is None:
                 if dropped:

@@ -1,0 +1,1 @@
+"""OpenAI-compatible agent proxy: server, sessions, incremental chat templating, agent workflows."""

@@ -1,0 +1,48 @@
+"""The proxy's OpenAPI description, for clients in other languages (C++, Java, ...).
+
+    python -m areal_core.proxy.openapi docs/proxy-openapi.json
+
+writes the description generated from the app itself; a test keeps the checked-in copy
+current. Feed it to any OpenAPI generator (openapi-generator: cpp-restsdk, java, go, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+class _NoEngine:
+    version = 0
+
+    async def generate(self, prompt_ids, params):  # pragma: no cover - never served
+        raise RuntimeError("documentation-only app")
+
+
+def build_openapi() -> dict[str, Any]:
+    """The OpenAPI 3 document of `create_app` (built without a model)."""
+    from areal_core.models import build_tokenizer
+    from areal_core.proxy.server import create_app
+
+    app = create_app(_NoEngine(), build_tokenizer(["a"], 260))
+    spec = app.openapi()
+    spec.setdefault("components", {}).setdefault("securitySchemes", {})
+    spec["security"] = [{"HTTPBearer": []}]
+    spec["paths"]["/health"]["get"]["security"] = []  # the only route without a key
+    spec["servers"] = [{"url": "http://127.0.0.1:8000", "description": "a local proxy"}]
+    return spec
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    text = json.dumps(build_openapi(), indent=1, sort_keys=True) + "\n"
+    if argv:
+        Path(argv[0]).write_text(text)
+    else:
+        sys.stdout.write(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1269 @@
+"""OpenAI-compatible proxy in front of a rollout engine: serves the current policy and records
+exactly what it served, so an agent episode becomes one trajectory row without re-tokenising.
+
+    app = create_app(engine, tokenizer, api_keys=["sk-..."])       # a TorchEngine or any async backend
+    server = ProxyServer(app).start()                               # uvicorn on 127.0.0.1, a free port
+    client = openai.OpenAI(base_url=server.base_url, api_key="sk-...")
+
+Endpoints (all under /v1 need `Authorization: Bearer <key>`):
+    GET  /v1/models, /v1/models/{id}
+    POST /v1/chat/completions        non-streaming and streaming (SSE), tool calls
+    POST /v1/completions             text or token-id prompts, streaming
+    POST /v1/sessions                a new session id (optional: any X-Session-Id works)
+    GET  /v1/sessions/{id}           what the session holds (?include_tokens=true for the ids)
+    POST /v1/sessions/{id}/reward    {"reward": r, "turn": t | "completion_id": c | neither: final}
+    POST /v1/sessions/{id}/end       {"reward"?, "discount"?, "group_id"?, "prompt_id"?, "meta"?}
+    GET  /health                     no key needed
+
+Every completion carries an extra top-level field `areal` (OpenAI clients ignore it):
+session_id, turn, segment, prompt_token_ids (the whole prompt fed), token_ids (served),
+logprobs (behaviour log-probs), versions (policy version per served token), timing.
+
+The engine is synchronous, so `BatchingBackend` runs it on one thread and batches the
+requests that wait together into one `generate` call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import inspect
+import json
+import logging
+import queue
+import re
+import secrets
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from concurrent.futures import Future
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.security import HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from areal_core.proxy.sessions import SessionError, SessionManager, key_digest, session_id_for_key
+from areal_core.proxy.templating import ChatMLTemplate, TemplateError, parse_tool_calls
+from areal_core.rollout.engine import Generation, SamplingParams
+
+log = logging.getLogger("areal.proxy")
+
+SESSION_HEADER = "x-session-id"
+_SESSION_ID_PATTERN = r"^[A-Za-z0-9._:\-]{1,128}$"
+
+
+# ---------------------------------------------------------------------------------------------
+# Engine backends
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class TimedGeneration(Generation):
+    queue_s: float = 0.0  # waiting for the engine thread
+    engine_s: float = 0.0  # the generate() call this request was batched into
+    batch_size: int = 1
+
+
+class BatchingBackend:
+    """Runs a synchronous, non-thread-safe engine (TorchEngine, RolloutEngine) on one thread.
+
+    Requests that wait while the engine is busy are taken together: those with the same
+    sampling settings (apart from max_new_tokens) go into one `generate` call, run to the
+    largest max_new_tokens and cut back per request. When idle, staged weights are installed.
+    """
+
+    def __init__(self, engine: Any, max_batch_size: int = 256, idle_poll_s: float = 0.05):
+        self.engine = engine
+        self.max_batch_size = max_batch_size
+        self.idle_poll_s = idle_poll_s
+        self._q: queue.Queue = queue.Queue()
+        self._stop = threading.Event()
+        self.stats = {"calls": 0, "requests": 0, "max_batch": 0, "engine_s": 0.0}
+        self._thread = threading.Thread(target=self._loop, name="areal-proxy-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def version(self) -> int:
+        return int(getattr(self.engine, "version", 0))
+
+    def health(self) -> dict:
+        h = self.engine.health() if hasattr(self.engine, "health") else {"ok": True}
+        return {**h, "batching": dict(self.stats)}
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams) -> Future:
+        fut: Future = Future()
+        self._q.put((list(prompt_ids), params, fut, time.perf_counter()))
+        return fut
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        return await asyncio.wrap_future(self.submit(prompt_ids, params))
+
+    def generate_sync(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        return self.submit(prompt_ids, params).result()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._q.put(None)
+        self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                first = self._q.get(timeout=self.idle_poll_s)
+            except queue.Empty:
+                self._install_staged()
+                continue
+            if first is None:
+                break
+            items = [first]
+            while len(items) < self.max_batch_size:
+                try:
+                    nxt = self._q.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    self._stop.set()
+                    break
+                items.append(nxt)
+            groups: dict[tuple, list] = {}
+            for it in items:
+                p: SamplingParams = it[1]
+                key = (p.temperature, p.top_p, p.top_k, p.greedy, tuple(sorted(p.stop_token_ids)))
+                groups.setdefault(key, []).append(it)
+            for group in groups.values():
+                self._run(group)
+
+    def _install_staged(self) -> None:
+        if hasattr(self.engine, "stage_weights"):
+            try:
+                self.engine.load_version(self.engine.version)
+            except Exception:  # noqa: BLE001 - a bad staged version must not kill the server
+                log.exception("installing staged weights failed")
+
+    def _run(self, group: list) -> None:
+        live = [it for it in group if it[2].set_running_or_notify_cancel()]
+        if not live:
+            return
+        n_max = max(it[1].max_new_tokens for it in live)
+        params = replace(live[0][1], max_new_tokens=n_max)
+        t0 = time.perf_counter()
+        try:
+            gens = self.engine.generate([it[0] for it in live], params)
+        except Exception as exc:  # noqa: BLE001 - reported to each waiting request
+            for it in live:
+                it[2].set_exception(exc)
+            return
+        dt = time.perf_counter() - t0
+        self.stats["calls"] += 1
+        self.stats["requests"] += len(live)
+        self.stats["max_batch"] = max(self.stats["max_batch"], len(live))
+        self.stats["engine_s"] += dt
+        for it, g in zip(live, gens):
+            n = it[1].max_new_tokens
+            toks, lps, vers, reason = g.token_ids, g.logprobs, g.versions, g.finish_reason
+            if len(toks) > n:
+                toks, lps, vers, reason = toks[:n], lps[:n], vers[:n], "length"
+            it[2].set_result(
+                TimedGeneration(toks, lps, vers, reason, queue_s=t0 - it[3], engine_s=dt, batch_size=len(live))
+            )
+
+
+class AsyncBackendAdapter:
+    """Wraps an object with `async def generate(prompt_ids, params) -> Generation` (remote engines)."""
+
+    def __init__(self, backend: Any):
+        self.backend = backend
+
+    @property
+    def version(self) -> int:
+        return int(getattr(self.backend, "version", 0))
+
+    def health(self) -> dict:
+        return self.backend.health() if hasattr(self.backend, "health") else {"ok": True}
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        return await self.backend.generate(prompt_ids, params)
+
+    def close(self) -> None:
+        if hasattr(self.backend, "close"):
+            self.backend.close()
+
+
+def as_backend(engine_backend: Any) -> Any:
+    if isinstance(engine_backend, (BatchingBackend, AsyncBackendAdapter)):
+        return engine_backend
+    if inspect.iscoroutinefunction(getattr(engine_backend, "generate", None)):
+        return AsyncBackendAdapter(engine_backend)
+    return BatchingBackend(engine_backend)
+
+
+# ---------------------------------------------------------------------------------------------
+# API keys, request size, errors
+# ---------------------------------------------------------------------------------------------
+class ApiKeys:
+    """The accepted API keys, kept as SHA-256 digests; keys can be added and revoked at run time."""
+
+    def __init__(self, keys: Iterable[str] = ()):
+        self._lock = threading.Lock()
+        self._digests: set[str] = {key_digest(k) for k in keys}
+
+    def add(self, key: str) -> None:
+        with self._lock:
+            self._digests.add(key_digest(key))
+
+    def revoke(self, key: str) -> None:
+        with self._lock:
+            self._digests.discard(key_digest(key))
+
+    def new_key(self, prefix: str = "sk-areal-") -> str:
+        key = prefix + secrets.token_urlsafe(24)
+        self.add(key)
+        return key
+
+    def check(self, key: str) -> str | None:
+        """The key's digest when it is accepted, else None."""
+        d = key_digest(key)
+        return d if d in self._digests else None
+
+    def __len__(self) -> int:
+        return len(self._digests)
+
+
+def error_body(message: str, kind: str = "invalid_request_error", code: str | None = None, **extra: Any) -> dict:
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}, **extra}
+
+
+async def _send_json(send: Any, status: int, body: dict, headers: list | None = None) -> None:
+    data = json.dumps(body).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+            + (headers or []),
+        }
+    )
+    await send({"type": "http.response.body", "body": data})
+
+
+class GuardMiddleware:
+    """ASGI middleware run before routing and body parsing: API key (401), body size (413).
+
+    The authenticated key's digest goes into scope["state"]["owner"] for the handlers.
+    """
+
+    def __init__(self, app: Any, keys: ApiKeys, max_request_bytes: int):
+        self.app, self.keys, self.max_request_bytes = app, keys, max_request_bytes
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/v1"):
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        auth = headers.get(b"authorization", b"").decode("latin-1")
+        scheme, _, token = auth.partition(" ")
+        owner = self.keys.check(token.strip()) if scheme.lower() == "bearer" and token.strip() else None
+        if owner is None:
+            msg = "missing API key: send 'Authorization: Bearer <key>'" if not auth else "invalid API key"
+            await _send_json(
+                send,
+                401,
+                error_body(msg, "authentication_error", "invalid_api_key"),
+                [(b"www-authenticate", b"Bearer")],
+            )
+            return
+        state = scope.setdefault("state", {})
+        state["owner"], state["t_arrival"] = owner, time.perf_counter()
+        limit = self.max_request_bytes
+        declared = headers.get(b"content-length")
+        too_big = error_body(
+            f"request body exceeds the limit of {limit} bytes", "invalid_request_error", "request_too_large"
+        )
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await _send_json(send, 413, too_big)
+            return
+        if scope["method"] in ("POST", "PUT", "PATCH"):
+            chunks, size = [], 0
+            while True:
+                msg = await receive()
+                if msg["type"] == "http.disconnect":
+                    return
+                chunk = msg.get("body", b"")
+                size += len(chunk)
+                if size > limit:
+                    await _send_json(send, 413, too_big)
+                    return
+                chunks.append(chunk)
+                if not msg.get("more_body"):
+                    break
+            body = b"".join(chunks)
+            sent = False
+
+            async def replay() -> dict:
+                nonlocal sent
+                if not sent:
+                    sent = True
+                    return {"type": "http.request", "body": body, "more_body": False}
+                return await receive()
+
+            await self.app(scope, replay, send)
+            return
+        await self.app(scope, receive, send)
+
+
+class ProxyError(Exception):
+    def __init__(self, status: int, message: str, code: str | None = None, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.code, self.kind = status, message, code, kind
+
+
+# ---------------------------------------------------------------------------------------------
+# Request schemas (OpenAI's, the fields this proxy uses; unknown fields are ignored)
+# ---------------------------------------------------------------------------------------------
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class FunctionCall(_Lenient):
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCall(_Lenient):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ContentPart(_Lenient):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Lenient):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class FunctionSpec(_Lenient):
+    name: str = Field(min_length=1, max_length=128)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ToolSpec(_Lenient):
+    type: Literal["function"] = "function"
+    function: FunctionSpec
+
+
+class StreamOptions(_Lenient):
+    include_usage: bool = False
+
+
+class _SamplingFields(_Lenient):
+    model: str = Field(min_length=1, max_length=256)
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)
+    n: int = Field(default=1, ge=1)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    seed: int | None = None
+    user: str | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v: str | list[str] | None) -> list[str] | None:
+        if v is None:
+            return None
+        stops = [v] if isinstance(v, str) else v
+        if len(stops) > 4 or any(not s for s in stops):
+            raise ValueError("stop: at most 4 non-empty strings")
+        return stops
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    tools: list[ToolSpec] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    parallel_tool_calls: bool | None = None
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: str | list[int] | list[str] = Field(min_length=1)
+    logprobs: int | None = Field(default=None, ge=0, le=5)
+    echo: bool = False
+
+
+class RewardRequest(_Lenient):
+    reward: float = Field(allow_inf_nan=False)
+    turn: int | None = None
+    completion_id: str | None = Field(default=None, max_length=256)
+
+
+class EndRequest(_Lenient):
+    reward: float | None = Field(default=None, allow_inf_nan=False)
+    discount: float | None = Field(default=None, ge=0.0, le=1.0)
+    group_id: str | None = Field(default=None, max_length=256)
+    prompt_id: str = Field(default="", max_length=256)
+    meta: dict[str, Any] | None = None
+    return_trajectory: bool = False
+
+
+class NewSessionRequest(_Lenient):
+    session_id: str | None = Field(default=None, pattern=_SESSION_ID_PATTERN)
+
+
+# Response schemas: documentation for clients in other languages (handlers return plain dicts).
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+class ArealTiming(BaseModel):
+    queue_s: float = Field(description="time waiting for the engine thread")
+    engine_s: float = Field(description="the batched generate() call this request ran in")
+    batch_size: int
+    server_s: float = Field(description="from the request's arrival to the response being built")
+
+
+class ArealExtra(BaseModel):
+    """What was served, token by token: the record the trajectory is built from."""
+
+    session_id: str
+    turn: int = Field(description="index of this completion in the session")
+    segment: int = Field(description="which trajectory row of the session this turn extends")
+    prompt_token_ids: list[int] = Field(description="the whole prompt the engine was fed")
+    token_ids: list[int] = Field(description="the served token ids (EOS included when generated)")
+    logprobs: list[float] = Field(description="behaviour log-prob of each served token")
+    versions: list[int] = Field(description="policy version that produced each served token")
+    policy_version: int
+    timing: ArealTiming
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    finish_reason: Literal["stop", "length", "tool_calls"]
+    logprobs: dict[str, Any] | None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    areal: ArealExtra
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    finish_reason: Literal["stop", "length"]
+    logprobs: dict[str, Any] | None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+    areal: ArealExtra
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str
+    areal: dict[str, int]
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class SessionCreated(BaseModel):
+    session_id: str
+    header: str = "X-Session-Id"
+
+
+class TurnInfo(BaseModel):
+    turn: int
+    completion_id: str
+    segment: int
+    finish_reason: str
+    completion_tokens: int
+    tool_calls: int
+    reward: float | None
+
+
+class SegmentInfo(BaseModel):
+    segment: int
+    kind: Literal["chat", "text"]
+    num_tokens: int
+    input_ids: list[int] | None = None
+    loss_mask: list[int] | None = None
+    behav_logprobs: list[float] | None = None
+    versions: list[int] | None = None
+
+
+class SessionInfo(BaseModel):
+    session_id: str
+    created: float
+    updated: float
+    ended: bool
+    final_reward: float | None
+    turns: list[TurnInfo]
+    segments: list[SegmentInfo]
+
+
+class RewardApplied(BaseModel):
+    session_id: str
+    reward: float
+    applied_to: str = Field(description='"turn N" or "final"')
+
+
+class RowInfo(BaseModel):
+    sample_id: str
+    num_tokens: int
+    num_turns: int
+    reward: float | None
+
+
+class Trajectory(BaseModel):
+    sample_id: str
+    input_ids: list[int]
+    prompt_len: int
+    loss_mask: list[int]
+    behav_logprobs: list[float]
+    versions: list[int]
+    reward: float | None
+    token_rewards: list[float] | None
+
+
+class SessionEnded(BaseModel):
+    session_id: str
+    turns: int
+    rows: list[RowInfo]
+    shards: list[str] = Field(description="store objects written (online mode)")
+    trajectories: list[Trajectory] | None = None
+
+
+_ERRORS = {
+    code: {"model": ErrorResponse, "description": what}
+    for code, what in (
+        (400, "bad request: limits (context, max_tokens, n), unsupported content, bad X-Session-Id"),
+        (401, "missing or invalid API key"),
+        (403, "the session belongs to another API key"),
+        (404, "no such live session or turn"),
+        (413, "request body over the size limit"),
+        (422, "malformed body (schema validation)"),
+        (429, "too many live sessions"),
+    )
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# The app
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class ProxyLimits:
+    max_request_bytes: int = 1 << 20  # 413 above
+    max_context_tokens: int | None = None  # prompt + completion; None: the engine model's positions, else 4096
+    max_new_tokens: int = 1024  # an explicit max_tokens above this is a 400
+    default_max_tokens: int = 256  # when the request gives none (cut to the room left in the context)
+    max_messages: int = 512
+    max_sessions: int = 100_000
+    session_ttl_s: float = 3600.0
+
+
+def _context_limit(engine_backend: Any, configured: int | None) -> int:
+    if configured:
+        return configured
+    inner = getattr(engine_backend, "engine", engine_backend)
+    model = getattr(inner, "model", None)
+    n = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    return int(n) if n else 4096
+
+
+def create_app(
+    engine_backend: Any,
+    tokenizer: Any,
+    store: Any = None,
+    api_keys: Iterable[str] | ApiKeys = (),
+    limits: ProxyLimits | None = None,
+    *,
+    model_name: str = "areal-policy",
+    worker_id: str = "proxy-0",
+    turn_discount: float = 1.0,
+    tool_prompt: str = "full",
+    sampling: SamplingParams | None = None,
+    force_sampling: bool = False,
+) -> FastAPI:
+    """The proxy app over `engine_backend` (a sync RolloutEngine, batched on one thread, or an
+    object with an async `generate`).
+
+    store: when given, each ended session is written there as one shard (online mode).
+    sampling: server-side defaults; with force_sampling=True the request's temperature, top_p
+    and top_k are ignored, so the behaviour policy is the one the trainer assumes (training).
+    """
+    limits = limits or ProxyLimits()
+    keys = api_keys if isinstance(api_keys, ApiKeys) else ApiKeys(api_keys)
+    backend = as_backend(engine_backend)
+    template = ChatMLTemplate(tokenizer, tool_prompt=tool_prompt)
+    manager = SessionManager(
+        template,
+        worker_id=worker_id,
+        turn_discount=turn_discount,
+        store=store,
+        session_ttl_s=limits.session_ttl_s,
+        max_sessions=limits.max_sessions,
+    )
+    defaults = sampling or SamplingParams(max_new_tokens=limits.default_max_tokens)
+    ctx_limit = _context_limit(backend, limits.max_context_tokens)
+    eos_id = template.eos_id
+    owns_backend = backend is not engine_backend
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        if owns_backend:
+            backend.close()
+
+    app = FastAPI(
+        title="AReaL-Flyte agent proxy",
+        version="1.0",
+        description=(
+            "OpenAI-compatible chat/completions served by the current RL policy. Every response "
+            "carries an extra `areal` object with the served token ids, behaviour log-probs and "
+            "the policy version of each token. Sessions are keyed by API key or X-Session-Id."
+        ),
+        lifespan=lifespan,
+    )
+    app.state.backend = backend
+    app.state.sessions = manager
+    app.state.api_keys = keys
+    app.state.template = template
+    app.state.limits = limits
+    app.state.context_limit = ctx_limit
+    app.add_middleware(GuardMiddleware, keys=keys, max_request_bytes=limits.max_request_bytes)
+    bearer = HTTPBearer(auto_error=False, description="API key; the guard middleware enforces it")
+
+    @app.exception_handler(ProxyError)
+    async def _proxy_error(request: Request, exc: ProxyError):
+        return JSONResponse(error_body(exc.message, exc.kind, exc.code), status_code=exc.status)
+
+    @app.exception_handler(SessionError)
+    async def _session_error(request: Request, exc: SessionError):
+        kind = "permission_error" if exc.status == 403 else "invalid_request_error"
+        return JSONResponse(error_body(exc.message, kind, exc.code), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError):
+        errors = jsonable_encoder(exc.errors(), custom_encoder={Exception: str})
+        first = errors[0] if errors else {}
+        where = ".".join(str(p) for p in first.get("loc", []) if p != "body")
+        msg = f"invalid request: {where or 'body'}: {first.get('msg', 'malformed')}"
+        if first.get("type") == "json_invalid" or (
+            first.get("loc") == ["body"] and isinstance(first.get("input"), str)
+        ):
+            msg = "invalid request: the body is not a JSON object"
+        return JSONResponse(error_body(msg, "invalid_request_error", "validation_error", detail=errors), 422)
+
+    def owner_of(request: Request) -> str:
+        owner = request.scope.get("state", {}).get("owner")
+        if owner is None:  # only reachable if the middleware was bypassed
+            raise ProxyError(401, "invalid API key", "invalid_api_key", "authentication_error")
+        return owner
+
+    def session_id_of(request: Request, x_session_id: str | None) -> str:
+        if x_session_id is not None:
+            if not re.match(_SESSION_ID_PATTERN, x_session_id):
+                raise ProxyError(400, "X-Session-Id must be 1-128 of [A-Za-z0-9._:-]", "invalid_session_id")
+            return x_session_id
+        auth = request.headers.get("authorization", "")
+        return session_id_for_key(auth.partition(" ")[2].strip())
+
+    def sampling_for(req: _SamplingFields, max_new: int) -> SamplingParams:
+        p = replace(defaults, max_new_tokens=max_new, stop_token_ids=list(defaults.stop_token_ids))
+        if not force_sampling:
+            if req.temperature is not None:
+                p.temperature = req.temperature
+                p.greedy = req.temperature == 0
+            if req.top_p is not None:
+                p.top_p = req.top_p
+            if req.top_k is not None:
+                p.top_k = req.top_k
+        return p
+
+    def budget(req: _SamplingFields, n_prompt: int, explicit: int | None) -> int:
+        room = ctx_limit - n_prompt
+        if room < 1:
+            raise ProxyError(
+                400,
+                f"the prompt is {n_prompt} tokens; this model's context is {ctx_limit} tokens, "
+                "so no room is left for a completion",
+                "context_length_exceeded",
+            )
+        if explicit is not None:
+            if explicit > limits.max_new_tokens:
+                raise ProxyError(
+                    400, f"max_tokens {explicit} exceeds the limit of {limits.max_new_tokens}", "max_tokens_too_large"
+                )
+            if explicit > room:
+                raise ProxyError(
+                    400,
+                    f"prompt ({n_prompt} tokens) + max_tokens ({explicit}) exceeds this model's context of "
+                    f"{ctx_limit} tokens",
+                    "context_length_exceeded",
+                )
+            return explicit
+        return min(defaults.max_new_tokens, limits.max_new_tokens, room)
+
+    def check_common(req: _SamplingFields) -> None:
+        if req.n != 1:
+            raise ProxyError(400, "n > 1 is not supported: send one request per sample", "unsupported_n")
+
+    async def run_turn(request: Request, x_session_id: str | None, plan_fn, req: _SamplingFields, explicit):
+        """Plan, generate and commit one turn under the session's lock."""
+        owner = owner_of(request)
+        sid = session_id_of(request, x_session_id)
+        for _ in range(3):
+            session = manager.open(sid, owner)
+            async with session.lock:
+                if session.ended:  # ended while this request waited: start the next session
+                    continue
+                try:
+                    plan = plan_fn(session)
+                except TemplateError as exc:
+                    raise ProxyError(400, str(exc), "invalid_messages") from None
+                max_new = budget(req, len(plan.prompt_ids), explicit)
+                params = sampling_for(req, max_new)
+                t0 = time.perf_counter()
+                try:
+                    gen = await backend.generate(plan.prompt_ids, params)
+                except Exception as exc:  # noqa: BLE001
+                    log.exception("engine failed")
+                    raise ProxyError(500, f"engine error: {exc}", "engine_error", "server_error") from None
+                return session, plan, gen, time.perf_counter() - t0
+        raise ProxyError(409, f"session {sid!r} ended while the request waited", "session_ended")
+
+    def cut_at_stop(gen: Generation, stops: list[str] | None) -> tuple[Generation, str, bool]:
+        """(generation cut after the token completing a stop string, visible text, stopped)."""
+        ids = gen.token_ids[:-1] if gen.token_ids and gen.token_ids[-1] == eos_id else gen.token_ids
+        text = tokenizer.decode(ids, skip_special_tokens=True)
+        if not stops or not any(s in text for s in stops):
+            return gen, text, False
+        for i in range(1, len(gen.token_ids) + 1):
+            partial = tokenizer.decode(gen.token_ids[:i], skip_special_tokens=True)
+            hits = [partial.find(s) for s in stops if s in partial]
+            if hits:
+                cut = Generation(gen.token_ids[:i], gen.logprobs[:i], gen.versions[:i], "stop")
+                return cut, partial[: min(hits)], True
+        return gen, text, False
+
+    def areal_extra(request: Request, session, record, plan, gen, wall_s: float) -> dict:
+        return {
+            "session_id": session.id,
+            "turn": record.turn,
+            "segment": record.segment,
+            "prompt_token_ids": plan.prompt_ids,
+            "token_ids": gen.token_ids,
+            "logprobs": gen.logprobs,
+            "versions": gen.versions,
+            "policy_version": backend.version,
+            "timing": {
+                "queue_s": getattr(gen, "queue_s", 0.0),
+                "engine_s": getattr(gen, "engine_s", wall_s),
+                "batch_size": getattr(gen, "batch_size", 1),
+                "server_s": time.perf_counter() - request.scope.get("state", {}).get("t_arrival", time.perf_counter()),
+            },
+        }
+
+    def token_logprobs(gen: Generation) -> list[dict]:
+        out = []
+        for t, lp in zip(gen.token_ids, gen.logprobs):
+            s = tokenizer.decode([t])
+            out.append({"token": s, "logprob": lp, "bytes": list(s.encode()), "top_logprobs": []})
+        return out
+
+    def sse(obj: Any) -> bytes:
+        return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+    def text_pieces(gen: Generation, text: str) -> list[str]:
+        """The visible text split per served token (pieces join to `text`)."""
+        pieces, prev = [], ""
+        for i in range(1, len(gen.token_ids) + 1):
+            cur = tokenizer.decode(gen.token_ids[:i], skip_special_tokens=True)
+            if cur.endswith("\ufffd") or not text.startswith(cur) or len(cur) <= len(prev):
+                continue
+            pieces.append(cur[len(prev) :])
+            prev = cur
+        if prev != text:
+            pieces.append(text[len(prev) :])
+        return [p for p in pieces if p]
+
+    # -- routes ---------------------------------------------------------------------------
+    @app.get("/health", tags=["service"])
+    async def health() -> dict:
+        return {
+            "ok": True,
+            "policy_version": backend.version,
+            "live_sessions": len(manager.sessions),
+            "sessions": dict(manager.counters),
+        }
+
+    def model_card() -> dict:
+        return {
+            "id": model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "areal",
+            "areal": {"policy_version": backend.version, "context_tokens": ctx_limit},
+        }
+
+    @app.get(
+        "/v1/models", tags=["openai"], dependencies=[Depends(bearer)], responses={200: {"model": ModelList}, **_ERRORS}
+    )
+    async def list_models():
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get(
+        "/v1/models/{model_id}",
+        tags=["openai"],
+        dependencies=[Depends(bearer)],
+        responses={200: {"model": ModelCard}, **_ERRORS},
+    )
+    async def get_model(model_id: str):
+        return model_card()
+
+    @app.post(
+        "/v1/chat/completions",
+        tags=["openai"],
+        dependencies=[Depends(bearer)],
+        responses={
+            200: {
+                "model": ChatCompletionResponse,
+                "description": "a chat.completion, or with stream=true an SSE stream of chat.completion.chunk "
+                "objects whose last chunk carries `areal`",
+            },
+            **_ERRORS,
+        },
+    )
+    async def chat_completions(
+        req: ChatCompletionRequest, request: Request, x_session_id: str | None = Header(default=None)
+    ):
+        check_common(req)
+        if len(req.messages) > limits.max_messages:
+            raise ProxyError(400, f"{len(req.messages)} messages exceed the limit of {limits.max_messages}")
+        explicit = req.max_completion_tokens or req.max_tokens
+        tools = req.tools if req.tool_choice != "none" else None
+        session, plan, gen, wall = await run_turn(
+            request, x_session_id, lambda s: s.plan_chat(req.messages, tools), req, explicit
+        )
+        gen, text, stopped = cut_at_stop(gen, req.stop)
+        cid = f"chatcmpl-{uuid.uuid4().hex}"
+        parsed = parse_tool_calls(text, id_prefix=f"call_{cid[9:21]}") if tools else None
+        content = parsed.content if parsed else text
+        calls = parsed.tool_calls if parsed else []
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = calls
+        finish = "tool_calls" if calls else ("stop" if stopped else gen.finish_reason)
+        record = session.commit(plan, gen, cid, finish, assistant_message=message, tool_calls=len(calls))
+        manager.counters["turns"] += 1
+        usage = {
+            "prompt_tokens": len(plan.prompt_ids),
+            "completion_tokens": len(gen.token_ids),
+            "total_tokens": len(plan.prompt_ids) + len(gen.token_ids),
+        }
+        extra = areal_extra(request, session, record, plan, gen, wall)
+        lp = {"content": token_logprobs(gen), "refusal": None} if req.logprobs else None
+        created = int(time.time())
+        if not req.stream:
+            return JSONResponse(
+                {
+                    "id": cid,
+                    "object": "chat.completion",
+                    "created": created,
+                    "model": req.model,
+                    "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": lp}],
+                    "usage": usage,
+                    "areal": extra,
+                }
+            )
+
+        def chunk(delta: dict, finish_reason: str | None = None, **more: Any) -> bytes:
+            body = {
+                "id": cid,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": req.model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}],
+                **more,
+            }
+            return sse(body)
+
+        async def events():
+            yield chunk({"role": "assistant", "content": ""})
+            for piece in text_pieces(gen, content or ""):
+                yield chunk({"content": piece})
+            for i, call in enumerate(calls):
+                yield chunk({"tool_calls": [{"index": i, **call}]})
+            yield chunk({}, finish, areal=extra)
+            if req.stream_options and req.stream_options.include_usage:
+                yield sse(
+                    {
+                        "id": cid,
+                        "object": "chat.completion.chunk",
+                        "created": created,
+                        "model": req.model,
+                        "choices": [],
+                        "usage": usage,
+                    }
+                )
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    @app.post(
+        "/v1/completions",
+        tags=["openai"],
+        dependencies=[Depends(bearer)],
+        responses={200: {"model": CompletionResponse}, **_ERRORS},
+    )
+    async def completions(req: CompletionRequest, request: Request, x_session_id: str | None = Header(default=None)):
+        check_common(req)
+        if req.echo:
+            raise ProxyError(400, "echo is not supported", "unsupported_echo")
+        prompt = req.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+            if len(prompt) != 1:
+                raise ProxyError(400, "send one prompt per request", "unsupported_batch")
+            prompt = prompt[0]
+        if isinstance(prompt, list) and any(not 0 <= t < len(tokenizer) for t in prompt):
+            raise ProxyError(400, f"prompt token ids must be in 0..{len(tokenizer) - 1}", "invalid_token_id")
+        explicit = req.max_tokens
+        session, plan, gen, wall = await run_turn(request, x_session_id, lambda s: s.plan_text(prompt), req, explicit)
+        gen, text, stopped = cut_at_stop(gen, req.stop)
+        cid = f"cmpl-{uuid.uuid4().hex}"
+        finish = "stop" if stopped else gen.finish_reason
+        record = session.commit(plan, gen, cid, finish, completion_text=text)
+        manager.counters["turns"] += 1
+        usage = {
+            "prompt_tokens": len(plan.prompt_ids),
+            "completion_tokens": len(gen.token_ids),
+            "total_tokens": len(plan.prompt_ids) + len(gen.token_ids),
+        }
+        extra = areal_extra(request, session, record, plan, gen, wall)
+        lp = None
+        if req.logprobs is not None:
+            toks = [tokenizer.decode([t]) for t in gen.token_ids]
+            offsets, pos = [], 0
+            for s in toks:
+                offsets.append(pos)
+                pos += len(s)
+            lp = {
+                "tokens": toks,
+                "token_logprobs": gen.logprobs,
+                "top_logprobs": [{} for _ in toks],
+                "text_offset": offsets,
+            }
+        created = int(time.time())
+        if not req.stream:
+            return JSONResponse(
+                {
+                    "id": cid,
+                    "object": "text_completion",
+                    "created": created,
+                    "model": req.model,
+                    "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": lp}],
+                    "usage": usage,
+                    "areal": extra,
+                }
+            )
+
+        async def events():
+            for piece in text_pieces(gen, text):
+                yield sse(
+                    {
+                        "id": cid,
+                        "object": "text_completion",
+                        "created": created,
+                        "model": req.model,
+                        "choices": [{"index": 0, "text": piece, "finish_reason": None, "logprobs": None}],
+                    }
+                )
+            yield sse(
+                {
+                    "id": cid,
+                    "object": "text_completion",
+                    "created": created,
+                    "model": req.model,
+                    "choices": [{"index": 0, "text": "", "finish_reason": finish, "logprobs": None}],
+                    "areal": extra,
+                }
+            )
+            if req.stream_options and req.stream_options.include_usage:
+                yield sse(
+                    {
+                        "id": cid,
+                        "object": "text_completion",
+                        "created": created,
+                        "model": req.model,
+                        "choices": [],
+                        "usage": usage,
+                    }
+                )
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    @app.post(
+        "/v1/sessions",
+        tags=["sessions"],
+        dependencies=[Depends(bearer)],
+        responses={200: {"model": SessionCreated}, **_ERRORS},
+    )
+    async def new_session(request: Request, body: NewSessionRequest | None = None):
+        sid = (body.session_id if body else None) or f"sess-{uuid.uuid4().hex}"
+        session = manager.open(sid, owner_of(request))
+        return {"session_id": session.id, "header": "X-Session-Id"}
+
+    @app.get(
+        "/v1/sessions/{session_id}",
+        tags=["sessions"],
+        dependencies=[Depends(bearer)],
+        responses={200: {"model": SessionInfo}, **_ERRORS},
+    )
+    async def get_session(session_id: str, request: Request, include_tokens: bool = Query(default=False)):
+        return JSONResponse(manager.get(session_id, owner_of(request)).summary(include_tokens))
+
+    @app.post(
+        "/v1/sessions/{session_id}/reward",
+        tags=["sessions"],
+        dependencies=[Depends(bearer)],
+        responses={200: {"model": RewardApplied}, **_ERRORS},
+    )
+    async def set_reward(session_id: str, body: RewardRequest, request: Request):
+        session = manager.get(session_id, owner_of(request))
+        async with session.lock:
+            if session.ended:
+                raise SessionError(404, f"no live session {session_id!r}", "unknown_session")
+            target = session.set_reward(body.reward, body.turn, body.completion_id)
+        return {"session_id": session_id, "reward": body.reward, "applied_to": target}
+
+    @app.post(
+        "/v1/sessions/{session_id}/end",
+        tags=["sessions"],
+        dependencies=[Depends(bearer)],
+        responses={200: {"model": SessionEnded}, **_ERRORS},
+    )
+    async def end_session(session_id: str, request: Request, body: EndRequest | None = None):
+        body = body or EndRequest()
+        session, samples, shards = await manager.end(
+            session_id,
+            owner_of(request),
+            reward=body.reward,
+            discount=body.discount,
+            group_id=body.group_id,
+            prompt_id=body.prompt_id,
+            meta=body.meta,
+        )
+        out: dict[str, Any] = {
+            "session_id": session_id,
+            "turns": len(session.turns),
+            "rows": [
+                {"sample_id": s.sample_id, "num_tokens": len(s.input_ids), "num_turns": s.num_turns, "reward": s.reward}
+                for s in samples
+            ],
+            "shards": shards,
+        }
+        if body.return_trajectory:
+            out["trajectories"] = [
+                {
+                    "sample_id": s.sample_id,
+                    "input_ids": s.input_ids,
+                    "prompt_len": s.prompt_len,
+                    "loss_mask": s.loss_mask,
+                    "behav_logprobs": s.behav_logprobs,
+                    "versions": s.versions,
+                    "reward": s.reward,
+                    "token_rewards": s.token_rewards,
+                }
+                for s in samples
+            ]
+        return JSONResponse(out)
+
+    return app
+
+
+# ---------------------------------------------------------------------------------------------
+# Running the app in-process
+# ---------------------------------------------------------------------------------------------
+class ProxyServer:
+    """uvicorn on a background thread with its own event loop, on a free port by default."""
+
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"):
+        import uvicorn
+
+        self.app, self.host = app, host
+        # proto=IPPROTO_TCP: asyncio then sets TCP_NODELAY on accepted connections (it checks the
+        # proto); without it a response's header and body writes meet Nagle + delayed ACK (~40 ms).
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock.bind((host, port))
+        self.port = self.sock.getsockname()[1]
+        config = uvicorn.Config(
+            app, log_level=log_level, access_log=False, lifespan="on", timeout_keep_alive=60, backlog=4096
+        )
+        self.server = uvicorn.Server(config)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return self.url + "/v1"
+
+    def start(self, timeout_s: float = 30.0) -> ProxyServer:
+        def run() -> None:
+            self.loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(self.loop)
+            self.loop.run_until_complete(self.server.serve(sockets=[self.sock]))
+
+        self._thread = threading.Thread(target=run, name="areal-proxy-http", daemon=True)
+        self._thread.start()
+        deadline = time.time() + timeout_s
+        while not self.server.started:
+            if time.time() > deadline or not self._thread.is_alive():
+                raise RuntimeError(f"proxy on {self.url} did not start")
+            time.sleep(0.01)
+        return self
+
+    def call(self, coro: Any, timeout_s: float | None = 60.0) -> Any:
+        """Run a coroutine on the server's loop (e.g. the session manager's) and wait for it."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+
+    async def acall(self, coro: Any) -> Any:
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=15)
+        self.sock.close()
+
+    def __enter__(self) -> ProxyServer:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line: serve an HF checkpoint (online mode)
+# ---------------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="Serve a policy through the OpenAI-compatible proxy.")
+    ap.add_argument("--model", required=True, help="HF checkpoint folder or fsspec URI")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--api-key", action="append", default=[], help="accepted key (repeat); or AREAL_PROXY_KEYS")
+    ap.add_argument("--store", default="", help="run root: ended sessions are written there as shards")
+    ap.add_argument("--worker-id", default="proxy-0")
+    ap.add_argument("--version", type=int, default=0, help="policy version recorded for served tokens")
+    ap.add_argument("--turn-discount", type=float, default=1.0)
+    ap.add_argument("--tool-prompt", default="full", choices=["full", "names", "none"])
+    ap.add_argument("--max-context-tokens", type=int, default=0)
+    ap.add_argument("--default-max-tokens", type=int, default=256)
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+
+    import os
+
+    import torch
+    import uvicorn
+
+    from areal_core.models import load_pretrained
+    from areal_core.rollout.torch_engine import TorchEngine
+    from areal_core.store import Store
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    keys = args.api_key + [k for k in os.environ.get("AREAL_PROXY_KEYS", "").split(",") if k]
+    if not keys:
+        raise SystemExit("give at least one --api-key (or AREAL_PROXY_KEYS)")
+    model, tokenizer = load_pretrained(args.model)
+    engine = TorchEngine(model, tokenizer.pad_token_id, tokenizer.eos_token_id, args.version, seed=args.seed)
+    app = create_app(
+        engine,
+        tokenizer,
+        store=Store(args.store) if args.store else None,
+        api_keys=keys,
+        limits=ProxyLimits(
+            max_context_tokens=args.max_context_tokens or None, default_max_tokens=args.default_max_tokens
+        ),
+        worker_id=args.worker_id,
+        turn_discount=args.turn_discount,
+        tool_prompt=args.tool_prompt,
+    )
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+
+
+if __name__ == "__main__":
+    main()
+
+
+__all__ = [
+    "ApiKeys",
+    "AsyncBackendAdapter",
+    "BatchingBackend",
+    "ProxyLimits",
+    "ProxyServer",
+    "TimedGeneration",
+    "create_app",
+]

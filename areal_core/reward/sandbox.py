@@ -1,0 +1,424 @@
+"""A bubblewrap sandbox for untrusted programs, and a unit-test runner on top of it.
+
+Every run is a fresh `bwrap` with:
+
+* all namespaces new (user, pid, net, ipc, uts, cgroup): no network (only a private
+  loopback), no view of host processes, no nested user namespaces, all capabilities dropped;
+* a read-only system (`/usr` and its `/bin /lib /lib64` links; no `/etc`, `/home`, `/root`,
+  `/work`, `/sys`), `/` and `/dev` remounted read-only;
+* a private, size-capped `/tmp` (and `/dev/shm`), the program's files read-only at `/task`;
+* an empty environment (the parent's environment never reaches bwrap, so even
+  `/proc/1/environ` inside holds only PATH);
+* limits applied inside by `prlimit`: CPU seconds, address space, processes (threads
+  included), file size (which also caps stdout/stderr, both written to files), open files,
+  no core dumps;
+* a wall-clock timeout that kills bwrap's whole process group; bwrap's `--die-with-parent`
+  and the pid namespace then take every process of the sandbox with it, so a killed
+  reward process never leaves orphans behind.
+
+When the caller is root the sandbox runs as an unprivileged uid (65534 by default), which
+is what makes the process-count limit bite (the kernel exempts uid 0 from it).
+
+Without bubblewrap, or where it cannot create namespaces, `Sandbox()` raises
+`SandboxUnavailable`; nothing ever runs unsandboxed.
+
+`Sandbox.run_tests(program, tests)` runs each test in its own sandbox, `parallel` at a time,
+and scores the fraction passed. A test is either assert code run in the program's namespace
+(`"assert add(1, 2) == 3"`, or `{"code": ...}`) or a stdin/stdout pair
+(`{"stdin": "1 2\\n", "stdout": "3"}`) for a program run as `__main__`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+
+class SandboxUnavailable(RuntimeError):
+    """bubblewrap (or prlimit) is missing or cannot build a sandbox here; nothing was run."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    wall_s: float = 5.0  # wall clock per run; the whole sandbox is killed after it
+    cpu_s: int = 3  # CPU seconds per process (SIGXCPU, then SIGKILL one second later)
+    memory_mb: int = 512  # address space per process (RLIMIT_AS)
+    nproc: int = 16  # processes + threads (RLIMIT_NPROC, counted in the sandbox's user namespace)
+    fsize_mb: int = 4  # largest file the program may write; stdout/stderr are files too
+    tmp_mb: int = 16  # size of the private /tmp (and of /dev/shm)
+    nofile: int = 64  # open file descriptors
+    output_chars: int = 8192  # stdout/stderr kept in the result
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any] | None) -> Limits:
+        known = {f.name for f in fields(cls)}
+        unknown = set(values or {}) - known
+        if unknown:
+            raise ValueError(f"unknown sandbox limits {sorted(unknown)}; known: {sorted(known)}")
+        return replace(cls(), **(values or {}))
+
+
+@dataclass
+class RunResult:
+    returncode: int | None
+    stdout: str
+    stderr: str
+    wall_s: float
+    timed_out: bool = False
+    reason: str = ""  # why it failed, in words ("" when it exited 0)
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out
+
+
+@dataclass
+class TestOutcome:
+    ok: bool
+    reason: str
+    wall_s: float
+
+
+@dataclass
+class TestReport:
+    results: list[TestOutcome] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return len(self.results)
+
+    @property
+    def passed(self) -> int:
+        return sum(r.ok for r in self.results)
+
+    @property
+    def score(self) -> float:
+        return self.passed / self.total if self.total else 0.0
+
+    def reasons(self, limit: int = 5) -> list[str]:
+        """Distinct failure reasons, most frequent first."""
+        counts: dict[str, int] = {}
+        for r in self.results:
+            if not r.ok:
+                counts[r.reason] = counts.get(r.reason, 0) + 1
+        return sorted(counts, key=lambda k: -counts[k])[:limit]
+
+
+# The assert-test harness: the program runs as module `solution` (not __main__), then the
+# test code in its namespace. Passing means reaching the end and printing a per-run token
+# read from stdin before the program starts; leaving early (sys.exit, os._exit) fails.
+_HARNESS = """\
+import os, sys
+def _run(token=sys.stdin.readline().strip()):
+    sys.stdin = open(os.devnull)
+    ns = {"__name__": "solution", "__builtins__": __builtins__}
+    try:
+        exec(compile(open("/task/solution.py").read(), "solution.py", "exec"), ns)
+        exec(compile(open("/task/test.py").read(), "test.py", "exec"), ns)
+        sys.stdout.flush()
+    except BaseException as exc:
+        msg = (type(exc).__name__ + (": " + str(exc) if str(exc) else ""))[:300]
+        os.write(2, ("\\n" + msg + "\\n").encode())
+        os._exit(1)
+    os.write(1, ("\\n" + token + "\\n").encode())
+    os._exit(0)
+_run()
+"""
+
+_SIGNALS = {int(s): s.name for s in signal.Signals}
+_PROBED: dict[tuple[str, ...], str] = {}
+
+
+def _tmpfs_size_supported(bwrap: str) -> bool:
+    try:
+        out = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "--size" in out.stdout + out.stderr
+
+
+def find_python() -> tuple[str, list[str]]:
+    """The interpreter used inside, and extra host folders it needs bound read-only.
+
+    $AREAL_SANDBOX_PYTHON, else /usr/bin/python3, else this interpreter's installation.
+    """
+    explicit = os.environ.get("AREAL_SANDBOX_PYTHON")
+    if explicit:
+        real = os.path.realpath(explicit)
+        return real, [] if real.startswith("/usr/") else [str(Path(real).parent.parent)]
+    if os.path.exists("/usr/bin/python3"):
+        return "/usr/bin/python3", []
+    real = os.path.realpath(sys.executable)
+    return real, [] if real.startswith("/usr/") else [os.path.realpath(sys.base_prefix)]
+
+
+class Sandbox:
+    def __init__(self, limits: Limits | None = None, python: str | None = None, uid: int = 65534):
+        self.limits = limits or Limits()
+        self.bwrap = shutil.which("bwrap")
+        if not self.bwrap:
+            raise SandboxUnavailable(
+                "bubblewrap ('bwrap') is not installed or not on PATH; install it (apt-get install bubblewrap). "
+                "Untrusted code is never run without the sandbox."
+            )
+        prlimit = "/usr/bin/prlimit"
+        if not os.path.exists(prlimit):
+            raise SandboxUnavailable("prlimit (util-linux) not found at /usr/bin/prlimit; it applies the limits")
+        self.prlimit = prlimit
+        if python:
+            self.python, self.extra_ro = os.path.realpath(python), []
+            if not self.python.startswith("/usr/"):
+                self.extra_ro = [str(Path(self.python).parent.parent)]
+        else:
+            self.python, self.extra_ro = find_python()
+        self.uid = uid if os.geteuid() == 0 else None  # root drops to an unprivileged uid
+        self.sized_tmpfs = _tmpfs_size_supported(self.bwrap)
+        key = (self.bwrap, self.python, str(self.uid))
+        if key not in _PROBED:
+            try:
+                probe = self.run("import sys; print('ok')", limits=replace(self.limits, wall_s=30))
+                ok = probe.ok and probe.stdout.strip() == "ok"
+                _PROBED[key] = "" if ok else (probe.stderr.strip() or probe.reason)
+            except OSError as exc:  # bwrap not executable by the sandbox uid, ...
+                _PROBED[key] = f"{type(exc).__name__}: {exc}"
+        if _PROBED[key]:
+            raise SandboxUnavailable(f"bubblewrap cannot build a sandbox here: {_PROBED[key].strip()[:500]}")
+
+    # -- one run ----------------------------------------------------------------------------
+    def command(self, task_dir: str, argv: list[str], limits: Limits) -> list[str]:
+        """The host command line that runs `argv` inside a fresh sandbox, `task_dir` read-only at /task."""
+        cmd = [self.bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent"]
+        cmd += ["--cap-drop", "ALL", "--new-session", "--hostname", "sandbox", "--clearenv"]
+        cmd += ["--ro-bind", "/usr", "/usr"]
+        for top in ("/bin", "/lib", "/lib32", "/lib64", "/sbin"):
+            if os.path.islink(top):
+                cmd += ["--symlink", os.readlink(top), top]
+            elif os.path.isdir(top):
+                cmd += ["--ro-bind", top, top]
+        for extra in self.extra_ro:
+            cmd += ["--ro-bind", extra, extra]
+        cmd += ["--proc", "/proc", "--dev", "/dev"]
+        for mount, mb in (("/tmp", limits.tmp_mb), ("/dev/shm", limits.tmp_mb)):
+            if self.sized_tmpfs:
+                cmd += ["--size", str(mb * 2**20)]
+            cmd += ["--tmpfs", mount]
+        cmd += ["--ro-bind", task_dir, "/task", "--remount-ro", "/dev", "--remount-ro", "/"]
+        for k, v in (("PATH", "/usr/bin:/bin"), ("HOME", "/tmp"), ("LANG", "C.UTF-8"), ("PYTHONHASHSEED", "0")):
+            cmd += ["--setenv", k, v]
+        cmd += ["--chdir", "/tmp", "--", self.prlimit]
+        cmd += [
+            f"--cpu={limits.cpu_s}:{limits.cpu_s + 1}",
+            f"--as={limits.memory_mb * 2**20}",
+            f"--nproc={limits.nproc}",
+            f"--fsize={limits.fsize_mb * 2**20}",
+            f"--nofile={limits.nofile}",
+            "--core=0",
+            "--",
+            *argv,
+        ]
+        return cmd
+
+    def run(
+        self,
+        program: str,
+        stdin: str = "",
+        files: dict[str, str] | None = None,
+        limits: Limits | None = None,
+        entry: str = "main.py",
+    ) -> RunResult:
+        """Run `program` (Python source) as /task/main.py with `stdin`; `files` go beside it."""
+        limits = limits or self.limits
+        work = Path(tempfile.mkdtemp(prefix="areal-sbx-"))
+        try:
+            task = work / "task"
+            task.mkdir()
+            for name, text in {"main.py": program, **(files or {})}.items():
+                (task / name).write_text(text)
+                (task / name).chmod(0o644)
+            task.chmod(0o755)
+            work.chmod(0o755)
+            (work / "stdin").write_text(stdin)
+            cmd = self.command(task.as_posix(), [self.python, "-I", "-S", "-B", f"/task/{entry}"], limits)
+            return self._execute(cmd, work, limits)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    def _execute(self, cmd: list[str], work: Path, limits: Limits) -> RunResult:
+        kwargs: dict[str, Any] = {}
+        if self.uid is not None:
+            kwargs.update(user=self.uid, group=self.uid, extra_groups=[])
+        t0 = time.monotonic()
+        timed_out = False
+        with (
+            open(work / "stdin", "rb") as fin,
+            open(work / "stdout", "wb") as fout,
+            open(work / "stderr", "wb") as ferr,
+        ):
+            proc = subprocess.Popen(
+                cmd,
+                stdin=fin,
+                stdout=fout,
+                stderr=ferr,
+                env={"PATH": "/usr/bin:/bin"},  # nothing of the parent's environment
+                start_new_session=True,
+                close_fds=True,
+                cwd=work,
+                **kwargs,
+            )
+            try:
+                if not _wait(proc, limits.wall_s):
+                    timed_out = True
+                    _kill_group(proc)
+            except BaseException:
+                _kill_group(proc)
+                raise
+        wall = time.monotonic() - t0
+        stdout = _read_head(work / "stdout", limits.output_chars)
+        stderr = _read_tail(work / "stderr", limits.output_chars)
+        capped = max((work / n).stat().st_size for n in ("stdout", "stderr")) >= limits.fsize_mb * 2**20
+        rc = proc.returncode
+        return RunResult(rc, stdout, stderr, wall, timed_out, explain(rc, stderr, timed_out, limits, capped))
+
+    # -- unit tests -------------------------------------------------------------------------
+    def run_test(self, program: str, test: str | dict[str, Any], limits: Limits | None = None) -> TestOutcome:
+        if isinstance(test, str):
+            test = {"code": test}
+        if "code" in test:
+            token = secrets.token_hex(16)
+            res = self.run(
+                _HARNESS,
+                stdin=token + "\n",
+                files={"solution.py": program, "test.py": test["code"]},
+                limits=limits,
+            )
+            lines = res.stdout.rstrip("\n").rsplit("\n", 1)
+            if res.ok and lines[-1] == token:
+                return TestOutcome(True, "", res.wall_s)
+            reason = res.reason if not res.ok else "the test harness did not finish (the program left early)"
+            return TestOutcome(False, reason, res.wall_s)
+        if "stdin" in test or "stdout" in test:
+            res = self.run(program, stdin=test.get("stdin", ""), limits=limits)
+            if not res.ok:
+                return TestOutcome(False, res.reason, res.wall_s)
+            if _norm(res.stdout) == _norm(str(test.get("stdout", ""))):
+                return TestOutcome(True, "", res.wall_s)
+            got = _norm(res.stdout)[:80]
+            return TestOutcome(False, f"wrong output: {got!r}", res.wall_s)
+        raise ValueError(f"a test is assert code or a {{'stdin', 'stdout'}} pair, not {sorted(test)}")
+
+    def run_tests(
+        self,
+        program: str,
+        tests: list[str | dict[str, Any]],
+        parallel: int = 2,
+        limits: Limits | None = None,
+    ) -> TestReport:
+        """Each test in its own sandbox, `parallel` at a time; the report keeps the tests' order."""
+        if not tests:
+            return TestReport()
+        with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(tests)))) as pool:
+            return TestReport(list(pool.map(lambda t: self.run_test(program, t, limits), tests)))
+
+
+def _wait(proc: subprocess.Popen, timeout: float) -> bool:
+    """Wait for `proc` up to `timeout` seconds; True when it exited.
+
+    A pidfd wakes up the moment the process exits (Popen.wait(timeout) polls with sleeps of
+    up to 50 ms, which would dominate a 30 ms sandbox run).
+    """
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        try:
+            proc.wait(timeout=timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+    try:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        ready = poller.poll(max(0, int(timeout * 1000)))
+    finally:
+        os.close(fd)
+    if ready:
+        proc.wait()
+        return True
+    return False
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+    proc.wait()
+
+
+def _read_head(path: Path, chars: int) -> str:
+    with open(path, "rb") as f:
+        return f.read(chars * 4).decode("utf-8", "replace")[:chars]
+
+
+def _read_tail(path: Path, chars: int) -> str:
+    with open(path, "rb") as f:
+        f.seek(max(0, f.seek(0, os.SEEK_END) - chars * 4))
+        return f.read().decode("utf-8", "replace")[-chars:]
+
+
+def _norm(text: str) -> str:
+    return "\n".join(line.rstrip() for line in text.strip().splitlines())
+
+
+_KNOWN_ERRORS = [
+    (re.compile(r"MemoryError"), "memory limit"),
+    (re.compile(r"File too large|Errno 27"), "file size limit"),
+    (re.compile(r"No space left on device"), "no space left (tmp size or namespace limit)"),
+    (re.compile(r"Resource temporarily unavailable|can't start new thread"), "process limit"),
+    (re.compile(r"Too many open files"), "open files limit"),
+    (
+        re.compile(r"Network is unreachable|Connection refused|Name or service not known|Temporary failure in name"),
+        "no network",
+    ),
+    (re.compile(r"Read-only file system|Permission denied|Operation not permitted"), "not permitted"),
+]
+
+
+def explain(rc: int | None, stderr: str, timed_out: bool, limits: Limits, output_capped: bool = False) -> str:
+    """A failed run's reason in words: the limit it hit, or its last error line."""
+    if timed_out:
+        return f"timeout: wall clock over {limits.wall_s:g}s (sandbox killed)"
+    if rc == 0:
+        return ""
+    if output_capped:
+        return f"file size limit: output reached {limits.fsize_mb} MB"
+    last = next((line.strip() for line in reversed(stderr.strip().splitlines()) if line.strip()), "")
+    if last.startswith("bwrap:"):
+        return f"sandbox error: {last}"
+    sig = rc - 128 if rc is not None and rc > 128 else (-rc if rc is not None and rc < 0 else 0)
+    if sig == signal.SIGXCPU:
+        return f"cpu time limit ({limits.cpu_s}s) (SIGXCPU)"
+    if sig:
+        name = _SIGNALS.get(sig, str(sig))
+        what = "cpu time or memory limit" if sig == signal.SIGKILL else "crashed"
+        return f"{what}: killed by {name}" + (f" | {last[:200]}" if last else "")
+    for pattern, word in _KNOWN_ERRORS:
+        if pattern.search(last):
+            return f"{word}: {last[:200]}"
+    return f"exit code {rc}" + (f": {last[:200]}" if last else "")
+
+
+def check_sandbox() -> None:
+    """Raise SandboxUnavailable unless a sandbox can be built here (a cheap preflight)."""
+    Sandbox()

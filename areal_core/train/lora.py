@@ -1,0 +1,132 @@
+"""LoRA (via peft) as an alternative to full fine-tuning, adapter-only weight publication, and a
+gradient-checkpointing toggle.
+
+Publication: `adapter_files(model)` gives {"adapter_model.safetensors", "adapter_config.json"}
+(peft's on-disk format, a few MB instead of the full model). A consumer holding the base model
+loads them with `merge_adapter(base_model, files)`, which adds scale·B·A into the base weights in
+place: no peft needed on the inference side.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+QWEN2_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def apply_lora(
+    model,
+    r: int = 8,
+    alpha: float = 16.0,
+    dropout: float = 0.0,
+    target_modules: tuple[str, ...] = QWEN2_TARGETS,
+    rslora: bool = False,
+):
+    """Wrap a causal LM with LoRA adapters; only the adapters are trainable. Returns the PeftModel."""
+    from peft import LoraConfig, get_peft_model
+
+    cfg = LoraConfig(
+        r=r,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        target_modules=list(target_modules),
+        use_rslora=rslora,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, cfg)
+
+
+def trainable_parameters(model) -> tuple[int, int]:
+    """(trainable, total) parameter counts."""
+    params = list(model.parameters())
+    return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
+
+
+def _scale(cfg: dict) -> float:
+    r = cfg["r"]
+    return cfg["lora_alpha"] / (r**0.5 if cfg.get("use_rslora") else r)
+
+
+def adapter_state_dict(model) -> dict[str, torch.Tensor]:
+    """The adapter tensors only, with peft's saved key names (adapter name removed)."""
+    from peft import get_peft_model_state_dict
+
+    return {k: v.detach().contiguous().cpu() for k, v in get_peft_model_state_dict(model).items()}
+
+
+def adapter_files(model) -> dict[str, bytes]:
+    """Adapter-only publication: safetensors bytes of the adapter and its peft config JSON."""
+    pcfg = model.peft_config[model.active_adapter]
+    cfg = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": pcfg.r,
+        "lora_alpha": pcfg.lora_alpha,
+        "lora_dropout": pcfg.lora_dropout,
+        "use_rslora": pcfg.use_rslora,
+        "target_modules": sorted(pcfg.target_modules),
+        "bias": "none",
+        "base_model_name_or_path": pcfg.base_model_name_or_path,
+    }
+    weights = st_save(adapter_state_dict(model), metadata={"format": "pt"})
+    return {ADAPTER_WEIGHTS: weights, ADAPTER_CONFIG: json.dumps(cfg, indent=2).encode()}
+
+
+@torch.no_grad()
+def merge_adapter(base_model, files: dict[str, bytes]) -> int:
+    """Merge published adapter files into a plain (non-peft) model in place: W += scale · B @ A.
+
+    Returns the number of weight matrices updated. Call it on a model holding the base weights
+    (merging twice adds the delta twice)."""
+    cfg = json.loads(files[ADAPTER_CONFIG])
+    scale = _scale(cfg)
+    tensors = st_load(files[ADAPTER_WEIGHTS])
+    params = dict(base_model.named_parameters())
+    merged = 0
+    for key, a in tensors.items():
+        if ".lora_A." not in key:
+            continue
+        b = tensors[key.replace(".lora_A.", ".lora_B.")]
+        module = key.split(".lora_A.")[0].removeprefix("base_model.model.")
+        weight = params[f"{module}.weight"]
+        weight += (scale * (b.float() @ a.float())).to(weight.dtype)
+        merged += 1
+    return merged
+
+
+def merged_state_dict(model) -> dict[str, torch.Tensor]:
+    """Full weights with the adapters folded in, base-model key names, without changing `model`
+    (for consumers that need a whole checkpoint)."""
+    import copy
+
+    merged = copy.deepcopy(model).merge_and_unload()
+    return {k: v.detach().contiguous().cpu() for k, v in merged.state_dict().items()}
+
+
+def set_gradient_checkpointing(model, enabled: bool) -> None:
+    """Turn activation checkpointing on/off (non-reentrant, so frozen inputs under LoRA are fine)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    kwargs = {"use_reentrant": False}
+    if hasattr(base, "activation_checkpointing_enable"):  # transformers >= 5
+        if enabled:
+            base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            base.activation_checkpointing_disable()
+    elif enabled:
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    else:
+        base.gradient_checkpointing_disable()
+    if enabled:
+        base.config.use_cache = False
+
+
+def is_gradient_checkpointing(model) -> bool:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return any(getattr(m, "gradient_checkpointing", False) for m in base.modules())

@@ -1,0 +1,166 @@
+"""Sequence packing for the trainer's forward passes (π_θ, π_prox, reference).
+
+Right-padded rows [N, T] are unpadded and concatenated into a few packed rows [R, L]; each
+sequence gets position ids restarting at 0, and attention never crosses a sequence boundary.
+Two ways to tell the model about the boundaries (HF Qwen2, transformers ≥ 5):
+
+  "position_ids"  pass position_ids and attention_mask=None; transformers detects the restarts
+                  (`find_packed_sequence_indices`) and builds a block-diagonal causal mask for
+                  'sdpa'/'eager', or uses varlen kernels with 'flash_attention_2'.
+  "mask4d"        pass an explicit additive 4D block-diagonal causal mask [R, 1, L, L] plus the
+                  position ids (works with 'sdpa' and 'eager' on any version honouring 4D masks).
+
+Unused tail positions of a packed row hold a filler segment (pad tokens, own positions), which
+nothing attends to and whose outputs are dropped. `packed_token_logprobs` returns the same
+[N, T] layout as `areal_core.train.logprobs.token_logprobs`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from areal_core.train.entropy import entropy_from_logits
+
+
+def first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
+    """Bins (lists of item indices) whose lengths sum to ≤ capacity; an item longer than the
+    capacity gets a bin of its own. Items are placed longest first into the first bin that fits."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in order:
+        for b, free in enumerate(room):
+            if lengths[i] <= free:
+                bins[b].append(i)
+                room[b] -= lengths[i]
+                break
+        else:
+            bins.append([i])
+            room.append(capacity - lengths[i])
+    return bins
+
+
+def micro_batches_by_tokens(lengths: list[int] | torch.Tensor, token_budget: int) -> list[list[int]]:
+    """Split sequence indices into micro-batches of ≤ `token_budget` real tokens each (first-fit
+    decreasing, so micro-batches are few and balanced); ≤ 0 puts everything in one micro-batch."""
+    lengths = [int(x) for x in lengths]
+    if token_budget <= 0:
+        return [list(range(len(lengths)))]
+    return [sorted(b) for b in first_fit_decreasing(lengths, token_budget)]
+
+
+@dataclass
+class PackedRows:
+    input_ids: torch.Tensor  # [R, L]
+    position_ids: torch.Tensor  # [R, L], restarting at 0 for every sequence (and the filler)
+    segment_ids: torch.Tensor  # [R, L], −1 on filler
+    src: torch.Tensor  # flat indices into [R·L] of the real tokens …
+    dst: torch.Tensor  # … and where they go in the padded [N·T] layout
+    shape: tuple[int, int]  # (N, T) of the padded batch
+
+    def attention_mask_4d(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Additive mask [R, 1, L, L]: 0 where key ≤ query in the same segment, else dtype min."""
+        seg = self.segment_ids
+        L = seg.shape[1]
+        same = seg[:, :, None] == seg[:, None, :]
+        causal = torch.ones(L, L, dtype=torch.bool).tril()
+        allowed = same & causal
+        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+        return mask[:, None]
+
+
+def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, row_len: int = 0, pad_id: int = 0) -> PackedRows:
+    """Pack right-padded rows into rows of ≤ `row_len` tokens (0: the longest sequence)."""
+    n, t = input_ids.shape
+    lengths = attention_mask.long().sum(1).tolist()
+    cap = max(row_len, max(lengths, default=1), 1)
+    bins = first_fit_decreasing(lengths, cap)
+    width = max(sum(lengths[i] for i in b) for b in bins)
+    ids = torch.full((len(bins), width), pad_id, dtype=input_ids.dtype)
+    pos = torch.zeros((len(bins), width), dtype=torch.long)
+    seg = torch.full((len(bins), width), -1, dtype=torch.long)
+    src, dst = [], []
+    for r, b in enumerate(bins):
+        start = 0
+        for i in b:
+            k = lengths[i]
+            ids[r, start : start + k] = input_ids[i, :k]
+            pos[r, start : start + k] = torch.arange(k)
+            seg[r, start : start + k] = i
+            src.append(torch.arange(start, start + k) + r * width)
+            dst.append(torch.arange(k) + i * t)
+            start += k
+        pos[r, start:] = torch.arange(width - start)
+    cat = lambda xs: torch.cat(xs) if xs else torch.zeros(0, dtype=torch.long)  # noqa: E731
+    return PackedRows(ids, pos, seg, cat(src), cat(dst), (n, t))
+
+
+def packed_logits(model, packed: PackedRows, mode: str = "position_ids") -> torch.Tensor:
+    """Logits [R, L, V] of the packed rows, sequences isolated from one another."""
+    dev = model.device if hasattr(model, "device") else packed.input_ids.device
+    ids, pos = packed.input_ids.to(dev), packed.position_ids.to(dev)
+    if mode == "position_ids":
+        return model(input_ids=ids, position_ids=pos, attention_mask=None, use_cache=False).logits
+    if mode == "mask4d":
+        dtype = next(model.parameters()).dtype
+        mask = packed.attention_mask_4d(dtype).to(dev)
+        return model(input_ids=ids, position_ids=pos, attention_mask=mask, use_cache=False).logits
+    raise ValueError(f"unknown packing mode {mode!r}; expected 'position_ids' or 'mask4d'")
+
+
+def _unpack(values: torch.Tensor, packed: PackedRows) -> torch.Tensor:
+    """Per-position values [R, L] (value at p for predicting token p) -> padded [N, T], 0 at t = 0
+    of every sequence and on padding. Differentiable."""
+    n, t = packed.shape
+    flat = values.reshape(-1)
+    src, dst = packed.src.to(flat.device), packed.dst.to(flat.device)
+    starts = packed.position_ids.reshape(-1).to(flat.device)[src] == 0
+    src, dst = src[~starts], dst[~starts]
+    out = torch.zeros(n * t, dtype=flat.dtype, device=flat.device)
+    return out.index_put((dst,), flat[src]).view(n, t)
+
+
+def packed_token_logprobs(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    temperature: float = 1.0,
+    *,
+    token_budget: int = 0,
+    row_len: int = 0,
+    pad_id: int = 0,
+    mode: str = "position_ids",
+    with_entropy: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Packed equivalent of `token_logprobs`: logp[:, t] = log π(x_t | x_<t), 0 at t = 0 and on padding.
+
+    Sequences are split into micro-batches of ≤ `token_budget` tokens (0: one forward pass), each
+    packed into rows of ≤ `row_len` tokens (0: the micro-batch's longest sequence, which keeps
+    dense-mask attention no dearer than padding; use `row_len = token_budget` for a single row
+    with varlen flash attention). With `with_entropy`, also returns the entropy [N, T].
+    Gradients flow to the model when called outside `torch.no_grad()`.
+    """
+    n, t = input_ids.shape
+    dev = input_ids.device
+    logp = torch.zeros(n, t, device=dev)
+    ent = torch.zeros(n, t, device=dev) if with_entropy else None
+    lengths = attention_mask.long().sum(1)
+    for rows in micro_batches_by_tokens(lengths, token_budget):
+        idx = torch.tensor(rows, device=dev)
+        sub_t = int(lengths[idx].max())
+        packed = pack(input_ids[idx, :sub_t].cpu(), attention_mask[idx, :sub_t].cpu(), row_len, pad_id)
+        logits = packed_logits(model, packed, mode)
+        z = logits[:, :-1].float()
+        if temperature != 1.0:
+            z = z / temperature
+        target = packed.input_ids[:, 1:].to(z.device)
+        lp = z.gather(-1, target[..., None]).squeeze(-1) - torch.logsumexp(z, dim=-1)
+        lp = torch.nn.functional.pad(lp, (1, 0))
+        sub = torch.nn.functional.pad(_unpack(lp, packed), (0, t - sub_t))
+        logp = logp.index_put((idx,), sub.to(dev))
+        if ent is not None:
+            h = torch.nn.functional.pad(entropy_from_logits(z), (1, 0))
+            ent = ent.index_put((idx,), torch.nn.functional.pad(_unpack(h, packed), (0, t - sub_t)).to(dev))
+    return (logp, ent) if with_entropy else logp

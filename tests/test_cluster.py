@@ -1,0 +1,528 @@
+"""What a Flyte cluster receives for the cluster topology (serialised offline with flytekit's
+get_serializable), the cluster config, the registry, the megatron checks, the simulated-cost
+mode, and (slow) the topology itself: rollout, reward and trainer as separate `pyflyte run`
+processes on one run root on a real S3 endpoint (moto)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT, TINY
+from tests.test_flyte import serialize
+
+PYFLYTE = str(Path(sys.executable).parent / "pyflyte")
+
+
+def resources(res) -> dict[str, str]:
+    from flytekit.models.task import Resources as R
+
+    names = {R.ResourceName.CPU: "cpu", R.ResourceName.MEMORY: "mem", R.ResourceName.GPU: "gpu"}
+    return {names.get(r.name, str(r.name)): r.value for r in res}
+
+
+def cluster_yaml() -> dict:
+    return yaml.safe_load((ROOT / "configs" / "cluster.yaml").read_text())
+
+
+# -- the workflow and its nodes -------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cluster_wf():
+    from workflows.grpo import grpo_cluster
+
+    return serialize(grpo_cluster)
+
+
+def test_cluster_workflow_runs_the_three_roles_concurrently(cluster_wf):
+    nodes = {n.id: n for n in cluster_wf.template.nodes}
+
+    def name(n):
+        if n.task_node:
+            return n.task_node.reference_id.name
+        return n.array_node.node.id.split("_")[1] + "_pool"  # map_<task>_<hash>-arraynode
+
+    by_name = {name(n): n for n in nodes.values()}
+    assert set(by_name) == {
+        "tasks.cluster.prepare_cluster",
+        "tasks.pipeline.sft",
+        "tasks.cluster.start_run",
+        "rollout_pool",
+        "reward_pool",
+        "tasks.cluster.trainer_elastic",
+        "tasks.pipeline.evaluate",
+        "tasks.register.register",
+    }
+    start = by_name["tasks.cluster.start_run"].id
+    roles = [by_name["rollout_pool"], by_name["reward_pool"], by_name["tasks.cluster.trainer_elastic"]]
+    for role in roles:  # no edges among the three: each waits only for start_run
+        assert list(role.upstream_node_ids) == [start]
+    assert by_name["tasks.cluster.trainer_elastic"].id in by_name["tasks.pipeline.evaluate"].upstream_node_ids
+    assert by_name["tasks.pipeline.evaluate"].id in by_name["tasks.register.register"].upstream_node_ids
+    assert set(cluster_wf.template.interface.inputs) == {
+        "config",
+        "overrides",
+        "resume_run",
+        "model_name",
+        "kickoff_time",
+    }
+    # SFT and evaluation are moved to the cluster image and the `single` pod spec
+    for key in ("tasks.pipeline.sft", "tasks.pipeline.evaluate"):
+        ov = by_name[key].metadata
+        assert ov.retries.retries == cluster_yaml()["single"]["retries"]
+        assert by_name[key].task_node.overrides.container_image.startswith("localhost:30000/areal-flyte-cpu:")
+        assert resources(by_name[key].task_node.overrides.resources.requests) == {"cpu": "2", "mem": "8Gi"}
+
+
+def test_pools_are_map_tasks_with_every_replica_at_once(cluster_wf):
+    cfg = cluster_yaml()
+    pools = [n for n in cluster_wf.template.nodes if n.array_node]
+    assert len(pools) == 2
+    for node in pools:
+        role = "rollout" if "rollout" in node.array_node.node.id else "reward"
+        idl = node.array_node.to_flyte_idl()
+        replicas = cfg[role]["replicas"]
+        assert idl.parallelism == replicas  # all replicas concurrently
+        assert idl.min_success_ratio == 1.0  # a lost worker would starve the trainer: fail instead
+        assert list(idl.bound_inputs) == ["run_uri"]
+        index = next(b for b in node.inputs if b.var == "index").binding.collection.bindings
+        assert [b.scalar.primitive.integer for b in index] == list(range(replicas))
+        sub = node.array_node.node.metadata
+        assert sub.retries.retries == cfg[role]["retries"]
+        assert sub.timeout.total_seconds() == cfg[role]["timeout_s"]
+
+
+def test_pool_tasks_carry_resources_image_and_retries():
+    from tasks.cluster import reward_pool_worker, rollout_pool_worker
+
+    cfg = cluster_yaml()
+    for role, task in (("rollout", rollout_pool_worker), ("reward", reward_pool_worker)):
+        t = serialize(task).template
+        assert t.metadata.retries.retries == cfg[role]["retries"]
+        assert resources(t.container.resources.requests) == cfg[role]["requests"]
+        assert resources(t.container.resources.limits) == cfg[role]["limits"]
+        assert t.container.image.startswith("localhost:30000/areal-flyte-cpu:")
+        assert t.container.env["AREAL_DEVICE"] == "cpu"
+        assert t.container.env["AREAL_IMAGE"] == t.container.image
+
+
+def test_trainer_is_an_elastic_pytorchjob_from_the_cluster_config():
+    from tasks.cluster import trainer_elastic
+
+    tc = cluster_yaml()["trainer"]
+    t = serialize(trainer_elastic).template
+    assert tc["nnodes"] > 1 and t.type == "pytorch"  # a PyTorchJob (one node would be a plain pod)
+    assert t.custom == {
+        "workerReplicas": {"replicas": tc["nnodes"]},
+        "elasticConfig": {
+            "rdzvBackend": "c10d",
+            "minReplicas": tc["nnodes"],
+            "maxReplicas": tc["nnodes"],
+            "nprocPerNode": tc["nproc_per_node"],
+            "maxRestarts": tc["max_restarts"],
+        },
+    }
+    assert t.metadata.retries.retries == tc["retries"]
+    assert t.metadata.timeout.total_seconds() == tc["timeout_s"]
+    assert resources(t.container.resources.requests) == tc["requests"]
+    assert t.extended_resources.shared_memory.size_limit == tc["shared_memory"]
+
+
+def test_register_and_start_tasks_serialize():
+    from tasks.cluster import prepare_cluster, start_run
+    from tasks.register import register
+
+    small = cluster_yaml()["small"]
+    for task in (prepare_cluster, start_run, register):
+        t = serialize(task).template
+        assert t.metadata.retries.retries == small["retries"]
+        assert resources(t.container.resources.requests) == small["requests"]
+    assert set(serialize(register).template.interface.inputs) == {"run_uri", "model_name", "before", "after"}
+
+
+def test_weekly_launch_plan_schedule():
+    from workflows.grpo import grpo_cluster_weekly
+
+    sched = cluster_yaml()["schedule"]
+    lp = serialize(grpo_cluster_weekly)
+    cron = lp.spec.entity_metadata.schedule
+    assert cron.cron_schedule.schedule == sched["cron"]
+    assert cron.kickoff_time_input_arg == "kickoff_time"
+    assert lp.spec.workflow_id.name == "workflows.grpo.grpo_cluster"
+    defaults = lp.spec.default_inputs.parameters
+    assert defaults["config"].default.scalar.primitive.string_value == sched["config"]
+    assert defaults["model_name"].default.scalar.primitive.string_value == sched["model_name"]
+
+
+# -- images and resources per device -----------------------------------------------------------
+def _device_task(device: str, spec_yaml: dict, fn_task, elastic: dict | None = None):
+    from flytekit import task
+    from flytekitplugins.kfpytorch import Elastic
+
+    from images.specs import image_for
+    from tasks.resources import PodSpec, TrainerSpec, task_kwargs
+
+    spec = (TrainerSpec if elastic else PodSpec)(**spec_yaml)
+    kwargs = task_kwargs(spec, device)
+    if elastic:
+        kwargs["task_config"] = Elastic(**elastic)
+    return task(container_image=image_for(device), **kwargs)(fn_task.task_function)
+
+
+def test_images_per_device():
+    from images.specs import image_for
+
+    cpu, cuda, npu = image_for("cpu"), image_for("cuda"), image_for("npu")
+    assert cpu.name == "areal-flyte-cpu" and any(p.startswith("torch==") for p in cpu.packages)
+    assert cuda.cuda and {"megatron-core", "flash-attn", "vllm"} <= {p.split("=")[0].split(">")[0] for p in cuda.packages}
+    assert cuda.env["AREAL_DEVICE"] == "cuda"
+    assert npu.base_image.startswith("quay.io/ascend/cann:") and "torch-npu==2.7.1" in npu.packages
+    assert any("vllm-ascend" in c for c in npu.commands)
+    assert image_for("ascend").name == npu.name
+    assert len({cpu.image_name(), cuda.image_name(), npu.image_name()}) == 3
+    with pytest.raises(ValueError, match="unknown device"):
+        image_for("tpu")
+
+
+def test_cuda_pods_request_gpus_and_an_accelerator_type():
+    from tasks.cluster import rollout_pool_worker, trainer_elastic
+
+    pool = _device_task(
+        "cuda",
+        {"requests": {"cpu": "8", "mem": "64Gi"}, "accelerators": 1, "accelerator_type": "nvidia-h100"},
+        rollout_pool_worker,
+    )
+    t = serialize(pool).template
+    assert resources(t.container.resources.requests) == {"cpu": "8", "mem": "64Gi", "gpu": "1"}
+    assert t.container.image.startswith("localhost:30000/areal-flyte-cuda-vllm:")
+    assert t.extended_resources.gpu_accelerator.device == "nvidia-h100"
+    trainer = _device_task(
+        "cuda",
+        {"requests": {"cpu": "32", "mem": "256Gi"}, "accelerators": 8, "nnodes": 4, "nproc_per_node": 8},
+        trainer_elastic,
+        elastic={"nnodes": 4, "nproc_per_node": 8, "increase_shared_mem": False},
+    )
+    t = serialize(trainer).template
+    assert t.custom["workerReplicas"]["replicas"] == 4 and t.custom["elasticConfig"]["nprocPerNode"] == 8
+    assert resources(t.container.resources.requests)["gpu"] == "8"
+
+
+def test_npu_pods_request_ascend_devices_in_the_pod_spec():
+    from tasks.cluster import rollout_pool_worker
+
+    pool = _device_task("npu", {"requests": {"cpu": "8", "mem": "64Gi"}, "accelerators": 2}, rollout_pool_worker)
+    t = serialize(pool).template
+    pod = t.k8s_pod.pod_spec
+    primary = next(c for c in pod["containers"] if c["name"] == "primary")
+    assert primary["resources"]["limits"]["huawei.com/Ascend910"] == "2"
+    assert primary["resources"]["requests"] == {"cpu": "8", "memory": "64Gi", "huawei.com/Ascend910": "2"}
+    assert primary["image"].startswith("localhost:30000/areal-flyte-ascend:")
+
+
+# -- the cluster config --------------------------------------------------------------------------
+def test_cluster_config_validation():
+    from tasks.resources import ClusterConfigError, cluster_config_from_dict, load_cluster_config
+
+    cfg = load_cluster_config(ROOT / "configs" / "cluster.yaml")
+    assert cfg.world_size == cfg.trainer.nnodes * cfg.trainer.nproc_per_node
+    bad = [
+        ({"rollout": {"replicaz": 2}}, "unknown cluster config key 'rollout.replicaz'"),
+        ({"device": "tpu"}, "'device' must be one of"),
+        ({"reward": {"replicas": 0}}, "'reward.replicas' must be >= 1"),
+        ({"trainer": {"backend": "megatron"}}, "megatron needs device cuda"),
+        ({"trainer": {"tensor_parallel": 2}}, "need backend megatron"),
+        ({"rollout": {"accelerators": 1}}, "must be 0 on device cpu"),
+        ({"device": "cuda", "trainer": {"accelerators": 8, "nproc_per_node": 4}}, "must equal 'trainer.accelerators'"),
+        (
+            {"device": "cuda", "trainer": {"backend": "megatron", "tensor_parallel": 4, "nproc_per_node": 2}},
+            "not a multiple of tensor_parallel x pipeline_parallel",
+        ),
+        ({"rollout": {"requests": {"gpu": "1"}}}, "must map cpu/mem/ephemeral_storage"),
+        ({"trainer": {"nnodes": "2"}}, "'trainer.nnodes' must be a int"),
+    ]
+    for data, message in bad:
+        with pytest.raises(ClusterConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            cluster_config_from_dict(data)
+
+
+def test_cluster_config_comes_from_the_environment(tmp_path, monkeypatch):
+    from tasks.resources import cluster_config_path, load_cluster_config
+
+    data = cluster_yaml()
+    data["rollout"]["replicas"] = 7
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(data))
+    monkeypatch.setenv("AREAL_CLUSTER_CONFIG", str(path))
+    assert cluster_config_path() == path
+    assert load_cluster_config().rollout.replicas == 7
+
+
+def test_prepare_forces_the_cluster_worker_counts_and_device(tmp_path):
+    from areal_core.run_context import load_run_config
+    from areal_core.store import Store
+    from tasks.cluster import prepare_for_cluster
+    from tasks.resources import cluster_config_from_dict
+
+    cluster = cluster_config_from_dict({"rollout": {"replicas": 3}, "reward": {"replicas": 2}})
+    overrides = " ".join([*TINY, f"store={tmp_path / 'runs'}", "rollout.num_workers=1"])
+    run_uri, _ = prepare_for_cluster("", overrides, False, cluster, store_suffix="20250106T030000Z")
+    assert run_uri.endswith("/runs/20250106T030000Z")  # a scheduled run gets its own root
+    cfg = load_run_config(Store(run_uri))
+    assert (cfg.rollout.num_workers, cfg.reward.num_workers, cfg.device) == (3, 2, "cpu")
+
+
+def test_cluster_workflow_refuses_the_local_executor(tmp_path):
+    """Its concurrent nodes would deadlock one after another: it fails at once, before any work."""
+    from workflows.grpo import grpo_cluster
+
+    with pytest.raises(Exception, match="cannot do"):
+        grpo_cluster(overrides=f"store={tmp_path / 'r'}")
+    assert not (tmp_path / "r").exists()
+
+
+# -- megatron backend (config checks only: unverified without a GPU) ------------------------------
+def test_megatron_config_checks():
+    from areal_core.config import ConfigError, load_config
+    from areal_core.megatron_backend import (
+        MegatronParallel,
+        check_megatron_config,
+        import_megatron,
+        transformer_config_kwargs,
+    )
+
+    cfg = load_config(
+        None,
+        [
+            "device=cuda",
+            "model.hidden_size=256",
+            "model.num_heads=8",
+            "model.num_kv_heads=4",
+            "model.num_layers=8",
+            "model.intermediate_size=512",
+            "train.batch_groups=8",
+            "rollout.group_size=8",
+        ],
+    )
+    shape = check_megatron_config(cfg, MegatronParallel(tensor=4, pipeline=2, world_size=16, micro_batch_size=4))
+    kw = transformer_config_kwargs(shape, MegatronParallel(tensor=4, pipeline=2, world_size=16))
+    assert (kw["num_query_groups"], kw["tensor_model_parallel_size"], kw["num_layers"]) == (4, 4, 8)
+    bad = [
+        (MegatronParallel(tensor=8, world_size=8), "must divide model.num_kv_heads=4"),
+        (MegatronParallel(tensor=3, world_size=3), "must divide model.num_heads=8"),
+        (MegatronParallel(pipeline=3, world_size=3), "must divide model.num_layers=8"),
+        (MegatronParallel(tensor=4, pipeline=2, world_size=12), "world size 12 is not a multiple"),
+        (MegatronParallel(tensor=1, world_size=1, sequence_parallel=True), "sequence parallel needs tensor"),
+        (MegatronParallel(pipeline=1, virtual_pipeline=2, world_size=1), "virtual"),
+        (MegatronParallel(tensor=1, world_size=64, micro_batch_size=2), "must split into micro-batches"),
+    ]
+    for par, message in bad:
+        with pytest.raises(ConfigError, match=message):
+            check_megatron_config(cfg, par)
+    with pytest.raises(ConfigError, match="needs device cuda"):
+        check_megatron_config(load_config(None, []), MegatronParallel())
+    with pytest.raises(ImportError, match="megatron-core"):
+        import_megatron()
+
+
+def test_prepare_rejects_a_megatron_layout_that_does_not_fit_the_model(tmp_path):
+    from areal_core.config import ConfigError
+    from tasks.cluster import prepare_for_cluster
+    from tasks.resources import cluster_config_from_dict
+
+    cluster = cluster_config_from_dict(
+        {"device": "cuda", "trainer": {"backend": "megatron", "tensor_parallel": 8, "nproc_per_node": 8}}
+    )
+    with pytest.raises(ConfigError, match="tensor parallel 8 must divide model.num_heads=2"):
+        prepare_for_cluster("", " ".join([*TINY, f"store={tmp_path / 'r'}"]), False, cluster)
+    assert not (tmp_path / "r").exists()
+
+
+# -- MLflow registry ---------------------------------------------------------------------------
+def _finished_run(tmp_path, tracking_uri: str):
+    """A run root that looks finished: init/final model (the tiny model), a checkpoint, DONE, MLflow run."""
+    import torch
+
+    from areal_core import pipeline
+    from areal_core.models import build_tiny_model, build_tokenizer, save_pretrained
+    from areal_core.run_context import load_run_config
+    from areal_core.store import Store
+    from areal_core.tracking import Tracker
+    from areal_core.train import checkpoint
+
+    overrides = [o for o in TINY if not o.startswith("tracking.")]
+    run_uri, _ = pipeline.prepare("", [*overrides, f"store={tmp_path / 'run'}", f"tracking.uri={tracking_uri}"])
+    store = Store(run_uri)
+    cfg = load_run_config(store)
+    tok = build_tokenizer(["1 + 2 = 3", "user assistant"], cfg.model.vocab_size)
+    model = build_tiny_model(cfg.model, len(tok), seed=3)
+    for rel in ("init_model", "final_model"):
+        save_pretrained(model, tok, tmp_path / rel)
+        store.put_dir(tmp_path / rel, rel)
+        store.write_json(f"{rel}/COMMITTED", {})
+    opt = torch.optim.AdamW(model.parameters())
+    checkpoint.save(store, checkpoint.TrainerState(step=4, version=4), model, opt, [])
+    store.write_json("DONE", {"step": 4, "version": 4, "counters": {}})
+    Tracker.create(store, cfg)
+    return store, model
+
+
+def _check_registry(tmp_path, tracking_uri: str):
+    import mlflow
+    import torch
+
+    from tasks.register import load_registered, register_run
+
+    store, model = _finished_run(tmp_path, tracking_uri)
+    out = register_run(store.uri, "policy", "cuda", "registry/areal-flyte-cuda-vllm:abc", {"heldout_accuracy_after": 0.5})
+    assert out == {"final": "models:/policy/1", "checkpoint": "models:/policy-checkpoints/1"}
+    assert register_run(store.uri, "policy", "cuda", "x") == out  # a retried task adds no version
+    client = mlflow.MlflowClient(tracking_uri)
+    mv = client.get_model_version("policy", "1")
+    assert mv.tags["device"] == "cuda" and mv.tags["image"] == "registry/areal-flyte-cuda-vllm:abc"
+    assert mv.tags["step"] == "4" and mv.tags["heldout_accuracy_after"] == "0.5000" and mv.tags["kind"] == "final"
+    ck = client.get_model_version("policy-checkpoints", "1")
+    assert ck.tags["checkpoint_step"] == "4" and ck.tags["device"] == "cuda"
+    # trained on "cuda", loaded here on cpu: same weights
+    for uri in out.values():
+        loaded, tok = load_registered(uri, "cpu", tracking_uri)
+        assert next(loaded.parameters()).device.type == "cpu" and tok.eos_token
+        for name, tensor in model.state_dict().items():
+            torch.testing.assert_close(loaded.state_dict()[name], tensor)
+
+
+def test_register_final_model_and_checkpoint_with_device_and_image_tags(tmp_path):
+    _check_registry(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}")
+
+
+@pytest.mark.slow
+def test_register_against_an_mlflow_server(tmp_path, mlflow_server):
+    _check_registry(tmp_path, mlflow_server)
+
+
+# -- the simulated-cost mode --------------------------------------------------------------------
+def test_simulation_applies_the_staleness_rules():
+    from areal_core.sim import SimConfig, simulate
+
+    base = {"rollout_workers": 8, "slots": 16, "trainer_workers": 2, "batch_groups": 8, "group_size": 4, "steps": 30}
+    for eta in (0, 1, 3):
+        r = simulate(SimConfig(**base, eta=eta))
+        assert r.steps == 30 and r.admission_violations == 0
+        assert max(r.staleness_histogram) <= eta  # the hard bound: nothing older than v - η is trained
+        if eta == 0:
+            assert set(r.staleness_histogram) == {0} and r.dropped_samples == 0  # synchronous, on-policy
+    r = simulate(SimConfig(**base, eta=1, admission=False))  # no admission: the hard bound must drop
+    assert r.dropped_samples > 0 and max(r.staleness_histogram) <= 1
+
+
+def test_simulation_async_beats_sync_and_approaches_capacity():
+    from areal_core.sim import SimConfig, compare
+
+    cfg = SimConfig(rollout_workers=16, slots=32, trainer_workers=4, batch_groups=16, group_size=8, steps=40, eta=4)
+    out = compare(cfg)
+    assert out["speedup"] > 2.0
+    assert 0.85 < out["async"]["efficiency"] <= 1.0001
+    assert out["sync"]["efficiency"] < 0.5
+
+
+# -- the topology, for real (slow) ----------------------------------------------------------------
+def _pyflyte_role(task: str, run_uri: str, log_path: Path, index: int | None = None) -> subprocess.Popen:
+    args = [PYFLYTE, "run", "tasks/roles.py", task, "--run_uri", run_uri]
+    if index is not None:
+        args += ["--index", str(index)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # AWS_* from the s3_server fixture: the moto endpoint
+    return subprocess.Popen(args, cwd=ROOT, env=env, stdout=log_path.open("w"), stderr=subprocess.STDOUT)
+
+
+@pytest.mark.slow
+@pytest.mark.s3
+def test_cluster_topology_as_separate_pyflyte_runs_on_s3(tmp_path, s3_bucket):
+    from areal_core import pipeline
+    from areal_core.run_context import load_run_config
+    from areal_core.store import Store
+
+    overrides = [*TINY, f"store={s3_bucket}/runs/topology", "rollout.num_workers=2", "reward.num_workers=2"]
+    run_uri, _ = pipeline.prepare("", overrides)
+    pipeline.sft(run_uri)
+    store = Store(run_uri)
+    assert store.uri.startswith("s3://")
+    cfg = load_run_config(store)
+    procs = {
+        "trainer": _pyflyte_role("trainer", run_uri, tmp_path / "trainer.log"),
+        "rollout-0": _pyflyte_role("rollout_worker", run_uri, tmp_path / "rollout-0.log", 0),
+        "rollout-1": _pyflyte_role("rollout_worker", run_uri, tmp_path / "rollout-1.log", 1),
+        "reward-0": _pyflyte_role("reward_worker", run_uri, tmp_path / "reward-0.log", 0),
+        "reward-1": _pyflyte_role("reward_worker", run_uri, tmp_path / "reward-1.log", 1),
+    }
+    deadline = time.time() + 420
+    try:
+        while any(p.poll() is None for p in procs.values()) and time.time() < deadline:
+            failed = {k: p.returncode for k, p in procs.items() if p.poll() not in (None, 0)}
+            assert not failed, f"{failed}: {(tmp_path / (next(iter(failed)) + '.log')).read_text()[-3000:]}"
+            time.sleep(1)
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    logs = {k: (tmp_path / f"{k}.log").read_text() for k in procs}
+    assert all(p.returncode == 0 for p in procs.values()), {k: v[-2000:] for k, v in logs.items()}
+    assert store.done()
+    assert f"{run_uri}/final_model" in logs["trainer"]  # the trainer task's output
+    trained = [store.read_json(p) for p in store.find("trainer/trained", ".json")]
+    assert [t["step"] for t in trained] == list(range(cfg.train.steps))
+    ids = [sid for t in trained for sid, _ in t["samples"]]
+    assert len(ids) == len(set(ids)) == cfg.train.steps * cfg.train.batch_groups * cfg.rollout.group_size
+    for t in trained:
+        assert all(v >= t["trainer_version"] - cfg.train.eta for _, v in t["samples"])
+    workers = {sid.split("-g")[0] for sid in ids}
+    assert workers == {"rollout-0", "rollout-1"}  # both rollout processes fed the trainer
+    statuses = store.statuses()
+    assert {"rollout-0", "rollout-1", "reward-0", "reward-1", "trainer-0"} <= set(statuses)
+    assert store.latest_version() == cfg.train.steps
+    assert store.exists("final_model/COMMITTED")
+
+
+@pytest.mark.slow
+def test_the_module_reads_its_topology_from_the_env_at_import(tmp_path):
+    """A cuda cluster file, imported in a fresh process: every task and the PyTorchJob follow it."""
+    data = cluster_yaml()
+    data["device"] = "cuda"
+    data["rollout"].update(replicas=8, accelerators=1)
+    data["trainer"].update(nnodes=4, nproc_per_node=8, accelerators=8, accelerator_type="nvidia-h100")
+    path = tmp_path / "cuda.yaml"
+    path.write_text(yaml.safe_dump(data))
+    script = textwrap.dedent(
+        """
+        import json
+        from tests.test_flyte import serialize
+        from workflows.grpo import grpo_cluster
+        from tasks.cluster import trainer_elastic, rollout_pool_worker
+        wf = serialize(grpo_cluster)
+        t = serialize(trainer_elastic).template
+        r = serialize(rollout_pool_worker).template
+        pools = [n.array_node.to_flyte_idl().parallelism for n in wf.template.nodes if n.array_node]
+        print("RESULT", json.dumps({"custom": t.custom, "image": t.container.image, "pools": pools,
+            "gpu": [x.value for x in r.container.resources.requests if x.name == 3],
+            "accel": t.extended_resources.gpu_accelerator.device}))
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env={**os.environ, "AREAL_CLUSTER_CONFIG": str(path)},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.split("RESULT", 1)[1])
+    assert got["custom"]["workerReplicas"]["replicas"] == 4 and got["custom"]["elasticConfig"]["nprocPerNode"] == 8
+    assert got["image"].startswith("localhost:30000/areal-flyte-cuda-vllm:")
+    assert got["pools"] == [8, 2] and got["gpu"] == ["1"] and got["accel"] == "nvidia-h100"
