@@ -55,6 +55,7 @@ class SFTConfig:
     batch_size: int = 64
     lr: float = 3e-3
     warmup_steps: int = 20
+    schedule: str = "cosine"  # cosine | constant (after warmup)
     # Share of multi-step problems kept in the SFT set (1.0 keeps all). The default job
     # under-represents them, as demonstrations often do, and RL with the verifier closes the gap.
     multi_step_fraction: float = 1.0
@@ -142,6 +143,7 @@ class RunConfig:
 _CHOICES = {
     "task.name": {"arithmetic", "gsm8k"},
     "rollout.engine": {"torch"},
+    "sft.schedule": {"cosine", "constant"},
     "device": {"cpu", "cuda", "npu"},
 }
 _POSITIVE = {

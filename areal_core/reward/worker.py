@@ -12,6 +12,7 @@ import zlib
 
 from areal_core.prompts import load_prompts
 from areal_core.protocol import read_shard_or_quarantine, write_shard
+from areal_core.reward.labels import apply_labels, load_labels
 from areal_core.reward.pool import RewardPool
 from areal_core.run_context import load_run_config
 from areal_core.store import INIT_MODEL, Store
@@ -29,7 +30,7 @@ def graded_name(ungraded: str) -> str:
     return ungraded.replace("trajectories/ungraded/", "trajectories/graded/", 1)
 
 
-def grade_shard(store: Store, rel: str, pool: RewardPool, references: dict[str, dict], tokenizer) -> int:
+def grade_shard(store: Store, rel: str, pool: RewardPool, references: dict[str, dict], tokenizer, labels=None) -> int:
     """Grade one shard; returns the number of samples graded (0 if it was quarantined)."""
     samples = read_shard_or_quarantine(store, rel)
     if samples is None:
@@ -51,6 +52,8 @@ def grade_shard(store: Store, rel: str, pool: RewardPool, references: dict[str, 
         s.reward = result.reward
         s.token_rewards = result.token_rewards
         s.reward_info = result.info
+    if labels:
+        apply_labels(samples, labels)
     write_shard(store, graded_name(rel), samples)
     return len(samples)
 
@@ -65,29 +68,38 @@ def run_reward_worker(run_uri: str, index: int = 0) -> dict:
     num_workers = cfg.reward.num_workers
     references = {r["prompt_id"]: r for r in load_prompts(store)}
     tokenizer = AutoTokenizer.from_pretrained(localize(store.url(INIT_MODEL)))
-    done: set[str] = set()
+    done = {
+        p.replace("trajectories/graded/", "trajectories/ungraded/", 1)
+        for p in store.find("trajectories/graded", ".arrow")
+    }
     graded = 0
     t0 = time.time()
-    with RewardPool(
-        cfg.reward.function or DEFAULT_REWARD, cfg.reward.pool_size, cfg.reward.timeout_s, cfg.reward.retries
-    ) as pool:
+    idle_s = cfg.reward.poll_interval_s
+    fn_path = cfg.reward.function or DEFAULT_REWARD
+    with RewardPool(fn_path, cfg.reward.pool_size, cfg.reward.timeout_s, cfg.reward.retries) as pool:
         while True:
             finished = store.done()
-            already = set(store.find("trajectories/graded", ".arrow"))
+            # only listing the ungraded side: graded twins of earlier passes are remembered in `done`
             todo = [
                 p
                 for p in store.find("trajectories/ungraded", ".arrow")
-                if p not in done and owner(p, num_workers) == index and graded_name(p) not in already
+                if p not in done and owner(p, num_workers) == index
             ]
-            for rel in todo:
-                graded += grade_shard(store, rel, pool, references, tokenizer)
-                done.add(rel)
+            for p in [p for p in todo if store.exists(graded_name(p))]:  # graded by an earlier incarnation
+                done.add(p)
+                todo.remove(p)
             if todo:
+                labels = load_labels(store)
+                for rel in todo:
+                    graded += grade_shard(store, rel, pool, references, tokenizer, labels)
+                    done.add(rel)
                 store.heartbeat(
                     "reward", str(index), graded=graded, grades_per_s=graded / max(time.time() - t0, 1e-9), **pool.stats
                 )
+                idle_s = cfg.reward.poll_interval_s
             elif finished:
                 break
             else:
-                time.sleep(cfg.reward.poll_interval_s)
+                time.sleep(idle_s)
+                idle_s = min(idle_s * 2, 0.2)  # back off while idle so polling costs no CPU
     return {"graded": graded}

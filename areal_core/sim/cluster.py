@@ -111,6 +111,7 @@ class _Worker:
         self.pending_version: int | None = None
         self.started = 0  # groups started
         self.active: list[tuple[float, int, _Sample]] = []  # heap by finish_k
+        self.queue: deque[_Sample] = deque()  # admitted, waiting for a free slot
         self.epoch = 0
         self.busy_slot_s = 0.0
 
@@ -159,6 +160,7 @@ def simulate(cfg: SimConfig) -> SimResult:
     dropped = 0
     hist: Counter[int] = Counter()
     violations = 0
+    total_started = 0
     # reward state
     reward_free = cfg.reward_workers
     reward_queue: deque[_Sample] = deque()
@@ -183,28 +185,26 @@ def simulate(cfg: SimConfig) -> SimResult:
             nxt = t + max(0.0, w.active[0][0] - w.k) * step_s(len(w.active))
             push(nxt, "worker", (w.index, w.epoch))
 
-    def max_loaded_version() -> int:
-        return max(w.version for w in workers)
-
     def admit(w: _Worker, t: float) -> None:
-        nonlocal violations
-        while len(w.active) + G <= cfg.slots:
-            if cfg.admission:
-                if groups_admissible(w.started, w.version, cfg.eta, B, w.index, R) <= 0:
-                    return
+        """Start groups while a slot is free and admission allows; their samples fill free slots."""
+        nonlocal violations, total_started
+        while len(w.active) + len(w.queue) < cfg.slots:
+            if cfg.admission and groups_admissible(w.started, w.version, cfg.eta, B, w.index, R) <= 0:
+                break
             gid = f"w{w.index}-g{w.started}"
             w.started += 1
-            if cfg.admission and sum(x.started for x in workers) > admission_capacity(max_loaded_version(), cfg.eta, B):
+            total_started += 1
+            if cfg.admission and total_started > admission_capacity(max(x.version for x in workers), cfg.eta, B):
                 violations += 1
-            samples = []
-            for _ in range(G):
-                s = _Sample(gid, w.version, cfg.lengths.sample(rng_len), w.index)
-                s.finish_k = w.k + s.length
-                heapq.heappush(w.active, (s.finish_k, id(s), s))
-                samples.append(s)
-            group_samples[gid] = samples
+            group = [_Sample(gid, w.version, cfg.lengths.sample(rng_len), w.index) for _ in range(G)]
+            group_samples[gid] = group
+            w.queue.extend(group)
             # prefill of the group's prompts stalls this engine's decoding
             w.paused_until = max(w.paused_until, t) + G * cfg.prompt_tokens / cfg.decode.prefill_tokens_per_s
+        while w.queue and len(w.active) < cfg.slots:
+            s = w.queue.popleft()
+            s.finish_k = w.k + s.length
+            heapq.heappush(w.active, (s.finish_k, id(s), s))
 
     def start_grading(t: float) -> None:
         nonlocal reward_free
@@ -215,7 +215,7 @@ def simulate(cfg: SimConfig) -> SimResult:
 
     def try_train(t: float) -> None:
         nonlocal trainer_busy, dropped
-        if trainer_busy or step >= cfg.steps:
+        if trainer_busy or step >= cfg.steps or len(buffer) < B:
             return
         dropped += len(buffer.drop_stale(trainer_version, cfg.eta))
         samples = buffer.take(B)

@@ -67,9 +67,11 @@ def run_sft(run_uri: str) -> str:
         log.info("sft on %d of %d train problems", len(examples), len(train))
         rng = random.Random(cfg.seed)
         opt = torch.optim.AdamW(model.parameters(), lr=sc.lr, weight_decay=0.0)
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda s: min(1.0, (s + 1) / max(sc.warmup_steps, 1)) * 0.5 * (1 + math.cos(math.pi * s / sc.steps))
-        )
+        def lr_factor(step: int) -> float:
+            warm = min(1.0, (step + 1) / max(sc.warmup_steps, 1))
+            return warm if sc.schedule == "constant" else warm * 0.5 * (1 + math.cos(math.pi * step / sc.steps))
+
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
         model.train()
         for step in range(sc.steps):
             loss = sft_loss(model, rng.sample(examples, min(sc.batch_size, len(examples))), tokenizer.pad_token_id)

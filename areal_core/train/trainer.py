@@ -204,6 +204,7 @@ class Trainer:
     def run(self) -> dict[str, float]:
         cfg, st = self.cfg, self.state
         t_start, last = time.time(), {}
+        idle_s = cfg.train.poll_interval_s
         while st.step < cfg.train.steps:
             self.ingest()
             dropped = self.buffer.drop_stale(st.version, cfg.train.eta)
@@ -216,8 +217,10 @@ class Trainer:
             if samples is None:
                 if dropped:
                     st.counters["dropped_samples"] += len(dropped)
-                time.sleep(cfg.train.poll_interval_s)
+                time.sleep(idle_s)
+                idle_s = min(idle_s * 1.5, 0.05)
                 continue
+            idle_s = cfg.train.poll_interval_s
             if cfg.train.slow_step_s:
                 time.sleep(cfg.train.slow_step_s)
             last = self.step(samples, dropped)
