@@ -141,7 +141,7 @@ class RunConfig:
 
 
 _CHOICES = {
-    "task.name": {"arithmetic", "gsm8k"},
+    "task.name": {"arithmetic", "gsm8k", "code"},
     "rollout.engine": {"torch"},
     "sft.schedule": {"cosine", "constant"},
     "device": {"cpu", "cuda", "npu"},

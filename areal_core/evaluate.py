@@ -8,13 +8,16 @@ import torch
 
 from areal_core.models import chat_prompt
 from areal_core.reward.math import gsm8k_reward
+from areal_core.reward.pool import call_reward
 from areal_core.rollout.engine import SamplingParams
 from areal_core.rollout.torch_engine import TorchEngine
 
 
 @torch.no_grad()
-def greedy_accuracy(model, tokenizer, records: list[dict[str, Any]], max_new_tokens: int, batch_size: int) -> float:
-    """Fraction of `records` whose greedy completion's final answer matches the reference."""
+def greedy_accuracy(
+    model, tokenizer, records: list[dict[str, Any]], max_new_tokens: int, batch_size: int, reward_fn=gsm8k_reward
+) -> float:
+    """Mean verifier score of greedy completions (for math: the fraction answered correctly)."""
     if not records:
         raise ValueError("no held-out records to evaluate")
     was_training = model.training
@@ -25,6 +28,9 @@ def greedy_accuracy(model, tokenizer, records: list[dict[str, Any]], max_new_tok
         chunk = records[start : start + batch_size]
         gens = engine.generate([chat_prompt(tokenizer, r["prompt"]) for r in chunk], params)
         for r, g in zip(chunk, gens):
-            correct += gsm8k_reward(tokenizer.decode(g.token_ids, skip_special_tokens=True), r["answer"])
+            completion = tokenizer.decode(g.token_ids, skip_special_tokens=True)
+            correct += call_reward(
+                reward_fn, {"completion": completion, "reference": r["answer"], "meta": r.get("meta", {})}
+            ).reward
     model.train(was_training)
     return correct / len(records)

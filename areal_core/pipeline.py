@@ -104,6 +104,8 @@ def evaluate_run(run_uri: str) -> dict[str, Any]:
     from areal_core.evaluate import greedy_accuracy
     from areal_core.models import load_pretrained
     from areal_core.prompts import load_prompts
+    from areal_core.reward.math import gsm8k_reward
+    from areal_core.reward.pool import resolve
     from areal_core.run_context import load_run_config
     from areal_core.tracking import Tracker
 
@@ -111,10 +113,11 @@ def evaluate_run(run_uri: str) -> dict[str, Any]:
     cfg = load_run_config(store)
     torch.set_num_threads(max(2, cfg.threads_per_role))
     records = load_prompts(store, "eval")[: cfg.eval.num_samples]
+    reward_fn = resolve(cfg.reward.function) if cfg.reward.function else gsm8k_reward
     out: dict[str, Any] = {}
     for label, rel in (("before", INIT_MODEL), ("after", FINAL_MODEL)):
         model, tokenizer = load_pretrained(store.url(rel), cfg.device)
-        out[label] = greedy_accuracy(model, tokenizer, records, cfg.eval.max_new_tokens, cfg.eval.batch_size)
+        out[label] = greedy_accuracy(model, tokenizer, records, cfg.eval.max_new_tokens, cfg.eval.batch_size, reward_fn)
     out["gain"] = out["after"] - out["before"]
     out["curves"] = metrics_rows(store)
     tracker = Tracker.attach(store)

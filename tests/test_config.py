@@ -54,3 +54,13 @@ def test_algorithm_files_layer_on_the_default():
     cfg = load_config("configs/default.yaml,configs/algorithms/dapo.yaml", ["train.eta=0"])
     assert cfg.algo.dynamic_sampling and cfg.algo.eps_high > cfg.algo.eps_low
     assert cfg.train.eta == 0 and cfg.task.name == "arithmetic"
+
+
+def test_code_config_layers_and_its_tasks_load():
+    from datasets import load_task
+
+    cfg = load_config("configs/default.yaml,configs/code.yaml")
+    assert cfg.task.name == "code" and cfg.reward.function.endswith(":code_reward")
+    train, held_out = load_task(cfg.task, cfg.seed)
+    assert len(train) == 200 and len(held_out) == 4
+    assert not {r["prompt"] for r in held_out} & {r["prompt"] for r in train}

@@ -67,6 +67,7 @@ def run_sft(run_uri: str) -> str:
         log.info("sft on %d of %d train problems", len(examples), len(train))
         rng = random.Random(cfg.seed)
         opt = torch.optim.AdamW(model.parameters(), lr=sc.lr, weight_decay=0.0)
+
         def lr_factor(step: int) -> float:
             warm = min(1.0, (step + 1) / max(sc.warmup_steps, 1))
             return warm if sc.schedule == "constant" else warm * 0.5 * (1 + math.cos(math.pi * step / sc.steps))
