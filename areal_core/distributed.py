@@ -201,6 +201,20 @@ def load_full_optimizer_state_dict(
     )
 
 
+def indexed_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ctx: DistContext) -> dict:
+    """The full optimizer state on rank 0 in the format of a single-process `optimizer.state_dict()`
+    (parameters numbered in `model.parameters()` order), so that trainer checkpoints written by a
+    sharded run restore into an unsharded optimizer and vice versa. Collective; {} off rank 0."""
+    osd = full_optimizer_state_dict(model, optimizer, ctx)
+    if not ctx.is_main:
+        return {}
+    index = {name: i for i, (name, _) in enumerate(model.named_parameters())}
+    return {
+        "state": {index[name]: value for name, value in osd["state"].items()},
+        "param_groups": [{**g, "params": [index[name] for name in g["params"]]} for g in osd["param_groups"]],
+    }
+
+
 def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> float:
     """Global gradient norm (clipped to max_norm); DTensor-aware, so it spans every shard."""
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)

@@ -161,6 +161,16 @@ def test_weekly_launch_plan_schedule():
     assert defaults["model_name"].default.scalar.primitive.string_value == sched["model_name"]
 
 
+def test_flyte_yaml_is_a_pyflyte_config_with_placeholders():
+    from flytekit.configuration import Config
+
+    cfg = Config.auto(str(ROOT / "flyte.yaml"))
+    assert cfg.platform.endpoint == "flyte.example.com" and cfg.platform.auth_mode == "Pkce"
+    assert cfg.platform.console_endpoint.endswith("/console")
+    assert cfg.data_config.s3.endpoint == "https://s3.example.com"
+    assert cfg.data_config.s3.access_key_id is None  # credentials never live in the file
+
+
 # -- images and resources per device -----------------------------------------------------------
 def _device_task(device: str, spec_yaml: dict, fn_task, elastic: dict | None = None):
     from flytekit import task
@@ -287,6 +297,25 @@ def test_cluster_workflow_refuses_the_local_executor(tmp_path):
     with pytest.raises(Exception, match="cannot do"):
         grpo_cluster(overrides=f"store={tmp_path / 'r'}")
     assert not (tmp_path / "r").exists()
+
+
+def test_elastic_ranks_never_train_twice_without_the_fsdp_integration(monkeypatch):
+    """Until the trainer runs every rank through areal_core.distributed, rank 0 trains alone and
+    the other ranks return at once (no second trainer publishing the same versions)."""
+    import areal_core.roles
+    from areal_core import distributed
+
+    calls = []
+    monkeypatch.setattr(areal_core.roles, "run_role", lambda role, uri, index=0: calls.append(role) or {"ok": 1})
+    monkeypatch.setattr(distributed, "trainer_supports_distributed", lambda: False)
+    for rank in (1, 0):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        out = distributed.run_trainer_rank("file:///nowhere")
+        assert out == ({"ok": 1} if rank == 0 else {})
+    assert calls == ["trainer"]
+    monkeypatch.setattr(distributed, "trainer_supports_distributed", lambda: True)
+    assert distributed.run_trainer_rank("file:///nowhere") == {"ok": 1} and calls == ["trainer"] * 2
 
 
 # -- megatron backend (config checks only: unverified without a GPU) ------------------------------
@@ -513,12 +542,13 @@ def test_the_module_reads_its_topology_from_the_env_at_import(tmp_path):
         from tests.test_flyte import serialize
         from workflows.grpo import grpo_cluster
         from tasks.cluster import trainer_elastic, rollout_pool_worker
+        from flytekit.models.task import Resources as R
         wf = serialize(grpo_cluster)
         t = serialize(trainer_elastic).template
         r = serialize(rollout_pool_worker).template
         pools = [n.array_node.to_flyte_idl().parallelism for n in wf.template.nodes if n.array_node]
         print("RESULT", json.dumps({"custom": t.custom, "image": t.container.image, "pools": pools,
-            "gpu": [x.value for x in r.container.resources.requests if x.name == 3],
+            "gpu": [x.value for x in r.container.resources.requests if x.name == R.ResourceName.GPU],
             "accel": t.extended_resources.gpu_accelerator.device}))
         """
     )

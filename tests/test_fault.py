@@ -56,7 +56,7 @@ def test_roles_killed_at_random_points_and_restarted(tiny_overrides, tmp_path):
     rng = random.Random(int(os.environ.get("AREAL_FAULT_SEED", "7")))
     overrides = [
         *tiny_overrides,
-        "train.steps=20",
+        "train.steps=30",
         "train.checkpoint_every=1",
         "train.slow_step_s=0.6",  # long enough a run for every kill to land mid-run
         "train.eta=2",
@@ -86,7 +86,7 @@ def test_roles_killed_at_random_points_and_restarted(tiny_overrides, tmp_path):
     t0 = time.time()
     try:
         while any(left.values()) and not store.done() and time.time() - t0 < 400:
-            time.sleep(rng.uniform(1.0, 4.0))
+            time.sleep(rng.uniform(0.5, 3.0))
             ready = [n for n, k in left.items() if k and progress(n) > mark[n] and procs[n].proc.poll() is None]
             if not ready or store.done():
                 continue

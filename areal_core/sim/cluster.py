@@ -36,7 +36,7 @@ EPS = 1e-9
 class SimConfig:
     rollout_workers: int = 64
     slots: int = 64  # concurrent sequences per rollout worker
-    reward_workers: int = 16
+    reward_workers: int = 64  # CPU graders: sized not to bind
     trainer_workers: int = 16
     batch_groups: int = 64  # B
     group_size: int = 16  # G

@@ -29,6 +29,9 @@ from areal_core.distributed import DistContext, clip_grad_norm
 from areal_core.protocol import Sample
 from areal_core.train.batch import TrainBatch, collate
 
+# per-minibatch metrics that are counts over the rows (summed over ranks, not averaged)
+SUMMED = {"policy_tokens", "pref_pairs"}
+
 
 def rank_groups(groups: torch.Tensor, rank: int, world: int) -> torch.Tensor:
     """This rank's contiguous block of `groups` (group indices), possibly empty."""
@@ -134,7 +137,8 @@ def distributed_ppo_step(
         optimizer.step()
         share = float(mask.sum()) / den["global_tokens"]
         keys = sorted(k for k in mb_stats if k != "loss")
-        reduced = ctx.all_reduce_sum([local_loss.item()] + [mb_stats[k] * share for k in keys])
+        weights = [1.0 if k in SUMMED else share for k in keys]  # counts add up; means are token-weighted
+        reduced = ctx.all_reduce_sum([local_loss.item()] + [mb_stats[k] * w for k, w in zip(keys, weights)])
         mb_out = dict(zip(["loss", *keys], reduced))
         if world == 1:
             mb_out = {**mb_stats, "loss": local_loss.item()}

@@ -172,10 +172,14 @@ class Trainer:
         )
         st.step += 1
         st.version += 1
-        publish_s = publish(self.store, st.version, state_dict_bytes(self.model), self.side_files)
-        prune(self.store, st.version - max(8, 2 * cfg.train.eta + 2))
         st.counters["dropped_samples"] += len(dropped)
         st.counters["trained_samples"] += len(samples)
+        # Checkpoint before publishing: a restart then republishes identical weights under the
+        # same number instead of reusing a version number for different weights.
+        if st.step % cfg.train.checkpoint_every == 0 or st.step == cfg.train.steps:
+            self.save_checkpoint()
+        publish_s = publish(self.store, st.version, state_dict_bytes(self.model), self.side_files)
+        prune(self.store, st.version - max(8, 2 * cfg.train.eta + 2))
         staleness = [st.version - 1 - v for v in trained_versions]
         metrics.update(
             staleness_mean=sum(staleness) / max(len(staleness), 1),
@@ -189,8 +193,6 @@ class Trainer:
         )
         if cfg.train.eval_every and st.step % cfg.train.eval_every == 0:
             metrics["eval_accuracy"] = self.evaluate()
-        if st.step % cfg.train.checkpoint_every == 0 or st.step == cfg.train.steps:
-            self.save_checkpoint()
         return metrics
 
     def evaluate(self) -> float:
