@@ -405,5 +405,6 @@ def run_agent_rollout_worker(
     with runner:
         stats = asyncio.run(runner.run(tasks, stop=store.done, on_group=heartbeat, seed=cfg.seed))
     watcher.stop.set()
+    watcher.join(timeout=30)  # a daemon thread inside torch at exit aborts the process
     log.info("%s done: %s", worker_id, stats)
     return {"worker": worker_id, **stats}

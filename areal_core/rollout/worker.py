@@ -142,5 +142,6 @@ def run_rollout_worker(run_uri: str, index: int = 0) -> dict:
             samples_per_s=produced / max(time.time() - t_start, 1e-9),
         )
     watcher.stop.set()
+    watcher.join(timeout=30)  # a daemon thread inside torch at exit aborts the process
     log.info("%s done: %d shards, %d groups", worker_id, seq, started)
     return {"worker": worker_id, "shards": seq, "groups": started}
