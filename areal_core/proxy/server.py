@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import inspect
 import json
 import logging
-import queue
 import re
 import secrets
 import socket
@@ -38,18 +36,35 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable
-from concurrent.futures import Future
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.security import HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from areal_core.proxy.backend import AsyncBackendAdapter, BatchingBackend, TimedGeneration, as_backend  # noqa: F401
+from areal_core.proxy.schemas import (
+    SESSION_ID_PATTERN,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    EndRequest,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+    NewSessionRequest,
+    RewardApplied,
+    RewardRequest,
+    SessionCreated,
+    SessionEnded,
+    SessionInfo,
+    _SamplingFields,
+)
 from areal_core.proxy.sessions import SessionError, SessionManager, key_digest, session_id_for_key
 from areal_core.proxy.templating import ChatMLTemplate, TemplateError, parse_tool_calls
 from areal_core.rollout.engine import Generation, SamplingParams
@@ -57,155 +72,12 @@ from areal_core.rollout.engine import Generation, SamplingParams
 log = logging.getLogger("areal.proxy")
 
 SESSION_HEADER = "x-session-id"
-_SESSION_ID_PATTERN = r"^[A-Za-z0-9._:\-]{1,128}$"
 
 
 # ---------------------------------------------------------------------------------------------
 # Engine backends
 # ---------------------------------------------------------------------------------------------
 @dataclass
-class TimedGeneration(Generation):
-    queue_s: float = 0.0  # waiting for the engine thread
-    engine_s: float = 0.0  # the generate() call this request was batched into
-    batch_size: int = 1
-
-
-class BatchingBackend:
-    """Runs a synchronous, non-thread-safe engine (TorchEngine, RolloutEngine) on one thread.
-
-    Requests that wait while the engine is busy are taken together: those with the same
-    sampling settings (apart from max_new_tokens) go into one `generate` call, run to the
-    largest max_new_tokens and cut back per request. When idle, staged weights are installed.
-    """
-
-    def __init__(self, engine: Any, max_batch_size: int = 256, idle_poll_s: float = 0.05):
-        self.engine = engine
-        self.max_batch_size = max_batch_size
-        self.idle_poll_s = idle_poll_s
-        self._q: queue.Queue = queue.Queue()
-        self._stop = threading.Event()
-        self.stats = {"calls": 0, "requests": 0, "max_batch": 0, "engine_s": 0.0}
-        self._thread = threading.Thread(target=self._loop, name="areal-proxy-engine", daemon=True)
-        self._thread.start()
-
-    @property
-    def version(self) -> int:
-        return int(getattr(self.engine, "version", 0))
-
-    def health(self) -> dict:
-        h = self.engine.health() if hasattr(self.engine, "health") else {"ok": True}
-        return {**h, "batching": dict(self.stats)}
-
-    def submit(self, prompt_ids: list[int], params: SamplingParams) -> Future:
-        fut: Future = Future()
-        self._q.put((list(prompt_ids), params, fut, time.perf_counter()))
-        return fut
-
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
-        return await asyncio.wrap_future(self.submit(prompt_ids, params))
-
-    def generate_sync(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
-        return self.submit(prompt_ids, params).result()
-
-    def close(self) -> None:
-        self._stop.set()
-        self._q.put(None)
-        self._thread.join(timeout=10)
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                first = self._q.get(timeout=self.idle_poll_s)
-            except queue.Empty:
-                self._install_staged()
-                continue
-            if first is None:
-                break
-            items = [first]
-            while len(items) < self.max_batch_size:
-                try:
-                    nxt = self._q.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    self._stop.set()
-                    break
-                items.append(nxt)
-            groups: dict[tuple, list] = {}
-            for it in items:
-                p: SamplingParams = it[1]
-                key = (p.temperature, p.top_p, p.top_k, p.greedy, tuple(sorted(p.stop_token_ids)))
-                groups.setdefault(key, []).append(it)
-            for group in groups.values():
-                self._run(group)
-
-    def _install_staged(self) -> None:
-        if hasattr(self.engine, "stage_weights"):
-            try:
-                self.engine.load_version(self.engine.version)
-            except Exception:  # noqa: BLE001 - a bad staged version must not kill the server
-                log.exception("installing staged weights failed")
-
-    def _run(self, group: list) -> None:
-        live = [it for it in group if it[2].set_running_or_notify_cancel()]
-        if not live:
-            return
-        n_max = max(it[1].max_new_tokens for it in live)
-        params = replace(live[0][1], max_new_tokens=n_max)
-        t0 = time.perf_counter()
-        try:
-            gens = self.engine.generate([it[0] for it in live], params)
-        except Exception as exc:  # noqa: BLE001 - reported to each waiting request
-            for it in live:
-                it[2].set_exception(exc)
-            return
-        dt = time.perf_counter() - t0
-        self.stats["calls"] += 1
-        self.stats["requests"] += len(live)
-        self.stats["max_batch"] = max(self.stats["max_batch"], len(live))
-        self.stats["engine_s"] += dt
-        for it, g in zip(live, gens):
-            n = it[1].max_new_tokens
-            toks, lps, vers, reason = g.token_ids, g.logprobs, g.versions, g.finish_reason
-            if len(toks) > n:
-                toks, lps, vers, reason = toks[:n], lps[:n], vers[:n], "length"
-            it[2].set_result(
-                TimedGeneration(toks, lps, vers, reason, queue_s=t0 - it[3], engine_s=dt, batch_size=len(live))
-            )
-
-
-class AsyncBackendAdapter:
-    """Wraps an object with `async def generate(prompt_ids, params) -> Generation` (remote engines)."""
-
-    def __init__(self, backend: Any):
-        self.backend = backend
-
-    @property
-    def version(self) -> int:
-        return int(getattr(self.backend, "version", 0))
-
-    def health(self) -> dict:
-        return self.backend.health() if hasattr(self.backend, "health") else {"ok": True}
-
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
-        return await self.backend.generate(prompt_ids, params)
-
-    def close(self) -> None:
-        if hasattr(self.backend, "close"):
-            self.backend.close()
-
-
-def as_backend(engine_backend: Any) -> Any:
-    if isinstance(engine_backend, (BatchingBackend, AsyncBackendAdapter)):
-        return engine_backend
-    if inspect.iscoroutinefunction(getattr(engine_backend, "generate", None)):
-        return AsyncBackendAdapter(engine_backend)
-    return BatchingBackend(engine_backend)
-
-
-# ---------------------------------------------------------------------------------------------
-# API keys, request size, errors
-# ---------------------------------------------------------------------------------------------
 class ApiKeys:
     """The accepted API keys, kept as SHA-256 digests; keys can be added and revoked at run time."""
 
@@ -326,267 +198,6 @@ class ProxyError(Exception):
 # ---------------------------------------------------------------------------------------------
 # Request schemas (OpenAI's, the fields this proxy uses; unknown fields are ignored)
 # ---------------------------------------------------------------------------------------------
-class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
-class FunctionCall(_Lenient):
-    name: str
-    arguments: str | dict[str, Any] = "{}"
-
-
-class ToolCall(_Lenient):
-    id: str | None = None
-    type: Literal["function"] = "function"
-    function: FunctionCall
-
-
-class ContentPart(_Lenient):
-    type: str
-    text: str | None = None
-
-
-class ChatMessage(_Lenient):
-    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: str | list[ContentPart] | None = None
-    name: str | None = None
-    tool_calls: list[ToolCall] | None = None
-    tool_call_id: str | None = None
-
-
-class FunctionSpec(_Lenient):
-    name: str = Field(min_length=1, max_length=128)
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-
-
-class ToolSpec(_Lenient):
-    type: Literal["function"] = "function"
-    function: FunctionSpec
-
-
-class StreamOptions(_Lenient):
-    include_usage: bool = False
-
-
-class _SamplingFields(_Lenient):
-    model: str = Field(min_length=1, max_length=256)
-    max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=0)
-    n: int = Field(default=1, ge=1)
-    stop: str | list[str] | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    seed: int | None = None
-    user: str | None = None
-
-    @field_validator("stop")
-    @classmethod
-    def _stops(cls, v: str | list[str] | None) -> list[str] | None:
-        if v is None:
-            return None
-        stops = [v] if isinstance(v, str) else v
-        if len(stops) > 4 or any(not s for s in stops):
-            raise ValueError("stop: at most 4 non-empty strings")
-        return stops
-
-
-class ChatCompletionRequest(_SamplingFields):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    tools: list[ToolSpec] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    logprobs: bool | None = None
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    parallel_tool_calls: bool | None = None
-
-
-class CompletionRequest(_SamplingFields):
-    prompt: str | list[int] | list[str] = Field(min_length=1)
-    logprobs: int | None = Field(default=None, ge=0, le=5)
-    echo: bool = False
-
-
-class RewardRequest(_Lenient):
-    reward: float = Field(allow_inf_nan=False)
-    turn: int | None = None
-    completion_id: str | None = Field(default=None, max_length=256)
-
-
-class EndRequest(_Lenient):
-    reward: float | None = Field(default=None, allow_inf_nan=False)
-    discount: float | None = Field(default=None, ge=0.0, le=1.0)
-    group_id: str | None = Field(default=None, max_length=256)
-    prompt_id: str = Field(default="", max_length=256)
-    meta: dict[str, Any] | None = None
-    return_trajectory: bool = False
-
-
-class NewSessionRequest(_Lenient):
-    session_id: str | None = Field(default=None, pattern=_SESSION_ID_PATTERN)
-
-
-# Response schemas: documentation for clients in other languages (handlers return plain dicts).
-class ErrorDetail(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorResponse(BaseModel):
-    error: ErrorDetail
-
-
-class ArealTiming(BaseModel):
-    queue_s: float = Field(description="time waiting for the engine thread")
-    engine_s: float = Field(description="the batched generate() call this request ran in")
-    batch_size: int
-    server_s: float = Field(description="from the request's arrival to the response being built")
-
-
-class ArealExtra(BaseModel):
-    """What was served, token by token: the record the trajectory is built from."""
-
-    session_id: str
-    turn: int = Field(description="index of this completion in the session")
-    segment: int = Field(description="which trajectory row of the session this turn extends")
-    prompt_token_ids: list[int] = Field(description="the whole prompt the engine was fed")
-    token_ids: list[int] = Field(description="the served token ids (EOS included when generated)")
-    logprobs: list[float] = Field(description="behaviour log-prob of each served token")
-    versions: list[int] = Field(description="policy version that produced each served token")
-    policy_version: int
-    timing: ArealTiming
-
-
-class Usage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-
-
-class AssistantMessage(BaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: str | None
-    tool_calls: list[ToolCall] | None = None
-
-
-class ChatChoice(BaseModel):
-    index: int
-    message: AssistantMessage
-    finish_reason: Literal["stop", "length", "tool_calls"]
-    logprobs: dict[str, Any] | None = None
-
-
-class ChatCompletionResponse(BaseModel):
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
-    choices: list[ChatChoice]
-    usage: Usage
-    areal: ArealExtra
-
-
-class CompletionChoice(BaseModel):
-    index: int
-    text: str
-    finish_reason: Literal["stop", "length"]
-    logprobs: dict[str, Any] | None = None
-
-
-class CompletionResponse(BaseModel):
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: Usage
-    areal: ArealExtra
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int
-    owned_by: str
-    areal: dict[str, int]
-
-
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]
-
-
-class SessionCreated(BaseModel):
-    session_id: str
-    header: str = "X-Session-Id"
-
-
-class TurnInfo(BaseModel):
-    turn: int
-    completion_id: str
-    segment: int
-    finish_reason: str
-    completion_tokens: int
-    tool_calls: int
-    reward: float | None
-
-
-class SegmentInfo(BaseModel):
-    segment: int
-    kind: Literal["chat", "text"]
-    num_tokens: int
-    input_ids: list[int] | None = None
-    loss_mask: list[int] | None = None
-    behav_logprobs: list[float] | None = None
-    versions: list[int] | None = None
-
-
-class SessionInfo(BaseModel):
-    session_id: str
-    created: float
-    updated: float
-    ended: bool
-    final_reward: float | None
-    turns: list[TurnInfo]
-    segments: list[SegmentInfo]
-
-
-class RewardApplied(BaseModel):
-    session_id: str
-    reward: float
-    applied_to: str = Field(description='"turn N" or "final"')
-
-
-class RowInfo(BaseModel):
-    sample_id: str
-    num_tokens: int
-    num_turns: int
-    reward: float | None
-
-
-class Trajectory(BaseModel):
-    sample_id: str
-    input_ids: list[int]
-    prompt_len: int
-    loss_mask: list[int]
-    behav_logprobs: list[float]
-    versions: list[int]
-    reward: float | None
-    token_rewards: list[float] | None
-
-
-class SessionEnded(BaseModel):
-    session_id: str
-    turns: int
-    rows: list[RowInfo]
-    shards: list[str] = Field(description="store objects written (online mode)")
-    trajectories: list[Trajectory] | None = None
-
-
 _ERRORS = {
     code: {"model": ErrorResponse, "description": what}
     for code, what in (
@@ -716,7 +327,7 @@ def create_app(
 
     def session_id_of(request: Request, x_session_id: str | None) -> str:
         if x_session_id is not None:
-            if not re.match(_SESSION_ID_PATTERN, x_session_id):
+            if not re.match(SESSION_ID_PATTERN, x_session_id):
                 raise ProxyError(400, "X-Session-Id must be 1-128 of [A-Za-z0-9._:-]", "invalid_session_id")
             return x_session_id
         auth = request.headers.get("authorization", "")

@@ -1,0 +1,270 @@
+"""Request and response models of the proxy (they make its OpenAPI description)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+SESSION_ID_PATTERN = r"^[A-Za-z0-9._:\-]{1,128}$"
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class FunctionCall(_Lenient):
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCall(_Lenient):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ContentPart(_Lenient):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Lenient):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class FunctionSpec(_Lenient):
+    name: str = Field(min_length=1, max_length=128)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ToolSpec(_Lenient):
+    type: Literal["function"] = "function"
+    function: FunctionSpec
+
+
+class StreamOptions(_Lenient):
+    include_usage: bool = False
+
+
+class _SamplingFields(_Lenient):
+    model: str = Field(min_length=1, max_length=256)
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)
+    n: int = Field(default=1, ge=1)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    seed: int | None = None
+    user: str | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v: str | list[str] | None) -> list[str] | None:
+        if v is None:
+            return None
+        stops = [v] if isinstance(v, str) else v
+        if len(stops) > 4 or any(not s for s in stops):
+            raise ValueError("stop: at most 4 non-empty strings")
+        return stops
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    tools: list[ToolSpec] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    parallel_tool_calls: bool | None = None
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: str | list[int] | list[str] = Field(min_length=1)
+    logprobs: int | None = Field(default=None, ge=0, le=5)
+    echo: bool = False
+
+
+class RewardRequest(_Lenient):
+    reward: float = Field(allow_inf_nan=False)
+    turn: int | None = None
+    completion_id: str | None = Field(default=None, max_length=256)
+
+
+class EndRequest(_Lenient):
+    reward: float | None = Field(default=None, allow_inf_nan=False)
+    discount: float | None = Field(default=None, ge=0.0, le=1.0)
+    group_id: str | None = Field(default=None, max_length=256)
+    prompt_id: str = Field(default="", max_length=256)
+    meta: dict[str, Any] | None = None
+    return_trajectory: bool = False
+
+
+class NewSessionRequest(_Lenient):
+    session_id: str | None = Field(default=None, pattern=SESSION_ID_PATTERN)
+
+
+# Response schemas: documentation for clients in other languages (handlers return plain dicts).
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+class ArealTiming(BaseModel):
+    queue_s: float = Field(description="time waiting for the engine thread")
+    engine_s: float = Field(description="the batched generate() call this request ran in")
+    batch_size: int
+    server_s: float = Field(description="from the request's arrival to the response being built")
+
+
+class ArealExtra(BaseModel):
+    """What was served, token by token: the record the trajectory is built from."""
+
+    session_id: str
+    turn: int = Field(description="index of this completion in the session")
+    segment: int = Field(description="which trajectory row of the session this turn extends")
+    prompt_token_ids: list[int] = Field(description="the whole prompt the engine was fed")
+    token_ids: list[int] = Field(description="the served token ids (EOS included when generated)")
+    logprobs: list[float] = Field(description="behaviour log-prob of each served token")
+    versions: list[int] = Field(description="policy version that produced each served token")
+    policy_version: int
+    timing: ArealTiming
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    finish_reason: Literal["stop", "length", "tool_calls"]
+    logprobs: dict[str, Any] | None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    areal: ArealExtra
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    finish_reason: Literal["stop", "length"]
+    logprobs: dict[str, Any] | None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+    areal: ArealExtra
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str
+    areal: dict[str, int]
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class SessionCreated(BaseModel):
+    session_id: str
+    header: str = "X-Session-Id"
+
+
+class TurnInfo(BaseModel):
+    turn: int
+    completion_id: str
+    segment: int
+    finish_reason: str
+    completion_tokens: int
+    tool_calls: int
+    reward: float | None
+
+
+class SegmentInfo(BaseModel):
+    segment: int
+    kind: Literal["chat", "text"]
+    num_tokens: int
+    input_ids: list[int] | None = None
+    loss_mask: list[int] | None = None
+    behav_logprobs: list[float] | None = None
+    versions: list[int] | None = None
+
+
+class SessionInfo(BaseModel):
+    session_id: str
+    created: float
+    updated: float
+    ended: bool
+    final_reward: float | None
+    turns: list[TurnInfo]
+    segments: list[SegmentInfo]
+
+
+class RewardApplied(BaseModel):
+    session_id: str
+    reward: float
+    applied_to: str = Field(description='"turn N" or "final"')
+
+
+class RowInfo(BaseModel):
+    sample_id: str
+    num_tokens: int
+    num_turns: int
+    reward: float | None
+
+
+class Trajectory(BaseModel):
+    sample_id: str
+    input_ids: list[int]
+    prompt_len: int
+    loss_mask: list[int]
+    behav_logprobs: list[float]
+    versions: list[int]
+    reward: float | None
+    token_rewards: list[float] | None
+
+
+class SessionEnded(BaseModel):
+    session_id: str
+    turns: int
+    rows: list[RowInfo]
+    shards: list[str] = Field(description="store objects written (online mode)")
+    trajectories: list[Trajectory] | None = None
