@@ -23,7 +23,7 @@ run: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -m "slow or not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "slow or not slow" --durations=30 $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check --fix .

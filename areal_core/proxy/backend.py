@@ -10,7 +10,7 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from areal_core.rollout.engine import Generation, SamplingParams
@@ -18,6 +18,7 @@ from areal_core.rollout.engine import Generation, SamplingParams
 log = logging.getLogger("areal.proxy")
 
 
+@dataclass
 class TimedGeneration(Generation):
     queue_s: float = 0.0  # waiting for the engine thread
     engine_s: float = 0.0  # the generate() call this request was batched into
@@ -91,7 +92,13 @@ class BatchingBackend:
                 key = (p.temperature, p.top_p, p.top_k, p.greedy, tuple(sorted(p.stop_token_ids)))
                 groups.setdefault(key, []).append(it)
             for group in groups.values():
-                self._run(group)
+                try:
+                    self._run(group)
+                except Exception as exc:  # noqa: BLE001 - the engine thread must outlive any bug
+                    log.exception("engine thread failed a batch")
+                    for it in group:
+                        if not it[2].done():
+                            it[2].set_exception(exc)
 
     def _install_staged(self) -> None:
         if hasattr(self.engine, "stage_weights"):
