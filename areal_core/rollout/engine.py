@@ -15,6 +15,8 @@ class SamplingParams:
     top_k: int = 0
     stop_token_ids: list[int] = field(default_factory=list)
     greedy: bool = False
+    stop: list[str] = field(default_factory=list)  # stop strings (engines given a tokenizer)
+    seed: int | None = None  # per-request sampling seed (engines that support it)
 
 
 @dataclass
