@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from areal_core.train.algorithm import AlgorithmConfig, required_inputs
+from areal_core.train.algorithm import AlgorithmConfig
 
 
 class ConfigError(ValueError):
@@ -260,8 +260,6 @@ def validate(cfg: RunConfig) -> RunConfig:
         cfg.algo.validate()
     except ValueError as exc:
         raise ConfigError(str(exc).splitlines()[0]) from None
-    if "values" in required_inputs(cfg.algo):
-        raise ConfigError("config key 'algo.adv_estimator' gae needs a value head, which the built-in trainer lacks")
     if cfg.train.batch_groups % cfg.train.ppo_minibatches:
         raise ConfigError("config key 'train.ppo_minibatches' must divide 'train.batch_groups'")
     if cfg.task.name == "arithmetic":

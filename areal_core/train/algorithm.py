@@ -52,6 +52,7 @@ class AlgorithmConfig:
     # critic (adv_estimator = gae)
     value_coef: float = 0.5
     value_clip: float = 0.2  # 0 disables value clipping
+    critic_lr: float = 0.0  # critic's AdamW learning rate; 0: train.lr (areal_core/train/value_head.py)
     # preference pairs (loss = dpo|ipo)
     dpo_beta: float = 0.1
     dpo_label_smoothing: float = 0.0
@@ -81,7 +82,7 @@ class AlgorithmConfig:
                 raise ValueError(f"config key 'algo.{key}' must be one of {list(allowed)}, got {getattr(self, key)!r}")
         non_negative = [
             "adv_clip", "norm_const", "behav_low", "behav_high", "kl_coef", "entropy_coef", "value_coef",
-            "value_clip", "overlong_max_len", "overlong_buffer", "reward_clip", "dual_clip",
+            "value_clip", "critic_lr", "overlong_max_len", "overlong_buffer", "reward_clip", "dual_clip",
         ]  # fmt: skip
         for key in non_negative:
             if getattr(self, key) < 0:

@@ -16,7 +16,7 @@ clipping, AdamW per minibatch), made exact across ranks:
 
 With one process (`ctx` None or world size 1) this is `ppo_update` itself, numerically.
 Not supported with more than one rank: loss dpo/ipo (their mean over pairs has no global
-denominator in `compute_loss`) and the gae estimator (the trainer has no value head).
+denominator in `compute_loss`) and the gae estimator (the critic of `value_head.py` is not sharded).
 """
 
 from __future__ import annotations
