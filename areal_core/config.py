@@ -91,6 +91,9 @@ class TrainConfig:
     batch_groups: int = 8  # B: groups per training step
     eta: int = 2  # staleness bound η
     lr: float = 1e-3
+    lr_schedule: str = "constant"  # constant | cosine | linear (decay over train.steps, after warmup)
+    lr_warmup_steps: int = 0
+    lr_min_ratio: float = 0.0  # the decayed rate's floor, as a fraction of train.lr
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     packing: bool = True  # pack sequences without padding for the forward passes
@@ -144,6 +147,7 @@ _CHOICES = {
     "task.name": {"arithmetic", "gsm8k", "code"},
     "rollout.engine": {"torch"},
     "sft.schedule": {"cosine", "constant"},
+    "train.lr_schedule": {"constant", "cosine", "linear"},
     "device": {"cpu", "cuda", "npu"},
 }
 _POSITIVE = {
@@ -168,7 +172,7 @@ _POSITIVE = {
     "task.num_eval",
     "threads_per_role",
 }
-_NON_NEGATIVE = {"train.eta", "sft.steps", "rollout.temperature", "reward.retries"}
+_NON_NEGATIVE = {"train.eta", "sft.steps", "rollout.temperature", "reward.retries", "train.lr_warmup_steps"}
 
 
 def _coerce(key: str, value: Any, typ: Any) -> Any:
@@ -252,6 +256,8 @@ def validate(cfg: RunConfig) -> RunConfig:
             raise ConfigError(f"config key '{key}' must be >= 0, got {flat[key]!r}")
     if cfg.rollout.group_size < 2:
         raise ConfigError("config key 'rollout.group_size' must be >= 2 for group-relative advantages")
+    if not 0 <= cfg.train.lr_min_ratio <= 1:
+        raise ConfigError(f"config key 'train.lr_min_ratio' must be in [0, 1], got {cfg.train.lr_min_ratio}")
     if not 0 <= cfg.sft.multi_step_fraction <= 1:
         raise ConfigError(f"config key 'sft.multi_step_fraction' must be in [0, 1], got {cfg.sft.multi_step_fraction}")
     if not 0 < cfg.rollout.top_p <= 1:

@@ -7,7 +7,6 @@ the policy the RL run starts from and the 'before RL' point of the evaluation.
 from __future__ import annotations
 
 import logging
-import math
 import random
 import tempfile
 
@@ -17,6 +16,7 @@ from areal_core.models import build_tiny_model, build_tokenizer, chat_prompt, lo
 from areal_core.prompts import load_prompts
 from areal_core.run_context import load_run_config, set_threads
 from areal_core.store import INIT_MODEL, Store
+from areal_core.train.schedule import lr_factor
 
 log = logging.getLogger("areal.sft")
 
@@ -68,11 +68,9 @@ def run_sft(run_uri: str) -> str:
         rng = random.Random(cfg.seed)
         opt = torch.optim.AdamW(model.parameters(), lr=sc.lr, weight_decay=0.0)
 
-        def lr_factor(step: int) -> float:
-            warm = min(1.0, (step + 1) / max(sc.warmup_steps, 1))
-            return warm if sc.schedule == "constant" else warm * 0.5 * (1 + math.cos(math.pi * step / sc.steps))
-
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda step: lr_factor(step, sc.steps, max(sc.warmup_steps, 1), sc.schedule)
+        )
         model.train()
         for step in range(sc.steps):
             loss = sft_loss(model, rng.sample(examples, min(sc.batch_size, len(examples))), tokenizer.pad_token_id)
