@@ -33,6 +33,7 @@ from areal_core.train.batch import GroupBuffer, TrainBatch, collate
 from areal_core.train.entropy import token_logprobs_and_entropy
 from areal_core.train.logprobs import token_logprobs
 from areal_core.train.packing import packed_token_logprobs
+from areal_core.train.value_head import Critic
 from areal_core.train.weights import hf_side_files, prune, publish, state_dict_bytes
 
 log = logging.getLogger("areal.trainer")
@@ -54,10 +55,12 @@ def policy_logprobs(
 
 
 def ppo_update(
-    model, optimizer, samples: list[Sample], cfg: RunConfig, pad_id: int, ref_model=None
+    model, optimizer, samples: list[Sample], cfg: RunConfig, pad_id: int, ref_model=None, critic: Critic | None = None
 ) -> dict[str, float]:
     """One training step on complete groups: the configured advantage estimator and loss
-    (decoupled PPO by default), `train.ppo_minibatches` optimizer steps; returns metrics."""
+    (decoupled PPO by default), `train.ppo_minibatches` optimizer steps; returns metrics.
+    `critic` (needed for adv_estimator=gae) gets its values before the update for GAE and is
+    trained on the same loss (its value term) with its own optimizer."""
     algo, n_mb = cfg.algo, cfg.train.ppo_minibatches
     batch = collate(samples, pad_id)
     need = required_inputs(algo)
@@ -69,8 +72,12 @@ def ppo_update(
             if ref_model is None:
                 raise ValueError("this algorithm needs a reference model")
             ref_all = policy_logprobs(ref_model, batch, None, cfg, pad_id)
+    if "values" in need and critic is None:
+        raise ValueError("algo.adv_estimator=gae needs a critic (areal_core/train/value_head.py)")
+    vkw = {"packing": cfg.train.packing, "pad_id": pad_id}
+    old_v = critic.token_values(batch.input_ids, batch.attention_mask, grad=False, **vkw) if "values" in need else None
     adv, returns, stats = compute_advantages(
-        algo, batch.rewards, batch.group_index, batch.loss_mask, prox_logp=prox_all, ref_logp=ref_all
+        algo, batch.rewards, batch.group_index, batch.loss_mask, prox_logp=prox_all, ref_logp=ref_all, old_values=old_v
     )
     for mb in range(n_mb):
         rows = (batch.group_index % n_mb) == mb
@@ -78,6 +85,9 @@ def ppo_update(
         logp, ent = out if isinstance(out, tuple) else (out, None)
         # π_prox: the parameters before this update; with one minibatch that is this very forward pass
         prox = logp.detach() if prox_all is None else prox_all[rows]
+        values = None
+        if old_v is not None:  # the critic's values of these rows, with gradient
+            values = critic.token_values(batch.input_ids[rows], batch.attention_mask[rows], **vkw)
         loss, mb_stats = compute_loss(
             algo,
             logp,
@@ -90,11 +100,17 @@ def ppo_update(
             entropy=ent,
             advantages=adv[rows],
             returns=None if returns is None else returns[rows],
+            values=values,
+            old_values=None if old_v is None else old_v[rows],
         )
         optimizer.zero_grad(set_to_none=True)
+        if old_v is not None:
+            critic.zero_grad()
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip or float("inf"))
         optimizer.step()
+        if old_v is not None:
+            mb_stats["critic_grad_norm"] = critic.step()
         for k, v in {**mb_stats, "loss": loss.item(), "grad_norm": float(grad_norm)}.items():
             stats[k] = stats.get(k, 0.0) + v / n_mb
     stats["reward_mean"] = batch.rewards.mean().item()
@@ -118,6 +134,12 @@ class Trainer:
         if "ref_logp" in required_inputs(self.cfg.algo):
             self.ref_model, _ = load_pretrained(self.store.url(INIT_MODEL), self.cfg.device)
             self.ref_model.eval().requires_grad_(False)
+        # PPO with GAE: a critic (value head on its own body; one process only), checkpointed, never published
+        self.critic = (
+            Critic.from_pretrained(self.store.url(INIT_MODEL), self.cfg)
+            if "values" in required_inputs(self.cfg.algo)
+            else None
+        )
         self.buffer = GroupBuffer()
         self.tracker = Tracker.attach(self.store)
         self.eval_records = load_prompts(self.store, "eval")[: self.cfg.eval.num_samples]
@@ -125,6 +147,8 @@ class Trainer:
         if restored:
             self.state, pending = restored
             self.buffer.add(pending)
+            if self.critic is not None:
+                self.critic.restore(self.store, self.state.step)
             log.info(
                 "resumed at step %d (version %d, %d pending samples)", self.state.step, self.state.version, len(pending)
             )
@@ -155,7 +179,9 @@ class Trainer:
     def step(self, samples: list[Sample], dropped: list[Sample]) -> dict[str, float]:
         cfg, st = self.cfg, self.state
         t0 = time.perf_counter()
-        metrics = ppo_update(self.model, self.optimizer, samples, cfg, self.tokenizer.pad_token_id, self.ref_model)
+        metrics = ppo_update(
+            self.model, self.optimizer, samples, cfg, self.tokenizer.pad_token_id, self.ref_model, self.critic
+        )
         t_train = time.perf_counter() - t0
         trained_versions = [v for s in samples for v, m in zip(s.versions, s.loss_mask) if m]
         hist = staleness_histogram(trained_versions, st.version)
@@ -201,6 +227,8 @@ class Trainer:
 
     def save_checkpoint(self) -> None:
         self.state.consumed = sorted(self.consumed)
+        if self.critic is not None:  # before checkpoint.save writes COMMITTED
+            self.critic.save(self.store, self.state.step)
         checkpoint.save(self.store, self.state, self.model, self.optimizer, self.buffer.samples())
 
     def run(self) -> dict[str, float]:
