@@ -63,7 +63,7 @@ class SFTConfig:
 
 @dataclass
 class RolloutConfig:
-    engine: str = "torch"
+    engine: str = "torch"  # torch (static batches) | continuous (continuous batching)
     num_workers: int = 1
     group_size: int = 8  # n samples per prompt
     max_batch_groups: int = 8  # groups generated together in one engine batch
@@ -145,7 +145,7 @@ class RunConfig:
 
 _CHOICES = {
     "task.name": {"arithmetic", "gsm8k", "code"},
-    "rollout.engine": {"torch"},
+    "rollout.engine": {"torch", "continuous"},
     "sft.schedule": {"cosine", "constant"},
     "train.lr_schedule": {"constant", "cosine", "linear"},
     "device": {"cpu", "cuda", "npu"},

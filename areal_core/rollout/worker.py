@@ -10,13 +10,14 @@ import logging
 import random
 import threading
 import time
+from typing import Any
 
 from areal_core.config import RunConfig
 from areal_core.models import chat_prompt, load_pretrained
 from areal_core.prompts import load_prompts
 from areal_core.protocol import Sample, decode_shard, write_shard
 from areal_core.rollout.engine import SamplingParams
-from areal_core.rollout.torch_engine import TorchEngine
+from areal_core.rollout.factory import build_local_engine
 from areal_core.run_context import load_run_config, set_threads, wait_for_version
 from areal_core.staleness import groups_admissible
 from areal_core.store import INIT_MODEL, Store, shard_name
@@ -25,10 +26,14 @@ from areal_core.train.weights import WeightsError, load_state_dict
 log = logging.getLogger("areal.rollout")
 
 
+class RolloutEngineFailed(RuntimeError):
+    """The engine raised while generating; names the worker, groups, shard and version."""
+
+
 class WeightWatcher(threading.Thread):
     """Polls weights/LATEST, loads and verifies new versions, and stages them in the engine."""
 
-    def __init__(self, store: Store, engine: TorchEngine, interval_s: float):
+    def __init__(self, store: Store, engine: Any, interval_s: float):
         super().__init__(daemon=True)
         self.store, self.engine, self.interval_s = store, engine, interval_s
         self.latest_staged = engine.version
@@ -75,7 +80,7 @@ def run_rollout_worker(run_uri: str, index: int = 0) -> dict:
     version = wait_for_version(store)
     model, tokenizer = load_pretrained(store.url(INIT_MODEL), cfg.device)
     model.load_state_dict(load_state_dict(store, version), strict=False)
-    engine = TorchEngine(model, tokenizer.pad_token_id, tokenizer.eos_token_id, version, seed=cfg.seed * 7919 + index)
+    engine = build_local_engine(cfg, model, tokenizer, version, seed=cfg.seed * 7919 + index)
     watcher = WeightWatcher(store, engine, cfg.rollout.poll_interval_s)
     watcher.start()
     params = SamplingParams(
@@ -110,7 +115,16 @@ def run_rollout_worker(run_uri: str, index: int = 0) -> dict:
             for k in range(cfg.rollout.group_size):
                 batch_prompts.append(prompt_cache[p])
                 meta.append((g, p, k))
-        gens = engine.generate(batch_prompts, params)
+        try:
+            gens = engine.generate(batch_prompts, params)
+        except Exception as exc:
+            watcher.stop.set()
+            watcher.join(timeout=30)
+            raise RolloutEngineFailed(
+                f"{worker_id}: engine '{cfg.rollout.engine}' failed generating groups {group_indices[0]}..."
+                f"{group_indices[-1]} (shard {seq}, version {engine.version}): {exc}; a restarted worker "
+                f"resumes from shard {seq}"
+            ) from exc
         samples = []
         for (g, p, k), prompt_ids, gen in zip(meta, batch_prompts, gens):
             n_p, n_r = len(prompt_ids), len(gen.token_ids)
