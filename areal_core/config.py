@@ -73,6 +73,20 @@ class RolloutConfig:
     top_k: int = 0
     poll_interval_s: float = 0.02
     admission: bool = True  # AReaL's admission rule; off only for tests of the hard bound
+    agent: str = ""  # "pkg.module:run" (async run(task, base_url, api_key) -> reward): agent rollouts through the proxy
+
+
+@dataclass
+class AgentConfig:
+    """Agent rollouts, used when rollout.agent is set (docs/proxy.md)."""
+
+    max_concurrent_episodes: int = 32
+    episode_timeout_s: float = 300.0
+    turn_discount: float = 1.0  # γ for per-turn rewards
+    tool_prompt: str = "none"  # none | names | full: how tools are announced to the model
+    corpus: str = ""  # "pkg.module:fn" (records) -> texts: the tiny tokenizer's training text
+    sft_examples: str = ""  # "pkg.module:fn" (tokenizer, records) -> [(ids, loss_mask)]: warm start episodes
+    sft_fraction: float = 1.0  # share of SFT records given as agent episodes; the rest as plain answers
 
 
 @dataclass
@@ -141,6 +155,7 @@ class RunConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     algo: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
 
 
 _CHOICES = {
@@ -242,6 +257,42 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
+def check_hook(key: str, path: str, coroutine: bool = False) -> None:
+    """A 'pkg.module:function' config value must import and be callable (async if `coroutine`)."""
+    import asyncio
+    import importlib
+
+    module, _, name = path.partition(":")
+    if not module or not name:
+        raise ConfigError(f"config key '{key}' must look like 'pkg.module:function', got {path!r}")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"config key '{key}': cannot import {path!r} ({type(exc).__name__}: {exc})") from None
+    if not callable(fn) or (coroutine and not asyncio.iscoroutinefunction(fn)):
+        kind = "an async function" if coroutine else "callable"
+        raise ConfigError(f"config key '{key}': {path!r} is not {kind}")
+
+
+def _validate_agent(cfg: RunConfig) -> None:
+    a = cfg.agent
+    if a.tool_prompt not in {"none", "names", "full"}:
+        raise ConfigError(f"config key 'agent.tool_prompt' must be one of none, names, full, got {a.tool_prompt!r}")
+    if not 0 <= a.turn_discount <= 1 or not 0 <= a.sft_fraction <= 1:
+        raise ConfigError("config keys 'agent.turn_discount' and 'agent.sft_fraction' must be in [0, 1]")
+    if a.max_concurrent_episodes < 1 or a.episode_timeout_s <= 0:
+        raise ConfigError("config keys 'agent.max_concurrent_episodes' and 'agent.episode_timeout_s' must be > 0")
+    if cfg.rollout.agent:
+        check_hook("rollout.agent", cfg.rollout.agent, coroutine=True)
+        if cfg.train.eval_every:
+            raise ConfigError(
+                "config key 'train.eval_every' must be 0 with rollout.agent (the evaluate step measures agent success)"
+            )
+    for key, path in (("agent.corpus", a.corpus), ("agent.sft_examples", a.sft_examples)):
+        if path:
+            check_hook(key, path)
+
+
 def validate(cfg: RunConfig) -> RunConfig:
     """Range and choice checks; raises ConfigError naming the first bad key."""
     flat = to_flat_dict(cfg)
@@ -279,6 +330,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise ConfigError("config key 'task.path' is required when task.name is gsm8k")
     if cfg.model.hidden_size % cfg.model.num_heads or cfg.model.num_heads % cfg.model.num_kv_heads:
         raise ConfigError("config keys 'model.num_heads' must divide hidden_size and be a multiple of num_kv_heads")
+    _validate_agent(cfg)
     return cfg
 
 
