@@ -177,6 +177,20 @@ class VLLMEngine:
         self._abort_epoch += 1
         return int(self._call("POST", "/abort_requests", json={}).json().get("aborted", 0))
 
+    def server_counters(self) -> dict[str, float]:
+        """A few Prometheus counters of the server: requests running/waiting, tokens generated so far."""
+        wanted = {
+            "vllm:num_requests_running": "running",
+            "vllm:num_requests_waiting": "waiting",
+            "vllm:generation_tokens_total": "generated_tokens",
+        }
+        out: dict[str, float] = {}
+        for line in self._call("GET", "/metrics").text.splitlines():
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            if name in wanted:
+                out[wanted[name]] = out.get(wanted[name], 0.0) + float(line.rsplit(" ", 1)[-1])
+        return out
+
     def server_version(self) -> str:
         return str(self._call("GET", "/weight_info").json()["weight_version"])
 

