@@ -62,8 +62,23 @@ class SFTConfig:
 
 
 @dataclass
+class ServerConfig:
+    """The inference server of a remote engine (rollout.engine vllm | sglang); docs/vllm.md."""
+
+    url: str = ""  # a running server; empty: each vLLM rollout worker starts its own (sglang needs a URL)
+    python: str = ".venv-vllm/bin/python"  # the vLLM server's interpreter (relative: from the project root)
+    interrupt: str = "keep"  # vLLM weight update: keep (pause, keep requests, re-prefill) | abort (re-submit)
+    kv_cache_mb: int = 256
+    max_num_seqs: int = 256
+    threads: int = 1
+    dtype: str = "float32"
+    startup_timeout_s: float = 900.0
+    extra_args: str = ""  # extra server flags, shell-quoted
+
+
+@dataclass
 class RolloutConfig:
-    engine: str = "torch"  # torch (static batches) | continuous (continuous batching)
+    engine: str = "torch"  # torch (static batches) | continuous (continuous batching) | vllm | sglang (servers)
     num_workers: int = 1
     group_size: int = 8  # n samples per prompt
     max_batch_groups: int = 8  # groups generated together in one engine batch
@@ -74,6 +89,7 @@ class RolloutConfig:
     poll_interval_s: float = 0.02
     admission: bool = True  # AReaL's admission rule; off only for tests of the hard bound
     agent: str = ""  # "pkg.module:run" (async run(task, base_url, api_key) -> reward): agent rollouts through the proxy
+    server: ServerConfig = field(default_factory=ServerConfig)
 
 
 @dataclass
@@ -160,7 +176,8 @@ class RunConfig:
 
 _CHOICES = {
     "task.name": {"arithmetic", "gsm8k", "code"},
-    "rollout.engine": {"torch", "continuous"},
+    "rollout.engine": {"torch", "continuous", "vllm", "sglang"},
+    "rollout.server.interrupt": {"keep", "abort"},
     "sft.schedule": {"cosine", "constant"},
     "train.lr_schedule": {"constant", "cosine", "linear"},
     "device": {"cpu", "cuda", "npu"},
@@ -293,6 +310,23 @@ def _validate_agent(cfg: RunConfig) -> None:
             check_hook(key, path)
 
 
+def _validate_server(cfg: RunConfig) -> None:
+    """A remote engine needs a server: a URL, or (vLLM) the interpreter that starts one."""
+    srv = cfg.rollout.server
+    if srv.kv_cache_mb <= 0 or srv.max_num_seqs <= 0 or srv.threads <= 0:
+        raise ConfigError("config keys 'rollout.server.kv_cache_mb/max_num_seqs/threads' must be > 0")
+    if cfg.rollout.engine == "sglang" and not srv.url:
+        raise ConfigError("config key 'rollout.server.url' is required when rollout.engine is sglang")
+    if cfg.rollout.engine == "vllm" and not srv.url and "/" in srv.python:
+        from areal_core.rollout.vllm_server import resolve_python
+
+        if not resolve_python(srv.python).exists():
+            raise ConfigError(
+                f"config key 'rollout.server.python': no vLLM interpreter at {resolve_python(srv.python)} "
+                "(run `make vllm-venv`, or set rollout.server.url)"
+            )
+
+
 def validate(cfg: RunConfig) -> RunConfig:
     """Range and choice checks; raises ConfigError naming the first bad key."""
     flat = to_flat_dict(cfg)
@@ -305,6 +339,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     for key in _NON_NEGATIVE:
         if flat[key] < 0:
             raise ConfigError(f"config key '{key}' must be >= 0, got {flat[key]!r}")
+    _validate_server(cfg)
     if cfg.rollout.group_size < 2:
         raise ConfigError("config key 'rollout.group_size' must be >= 2 for group-relative advantages")
     if not 0 <= cfg.train.lr_min_ratio <= 1:
