@@ -94,7 +94,7 @@ def test_eta_zero_is_synchronous_on_policy(tiny_overrides):
 def test_a_failing_role_stops_the_run_and_is_named(tiny_overrides):
     store = prepared(tiny_overrides)
     store.delete("prompts", recursive=True)  # rollout and reward cannot start without prompts
-    with pytest.raises(RoleFailed, match=r"role (rollout|reward)-0 exited with code 1"):
+    with pytest.raises(RoleFailed, match=r"role (trainer|rollout|reward)-0 exited with code 1"):
         launch(store.uri, 1, 1, timeout_s=120, progress=False)
 
 
