@@ -46,13 +46,28 @@ ETAS = [0, 1, 2, 4, 8]
 
 
 def cell_order(
-    algos: list[str], etas: list[int], extra: list[str], extra_etas: list[int], first_eta: int, sweep_first: list[str]
+    algos: list[str],
+    etas: list[int],
+    extra: list[str],
+    extra_etas: list[int],
+    first_eta: int,
+    sweep_first: list[str],
+    first_order: list[str] | None = None,
 ) -> list[tuple[str, int]]:
-    """(algo, η) cells, most informative first: every algorithm at `first_eta`, then the η
-    sweeps of `sweep_first` (e.g. decoupled GRPO vs naive PPO), then the other sweeps."""
+    """(algo, η) cells, most informative first: every algorithm at `first_eta` (in `first_order`,
+    then the rest), then the η
+    sweeps of `sweep_first` (e.g. decoupled GRPO vs naive PPO), then the other sweeps; η in the
+    order given (e.g. `--etas 2 0 8 1 4` runs the extremes first)."""
     cells = [(a, e) for a in algos for e in etas] + [(a, e) for a in extra for e in extra_etas]
-    order = [*algos, *extra]
-    return sorted(cells, key=lambda c: (c[1] != first_eta, c[0] not in sweep_first, c[1], order.index(c[0])))
+    order, eta_order = [*algos, *extra], list(dict.fromkeys([*etas, *extra_etas]))
+    first = [a for a in (first_order or []) if a in order] + [a for a in order if a not in (first_order or [])]
+
+    def key(c: tuple[str, int]) -> tuple:
+        if c[1] == first_eta:
+            return (0, first.index(c[0]))
+        return (1, c[0] not in sweep_first, eta_order.index(c[1]), order.index(c[0]))
+
+    return sorted(cells, key=key)
 
 
 def accuracy(store: Store, rel: str, n: int) -> float:
@@ -139,6 +154,7 @@ def main() -> None:
     parser.add_argument("--extra", nargs="*", default=EXTRA, help="algorithms run only at --extra-etas")
     parser.add_argument("--extra-etas", type=int, nargs="*", default=[2])
     parser.add_argument("--first-eta", type=int, default=2, help="run every algorithm at this η first")
+    parser.add_argument("--first-order", nargs="*", default=[], help="order of the cells at --first-eta")
     parser.add_argument("--sweep-first", nargs="*", default=["grpo", "naive_ppo"], help="their η sweeps go next")
     parser.add_argument("--root", default="runs/bench-algos")
     parser.add_argument("--cell-timeout", type=float, default=1800)
@@ -173,7 +189,9 @@ def main() -> None:
         meta_path.write_text(json.dumps(meta))
     print(f"SFT: held-out accuracy {meta['before']:.3f}", flush=True)
     done = {(r["algo"], r["eta"]) for r in results}
-    for algo, eta in cell_order(args.algos, args.etas, args.extra, args.extra_etas, args.first_eta, args.sweep_first):
+    for algo, eta in cell_order(
+        args.algos, args.etas, args.extra, args.extra_etas, args.first_eta, args.sweep_first, args.first_order
+    ):
         if (algo, eta) in done:
             continue
         try:
