@@ -224,7 +224,8 @@ def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> float:
 
 
 def trainer_supports_distributed() -> bool:
-    """True once areal_core/train/trainer.py runs every rank through this module (see docs/cluster.md)."""
+    """True when areal_core/train/trainer.py runs every rank through this module (it does:
+    `SUPPORTS_DISTRIBUTED`); kept as a switch so a trainer without it degrades safely."""
     from areal_core.train import trainer
 
     return bool(getattr(trainer, "SUPPORTS_DISTRIBUTED", False))
@@ -233,9 +234,10 @@ def trainer_supports_distributed() -> bool:
 def run_trainer_rank(run_uri: str) -> dict:
     """What every torchrun rank of the Flyte Elastic trainer task runs.
 
-    One process: the trainer. Several: every rank runs the trainer when it supports FSDP
-    (trainer.SUPPORTS_DISTRIBUTED); until then rank 0 runs the single-process trainer and the
-    other ranks exit at once, so a world size > 1 wastes devices but never trains or publishes twice.
+    One process: the trainer. Several: every rank runs the trainer, which shards the model with
+    FSDP2 and lets rank 0 alone read and write the store (trainer.SUPPORTS_DISTRIBUTED). A trainer
+    without that switch would run on rank 0 alone while the other ranks exit at once, so a world
+    size > 1 could waste devices but never train or publish twice.
     """
     from areal_core.roles import run_role
 

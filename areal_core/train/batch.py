@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -62,9 +63,13 @@ class GroupBuffer:
 
     def drop_stale(self, trainer_version: int, eta: int) -> list[Sample]:
         """Remove and return every sample that breaks the hard bound; groups left with < 2 samples go too."""
+        return self.drop_where(lambda s: not is_fresh(s.min_version(), trainer_version, eta))
+
+    def drop_where(self, bad: Callable[[Sample], bool]) -> list[Sample]:
+        """Remove and return every sample for which `bad` holds; groups left with < 2 samples go too."""
         dropped: list[Sample] = []
         for gid in list(self.groups):
-            fresh = [s for s in self.groups[gid] if is_fresh(s.min_version(), trainer_version, eta)]
+            fresh = [s for s in self.groups[gid] if not bad(s)]
             stale = [s for s in self.groups[gid] if s not in fresh]
             if len(fresh) < 2:
                 dropped.extend(self.groups.pop(gid))

@@ -26,6 +26,8 @@ class TrainerState:
     version: int = 0
     consumed: list[str] = field(default_factory=list)
     counters: dict[str, float] = field(default_factory=dict)
+    # inclusive [lo, hi] ranges of published versions outside the trainer's lineage (train/lineage.py)
+    abandoned: list[list[int]] = field(default_factory=list)
 
 
 def save(
@@ -35,11 +37,21 @@ def save(
     optimizer: torch.optim.Optimizer,
     pending: list[Sample],
     keep: int = 2,
+    model_bytes: bytes | None = None,
+    optimizer_state: dict | None = None,
 ) -> None:
+    """Write step-{N}/ and then COMMITTED; keep the newest `keep` checkpoints.
+
+    `model_bytes` / `optimizer_state`: the full (unsharded) model as safetensors bytes and the
+    optimizer state in single-process `state_dict()` form, for a model sharded with FSDP2
+    (areal_core.distributed gathers them); by default taken from `model` and `optimizer`.
+    The format is the same either way, so a checkpoint restores under any world size.
+    """
     base = f"{PREFIX}/step-{state.step:06d}"
-    store.write_bytes(f"{base}/model.safetensors", state_dict_bytes(model))
+    store.write_bytes(f"{base}/model.safetensors", model_bytes if model_bytes is not None else state_dict_bytes(model))
     buf = io.BytesIO()
-    torch.save({"optimizer": optimizer.state_dict(), "rng": torch.get_rng_state()}, buf)
+    osd = optimizer_state if optimizer_state is not None else optimizer.state_dict()
+    torch.save({"optimizer": osd, "rng": torch.get_rng_state()}, buf)
     store.write_bytes(f"{base}/optimizer.pt", buf.getvalue())
     store.write_bytes(f"{base}/pending.arrow", encode_shard(pending) if pending else b"")
     store.write_json(f"{base}/state.json", asdict(state))

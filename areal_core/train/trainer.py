@@ -6,7 +6,17 @@ One step, producing version v+1 from version v:
   2. take the B oldest groups, compute GRPO advantages,
   3. π_prox = the current parameters (one no-grad pass, or the same forward when there is
      a single minibatch), loss = decoupled PPO, AdamW step,
-  4. publish v+1, log metrics, checkpoint every `checkpoint_every` steps.
+  4. checkpoint every `checkpoint_every` steps, then publish v+1, log metrics.
+
+Under torchrun (WORLD_SIZE > 1) every rank runs this trainer with the model sharded by FSDP2
+(`areal_core.distributed`): rank 0 alone reads and writes the store (ingests shards, picks the
+batch and broadcasts it, writes the audit log, checkpoints, publishes, heartbeats, DONE); every
+rank takes part in the step (`distributed_ppo_step`) and in the collective gathers of the full
+model and optimizer state. One process is the plain single-process path.
+
+A restart from a checkpoint older than the newest published version continues numbering
+after it (`areal_core/train/lineage.py`), so no `weights/v{N}` is ever republished with
+different weights.
 """
 
 from __future__ import annotations
@@ -19,6 +29,17 @@ import time
 import torch
 
 from areal_core.config import RunConfig
+from areal_core.distributed import (
+    DistContext,
+    full_optimizer_state_dict,
+    full_state_dict,
+    indexed_optimizer_state,
+    init_distributed,
+    load_full_optimizer_state_dict,
+    shard_model,
+    shutdown,
+    state_dict_bytes_rank0,
+)
 from areal_core.evaluate import greedy_accuracy
 from areal_core.models import load_pretrained, save_pretrained
 from areal_core.prompts import load_prompts
@@ -30,13 +51,21 @@ from areal_core.tracking import Tracker
 from areal_core.train import checkpoint
 from areal_core.train.algorithm import compute_advantages, compute_loss, required_inputs
 from areal_core.train.batch import GroupBuffer, TrainBatch, collate
+from areal_core.train.distributed_step import distributed_ppo_step
 from areal_core.train.entropy import token_logprobs_and_entropy
+from areal_core.train.lineage import holds_version_in, newest_published, resume_version
 from areal_core.train.logprobs import token_logprobs
 from areal_core.train.packing import packed_token_logprobs
+from areal_core.train.schedule import lr_factor
 from areal_core.train.value_head import Critic
 from areal_core.train.weights import hf_side_files, prune, publish, state_dict_bytes
 
 log = logging.getLogger("areal.trainer")
+
+# Every torchrun rank runs the trainer (FSDP2); rank 0 alone reads and writes the store.
+SUPPORTS_DISTRIBUTED = True
+
+Batch = tuple[list[Sample] | None, list[Sample], list[Sample]]  # (samples, dropped, abandoned)
 
 
 def policy_logprobs(
@@ -122,13 +151,13 @@ class Trainer:
     def __init__(self, run_uri: str):
         self.store = Store(run_uri)
         self.cfg = load_run_config(self.store)
+        self.dist = init_distributed(self.cfg.device)
+        main = self.dist.is_main
         set_threads(self.cfg.threads_per_role)
         torch.manual_seed(self.cfg.seed)
         self.model, self.tokenizer = load_pretrained(self.store.url(INIT_MODEL), self.cfg.device)
         self.model.train()
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=self.cfg.train.lr, weight_decay=self.cfg.train.weight_decay, betas=(0.9, 0.99)
-        )
+        self.optimizer = self._make_optimizer()
         self.side_files = hf_side_files(self.model, self.tokenizer)
         self.ref_model = None
         if "ref_logp" in required_inputs(self.cfg.algo):
@@ -141,8 +170,10 @@ class Trainer:
             else None
         )
         self.buffer = GroupBuffer()
-        self.tracker = Tracker.attach(self.store)
-        self.eval_records = load_prompts(self.store, "eval")[: self.cfg.eval.num_samples]
+        self.tracker = Tracker.attach(self.store) if main else Tracker(None, "")
+        self.eval_records = load_prompts(self.store, "eval")[: self.cfg.eval.num_samples] if main else []
+        self._full_copy: torch.nn.Module | None = None  # rank 0's unsharded model for eval / final_model
+        # every rank restores the full model and optimizer (nothing writes checkpoints meanwhile)
         restored = checkpoint.restore(self.store, self.model, self.optimizer)
         if restored:
             self.state, pending = restored
@@ -156,13 +187,54 @@ class Trainer:
             self.state = checkpoint.TrainerState(
                 counters={"dropped_samples": 0, "quarantined_shards": 0, "trained_samples": 0}
             )
+        if self.dist.distributed:
+            # shard the restored full model, then move the optimizer state into the sharded optimizer
+            osd = full_optimizer_state_dict(self.model, self.optimizer, DistContext()) if restored else None
+            self.model = shard_model(self.model, self.dist)
+            self.optimizer = self._make_optimizer()
+            if osd is not None:
+                load_full_optimizer_state_dict(self.model, self.optimizer, osd, self.dist)
+            if self.ref_model is not None:
+                self.ref_model = shard_model(self.ref_model, self.dist)
         self.consumed = set(self.state.consumed)
         self._metrics_lines: list[str] = []
-        if self.store.exists("trainer/metrics.jsonl"):
+        if main and self.store.exists("trainer/metrics.jsonl"):
             old = self.store.read_text("trainer/metrics.jsonl").splitlines()
             self._metrics_lines = [line for line in old if line and json.loads(line)["step"] <= self.state.step]
-        if self.store.latest_version() != self.state.version:
-            publish(self.store, self.state.version, state_dict_bytes(self.model), self.side_files)
+        self._resume_versions()
+
+    def _make_optimizer(self) -> torch.optim.Optimizer:
+        tc = self.cfg.train
+        return torch.optim.AdamW(self.model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay, betas=(0.9, 0.99))
+
+    def _resume_versions(self) -> None:
+        """Publish the starting weights under a number no other weights ever had (train/lineage.py)."""
+        decision = None
+        if self.dist.is_main:
+            decision = resume_version(self.state.version, newest_published(self.store), self.store.latest_version())
+        decision = self.dist.broadcast_object(decision)
+        if decision.abandoned is not None:
+            lo, hi = decision.abandoned
+            log.warning(
+                "checkpoint version %d is older than published v%d: publishing it as v%d; v%d..v%d abandoned",
+                self.state.version,
+                hi,
+                decision.version,
+                lo,
+                hi,
+            )
+            self.state.abandoned.append([lo, hi])
+        self.state.version = decision.version
+        if decision.publish:
+            blob = self._weights_bytes()  # collective
+            if self.dist.is_main:
+                publish(self.store, self.state.version, blob, self.side_files)
+
+    def _weights_bytes(self) -> bytes | None:
+        """safetensors bytes of the full model (rank 0; None on other ranks). Collective."""
+        if not self.dist.distributed:
+            return state_dict_bytes(self.model)
+        return state_dict_bytes_rank0(self.model, self.dist)
 
     def ingest(self) -> int:
         new = [p for p in self.store.find("trajectories/graded", ".arrow") if p not in self.consumed]
@@ -176,36 +248,71 @@ class Trainer:
             self.consumed.add(rel)
         return len(new)
 
-    def step(self, samples: list[Sample], dropped: list[Sample]) -> dict[str, float]:
+    def next_batch(self) -> Batch:
+        """Rank 0: ingest, drop abandoned-version and stale samples, take B groups (None if too few)."""
         cfg, st = self.cfg, self.state
-        t0 = time.perf_counter()
-        metrics = ppo_update(
-            self.model, self.optimizer, samples, cfg, self.tokenizer.pad_token_id, self.ref_model, self.critic
+        self.ingest()
+        abandoned = self.buffer.drop_where(lambda s: holds_version_in(s, st.abandoned)) if st.abandoned else []
+        dropped = self.buffer.drop_stale(st.version, cfg.train.eta)
+        if cfg.algo.dynamic_sampling:
+            filtered = self.buffer.drop_uninformative()
+            st.counters["filtered_groups"] = st.counters.get("filtered_groups", 0) + len({s.group_id for s in filtered})
+        return self.buffer.take(cfg.train.batch_groups), dropped, abandoned
+
+    def _count_drops(self, dropped: list[Sample], abandoned: list[Sample]) -> None:
+        st = self.state
+        st.counters["dropped_samples"] += len(dropped)
+        if abandoned:
+            st.counters["abandoned_samples"] = st.counters.get("abandoned_samples", 0) + len(abandoned)
+
+    def step(
+        self, samples: list[Sample], dropped: list[Sample], abandoned: list[Sample] | None = None
+    ) -> dict[str, float]:
+        cfg, st, main = self.cfg, self.state, self.dist.is_main
+        abandoned = abandoned or []
+        lr = cfg.train.lr * lr_factor(
+            st.step, cfg.train.steps, cfg.train.lr_warmup_steps, cfg.train.lr_schedule, cfg.train.lr_min_ratio
         )
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        t0 = time.perf_counter()
+        if self.dist.distributed:
+            metrics = distributed_ppo_step(
+                self.model, self.optimizer, samples, cfg, self.tokenizer.pad_token_id, self.dist, self.ref_model
+            )
+        else:
+            metrics = ppo_update(
+                self.model, self.optimizer, samples, cfg, self.tokenizer.pad_token_id, self.ref_model, self.critic
+            )
         t_train = time.perf_counter() - t0
         trained_versions = [v for s in samples for v, m in zip(s.versions, s.loss_mask) if m]
         hist = staleness_histogram(trained_versions, st.version)
-        self.store.write_json(
-            f"trainer/trained/step-{st.step:06d}.json",
-            {
+        if main:
+            record = {
                 "step": st.step,
                 "trainer_version": st.version,
                 "eta": cfg.train.eta,
                 "samples": [[s.sample_id, s.min_version()] for s in samples],
                 "dropped": [[s.sample_id, s.min_version()] for s in dropped],
                 "staleness_histogram": hist,
-            },
-        )
+            }
+            if st.abandoned:
+                record["abandoned"] = [[s.sample_id, s.min_version()] for s in abandoned]
+                record["abandoned_versions"] = st.abandoned
+            self.store.write_json(f"trainer/trained/step-{st.step:06d}.json", record)
         st.step += 1
         st.version += 1
-        st.counters["dropped_samples"] += len(dropped)
+        self._count_drops(dropped, abandoned)
         st.counters["trained_samples"] += len(samples)
+        blob = self._weights_bytes()  # collective: every rank
         # Checkpoint before publishing: a restart then republishes identical weights under the
-        # same number instead of reusing a version number for different weights.
+        # same number (or, from an older checkpoint, continues after the newest published one).
         if st.step % cfg.train.checkpoint_every == 0 or st.step == cfg.train.steps:
-            self.save_checkpoint()
-        publish_s = publish(self.store, st.version, state_dict_bytes(self.model), self.side_files)
-        prune(self.store, st.version - max(8, 2 * cfg.train.eta + 2))
+            self.save_checkpoint(blob, gathered=True)
+        publish_s = 0.0
+        if main:
+            publish_s = publish(self.store, st.version, blob, self.side_files)
+            prune(self.store, st.version - max(8, 2 * cfg.train.eta + 2))
         staleness = [st.version - 1 - v for v in trained_versions]
         metrics.update(
             staleness_mean=sum(staleness) / max(len(staleness), 1),
@@ -213,47 +320,76 @@ class Trainer:
             dropped_samples=st.counters["dropped_samples"],
             filtered_groups=st.counters.get("filtered_groups", 0),
             quarantined_shards=st.counters["quarantined_shards"],
+            lr=lr,
             train_s=t_train,
             publish_s=publish_s,
             tokens_per_s=metrics["response_tokens"] / max(t_train, 1e-9),
         )
+        if st.counters.get("abandoned_samples"):
+            metrics["abandoned_samples"] = st.counters["abandoned_samples"]
         if cfg.train.eval_every and st.step % cfg.train.eval_every == 0:
             metrics["eval_accuracy"] = self.evaluate()
         return metrics
 
-    def evaluate(self) -> float:
-        e = self.cfg.eval
-        return greedy_accuracy(self.model, self.tokenizer, self.eval_records, e.max_new_tokens, e.batch_size)
+    def _full_model(self) -> torch.nn.Module | None:
+        """The model with every parameter in one process: the trainer's own model when not sharded;
+        otherwise rank 0's unsharded copy refreshed from the shards (collective; None off rank 0)."""
+        if not self.dist.distributed:
+            return self.model
+        state = full_state_dict(self.model, self.dist)
+        if not self.dist.is_main:
+            return None
+        if self._full_copy is None:
+            self._full_copy, _ = load_pretrained(self.store.url(INIT_MODEL), self.cfg.device)
+        self._full_copy.load_state_dict(state)
+        return self._full_copy
 
-    def save_checkpoint(self) -> None:
-        self.state.consumed = sorted(self.consumed)
-        if self.critic is not None:  # before checkpoint.save writes COMMITTED
-            self.critic.save(self.store, self.state.step)
-        checkpoint.save(self.store, self.state, self.model, self.optimizer, self.buffer.samples())
+    def evaluate(self) -> float:
+        """Held-out greedy accuracy (rank 0 generates alone on the gathered model; 0.0 elsewhere)."""
+        e = self.cfg.eval
+        model = self._full_model()
+        if model is None:
+            return 0.0
+        return greedy_accuracy(model, self.tokenizer, self.eval_records, e.max_new_tokens, e.batch_size)
+
+    def save_checkpoint(self, model_bytes: bytes | None = None, gathered: bool = False) -> None:
+        """Checkpoint (rank 0 writes). Collective. `gathered`: `model_bytes` already holds
+        `_weights_bytes()` of this step (None off rank 0), so the model is not gathered again."""
+        if not gathered:
+            model_bytes = self._weights_bytes()
+        osd = indexed_optimizer_state(self.model, self.optimizer, self.dist) if self.dist.distributed else None
+        if self.dist.is_main:
+            self.state.consumed = sorted(self.consumed)
+            if self.critic is not None:  # before checkpoint.save writes COMMITTED
+                self.critic.save(self.store, self.state.step)
+            checkpoint.save(
+                self.store,
+                self.state,
+                self.model,
+                self.optimizer,
+                self.buffer.samples(),
+                model_bytes=model_bytes,
+                optimizer_state=osd,
+            )
 
     def run(self) -> dict[str, float]:
-        cfg, st = self.cfg, self.state
+        cfg, st, main = self.cfg, self.state, self.dist.is_main
         t_start, last = time.time(), {}
         idle_s = cfg.train.poll_interval_s
         while st.step < cfg.train.steps:
-            self.ingest()
-            dropped = self.buffer.drop_stale(st.version, cfg.train.eta)
-            if cfg.algo.dynamic_sampling:
-                filtered = self.buffer.drop_uninformative()
-                st.counters["filtered_groups"] = st.counters.get("filtered_groups", 0) + len(
-                    {s.group_id for s in filtered}
-                )
-            samples = self.buffer.take(cfg.train.batch_groups)
+            batch = self.next_batch() if main else None  # rank 0 alone reads the store
+            samples, dropped, abandoned = self.dist.broadcast_object(batch)
             if samples is None:
-                if dropped:
-                    st.counters["dropped_samples"] += len(dropped)
+                self._count_drops(dropped, abandoned)
                 time.sleep(idle_s)
                 idle_s = min(idle_s * 1.5, 0.05)
                 continue
             idle_s = cfg.train.poll_interval_s
             if cfg.train.slow_step_s:
                 time.sleep(cfg.train.slow_step_s)
-            last = self.step(samples, dropped)
+            last = self.step(samples, dropped, abandoned)
+            if not main:
+                continue
             self.tracker.log_metrics(last, st.step)
             with_metrics = {k: round(v, 4) for k, v in last.items()}
             self.store.heartbeat(
@@ -262,6 +398,7 @@ class Trainer:
                 step=st.step,
                 version=st.version,
                 steps=cfg.train.steps,
+                world_size=self.dist.world_size,
                 elapsed_s=time.time() - t_start,
                 **with_metrics,
             )
@@ -274,15 +411,29 @@ class Trainer:
         self.store.write_text("trainer/metrics.jsonl", "\n".join(self._metrics_lines) + "\n")
 
     def finish(self) -> None:
+        model = self._full_model()  # collective
+        if model is None:
+            return
         with tempfile.TemporaryDirectory() as tmp:
-            save_pretrained(self.model, self.tokenizer, tmp)
+            save_pretrained(model, self.tokenizer, tmp)
             self.store.put_dir(tmp, FINAL_MODEL)
         self.store.write_json(f"{FINAL_MODEL}/COMMITTED", {"step": self.state.step, "version": self.state.version})
         self.store.write_json(
-            "DONE", {"step": self.state.step, "version": self.state.version, "counters": self.state.counters}
+            "DONE",
+            {
+                "step": self.state.step,
+                "version": self.state.version,
+                "counters": self.state.counters,
+                "world_size": self.dist.world_size,
+            },
         )
         log.info("DONE at step %d", self.state.step)
 
 
 def run_trainer(run_uri: str) -> dict[str, float]:
-    return Trainer(run_uri).run()
+    """The trainer role: one process, or every rank of a torchrun group (FSDP2)."""
+    trainer = Trainer(run_uri)
+    try:
+        return trainer.run()
+    finally:
+        shutdown(trainer.dist)
