@@ -1,4 +1,5 @@
-"""Held-out greedy accuracy: the task verifier over greedy completions of the built-in engine."""
+"""Held-out evaluation: greedy accuracy (the task verifier over greedy completions of the
+built-in engine), or for agent runs the agent's success rate through an in-process proxy."""
 
 from __future__ import annotations
 
@@ -34,3 +35,41 @@ def greedy_accuracy(
             ).reward
     model.train(was_training)
     return correct / len(records)
+
+
+def agent_success(model, tokenizer, agent: str, records: list[dict[str, Any]], max_new_tokens: int, **kw: Any) -> float:
+    """Held-out agent success: mean reward of one greedy episode per record, the agent talking to
+    an in-process proxy over `model` (areal_core.proxy.agent.evaluate_agent)."""
+    import asyncio
+
+    from areal_core.proxy.agent import evaluate_agent
+
+    if not records:
+        raise ValueError("no held-out records to evaluate")
+    was_training = model.training
+    model.eval()
+    engine = TorchEngine(model, tokenizer.pad_token_id, tokenizer.eos_token_id)
+    params = SamplingParams(max_new_tokens=max_new_tokens, greedy=True, temperature=0.0)
+    try:
+        return asyncio.run(evaluate_agent(engine, tokenizer, agent, records, sampling=params, **kw))
+    finally:
+        model.train(was_training)
+
+
+def heldout_score(model, tokenizer, cfg: Any, records: list[dict[str, Any]]) -> float:
+    """The run's held-out metric: agent success when `rollout.agent` is set, else greedy accuracy
+    under the configured verifier."""
+    if cfg.rollout.agent:
+        return agent_success(
+            model,
+            tokenizer,
+            cfg.rollout.agent,
+            records,
+            cfg.eval.max_new_tokens,
+            max_concurrent_episodes=cfg.agent.max_concurrent_episodes,
+            tool_prompt=cfg.agent.tool_prompt,
+        )
+    from areal_core.reward.pool import resolve
+
+    reward_fn = resolve(cfg.reward.function) if cfg.reward.function else gsm8k_reward
+    return greedy_accuracy(model, tokenizer, records, cfg.eval.max_new_tokens, cfg.eval.batch_size, reward_fn)

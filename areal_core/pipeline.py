@@ -31,6 +31,8 @@ def parse_overrides(overrides: str | list[str]) -> list[str]:
 def sft_key(cfg: RunConfig) -> str:
     """What the SFT result depends on: seed, task, model and SFT settings."""
     part = {"seed": cfg.seed, "task": vars(cfg.task), "model": vars(cfg.model), "sft": vars(cfg.sft)}
+    if cfg.agent.sft_examples or cfg.agent.corpus:  # an agent's warm start and tokenizer text
+        part["agent"] = vars(cfg.agent)
     return json.dumps(part, sort_keys=True)
 
 
@@ -96,16 +98,15 @@ def run_async_rl(run_uri: str, init_model_uri: str) -> str:
 
 
 def evaluate_run(run_uri: str) -> dict[str, Any]:
-    """Held-out greedy accuracy of the SFT checkpoint and of the final model, logged to MLflow."""
+    """Held-out greedy accuracy (agent runs: agent success) of the SFT checkpoint and of the final
+    model, logged to MLflow."""
     import tempfile
 
     import torch
 
-    from areal_core.evaluate import greedy_accuracy
+    from areal_core.evaluate import heldout_score
     from areal_core.models import load_pretrained
     from areal_core.prompts import load_prompts
-    from areal_core.reward.math import gsm8k_reward
-    from areal_core.reward.pool import resolve
     from areal_core.run_context import load_run_config
     from areal_core.tracking import Tracker
 
@@ -113,21 +114,22 @@ def evaluate_run(run_uri: str) -> dict[str, Any]:
     cfg = load_run_config(store)
     torch.set_num_threads(max(2, cfg.threads_per_role))
     records = load_prompts(store, "eval")[: cfg.eval.num_samples]
-    reward_fn = resolve(cfg.reward.function) if cfg.reward.function else gsm8k_reward
     out: dict[str, Any] = {}
     for label, rel in (("before", INIT_MODEL), ("after", FINAL_MODEL)):
         model, tokenizer = load_pretrained(store.url(rel), cfg.device)
-        out[label] = greedy_accuracy(model, tokenizer, records, cfg.eval.max_new_tokens, cfg.eval.batch_size, reward_fn)
+        out[label] = heldout_score(model, tokenizer, cfg, records)
     out["gain"] = out["after"] - out["before"]
     out["curves"] = metrics_rows(store)
+    metric = "heldout_agent_success" if cfg.rollout.agent else "heldout_accuracy"
     tracker = Tracker.attach(store)
-    tracker.log_metrics({"heldout_accuracy_before": out["before"], "heldout_accuracy_after": out["after"]}, 0)
+    tracker.log_metrics({f"{metric}_before": out["before"], f"{metric}_after": out["after"]}, 0)
     if tracker.enabled:
         with tempfile.TemporaryDirectory() as tmp:
             store.get_dir(FINAL_MODEL, tmp)
             tracker.log_artifacts(tmp, "final_model")
     tracker.finish()
-    print(f"held-out greedy accuracy: before RL {out['before']:.3f}, after RL {out['after']:.3f} ({out['gain']:+.3f})")
+    what = f"agent success ({cfg.rollout.agent})" if cfg.rollout.agent else "greedy accuracy"
+    print(f"held-out {what}: before RL {out['before']:.3f}, after RL {out['after']:.3f} ({out['gain']:+.3f})")
     return out
 
 

@@ -332,17 +332,19 @@ async def evaluate_agent(
 def run_agent_rollout_worker(
     run_uri: str,
     index: int = 0,
-    agent: str = "areal_core.proxy.examples:calculator_agent",
-    max_concurrent_episodes: int = 32,
-    episode_timeout_s: float = 300.0,
-    turn_discount: float = 1.0,
-    tool_prompt: str = "none",
+    agent: str | None = None,
+    max_concurrent_episodes: int | None = None,
+    episode_timeout_s: float | None = None,
+    turn_discount: float | None = None,
+    tool_prompt: str | None = None,
 ) -> dict[str, Any]:
     """The rollout role for agent workflows: follows weights/LATEST, stops at DONE.
 
-    Reads rollout.{num_workers, group_size, max_new_tokens, temperature, top_p, top_k,
-    poll_interval_s, admission}, train.{eta, batch_groups}, seed and device from the run's
-    config; the agent-specific values are arguments (see docs/proxy.md for config keys).
+    Reads rollout.{agent, num_workers, group_size, max_new_tokens, temperature, top_p, top_k,
+    poll_interval_s, admission}, agent.{max_concurrent_episodes, episode_timeout_s,
+    turn_discount, tool_prompt}, train.{eta, batch_groups}, seed and device from the run's
+    config; arguments given here override them (`python -m areal_core.roles rollout` runs this
+    when rollout.agent is set).
     """
     from areal_core.models import load_pretrained
     from areal_core.prompts import load_prompts
@@ -355,6 +357,12 @@ def run_agent_rollout_worker(
     store = Store(run_uri)
     cfg = load_run_config(store)
     set_threads(cfg.threads_per_role)
+    ac = cfg.agent
+    agent = agent or cfg.rollout.agent or "areal_core.proxy.examples:calculator_agent"
+    max_concurrent_episodes = max_concurrent_episodes or ac.max_concurrent_episodes
+    episode_timeout_s = episode_timeout_s or ac.episode_timeout_s
+    turn_discount = ac.turn_discount if turn_discount is None else turn_discount
+    tool_prompt = tool_prompt or ac.tool_prompt
     worker_id = f"agent-{index}"
     tasks = load_prompts(store, "train")
     version = wait_for_version(store)
@@ -407,4 +415,4 @@ def run_agent_rollout_worker(
     watcher.stop.set()
     watcher.join(timeout=30)  # a daemon thread inside torch at exit aborts the process
     log.info("%s done: %s", worker_id, stats)
-    return {"worker": worker_id, **stats}
+    return {"worker": worker_id, "groups": runner.started, **stats}

@@ -1,4 +1,5 @@
-"""SFT warm start: teach the initial model the answer format on the task's reference solutions.
+"""SFT warm start: teach the initial model the answer format on the task's reference solutions
+(for agent runs with `agent.sft_examples`: whole agent episodes, loss on the assistant's tokens).
 
 Writes the HF checkpoint (model + tokenizer) to `init_model/` under the run root; that is
 the policy the RL run starts from and the 'before RL' point of the evaluation.
@@ -37,16 +38,42 @@ def sft_records(records: list[dict], multi_step_fraction: float, seed: int) -> l
     return [r for r in records if r["meta"].get("steps", 1) <= 1 or rng.random() < multi_step_fraction]
 
 
-def sft_loss(model, batch: list[tuple[list[int], int]], pad_id: int) -> torch.Tensor:
-    """Mean next-token cross-entropy over answer tokens only."""
+def agent_sft_examples(cfg, tokenizer, records: list[dict]) -> list[tuple[list[int], list[int]]]:
+    """Warm start for agent runs: a seeded `agent.sft_fraction` of the records as whole agent
+    episodes from `agent.sft_examples` (token ids, loss mask on the assistant's tokens), the rest
+    as plain answers (prompt, then answer with loss). A fraction below 1 gives a policy that
+    under-uses its tools, which RL with the task's verifier then corrects."""
+    from areal_core.reward.pool import resolve
+
+    episodes = resolve(cfg.agent.sft_examples)
+    rng = random.Random(cfg.seed + 29)
+    chosen = [rng.random() < cfg.agent.sft_fraction for _ in records]
+    agentic = iter(episodes(tokenizer, [r for r, c in zip(records, chosen) if c]))
+    plain = iter(sft_examples(tokenizer, [r for r, c in zip(records, chosen) if not c]))
+    out: list[tuple[list[int], list[int]]] = []
+    for c in chosen:
+        if c:
+            out.append(next(agentic))
+        else:
+            ids, plen = next(plain)
+            out.append((ids, [0] * plen + [1] * (len(ids) - plen)))
+    return out
+
+
+def sft_loss(model, batch: list[tuple[list[int], int | list[int]]], pad_id: int) -> torch.Tensor:
+    """Mean next-token cross-entropy over answer tokens only: those after the prompt length, or
+    those where the example's loss mask is 1."""
     width = max(len(ids) for ids, _ in batch)
     ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
     labels = torch.full((len(batch), width), -100, dtype=torch.long)
     attn = torch.zeros((len(batch), width), dtype=torch.long)
-    for i, (seq, plen) in enumerate(batch):
+    for i, (seq, where) in enumerate(batch):
         ids[i, : len(seq)] = torch.tensor(seq)
         attn[i, : len(seq)] = 1
-        labels[i, plen : len(seq)] = torch.tensor(seq[plen:])
+        if isinstance(where, int):
+            labels[i, where : len(seq)] = torch.tensor(seq[where:])
+        else:
+            labels[i, : len(seq)] = torch.tensor([t if m else -100 for t, m in zip(seq, where)])
     logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
     return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1))
 
@@ -59,11 +86,20 @@ def run_sft(run_uri: str) -> str:
     if cfg.model.path:
         model, tokenizer = load_pretrained(cfg.model.path, cfg.device)
     else:
-        tokenizer = build_tokenizer([r["prompt"] + "\n" + r["answer"] for r in train], cfg.model.vocab_size)
+        corpus = [r["prompt"] + "\n" + r["answer"] for r in train]
+        if cfg.agent.corpus:  # the agent's own text (e.g. its tool-call format)
+            from areal_core.reward.pool import resolve
+
+            corpus = list(resolve(cfg.agent.corpus)(train))
+        tokenizer = build_tokenizer(corpus, cfg.model.vocab_size)
         model = build_tiny_model(cfg.model, len(tokenizer), cfg.seed)
     sc = cfg.sft
     if sc.enabled and sc.steps:
-        examples = sft_examples(tokenizer, sft_records(train, sc.multi_step_fraction, cfg.seed))
+        records = sft_records(train, sc.multi_step_fraction, cfg.seed)
+        if cfg.agent.sft_examples:
+            examples = agent_sft_examples(cfg, tokenizer, records)
+        else:
+            examples = sft_examples(tokenizer, records)
         log.info("sft on %d of %d train problems", len(examples), len(train))
         rng = random.Random(cfg.seed)
         opt = torch.optim.AdamW(model.parameters(), lr=sc.lr, weight_decay=0.0)
