@@ -1,17 +1,17 @@
 """Batched sampling with per-row settings and per-request, counter-based randomness.
 
 Each row r has a temperature τ_r, top-k k_r (0: off), top-p p_r (1: off), a greedy flag, and
-a 32-bit key κ_r = h(seed_r, t_r) for its request seed and the index t_r of the token being
-sampled. The noise is a pure function of (κ_r, vocabulary id), so a request's samples do not
-depend on which slot it sits in, what else is in the batch, or whether it was re-prefilled
-after a weight swap:
+one uniform number per sampled token, a pure function of the request seed and the index t of
+the token being sampled (h is a 32-bit integer hash, "lowbias32"):
 
-    u_{r,j} = (h(κ_r + j·φ) >> 8 + ½) / 2²⁴ ∈ (0, 1),      g_{r,j} = −log(−log u_{r,j})
-    token_r = argmax_j (log π̃_r(j) + g_{r,j})            (Gumbel-max: an exact draw from π̃_r)
+    u_r = (h(h(seed_r) + t·φ) >> 8 + ½) / 2²⁴ ∈ (0, 1)
+    token_r = min{ j : C_r(j) ≥ u_r · C_r(V−1) },   C_r(j) = Σ_{i ≤ j} π̃_r(i)   (inverse CDF)
 
-where π̃_r is softmax(logits/τ_r) restricted to the top-k ∩ top-p set and h is a 32-bit
-integer hash ("lowbias32"). The behaviour log-prob returned is log softmax(logits/τ_r) at the
-token, before top-k/top-p filtering (what the trainer recomputes); greedy rows use τ = 1.
+where π̃_r is softmax(logits/τ_r) restricted to the top-k ∩ top-p set (taken in descending
+order when a filter is on). This is an exact draw from π̃_r, and it does not depend on which
+slot the request sits in, what else is in the batch, or whether the request was re-prefilled
+after a weight swap. The behaviour log-prob returned is log softmax(logits/τ_r) at the token,
+before top-k/top-p filtering (what the trainer recomputes); greedy rows use τ = 1.
 """
 
 from __future__ import annotations
@@ -39,12 +39,10 @@ def row_keys(seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
     return _hash32(_hash32(s) + counters.to(torch.int32) * _PHI)
 
 
-def gumbel(keys: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Gumbel noise [n, vocab] (float32) from row keys [n] (int32)."""
-    j = torch.arange(vocab, device=keys.device, dtype=torch.int32) * _PHI
-    bits = (_hash32(keys[:, None] + j[None, :]) >> 8) & 0xFFFFFF
-    u = (bits.float() + 0.5) * (1.0 / (1 << 24))
-    return -torch.log(-torch.log(u))
+def uniforms(keys: torch.Tensor) -> torch.Tensor:
+    """u ∈ (0, 1) (float64) from row keys [n] (int32): 24 random bits, centred in their bin."""
+    bits = (_hash32(keys) >> 8) & 0xFFFFFF
+    return (bits.double() + 0.5) * (1.0 / (1 << 24))
 
 
 @dataclass
@@ -61,6 +59,13 @@ class RowParams:
     any_filter: bool
 
 
+def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Index j with C(j−1) < u·C(V−1) ≤ C(j) per row of `probs` [n, V] (cumsum in float64)."""
+    cdf = probs.double().cumsum(-1)
+    target = (u * cdf[:, -1]).unsqueeze(-1)
+    return torch.searchsorted(cdf, target).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
+
+
 def sample(logits: torch.Tensor, rp: RowParams, counters: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(token ids [n], behaviour log-probs [n]) for last-position logits [n, V]."""
     logits = logits.float()
@@ -69,17 +74,17 @@ def sample(logits: torch.Tensor, rp: RowParams, counters: torch.Tensor) -> tuple
         tok = logits.argmax(-1)
         return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
     logp = torch.log_softmax(logits / rp.temperature[:, None], dim=-1)
-    noise = gumbel(row_keys(rp.seeds, counters), logits.shape[-1])
+    u = uniforms(row_keys(rp.seeds, counters))
     if rp.any_filter:
         sorted_lp, order = torch.sort(logp, dim=-1, descending=True)
         ranks = torch.arange(logits.shape[-1], device=logits.device)
         keep = ranks[None, :] < rp.top_k[:, None]
         p = torch.softmax(sorted_lp.masked_fill(~keep, float("-inf")), dim=-1)
         keep &= (p.cumsum(-1) - p) <= rp.top_p[:, None]
-        score = sorted_lp.masked_fill(~keep, float("-inf")) + noise.gather(-1, order)
-        tok = order.gather(-1, score.argmax(-1, keepdim=True)).squeeze(-1)
+        idx = _inverse_cdf(p.masked_fill(~keep, 0.0), u)
+        tok = order.gather(-1, idx[:, None]).squeeze(-1)
     else:
-        tok = (logp + noise).argmax(-1)
+        tok = _inverse_cdf(logp.exp(), u)
     if rp.any_greedy:
         tok = torch.where(rp.greedy, logits.argmax(-1), tok)
     return tok, logp.gather(-1, tok[:, None]).squeeze(-1)

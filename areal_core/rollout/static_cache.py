@@ -1,6 +1,6 @@
 """A Llama-family decoder (Qwen2, Qwen3, Llama, Mistral) run over a pre-allocated per-slot KV cache.
 
-The cache is one static buffer per layer, `K, V: [slots, kv_heads, max_len, head_dim]`, allocated
+The cache is one static buffer per layer, `KV: [2, slots, kv_heads, max_len, head_dim]`, allocated
 once; a slot (row) holds one sequence from position 0, so every row has its own length and
 no left padding is needed. The runner reads the weights of a `transformers` model (fusing q/k/v
 and gate/up into one matrix each; `refresh()` re-reads them after a weight swap) and computes:
@@ -9,6 +9,11 @@ and gate/up into one matrix each; `refresh()` re-reads them after a weight swap)
     x'     = h + W_down · (silu(W_gate·n(h)) ⊙ W_up·n(h))
     Attn   = softmax(q·Kᵀ/√d + M) · V,   M[i, j] = 0 if j ≤ pos_i else −∞   (decode, per row)
     RoPE(x)_t = x_t·cos θ_t + rotate_half(x_t)·sin θ_t   (the model's own cos/sin table)
+
+RoPE is one complex multiply: the q/k rows of W_qkv are permuted within each head so that the
+pairs (x_i, x_{i+d/2}) are adjacent, z_i = x_i + i·x_{i+d/2}, and z_i·(cos θ_i + i·sin θ_i) is
+exactly rotate-half RoPE. Attention only takes dot products q·k, which the shared permutation
+leaves unchanged (v is not permuted), so the outputs equal the model's.
 
 `prefill` runs whole (right-padded) sequences causally and writes their K/V into given rows;
 `decode` runs one token per active row 0..n−1 at that row's position.
@@ -68,29 +73,47 @@ class StaticCacheDecoder:
         self.scale = self.head_dim**-0.5
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
-        shape = (slots, self.n_kv, max_len, self.head_dim)
+        shape = (2, slots, self.n_kv, max_len, self.head_dim)
         n_layers = len(model.model.layers)
-        self.k = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in range(n_layers)]
-        self.v = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in range(n_layers)]
+        self.kv = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in range(n_layers)]
         with torch.no_grad():
             pos = torch.arange(max_len, device=self.device)[None]
             cos, sin = model.model.rotary_emb(torch.zeros(1, device=self.device, dtype=self.dtype), pos)
-        self.cos, self.sin = cos[0], sin[0]  # [max_len, head_dim]
+        half = self.head_dim // 2
+        # complex64/128 multiply for float32/64; bf16/fp16 use the same pairing with real arithmetic
+        self.complex_rope = self.dtype in (torch.float32, torch.float64)
+        if self.complex_rope:
+            self.rot = torch.complex(cos[0, :, :half], sin[0, :, :half])  # [max_len, d/2]
+        else:
+            self.rot = torch.stack([cos[0, :, :half], sin[0, :, :half]], dim=-1)  # [max_len, d/2, 2]
+        d = torch.arange(self.head_dim, device=self.device)
+        self._perm = torch.stack([d[:half], d[half:]], dim=-1).reshape(-1)  # [0, d/2, 1, d/2+1, …]
         self.layers: list[_Layer] = []
         self.refresh()
 
     # -- weights ----------------------------------------------------------------------------
+    def _permute_heads(self, w: torch.Tensor, heads: int) -> torch.Tensor:
+        """Rows (or entries) of a [heads·d, …] projection reordered within each head by `_perm`."""
+        return w.unflatten(0, (heads, self.head_dim))[:, self._perm].flatten(0, 1)
+
     @torch.no_grad()
     def refresh(self) -> None:
         """Re-read the model's weights into the fused matrices (after a weight swap)."""
         fresh = not self.layers
+        H, KVH = self.n_heads, self.n_kv
         for i, blk in enumerate(self.model.model.layers):
             a, m = blk.self_attn, blk.mlp
-            qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
+            qkv = torch.cat(
+                [self._permute_heads(a.q_proj.weight, H), self._permute_heads(a.k_proj.weight, KVH), a.v_proj.weight]
+            )
             bias = None
             if a.q_proj.bias is not None:
-                bias = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias])
+                bias = torch.cat(
+                    [self._permute_heads(a.q_proj.bias, H), self._permute_heads(a.k_proj.bias, KVH), a.v_proj.bias]
+                )
             gate_up = torch.cat([m.gate_proj.weight, m.up_proj.weight])
+            q_norm = getattr(getattr(a, "q_norm", None), "weight", None)
+            k_norm = getattr(getattr(a, "k_norm", None), "weight", None)
             if fresh:
                 self.layers.append(
                     _Layer(
@@ -101,8 +124,8 @@ class StaticCacheDecoder:
                         w_o=a.o_proj.weight,
                         w_gate_up=gate_up,
                         w_down=m.down_proj.weight,
-                        q_norm=getattr(getattr(a, "q_norm", None), "weight", None),
-                        k_norm=getattr(getattr(a, "k_norm", None), "weight", None),
+                        q_norm=None if q_norm is None else q_norm[self._perm].clone(),
+                        k_norm=None if k_norm is None else k_norm[self._perm].clone(),
                     )
                 )
             else:  # copy into the existing buffers: no reallocation per swap
@@ -111,31 +134,40 @@ class StaticCacheDecoder:
                 L.w_gate_up.copy_(gate_up)
                 if bias is not None:
                     L.b_qkv.copy_(bias)
+                if q_norm is not None:
+                    L.q_norm.copy_(q_norm[self._perm])
+                    L.k_norm.copy_(k_norm[self._perm])
         self.embed = self.model.model.embed_tokens.weight
         self.norm = self.model.model.norm.weight
         self.lm_head = self.model.lm_head.weight
 
     # -- pieces -----------------------------------------------------------------------------
-    def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    def _rms(self, x: torch.Tensor, w: torch.Tensor | None) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), w, self.eps)
 
-    def _qkv(self, L: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """q [..., H, D], k and v [..., KVH, D] with RoPE applied; cos/sin broadcast over heads."""
-        h = self._rms(x, L.ln1)
-        qkv = F.linear(h, L.w_qkv, L.b_qkv)
+    def _qkv(self, L: _Layer, x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
+        """qkv [..., (H + 2·KVH)·d] with RoPE applied in place to q and k; `rot` [..., 1, d/2]
+        (complex; [..., 1, d/2, 2] cos/sin for half precision) broadcasts over the heads."""
         H, KVH, D = self.n_heads, self.n_kv, self.head_dim
+        qkv = F.linear(self._rms(x, L.ln1), L.w_qkv, L.b_qkv)
         qk = qkv[..., : (H + KVH) * D].unflatten(-1, (H + KVH, D))
-        v = qkv[..., (H + KVH) * D :].unflatten(-1, (KVH, D))
         if L.q_norm is not None:
-            qk = torch.cat([self._rms(qk[..., :H, :], L.q_norm), self._rms(qk[..., H:, :], L.k_norm)], -2)
-        x1, x2 = qk.chunk(2, dim=-1)
-        qk = qk * cos + torch.cat((-x2, x1), dim=-1) * sin
-        return qk[..., :H, :], qk[..., H:, :], v
+            qk[..., :H, :] = self._rms(qk[..., :H, :], L.q_norm)
+            qk[..., H:, :] = self._rms(qk[..., H:, :], L.k_norm)
+        pairs = qk.unflatten(-1, (D // 2, 2))
+        if self.complex_rope:
+            torch.view_as_complex(pairs).mul_(rot)
+        else:
+            c, s = rot[..., 0], rot[..., 1]
+            a, b = pairs[..., 0].clone(), pairs[..., 1].clone()
+            pairs[..., 0] = a * c - b * s
+            pairs[..., 1] = a * s + b * c
+        return qkv
 
-    def _mlp(self, L: _Layer, x: torch.Tensor) -> torch.Tensor:
-        gu = F.linear(self._rms(x, L.ln2), L.w_gate_up)
-        g, u = gu.chunk(2, dim=-1)
-        return F.linear(F.silu(g) * u, L.w_down)
+    def _mlp_into(self, L: _Layer, x: torch.Tensor) -> torch.Tensor:
+        """x + W_down·(silu(W_gate·n(x)) ⊙ W_up·n(x)), the residual folded into the GEMM."""
+        g, u = F.linear(self._rms(x, L.ln2), L.w_gate_up).chunk(2, dim=-1)
+        return torch.addmm(x, F.silu(g).mul_(u), L.w_down.t())
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         return F.linear(self._rms(h, self.norm), self.lm_head)
@@ -146,17 +178,18 @@ class StaticCacheDecoder:
         """Causal pass over right-padded `ids [r, P]` (true lengths `lens [r]`), writing K/V into
         cache rows `rows [r]` at positions 0..P−1; returns the last real position's logits [r, V]."""
         r, P = ids.shape
-        x = F.embedding(ids, self.embed)
-        cos, sin = self.cos[:P, None, :], self.sin[:P, None, :]
+        H, KVH, D = self.n_heads, self.n_kv, self.head_dim
+        x = F.embedding(ids, self.embed).flatten(0, 1)  # [r·P, hidden]
+        rot = self.rot[:P, None].repeat(r, *[1] * self.rot.dim())  # [r·P, 1, d/2(, 2)]
         for i, L in enumerate(self.layers):
-            q, k, v = self._qkv(L, x, cos, sin)  # [r, P, heads, D]
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-            self.k[i][rows, :, :P] = k
-            self.v[i][rows, :, :P] = v
+            qkv = self._qkv(L, x, rot).view(r, P, H + 2 * KVH, D).transpose(1, 2)  # [r, heads, P, d]
+            q, k, v = qkv[:, :H], qkv[:, H : H + KVH], qkv[:, H + KVH :]
+            self.kv[i][0, rows, :, :P] = k
+            self.kv[i][1, rows, :, :P] = v
             att = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale, enable_gqa=True)
-            x = x + F.linear(att.transpose(1, 2).flatten(2), L.w_o)
-            x = x + self._mlp(L, x)
-        last = x[torch.arange(r, device=x.device), lens - 1]
+            x = torch.addmm(x, att.transpose(1, 2).reshape(r * P, H * D), L.w_o.t())
+            x = self._mlp_into(L, x)
+        last = x.view(r, P, -1)[torch.arange(r, device=x.device), lens - 1]
         return self.logits(last)
 
     @torch.inference_mode()
@@ -165,31 +198,34 @@ class StaticCacheDecoder:
         positions 0..pos_i; `span` ≥ max(pos)+1 bounds the keys read. Returns logits [n, V].
 
         Attention is two batched matmuls over (row, kv head) with the G = H/KVH query heads of
-        a group as the rows of one small matrix: S = α·q·Kᵀ + M, O = softmax(S)·V."""
+        a group as the rows of one small matrix: S = α·q·Kᵀ + M, O = softmax(S)·V, with
+        M = 0 where key j ≤ pos_i and −∞ after."""
         n = ids.shape[0]
         H, KVH, D = self.n_heads, self.n_kv, self.head_dim
         G = H // KVH
         dev = ids.device
         x = F.embedding(ids, self.embed)
-        cos, sin = self.cos[pos][:, None, :], self.sin[pos][:, None, :]
-        # additive mask, shared by all layers: 0 where key j ≤ pos_i, −∞ after
+        rot = self.rot[pos][:, None]
         bias = torch.zeros(n, 1, span, device=dev, dtype=x.dtype)
         bias.masked_fill_(torch.arange(span, device=dev)[None, None, :] > pos[:, None, None], float("-inf"))
         bias = bias.expand(n, KVH, span).reshape(n * KVH, 1, span)
-        # flat row index of (row i, kv head h, position pos_i) in a cache viewed as [S·KVH·max_len, D]
-        rows = torch.arange(n, device=dev)[:, None] * KVH + torch.arange(KVH, device=dev)[None, :]
-        flat = (rows * self.max_len + pos[:, None]).reshape(-1)
+        # row of (k|v, row i, kv head h, position pos_i) in a cache viewed as [2·S·KVH·max_len, d],
+        # ordered like the k and v heads in qkv[:, H·d:]
+        plane = self.slots * KVH * self.max_len
+        heads = torch.arange(2 * KVH, device=dev)
+        cell = (heads // KVH) * plane + (heads % KVH) * self.max_len
+        flat = (torch.arange(n, device=dev)[:, None] * (KVH * self.max_len) + pos[:, None] + cell[None, :]).reshape(-1)
         for i, L in enumerate(self.layers):
-            q, k, v = self._qkv(L, x, cos, sin)  # q [n, H, D]; k, v [n, KVH, D]
-            kc, vc = self.k[i], self.v[i]
-            kc.view(-1, D).index_copy_(0, flat, k.reshape(-1, D))
-            vc.view(-1, D).index_copy_(0, flat, v.reshape(-1, D))
-            keys = kc[:n, :, :span].reshape(n * KVH, span, D)
-            vals = vc[:n, :, :span].reshape(n * KVH, span, D)
-            scores = torch.baddbmm(bias, q.reshape(n * KVH, G, D), keys.transpose(1, 2), alpha=self.scale)
-            att = torch.bmm(torch.softmax(scores, dim=-1), vals)  # [n·KVH, G, D]
-            x = x + F.linear(att.reshape(n, H * D), L.w_o)
-            x = x + self._mlp(L, x)
+            qkv = self._qkv(L, x, rot)
+            cache = self.kv[i]
+            cache.view(-1, D).index_copy_(0, flat, qkv[:, H * D :].reshape(-1, D))
+            keys = cache[0, :n, :, :span].reshape(n * KVH, span, D)
+            vals = cache[1, :n, :, :span].reshape(n * KVH, span, D)
+            q = qkv[:, : H * D].reshape(n * KVH, G, D)
+            scores = torch.baddbmm(bias, q, keys.transpose(1, 2), alpha=self.scale)
+            att = torch.bmm(torch.softmax(scores, dim=-1), vals)  # [n·KVH, G, d]
+            x = torch.addmm(x, att.view(n, H * D), L.w_o.t())
+            x = self._mlp_into(L, x)
         return self.logits(x)
 
     @torch.no_grad()
@@ -199,6 +235,5 @@ class StaticCacheDecoder:
             return
         s = torch.tensor(src, device=self.device)
         d = torch.tensor(dst, device=self.device)
-        for kc, vc in zip(self.k, self.v):
-            kc[d, :, :span] = kc[s, :, :span]
-            vc[d, :, :span] = vc[s, :, :span]
+        for cache in self.kv:
+            cache[:, d, :, :span] = cache[:, s, :, :span]

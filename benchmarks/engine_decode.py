@@ -1,0 +1,170 @@
+"""Decode throughput of the built-in engines vs `transformers` `generate`, and continuous vs
+static batching on long-tailed lengths, on the tiny default model (configs/default.yaml sizes).
+
+    PYTHONPATH=. .venv/bin/python benchmarks/engine_decode.py --threads 1
+    PYTHONPATH=. .venv/bin/python benchmarks/engine_decode.py --threads 2 --skip-longtail
+
+Equal lengths: batch B prompts of P random tokens, exactly N new tokens each (no token ends a
+sequence), sampling at temperature 1 (top-k/top-p off); tokens/s = B·N / time of the whole call
+(prefill included), best of `--repeats`, by wall clock and by process CPU time (the steadier
+number when other jobs share the cores; with one thread it is the compute time). Long tail: R requests with max_new_tokens drawn
+from a clipped Pareto law; useful tokens/s = Σ lengths / wall time. The static baselines run
+batches of `slots` requests to the batch's longest length (what a static batch does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+
+import numpy as np
+import torch
+
+from areal_core.config import ModelConfig
+from areal_core.models import build_tiny_model
+from areal_core.rollout.continuous_engine import ContinuousEngine
+from areal_core.rollout.engine import SamplingParams
+from areal_core.rollout.torch_engine import TorchEngine
+
+NO_EOS = -1  # an id no sampler returns: every sequence runs to its length
+
+
+def timed(fn, repeats: int) -> tuple[float, float]:
+    """(best wall seconds, best process CPU seconds) over `repeats` calls. On a shared machine the
+    CPU time is the steadier measure: it excludes the time other jobs held the cores."""
+    wall = cpu = float("inf")
+    for _ in range(repeats):
+        w0, c0 = time.perf_counter(), time.process_time()
+        fn()
+        wall, cpu = min(wall, time.perf_counter() - w0), min(cpu, time.process_time() - c0)
+    return wall, cpu
+
+
+def hf_generate(model, prompts: torch.Tensor, new: int) -> torch.Tensor:
+    with torch.no_grad():
+        out = model.generate(
+            prompts,
+            attention_mask=torch.ones_like(prompts),
+            max_new_tokens=new,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    assert out.shape[1] == prompts.shape[1] + new
+    return out
+
+
+def equal_lengths(model, batch: int, plen: int, new: int, repeats: int) -> dict:
+    g = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    prompts = torch.randint(3, vocab, (batch, plen), generator=g)
+    plist = prompts.tolist()
+    params = SamplingParams(max_new_tokens=new, temperature=1.0, seed=1)
+    cont = ContinuousEngine(model, 0, NO_EOS, slots=batch)
+    static = TorchEngine(model, 0, NO_EOS)
+
+    def run_cont():
+        gens = cont.generate(plist, params)
+        assert all(len(x.token_ids) == new for x in gens)
+
+    def run_static():
+        gens = static.generate(plist, params)
+        assert all(len(x.token_ids) == new for x in gens)
+
+    run_cont()  # warm-up: allocates the cache
+    res = {}
+    for name, fn in [
+        ("transformers_generate", lambda: hf_generate(model, prompts, new)),
+        ("torch_engine", run_static),
+        ("continuous_engine", run_cont),
+    ]:
+        wall, cpu = timed(fn, repeats)
+        res[name] = {"tok_s_wall": round(batch * new / wall, 1), "tok_s_cpu": round(batch * new / cpu, 1)}
+    for eng in ("continuous_engine", "torch_engine"):
+        for k in ("tok_s_wall", "tok_s_cpu"):
+            res[f"speedup_{eng}_vs_generate_{k[6:]}"] = round(res[eng][k] / res["transformers_generate"][k], 2)
+    return res
+
+
+def long_tail(model, requests: int, slots: int, plen: int, cap: int, repeats: int) -> dict:
+    rng = np.random.default_rng(0)
+    lengths = np.minimum(cap, (8 * (1 + rng.pareto(1.2, requests))).astype(int)).tolist()
+    g = torch.Generator().manual_seed(1)
+    prompts = torch.randint(3, model.config.vocab_size, (requests, plen), generator=g).tolist()
+    plist = [SamplingParams(max_new_tokens=n, seed=i) for i, n in enumerate(lengths)]
+    useful = sum(lengths)
+    res = {"requests": requests, "slots": slots, "mean_len": round(float(np.mean(lengths)), 1), "max_len": max(lengths)}
+    for policy in ("continuous", "static"):
+        eng = ContinuousEngine(model, 0, NO_EOS, slots=slots, policy=policy, max_seq_len=plen + cap + 1)
+
+        def run(eng=eng):
+            gens = eng.generate(prompts, plist)
+            assert [len(x.token_ids) for x in gens] == lengths
+
+        run()
+        steps0 = eng.stats["steps"]
+        run()
+        res[f"{policy}_steps"] = eng.stats["steps"] - steps0
+        wall, cpu = timed(run, repeats)
+        res[f"{policy}_tok_s_wall"], res[f"{policy}_tok_s_cpu"] = round(useful / wall, 1), round(useful / cpu, 1)
+    torch_eng = TorchEngine(model, 0, NO_EOS)
+
+    def run_torch():
+        for i in range(0, requests, slots):
+            batch_len = max(lengths[i : i + slots])
+            torch_eng.generate(prompts[i : i + slots], SamplingParams(max_new_tokens=batch_len))
+
+    wall, cpu = timed(run_torch, repeats)
+    res["torch_engine_static_tok_s_wall"], res["torch_engine_static_tok_s_cpu"] = (
+        round(useful / wall, 1),
+        round(useful / cpu, 1),
+    )
+    for k in ("wall", "cpu"):
+        res[f"continuous_vs_static_same_kernels_{k}"] = round(
+            res[f"continuous_tok_s_{k}"] / res[f"static_tok_s_{k}"], 2
+        )
+        res[f"continuous_vs_torch_engine_{k}"] = round(
+            res[f"continuous_tok_s_{k}"] / res[f"torch_engine_static_tok_s_{k}"], 2
+        )
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--new-tokens", type=int, nargs="+", default=[32, 128])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--requests", type=int, default=128)
+    ap.add_argument("--slots", type=int, default=32, help="long tail: slots (static batch size)")
+    ap.add_argument("--skip-longtail", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    model = build_tiny_model(ModelConfig(), 384, 0).eval()
+    out = {
+        "machine": f"{platform.processor() or platform.machine()}, torch {torch.__version__}, threads {args.threads}",
+        "model": "tiny Qwen2 (hidden 128, 4 layers, 4 heads / 2 kv, vocab 384), float32",
+        "equal_lengths": [
+            {
+                "batch": args.batch,
+                "prompt_len": args.prompt_len,
+                "new_tokens": new,
+                **equal_lengths(model, args.batch, args.prompt_len, new, args.repeats),
+            }
+            for new in args.new_tokens
+        ],
+    }
+    print(json.dumps(out, indent=2), flush=True)
+    if not args.skip_longtail:
+        out["long_tail"] = long_tail(model, args.requests, args.slots, args.prompt_len, 224, args.repeats)
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
