@@ -1,0 +1,335 @@
+"""Online retraining from live traffic: the proxy in front of a serving engine writes every
+finished session to a store (online mode: `python -m areal_core.proxy.server --store URI`); a
+scheduled run retrains on the sessions collected since the last run and registers the new
+model in MLflow only when it beats the current registered version.
+
+One run (`online_retrain`, or its two halves `retrain_candidate` then `publish_candidate`):
+  1. plan: the graded session shards `trajectories/graded/{worker}/{seq}.arrow` of the sessions
+     store past the cursor `online/cursor.json` ({worker: last consumed seq}; shard sequence
+     numbers only grow per worker, so the cursor is a high-water mark per worker);
+  2. start model: the newest registered version of `model_name`, else `model.path`;
+  3. train: one pass over the new rows with the run's loss (decoupled PPO by default) in
+     min(train.steps, ⌊rows / (train.batch_groups · rollout.group_size)⌋) near-equal updates
+     (at least one). Live sessions come
+     one per user, not in groups, so rows that share a prompt_id form a group and the others
+     share one group per update: the baseline is then the update's mean reward,
+     A_i = (r_i − mean r) / (std r + ε);
+  4. evaluate the candidate and the current model on the task's held-out split with the same
+     metric (`heldout_score`: agent success when `rollout.agent` is set, else greedy accuracy);
+  5. register the candidate as a new version only if score_candidate > score_current + min_gain
+     (the current model being the registered version the run started from, or before the first
+     registration the base model.path);
+  6. move the cursor past the consumed shards (also when the candidate lost: those sessions were
+     used). A run that dies before step 6 leaves the cursor alone, so the next run retrains on
+     the same sessions again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from areal_core.protocol import Sample, read_shard_or_quarantine
+from areal_core.store import FINAL_MODEL, Store
+
+log = logging.getLogger("areal.online")
+
+CURSOR = "online/cursor.json"
+PLAN = "online_plan.json"
+
+
+# ---------------------------------------------------------------------------------------------
+# The cursor
+# ---------------------------------------------------------------------------------------------
+def _worker_seq(rel: str) -> tuple[str, int]:
+    """'trajectories/graded/proxy-0/00000041.arrow' -> ('proxy-0', 41)."""
+    parts = rel.split("/")
+    return parts[-2], int(parts[-1].split(".")[0])
+
+
+def read_cursor(store: Store) -> dict[str, int]:
+    """{worker id: last consumed shard sequence number}; empty before the first run."""
+    return dict(store.read_json(CURSOR)["workers"]) if store.exists(CURSOR) else {}
+
+
+def new_shards(store: Store, cursor: dict[str, int]) -> list[str]:
+    """Graded session shards past the cursor, oldest first per worker."""
+    out = []
+    for rel in store.find("trajectories/graded", ".arrow"):
+        worker, seq = _worker_seq(rel)
+        if seq > cursor.get(worker, -1):
+            out.append(rel)
+    return sorted(out, key=_worker_seq)
+
+
+def advance(cursor: dict[str, int], shards: list[str]) -> dict[str, int]:
+    out = dict(cursor)
+    for rel in shards:
+        worker, seq = _worker_seq(rel)
+        out[worker] = max(out.get(worker, -1), seq)
+    return out
+
+
+def write_cursor(store: Store, cursor: dict[str, int], run: str) -> None:
+    prev = store.read_json(CURSOR) if store.exists(CURSOR) else {"runs": []}
+    runs = (prev.get("runs") or [])[-99:] + [run]
+    store.write_json(CURSOR, {"workers": cursor, "runs": runs, "updated_at": _now()})
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S")
+
+
+# ---------------------------------------------------------------------------------------------
+# Training on sessions
+# ---------------------------------------------------------------------------------------------
+def regroup(samples: list[Sample], pool_id: str) -> list[Sample]:
+    """Rows sharing a prompt_id (two or more) form a group; every other row joins `pool_id`."""
+    counts: dict[str, int] = {}
+    for s in samples:
+        counts[s.prompt_id] = counts.get(s.prompt_id, 0) + 1
+    return [
+        dataclasses.replace(
+            s, group_id=f"{pool_id}-{s.prompt_id}" if s.prompt_id and counts[s.prompt_id] > 1 else pool_id
+        )
+        for s in samples
+    ]
+
+
+def train_on_sessions(model: Any, tokenizer: Any, samples: list[Sample], cfg: Any) -> list[dict[str, float]]:
+    """One pass of `ppo_update` over `samples` (see the module docstring); returns per-update metrics."""
+    import torch
+
+    from areal_core.train.trainer import ppo_update
+
+    torch.manual_seed(cfg.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, betas=(0.9, 0.99))
+    per_update = cfg.train.batch_groups * cfg.rollout.group_size
+    n_updates = min(cfg.train.steps, max(1, len(samples) // per_update), max(1, len(samples) // 2))
+    bounds = [round(i * len(samples) / n_updates) for i in range(n_updates + 1)]  # near-equal chunks
+    metrics = []
+    model.train()
+    for i in range(n_updates):
+        batch = regroup(samples[bounds[i] : bounds[i + 1]], f"online-{i}")
+        metrics.append(ppo_update(model, opt, batch, cfg, tokenizer.pad_token_id))
+    model.eval()
+    return metrics
+
+
+# ---------------------------------------------------------------------------------------------
+# MLflow: the current version and register-if-better
+# ---------------------------------------------------------------------------------------------
+def latest_version(client: Any, name: str) -> Any | None:
+    """The newest version of registered model `name`, or None."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        versions = client.search_model_versions(f"name = '{name}'")
+    except MlflowException:
+        return None
+    return max(versions, key=lambda mv: int(mv.version), default=None)
+
+
+def register_if_better(
+    model_dir: str | Path,
+    model_name: str,
+    tracking_uri: str,
+    candidate_score: float,
+    current_score: float | None,
+    min_gain: float = 0.0,
+    experiment: str = "areal-flyte-online",
+    run_name: str = "online",
+    params: dict[str, Any] | None = None,
+    tags: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Log an MLflow run with both scores; register `model_dir` as a new version of `model_name`
+    only when there is no current version or candidate_score > current_score + min_gain.
+
+    Returns {"registered": bool, "model_uri": "models:/name/N" or the current one, "run_id"}.
+    """
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    mlflow.set_tracking_uri(tracking_uri)
+    client = mlflow.MlflowClient(tracking_uri)
+    exp = client.get_experiment_by_name(experiment)
+    exp_id = exp.experiment_id if exp else client.create_experiment(experiment)
+    run = client.create_run(exp_id, run_name=run_name)
+    run_id = run.info.run_id
+    for k, v in (params or {}).items():
+        client.log_param(run_id, k, str(v)[:500])
+    client.log_metric(run_id, "candidate_score", candidate_score)
+    if current_score is not None:
+        client.log_metric(run_id, "current_score", current_score)
+    better = current_score is None or candidate_score > current_score + min_gain
+    current = latest_version(client, model_name)
+    out: dict[str, Any] = {
+        "registered": False,
+        "run_id": run_id,
+        "model_uri": f"models:/{model_name}/{current.version}" if current else "",
+    }
+    if better:
+        client.log_artifacts(run_id, str(model_dir), "model")
+        try:
+            client.get_registered_model(model_name)
+        except MlflowException:
+            client.create_registered_model(model_name, description="AReaL-Flyte online retraining")
+        mv = client.create_model_version(
+            model_name,
+            f"runs:/{run_id}/model",
+            run_id,
+            tags={**(tags or {}), "heldout_score": f"{candidate_score:.4f}"},
+            description=f"online retrain {run_name}",
+        )
+        out.update(registered=True, model_uri=f"models:/{model_name}/{mv.version}")
+    client.set_tag(run_id, "registered", str(out["registered"]).lower())
+    client.set_terminated(run_id)
+    log.info(
+        "candidate %.4f vs current %s: %s",
+        candidate_score,
+        "none" if current_score is None else f"{current_score:.4f}",
+        f"registered {out['model_uri']}" if out["registered"] else "not registered",
+    )
+    return out
+
+
+def _start_model(cfg: Any, model_name: str, tracking_uri: str) -> tuple[str, str]:
+    """(local or fsspec path of the model to start from, its label): the newest registered version
+    of `model_name`, else model.path."""
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri)
+    current = latest_version(client, model_name) if cfg.tracking.enabled else None
+    if current is not None:
+        uri = f"models:/{model_name}/{current.version}"
+        mlflow.set_tracking_uri(tracking_uri)
+        return mlflow.artifacts.download_artifacts(uri), uri
+    if not cfg.model.path:
+        raise ValueError(f"no registered version of {model_name!r} and no model.path to start online retraining from")
+    return cfg.model.path, cfg.model.path
+
+
+# ---------------------------------------------------------------------------------------------
+# The two halves of a run
+# ---------------------------------------------------------------------------------------------
+def retrain_candidate(
+    config_path: str, overrides: str | list[str], sessions_uri: str, model_name: str, run_id: str = ""
+) -> str:
+    """Plan, train and evaluate (steps 1-4); returns the run root `<store>/online/<run_id>` that
+    holds the candidate (final_model/) and online_plan.json. `sessions_uri` empty: `<store>/sessions`."""
+    import torch
+
+    from areal_core.config import load_config, to_yaml
+    from areal_core.evaluate import heldout_score
+    from areal_core.models import load_pretrained, save_pretrained
+    from areal_core.pipeline import parse_overrides
+    from areal_core.tracking import tracking_uri as resolve_uri
+
+    cfg = load_config(config_path or None, parse_overrides(overrides))
+    torch.set_num_threads(max(1, cfg.threads_per_role))
+    run_id = run_id or _now()
+    run = Store(f"{Store(cfg.store).uri.rstrip('/')}/online/{run_id}")
+    sessions = Store(sessions_uri or f"{Store(cfg.store).uri.rstrip('/')}/sessions")
+    cursor = read_cursor(sessions)
+    shards = new_shards(sessions, cursor)
+    samples = [s for rel in shards for s in (read_shard_or_quarantine(sessions, rel) or []) if s.reward is not None]
+    uri = resolve_uri(cfg.tracking.uri)
+    plan: dict[str, Any] = {
+        "run_id": run_id,
+        "sessions": sessions.uri,
+        "model_name": model_name,
+        "tracking_uri": uri if cfg.tracking.enabled else "",
+        "experiment": cfg.tracking.experiment,
+        "shards": shards,
+        "rows": len(samples),
+        "cursor_after": advance(cursor, shards),
+        "trained": False,
+    }
+    run.write_text("config.yaml", to_yaml(cfg))
+    if len(samples) < 2:
+        log.info("online run %s: %d new session rows, nothing to train", run_id, len(samples))
+        run.write_json(PLAN, plan)
+        return run.uri
+    start_path, start_label = _start_model(cfg, model_name, uri)
+    from datasets import load_task
+
+    _, held_out = load_task(cfg.task, cfg.seed)
+    records = held_out[: cfg.eval.num_samples]
+    model, tokenizer = load_pretrained(start_path, cfg.device)
+    current_score = heldout_score(model, tokenizer, cfg, records)
+    metrics = train_on_sessions(model, tokenizer, samples, cfg)
+    candidate_score = heldout_score(model, tokenizer, cfg, records)
+    with tempfile.TemporaryDirectory() as tmp:
+        save_pretrained(model, tokenizer, tmp)
+        run.put_dir(tmp, FINAL_MODEL)
+    run.write_json(f"{FINAL_MODEL}/COMMITTED", {"updates": len(metrics)})
+    plan.update(
+        trained=True,
+        start_model=start_label,
+        updates=len(metrics),
+        reward_mean=sum(s.reward or 0.0 for s in samples) / len(samples),
+        current_score=current_score,
+        candidate_score=candidate_score,
+    )
+    run.write_json(PLAN, plan)
+    log.info(
+        "online run %s: %d rows, %d updates, held-out %.4f -> %.4f",
+        run_id,
+        len(samples),
+        len(metrics),
+        current_score,
+        candidate_score,
+    )
+    return run.uri
+
+
+def publish_candidate(run_uri: str, min_gain: float = 0.0) -> dict[str, Any]:
+    """Register the candidate if it beats the current model (step 5), then move the cursor (6)."""
+    run = Store(run_uri)
+    plan = run.read_json(PLAN)
+    out: dict[str, Any] = {
+        "run_uri": run.uri,
+        "rows": plan["rows"],
+        "shards": len(plan["shards"]),
+        "registered": False,
+        "model_uri": "",
+        "current_score": plan.get("current_score"),
+        "candidate_score": plan.get("candidate_score"),
+    }
+    if plan["trained"] and plan["tracking_uri"]:
+        with tempfile.TemporaryDirectory() as tmp:
+            run.get_dir(FINAL_MODEL, tmp)
+            Path(tmp, "COMMITTED").unlink(missing_ok=True)
+            reg = register_if_better(
+                tmp,
+                plan["model_name"],
+                plan["tracking_uri"],
+                plan["candidate_score"],
+                plan["current_score"],
+                min_gain,
+                experiment=plan["experiment"],
+                run_name=f"online-{plan['run_id']}",
+                params={"rows": plan["rows"], "shards": len(plan["shards"]), "start_model": plan["start_model"]},
+                tags={"run_uri": run.uri, "sessions": plan["sessions"], "start_model": plan["start_model"]},
+            )
+        out.update(registered=reg["registered"], model_uri=reg["model_uri"])
+    if plan["shards"]:
+        write_cursor(Store(plan["sessions"]), plan["cursor_after"], plan["run_id"])
+    run.write_json("online_result.json", out)
+    return out
+
+
+def online_retrain(
+    config_path: str,
+    overrides: str | list[str],
+    sessions_uri: str,
+    model_name: str,
+    run_id: str = "",
+    min_gain: float = 0.0,
+) -> dict[str, Any]:
+    """A whole online retraining run: `retrain_candidate` then `publish_candidate`."""
+    return publish_candidate(retrain_candidate(config_path, overrides, sessions_uri, model_name, run_id), min_gain)

@@ -1,0 +1,50 @@
+"""Online retraining on live traffic.
+
+The proxy in front of a serving engine writes every finished session to a store
+(`python -m areal_core.proxy.server --model <hf dir> --store s3://bucket/sessions --api-key ...`).
+`online_retrain` trains on the sessions collected since the last run (a cursor on that store),
+evaluates the candidate against the current model on the task's held-out split, and registers
+it in MLflow only when it is better (areal_core/online.py):
+
+    pyflyte run workflows/online.py online_retrain --sessions s3://bucket/sessions \\
+        --config configs/agent_calculator.yaml --overrides "store=s3://bucket/online model.path=s3://bucket/base"
+
+`sessions` defaults to `<store>/sessions`; the first run starts from `model.path`, later runs
+from the newest registered version.
+
+`online_retrain_nightly` runs it every night at 03:00 UTC; activate it after registering:
+    flytectl update launchplan -p <project> -d <domain> online_retrain_nightly --version <v> --activate
+"""
+
+from __future__ import annotations
+
+import datetime
+
+from flytekit import CronSchedule, LaunchPlan, workflow
+
+from tasks.online import OnlineResult, register_if_better, retrain_on_sessions
+
+NIGHTLY_CRON = "0 3 * * *"
+
+
+@workflow
+def online_retrain(
+    sessions: str = "",
+    config: str = "configs/agent_calculator.yaml",
+    overrides: str = "",
+    model_name: str = "areal-online-policy",
+    min_gain: float = 0.0,
+    kickoff_time: datetime.datetime | None = None,
+) -> OnlineResult:
+    run_uri = retrain_on_sessions(
+        config=config, overrides=overrides, sessions=sessions, model_name=model_name, kickoff_time=kickoff_time
+    )
+    return register_if_better(run_uri=run_uri, min_gain=min_gain)
+
+
+online_retrain_nightly = LaunchPlan.get_or_create(
+    workflow=online_retrain,
+    name="online_retrain_nightly",
+    default_inputs={"config": "configs/agent_calculator.yaml", "model_name": "areal-online-policy"},
+    schedule=CronSchedule(schedule=NIGHTLY_CRON, kickoff_time_input_arg="kickoff_time"),
+)
