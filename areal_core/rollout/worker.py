@@ -18,6 +18,7 @@ from areal_core.prompts import load_prompts
 from areal_core.protocol import Sample, decode_shard, write_shard
 from areal_core.rollout.engine import SamplingParams
 from areal_core.rollout.factory import build_local_engine
+from areal_core.rollout.remote_factory import REMOTE_ENGINES, RemoteWeightWatcher, build_remote_engine, load_tokenizer
 from areal_core.run_context import load_run_config, set_threads, wait_for_version
 from areal_core.staleness import groups_admissible
 from areal_core.store import INIT_MODEL, Store, shard_name
@@ -72,17 +73,32 @@ def run_rollout_worker(run_uri: str, index: int = 0) -> dict:
     cfg: RunConfig = load_run_config(store)
     set_threads(cfg.threads_per_role)
     worker_id = f"rollout-{index}"
-    num_workers = cfg.rollout.num_workers
     prompts = load_prompts(store, "train")
     order = list(range(len(prompts)))
     random.Random(cfg.seed * 1000 + 7).shuffle(order)
 
     version = wait_for_version(store)
-    model, tokenizer = load_pretrained(store.url(INIT_MODEL), cfg.device)
-    model.load_state_dict(load_state_dict(store, version), strict=False)
-    engine = build_local_engine(cfg, model, tokenizer, version, seed=cfg.seed * 7919 + index)
-    watcher = WeightWatcher(store, engine, cfg.rollout.poll_interval_s)
+    if cfg.rollout.engine in REMOTE_ENGINES:  # vllm / sglang: a server loads each version itself
+        tokenizer = load_tokenizer(store.url(INIT_MODEL))
+        engine = build_remote_engine(cfg, store, version, tokenizer.eos_token_id, index)
+        watcher = RemoteWeightWatcher(store, engine, cfg.rollout.poll_interval_s)
+    else:
+        model, tokenizer = load_pretrained(store.url(INIT_MODEL), cfg.device)
+        model.load_state_dict(load_state_dict(store, version), strict=False)
+        engine = build_local_engine(cfg, model, tokenizer, version, seed=cfg.seed * 7919 + index)
+        watcher = WeightWatcher(store, engine, cfg.rollout.poll_interval_s)
     watcher.start()
+    try:
+        return _generate_loop(cfg, store, index, worker_id, prompts, order, engine, tokenizer, watcher)
+    finally:
+        watcher.stop.set()
+        watcher.join(timeout=30)  # a daemon thread inside torch at exit aborts the process
+        if hasattr(engine, "close"):
+            engine.close()  # a remote engine stops the server it started
+
+
+def _generate_loop(cfg, store, index, worker_id, prompts, order, engine, tokenizer, watcher) -> dict:
+    num_workers = cfg.rollout.num_workers
     params = SamplingParams(
         max_new_tokens=cfg.rollout.max_new_tokens,
         temperature=cfg.rollout.temperature,
@@ -95,6 +111,8 @@ def run_rollout_worker(run_uri: str, index: int = 0) -> dict:
     t_start = time.time()
     log.info("%s starting at seq=%d groups=%d version=%d", worker_id, seq, started, engine.version)
     while not store.done():
+        if getattr(watcher, "error", None) is not None:
+            raise RolloutEngineFailed(f"{worker_id}: loading a new version failed: {watcher.error}") from watcher.error
         engine.load_version(engine.version)  # install any staged version before deciding admission
         room = cfg.rollout.max_batch_groups
         if cfg.rollout.admission:
@@ -118,8 +136,6 @@ def run_rollout_worker(run_uri: str, index: int = 0) -> dict:
         try:
             gens = engine.generate(batch_prompts, params)
         except Exception as exc:
-            watcher.stop.set()
-            watcher.join(timeout=30)
             raise RolloutEngineFailed(
                 f"{worker_id}: engine '{cfg.rollout.engine}' failed generating groups {group_indices[0]}..."
                 f"{group_indices[-1]} (shard {seq}, version {engine.version}): {exc}; a restarted worker "
@@ -155,7 +171,5 @@ def run_rollout_worker(run_uri: str, index: int = 0) -> dict:
             swaps=engine.swaps,
             samples_per_s=produced / max(time.time() - t_start, 1e-9),
         )
-    watcher.stop.set()
-    watcher.join(timeout=30)  # a daemon thread inside torch at exit aborts the process
     log.info("%s done: %d shards, %d groups", worker_id, seq, started)
     return {"worker": worker_id, "shards": seq, "groups": started}
