@@ -31,6 +31,7 @@ def main() -> None:
         ("eval_n", int, 40),
         ("eval_every", int, 5),
         ("max_new_tokens", int, 40),
+        ("temperature", float, 1.0),
         ("seed", int, 1),
     ]:
         ap.add_argument(f"--{name.replace('_', '-')}", type=typ, default=default)
@@ -62,6 +63,7 @@ def main() -> None:
             "train.eta=0",
             f"rollout.group_size={a.g}",
             f"train.batch_groups={a.b}",
+            f"rollout.temperature={a.temperature}",
         ],
     )
     model = build_tiny_model(cfg.model, len(tok), a.seed)
@@ -90,7 +92,7 @@ def main() -> None:
         group_size=a.g,
         batch_groups=a.b,
         admission=False,
-        sampling=SamplingParams(max_new_tokens=a.max_new_tokens),
+        sampling=SamplingParams(max_new_tokens=a.max_new_tokens, temperature=a.temperature),
     )
     with runner:
         for step in range(1, a.steps + 1):

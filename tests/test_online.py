@@ -162,6 +162,7 @@ def _register_checks(tmp_path, uri: str) -> None:
     assert client.get_run(worse["run_id"]).data.metrics == {"candidate_score": 0.25, "current_score": 0.30}
 
 
+@pytest.mark.slow
 def test_register_if_better_registers_only_when_better(tmp_path):
     _register_checks(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}")
 
