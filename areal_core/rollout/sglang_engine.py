@@ -45,6 +45,7 @@ from areal_core.rollout.remote_weights import prune_staged, stage_verified
 from areal_core.store import Store
 
 log = logging.getLogger("areal.rollout.sglang")
+logging.getLogger("httpx").setLevel(logging.WARNING)  # no log line per generate request
 
 
 class SGLangEngineError(RuntimeError):

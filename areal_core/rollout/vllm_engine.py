@@ -47,6 +47,7 @@ from areal_core.rollout.vllm_server import SERVED_NAME, VLLMServer, VLLMServerSp
 from areal_core.store import Store
 
 log = logging.getLogger("areal.rollout.vllm")
+logging.getLogger("httpx").setLevel(logging.WARNING)  # no log line per generate request
 
 INTERRUPT_MODES = ("keep", "abort")
 
