@@ -143,21 +143,23 @@ def test_regroup_pools_singletons_and_groups_repeated_prompts():
 def _register_checks(tmp_path, uri: str) -> None:
     import mlflow
 
+    name = f"online-{tmp_path.name}"  # the MLflow server is shared by the whole session
+
     model_dir = tmp_path / "candidate"
     model_dir.mkdir()
     (model_dir / "weights.txt").write_text("w")
-    first = online.register_if_better(model_dir, "policy", uri, 0.30, None, run_name="r1")
-    assert first["registered"] and first["model_uri"] == "models:/policy/1"
-    worse = online.register_if_better(model_dir, "policy", uri, 0.25, 0.30, run_name="r2")
-    assert not worse["registered"] and worse["model_uri"] == "models:/policy/1"
-    tie = online.register_if_better(model_dir, "policy", uri, 0.32, 0.30, min_gain=0.05, run_name="r3")
+    first = online.register_if_better(model_dir, name, uri, 0.30, None, run_name="r1")
+    assert first["registered"] and first["model_uri"] == f"models:/{name}/1"
+    worse = online.register_if_better(model_dir, name, uri, 0.25, 0.30, run_name="r2")
+    assert not worse["registered"] and worse["model_uri"] == f"models:/{name}/1"
+    tie = online.register_if_better(model_dir, name, uri, 0.32, 0.30, min_gain=0.05, run_name="r3")
     assert not tie["registered"]
-    better = online.register_if_better(model_dir, "policy", uri, 0.40, 0.30, run_name="r4")
-    assert better["registered"] and better["model_uri"] == "models:/policy/2"
+    better = online.register_if_better(model_dir, name, uri, 0.40, 0.30, run_name="r4")
+    assert better["registered"] and better["model_uri"] == f"models:/{name}/2"
     client = mlflow.MlflowClient(uri)
-    versions = client.search_model_versions("name = 'policy'")
+    versions = client.search_model_versions(f"name = '{name}'")
     assert sorted(int(v.version) for v in versions) == [1, 2]
-    assert client.get_model_version("policy", "2").tags["heldout_score"] == "0.4000"
+    assert client.get_model_version(name, "2").tags["heldout_score"] == "0.4000"
     assert client.get_run(worse["run_id"]).data.tags["registered"] == "false"
     assert client.get_run(worse["run_id"]).data.metrics == {"candidate_score": 0.25, "current_score": 0.30}
 
