@@ -44,7 +44,9 @@ COMMON = [
 # Versions that are known to go together (each engine release pins its torch).
 CUDA_VERSION = "12.8"
 CUDA_STACK = {
-    "vllm": ["torch==2.8.0", "vllm==0.11.0"],
+    # 0.32: the rollout client needs /inference/v1/generate with weight_versions, /pause?mode=keep
+    # and /update_weight_version (docs/vllm.md); vllm 0.32 is built against torch 2.13.
+    "vllm": ["torch==2.13.0", "vllm==0.32.0"],
     "sglang": ["torch==2.8.0", "sglang[all]==0.5.3"],
 }
 CUDA_TRAINING = ["megatron-core>=0.13", "flash-attn>=2.8"]
