@@ -25,19 +25,14 @@ requests that wait together into one `generate` call.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import json
 import logging
 import re
-import secrets
-import socket
-import threading
 import time
 import uuid
 from collections.abc import Iterable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from fastapi import Depends, FastAPI, Header, Query, Request
@@ -47,6 +42,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.security import HTTPBearer
 
 from areal_core.proxy.backend import AsyncBackendAdapter, BatchingBackend, TimedGeneration, as_backend  # noqa: F401
+from areal_core.proxy.guard import ApiKeys, GuardMiddleware, ProxyError, ProxyLimits, context_limit, error_body
+from areal_core.proxy.runner import ProxyServer
 from areal_core.proxy.schemas import (
     SESSION_ID_PATTERN,
     ChatCompletionRequest,
@@ -65,134 +62,13 @@ from areal_core.proxy.schemas import (
     SessionInfo,
     _SamplingFields,
 )
-from areal_core.proxy.sessions import SessionError, SessionManager, key_digest, session_id_for_key
+from areal_core.proxy.sessions import SessionError, SessionManager, session_id_for_key
 from areal_core.proxy.templating import ChatMLTemplate, TemplateError, parse_tool_calls
 from areal_core.rollout.engine import Generation, SamplingParams
 
 log = logging.getLogger("areal.proxy")
 
 SESSION_HEADER = "x-session-id"
-
-
-# ---------------------------------------------------------------------------------------------
-# Engine backends
-# ---------------------------------------------------------------------------------------------
-@dataclass
-class ApiKeys:
-    """The accepted API keys, kept as SHA-256 digests; keys can be added and revoked at run time."""
-
-    def __init__(self, keys: Iterable[str] = ()):
-        self._lock = threading.Lock()
-        self._digests: set[str] = {key_digest(k) for k in keys}
-
-    def add(self, key: str) -> None:
-        with self._lock:
-            self._digests.add(key_digest(key))
-
-    def revoke(self, key: str) -> None:
-        with self._lock:
-            self._digests.discard(key_digest(key))
-
-    def new_key(self, prefix: str = "sk-areal-") -> str:
-        key = prefix + secrets.token_urlsafe(24)
-        self.add(key)
-        return key
-
-    def check(self, key: str) -> str | None:
-        """The key's digest when it is accepted, else None."""
-        d = key_digest(key)
-        return d if d in self._digests else None
-
-    def __len__(self) -> int:
-        return len(self._digests)
-
-
-def error_body(message: str, kind: str = "invalid_request_error", code: str | None = None, **extra: Any) -> dict:
-    return {"error": {"message": message, "type": kind, "param": None, "code": code}, **extra}
-
-
-async def _send_json(send: Any, status: int, body: dict, headers: list | None = None) -> None:
-    data = json.dumps(body).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
-            + (headers or []),
-        }
-    )
-    await send({"type": "http.response.body", "body": data})
-
-
-class GuardMiddleware:
-    """ASGI middleware run before routing and body parsing: API key (401), body size (413).
-
-    The authenticated key's digest goes into scope["state"]["owner"] for the handlers.
-    """
-
-    def __init__(self, app: Any, keys: ApiKeys, max_request_bytes: int):
-        self.app, self.keys, self.max_request_bytes = app, keys, max_request_bytes
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith("/v1"):
-            await self.app(scope, receive, send)
-            return
-        headers = dict(scope["headers"])
-        auth = headers.get(b"authorization", b"").decode("latin-1")
-        scheme, _, token = auth.partition(" ")
-        owner = self.keys.check(token.strip()) if scheme.lower() == "bearer" and token.strip() else None
-        if owner is None:
-            msg = "missing API key: send 'Authorization: Bearer <key>'" if not auth else "invalid API key"
-            await _send_json(
-                send,
-                401,
-                error_body(msg, "authentication_error", "invalid_api_key"),
-                [(b"www-authenticate", b"Bearer")],
-            )
-            return
-        state = scope.setdefault("state", {})
-        state["owner"], state["t_arrival"] = owner, time.perf_counter()
-        limit = self.max_request_bytes
-        declared = headers.get(b"content-length")
-        too_big = error_body(
-            f"request body exceeds the limit of {limit} bytes", "invalid_request_error", "request_too_large"
-        )
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            await _send_json(send, 413, too_big)
-            return
-        if scope["method"] in ("POST", "PUT", "PATCH"):
-            chunks, size = [], 0
-            while True:
-                msg = await receive()
-                if msg["type"] == "http.disconnect":
-                    return
-                chunk = msg.get("body", b"")
-                size += len(chunk)
-                if size > limit:
-                    await _send_json(send, 413, too_big)
-                    return
-                chunks.append(chunk)
-                if not msg.get("more_body"):
-                    break
-            body = b"".join(chunks)
-            sent = False
-
-            async def replay() -> dict:
-                nonlocal sent
-                if not sent:
-                    sent = True
-                    return {"type": "http.request", "body": body, "more_body": False}
-                return await receive()
-
-            await self.app(scope, replay, send)
-            return
-        await self.app(scope, receive, send)
-
-
-class ProxyError(Exception):
-    def __init__(self, status: int, message: str, code: str | None = None, kind: str = "invalid_request_error"):
-        super().__init__(message)
-        self.status, self.message, self.code, self.kind = status, message, code, kind
 
 
 # ---------------------------------------------------------------------------------------------
@@ -215,26 +91,6 @@ _ERRORS = {
 # ---------------------------------------------------------------------------------------------
 # The app
 # ---------------------------------------------------------------------------------------------
-@dataclass
-class ProxyLimits:
-    max_request_bytes: int = 1 << 20  # 413 above
-    max_context_tokens: int | None = None  # prompt + completion; None: the engine model's positions, else 4096
-    max_new_tokens: int = 1024  # an explicit max_tokens above this is a 400
-    default_max_tokens: int = 256  # when the request gives none (cut to the room left in the context)
-    max_messages: int = 512
-    max_sessions: int = 100_000
-    session_ttl_s: float = 3600.0
-
-
-def _context_limit(engine_backend: Any, configured: int | None) -> int:
-    if configured:
-        return configured
-    inner = getattr(engine_backend, "engine", engine_backend)
-    model = getattr(inner, "model", None)
-    n = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    return int(n) if n else 4096
-
-
 def create_app(
     engine_backend: Any,
     tokenizer: Any,
@@ -269,7 +125,7 @@ def create_app(
         max_sessions=limits.max_sessions,
     )
     defaults = sampling or SamplingParams(max_new_tokens=limits.default_max_tokens)
-    ctx_limit = _context_limit(backend, limits.max_context_tokens)
+    ctx_limit = context_limit(backend, limits.max_context_tokens)
     eos_id = template.eos_id
     owns_backend = backend is not engine_backend
 
@@ -747,128 +603,6 @@ def create_app(
     return app
 
 
-# ---------------------------------------------------------------------------------------------
-# Running the app in-process
-# ---------------------------------------------------------------------------------------------
-class ProxyServer:
-    """uvicorn on a background thread with its own event loop, on a free port by default."""
-
-    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"):
-        import uvicorn
-
-        self.app, self.host = app, host
-        # proto=IPPROTO_TCP: asyncio then sets TCP_NODELAY on accepted connections (it checks the
-        # proto); without it a response's header and body writes meet Nagle + delayed ACK (~40 ms).
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sock.bind((host, port))
-        self.port = self.sock.getsockname()[1]
-        config = uvicorn.Config(
-            app, log_level=log_level, access_log=False, lifespan="on", timeout_keep_alive=60, backlog=4096
-        )
-        self.server = uvicorn.Server(config)
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    @property
-    def base_url(self) -> str:
-        return self.url + "/v1"
-
-    def start(self, timeout_s: float = 30.0) -> ProxyServer:
-        def run() -> None:
-            self.loop = asyncio.new_event_loop()
-            asyncio.set_event_loop(self.loop)
-            self.loop.run_until_complete(self.server.serve(sockets=[self.sock]))
-
-        self._thread = threading.Thread(target=run, name="areal-proxy-http", daemon=True)
-        self._thread.start()
-        deadline = time.time() + timeout_s
-        while not self.server.started:
-            if time.time() > deadline or not self._thread.is_alive():
-                raise RuntimeError(f"proxy on {self.url} did not start")
-            time.sleep(0.01)
-        return self
-
-    def call(self, coro: Any, timeout_s: float | None = 60.0) -> Any:
-        """Run a coroutine on the server's loop (e.g. the session manager's) and wait for it."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
-
-    async def acall(self, coro: Any) -> Any:
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout=15)
-        self.sock.close()
-
-    def __enter__(self) -> ProxyServer:
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
-
-
-# ---------------------------------------------------------------------------------------------
-# Command line: serve an HF checkpoint (online mode)
-# ---------------------------------------------------------------------------------------------
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description="Serve a policy through the OpenAI-compatible proxy.")
-    ap.add_argument("--model", required=True, help="HF checkpoint folder or fsspec URI")
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, default=8000)
-    ap.add_argument("--api-key", action="append", default=[], help="accepted key (repeat); or AREAL_PROXY_KEYS")
-    ap.add_argument("--store", default="", help="run root: ended sessions are written there as shards")
-    ap.add_argument("--worker-id", default="proxy-0")
-    ap.add_argument("--version", type=int, default=0, help="policy version recorded for served tokens")
-    ap.add_argument("--turn-discount", type=float, default=1.0)
-    ap.add_argument("--tool-prompt", default="full", choices=["full", "names", "none"])
-    ap.add_argument("--max-context-tokens", type=int, default=0)
-    ap.add_argument("--default-max-tokens", type=int, default=256)
-    ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
-
-    import os
-
-    import torch
-    import uvicorn
-
-    from areal_core.models import load_pretrained
-    from areal_core.rollout.torch_engine import TorchEngine
-    from areal_core.store import Store
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    keys = args.api_key + [k for k in os.environ.get("AREAL_PROXY_KEYS", "").split(",") if k]
-    if not keys:
-        raise SystemExit("give at least one --api-key (or AREAL_PROXY_KEYS)")
-    model, tokenizer = load_pretrained(args.model)
-    engine = TorchEngine(model, tokenizer.pad_token_id, tokenizer.eos_token_id, args.version, seed=args.seed)
-    app = create_app(
-        engine,
-        tokenizer,
-        store=Store(args.store) if args.store else None,
-        api_keys=keys,
-        limits=ProxyLimits(
-            max_context_tokens=args.max_context_tokens or None, default_max_tokens=args.default_max_tokens
-        ),
-        worker_id=args.worker_id,
-        turn_discount=args.turn_discount,
-        tool_prompt=args.tool_prompt,
-    )
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
-
-
-if __name__ == "__main__":
-    main()
-
-
 __all__ = [
     "ApiKeys",
     "AsyncBackendAdapter",
@@ -878,3 +612,9 @@ __all__ = [
     "TimedGeneration",
     "create_app",
 ]
+
+
+if __name__ == "__main__":
+    from areal_core.proxy.cli import main
+
+    main()
