@@ -20,7 +20,6 @@ same tokens whatever slot or batch it runs in, and across a swap to equal weight
 from __future__ import annotations
 
 import logging
-import threading
 from collections import deque
 from dataclasses import dataclass
 
@@ -29,6 +28,7 @@ import torch
 
 from areal_core.rollout.engine import Generation, SamplingParams
 from areal_core.rollout.sampling import RowParams, sample
+from areal_core.rollout.staging import StagedWeights
 from areal_core.rollout.static_cache import StaticCacheDecoder, check_supported
 
 log = logging.getLogger("areal.rollout.continuous")
@@ -92,8 +92,7 @@ class ContinuousEngine:
         self.tokenizer, self.policy = tokenizer, policy
         self.generator = torch.Generator().manual_seed(seed)  # draws request seeds
         self.runner: StaticCacheDecoder | None = None
-        self._staged: tuple[int, dict] | None = None
-        self._lock = threading.Lock()
+        self._staged = StagedWeights()
         self.swaps = 0
         self.stats = {"steps": 0, "decode_steps": 0, "prefill_chunks": 0, "tokens": 0, "reprefill_tokens": 0}
         self.last_error: str | None = None
@@ -101,14 +100,11 @@ class ContinuousEngine:
     # -- weights ------------------------------------------------------------------------------
     def stage_weights(self, version: int, state_dict: dict[str, torch.Tensor]) -> None:
         """Called from any thread; installed at the next step boundary."""
-        with self._lock:
-            if self._staged is None or version > self._staged[0]:
-                self._staged = (version, state_dict)
+        self._staged.put(version, state_dict)
 
     def _install_staged(self) -> bool:
-        with self._lock:
-            staged, self._staged = self._staged, None
-        if staged is None or staged[0] <= self.version:
+        staged = self._staged.take_newer(self.version)
+        if staged is None:
             return False
         version, sd = staged
         self.model.load_state_dict(sd, strict=False)

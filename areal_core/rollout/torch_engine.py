@@ -10,12 +10,11 @@ before top-k/top-p filtering, which is what the trainer recomputes.
 
 from __future__ import annotations
 
-import threading
-
 import torch
 from transformers import DynamicCache
 
 from areal_core.rollout.engine import Generation, SamplingParams
+from areal_core.rollout.staging import StagedWeights
 
 
 def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None):
@@ -49,21 +48,17 @@ class TorchEngine:
         self.version = version
         self.device = next(model.parameters()).device
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
-        self._staged: tuple[int, dict] | None = None
-        self._lock = threading.Lock()
+        self._staged = StagedWeights()
         self.swaps = 0
 
     # -- weights ------------------------------------------------------------------------
     def stage_weights(self, version: int, state_dict: dict[str, torch.Tensor]) -> None:
         """Called from any thread; installed at the next decode-step boundary."""
-        with self._lock:
-            if self._staged is None or version > self._staged[0]:
-                self._staged = (version, state_dict)
+        self._staged.put(version, state_dict)
 
     def _install_staged(self) -> bool:
-        with self._lock:
-            staged, self._staged = self._staged, None
-        if staged is None or staged[0] <= self.version:
+        staged = self._staged.take_newer(self.version)
+        if staged is None:
             return False
         version, sd = staged
         self.model.load_state_dict(sd, strict=False)
