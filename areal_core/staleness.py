@@ -1,7 +1,11 @@
 """The staleness contract as pure functions (no I/O).
 
 Admission (AReaL): with B groups a batch, bound η and newest loaded version v, the rollout
-side may have started at most (v + η + 1)·B groups in all; a worker w of W owns its share.
+side may have started at most (v + η + 1)·B + D groups in all, where D counts the groups the
+trainer discarded without training them (DAPO's all-equal groups, hard-bound drops): like
+AReaL's StalenessManager, only groups that can still be trained hold admission. Without D, a
+trainer that filters groups waits for a refill that admission never starts. A worker w of W
+owns its share.
 
 Hard bound (checked by the trainer when consuming): the step that produces version v+1
 trains only on tokens whose version is >= v − η.
@@ -13,9 +17,9 @@ from collections import Counter
 from collections.abc import Iterable
 
 
-def admission_capacity(version: int, eta: int, batch_groups: int) -> int:
-    """Total groups the whole rollout side may have started: (v + η + 1)·B."""
-    return (version + eta + 1) * batch_groups
+def admission_capacity(version: int, eta: int, batch_groups: int, discarded: int = 0) -> int:
+    """Total groups the whole rollout side may have started: (v + η + 1)·B + D (D: discarded groups)."""
+    return (version + eta + 1) * batch_groups + discarded
 
 
 def worker_share(total: int, worker_index: int, num_workers: int) -> int:
@@ -25,10 +29,16 @@ def worker_share(total: int, worker_index: int, num_workers: int) -> int:
 
 
 def groups_admissible(
-    started: int, version: int, eta: int, batch_groups: int, worker_index: int, num_workers: int
+    started: int,
+    version: int,
+    eta: int,
+    batch_groups: int,
+    worker_index: int,
+    num_workers: int,
+    discarded: int = 0,
 ) -> int:
     """How many more groups worker `worker_index` may start now (>= 0)."""
-    cap = worker_share(admission_capacity(version, eta, batch_groups), worker_index, num_workers)
+    cap = worker_share(admission_capacity(version, eta, batch_groups, discarded), worker_index, num_workers)
     return max(0, cap - started)
 
 

@@ -22,6 +22,7 @@ import fsspec
 
 INIT_MODEL = "init_model"  # the policy RL starts from (after SFT), HF format
 FINAL_MODEL = "final_model"  # the trained policy, HF format, written before DONE
+DISCARDED_GROUPS = "trainer/discarded_groups.json"  # {"groups": D}: admission given back by the trainer
 
 
 def weights_dir(version: int) -> str:
@@ -170,6 +171,13 @@ class Store:
             return int(self.read_text("weights/LATEST").strip())
         except (FileNotFoundError, ValueError):
             return None
+
+    def discarded_groups(self) -> int:
+        """Groups the trainer discarded untrained (they give their admission back); 0 if none yet."""
+        try:
+            return int(self.read_json(DISCARDED_GROUPS)["groups"])
+        except (FileNotFoundError, KeyError, TypeError, ValueError):
+            return 0
 
     def heartbeat(self, role: str, worker_id: str, **counters: Any) -> None:
         self.write_json(

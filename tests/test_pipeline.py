@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
 from areal_core import pipeline
@@ -112,3 +114,29 @@ def test_prepare_fails_on_missing_dataset(tmp_path):
     with pytest.raises(DatasetError, match="does not exist"):
         pipeline.prepare("", [f"store={tmp_path / 'r'}", "task.name=gsm8k", f"task.path={tmp_path / 'nope'}"])
     assert not (tmp_path / "r" / "config.yaml").exists()
+
+
+def hash_reward(completion: str) -> float:
+    """1 for about a third of completions, by a stable hash: some groups all equal, some mixed."""
+    return float(int(hashlib.sha256(completion.encode()).hexdigest(), 16) % 3 == 0)
+
+
+@pytest.mark.slow
+def test_dynamic_sampling_gives_admission_back_and_does_not_deadlock(tiny_overrides):
+    """DAPO at η = 0: the trainer drops every group whose rewards are all equal. Those groups
+    were admitted under (v + η + 1)·B, so without giving their admission back the rollout side
+    would never start the groups the trainer waits for."""
+    store = prepared(
+        [
+            *tiny_overrides,
+            "algo.dynamic_sampling=true",
+            "train.eta=0",
+            "rollout.temperature=1.5",
+            "reward.function=tests.test_pipeline:hash_reward",
+        ]
+    )
+    result = run_and_check(store)
+    discarded = store.read_json("trainer/discarded_groups.json")["groups"]
+    assert result["counters"]["filtered_groups"] == result["counters"]["discarded_groups"] == discarded > 0
+    for entry in trained_log(store):
+        assert {v for _, v in entry["samples"]} == {entry["trainer_version"]}  # still on-policy

@@ -19,6 +19,15 @@ def test_eta_zero_admits_exactly_one_batch_per_version():
     assert groups_admissible(4, 1, 0, 4, 0, 1) == 4
 
 
+def test_discarded_groups_give_their_admission_back():
+    # η = 0, B = 4: four groups started at v0, the trainer filtered 3 of them
+    assert groups_admissible(4, 0, 0, 4, 0, 1) == 0
+    assert groups_admissible(4, 0, 0, 4, 0, 1, discarded=3) == 3
+    assert admission_capacity(2, 1, 4, discarded=5) == 4 * 4 + 5
+    # split across workers like the rest of the capacity
+    assert sum(groups_admissible(0, 0, 0, 4, i, 3, discarded=5) for i in range(3)) == 9
+
+
 def test_worker_shares_split_the_total():
     shares = [worker_share(10, i, 3) for i in range(3)]
     assert shares == [4, 3, 3] and sum(shares) == 10

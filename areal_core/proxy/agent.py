@@ -137,6 +137,7 @@ class AgentRunner:
         self.worker_index, self.num_workers = worker_index, num_workers
         self.group_size, self.batch_groups, self.eta = group_size, batch_groups, eta
         self.admission = admission
+        self._discarded = 0  # groups the trainer discarded untrained (admission given back)
         self.max_concurrent_episodes = max(max_concurrent_episodes, group_size)
         self.episode_timeout_s = episode_timeout_s
         self.poll_interval_s = poll_interval_s
@@ -240,9 +241,12 @@ class AgentRunner:
     def room(self) -> int:
         if not self.admission:
             return 1 << 30
-        return groups_admissible(
-            self.started, self.version, self.eta, self.batch_groups, self.worker_index, self.num_workers
-        )
+        args = (self.started, self.version, self.eta, self.batch_groups, self.worker_index, self.num_workers)
+        room = groups_admissible(*args, self._discarded)
+        if room <= 0 and self.store is not None:  # blocked: the trainer may have given admission back
+            self._discarded = self.store.discarded_groups()
+            room = groups_admissible(*args, self._discarded)
+        return room
 
     async def run(
         self,

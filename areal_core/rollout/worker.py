@@ -109,6 +109,7 @@ def _generate_loop(cfg, store, index, worker_id, prompts, order, engine, tokeniz
     prompt_cache: dict[int, list[int]] = {}
     produced = 0
     t_start = time.time()
+    discarded = store.discarded_groups()
     log.info("%s starting at seq=%d groups=%d version=%d", worker_id, seq, started, engine.version)
     while not store.done():
         if getattr(watcher, "error", None) is not None:
@@ -116,10 +117,14 @@ def _generate_loop(cfg, store, index, worker_id, prompts, order, engine, tokeniz
         engine.load_version(engine.version)  # install any staged version before deciding admission
         room = cfg.rollout.max_batch_groups
         if cfg.rollout.admission:
-            room = min(
-                room,
-                groups_admissible(started, engine.version, cfg.train.eta, cfg.train.batch_groups, index, num_workers),
-            )
+            eta, b = cfg.train.eta, cfg.train.batch_groups
+            room = min(room, groups_admissible(started, engine.version, eta, b, index, num_workers, discarded))
+            if room == 0:  # blocked: the trainer may have given admission back (one small read)
+                discarded = store.discarded_groups()
+                room = min(
+                    cfg.rollout.max_batch_groups,
+                    groups_admissible(started, engine.version, eta, b, index, num_workers, discarded),
+                )
         if room == 0:
             watcher.new_version.wait(cfg.rollout.poll_interval_s * 5)
             watcher.new_version.clear()

@@ -46,7 +46,7 @@ from areal_core.prompts import load_prompts
 from areal_core.protocol import Sample, read_shard_or_quarantine
 from areal_core.run_context import load_run_config, set_threads
 from areal_core.staleness import staleness_histogram
-from areal_core.store import FINAL_MODEL, INIT_MODEL, Store
+from areal_core.store import DISCARDED_GROUPS, FINAL_MODEL, INIT_MODEL, Store
 from areal_core.tracking import Tracker
 from areal_core.train import checkpoint
 from areal_core.train.algorithm import compute_advantages, compute_loss, required_inputs
@@ -254,10 +254,20 @@ class Trainer:
         self.ingest()
         abandoned = self.buffer.drop_where(lambda s: holds_version_in(s, st.abandoned)) if st.abandoned else []
         dropped = self.buffer.drop_stale(st.version, cfg.train.eta)
-        if cfg.algo.dynamic_sampling:
-            filtered = self.buffer.drop_uninformative()
+        filtered = self.buffer.drop_uninformative() if cfg.algo.dynamic_sampling else []
+        if filtered:
             st.counters["filtered_groups"] = st.counters.get("filtered_groups", 0) + len({s.group_id for s in filtered})
+        self._give_back_admission(abandoned + dropped + filtered)
         return self.buffer.take(cfg.train.batch_groups), dropped, abandoned
+
+    def _give_back_admission(self, discarded: list[Sample]) -> None:
+        """Count the groups that left the buffer untrained and publish the total for admission."""
+        gone = {s.group_id for s in discarded} - set(self.buffer.groups)
+        if not gone:
+            return
+        counters = self.state.counters
+        counters["discarded_groups"] = counters.get("discarded_groups", 0) + len(gone)
+        self.store.write_json(DISCARDED_GROUPS, {"groups": counters["discarded_groups"]})
 
     def _count_drops(self, dropped: list[Sample], abandoned: list[Sample]) -> None:
         st = self.state
