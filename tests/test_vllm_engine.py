@@ -32,7 +32,8 @@ pytestmark = [
     ),
 ]
 
-LONG = 200  # tokens per request when an update must land mid-flight
+LONG = 400  # tokens per request when an update must land mid-flight (long: the action must not lose the race)
+MAX_LEN = 512
 
 
 class Setup:
@@ -41,8 +42,8 @@ class Setup:
         corpus = [f"what is {a} plus {b}? the answer is {a + b}" for a in range(20) for b in range(20)]
         self.tok = build_tokenizer(corpus, 384)
         self.models = {
-            "A": build_tiny_model(ModelConfig(), len(self.tok), seed=0).eval(),
-            "B": build_tiny_model(ModelConfig(), len(self.tok), seed=1).eval(),
+            "A": build_tiny_model(ModelConfig(max_position_embeddings=MAX_LEN), len(self.tok), seed=0).eval(),
+            "B": build_tiny_model(ModelConfig(max_position_embeddings=MAX_LEN), len(self.tok), seed=1).eval(),
         }
         self.side = hf_side_files(self.models["A"], self.tok)
         self.store = Store(str(root / "run"))
@@ -52,7 +53,7 @@ class Setup:
             self.store,
             0,
             eos_id=None,  # random weights: never stop early, so updates land mid-sequence
-            spec=VLLMServerSpec(kv_cache_mb=64, max_model_len=256, max_num_seqs=64),
+            spec=VLLMServerSpec(kv_cache_mb=64, max_model_len=MAX_LEN, max_num_seqs=64),
             log_path=root / "vllm-server.log",
         )
         self.prompts = [self.tok.encode(f"what is {a} plus {a + 3}?") for a in range(8)]
@@ -85,25 +86,53 @@ def vs(tmp_path_factory):
     s.engine.close()
 
 
-def generate_in_thread(engine: VLLMEngine, prompts, params) -> tuple[threading.Thread, dict]:
-    box: dict = {}
+def decoding_all(counters: dict, base: float, n: int, total: int | None = None) -> bool:
+    """All n requests are running on the server, a few tokens in (and short of `total` tokens)."""
+    generated = counters["generated_tokens"] - base
+    return counters["running"] == n and generated >= 5 * n and (total is None or generated < total - n)
 
-    def run() -> None:
-        try:
-            box["gens"] = engine.generate(prompts, params)
-        except BaseException as exc:
-            box["err"] = exc
 
-    base = engine.server_counters()["generated_tokens"]
-    t = threading.Thread(target=run)
-    t.start()
-    # act once every request is well into decoding (~10 tokens each), whatever the machine's load
-    deadline = time.time() + 120
-    while engine.server_counters()["generated_tokens"] < base + 10 * len(prompts):
-        assert t.is_alive() and time.time() < deadline, "generation did not get going"
-        time.sleep(0.05)
-    assert t.is_alive(), "generation finished before the mid-flight action"
-    return t, box
+def generate_in_thread(
+    engine: VLLMEngine, prompts, params, *, hold: bool = False, attempts: int = 4
+) -> tuple[threading.Thread, dict]:
+    """Start `generate` in a thread and return once all its requests decode together, a few tokens in.
+
+    The requests are queued on a paused server and released at once, so they run in lockstep
+    however slowly the machine accepts them. hold: then pause the server again (keep) and check
+    that every request is still unfinished, so the caller's update lands mid-flight whatever
+    the load (the update's own pause and resume take over). An attempt whose generation ended
+    first is discarded and generation starts again; the caller's action has not happened yet.
+    """
+    n = len(prompts)
+    for attempt in range(attempts):
+        box: dict = {}
+
+        def run(box=box) -> None:
+            try:
+                box["gens"] = engine.generate(prompts, params)
+            except BaseException as exc:
+                box["err"] = exc
+
+        base = engine.server_counters()["generated_tokens"]
+        engine.pause("keep")
+        t = threading.Thread(target=run)
+        t.start()
+        time.sleep(1.0 + attempt)  # the requests reach the server's queue
+        engine.resume()
+        deadline = time.time() + 120
+        while t.is_alive() and not decoding_all(engine.server_counters(), base, n):
+            assert time.time() < deadline, "generation did not get going"
+            time.sleep(0.02)
+        if hold and t.is_alive():
+            engine.pause("keep")
+            # every request still unfinished (a finished one leaves the running set), none done
+            if decoding_all(engine.server_counters(), base, n, total=n * params.max_new_tokens):
+                return t, box
+            engine.resume()
+        elif t.is_alive():
+            return t, box
+        joined(t, box)  # finished before the mid-flight action: surface errors, then try again
+    raise AssertionError(f"generation finished before the mid-flight action in {attempts} attempts")
 
 
 def joined(t: threading.Thread, box: dict):
@@ -157,7 +186,7 @@ def test_stop_token_ends_generation_and_is_kept(vs):
 
 def test_reload_midflight_keep_relabels_and_reprefills(vs):
     vs.publish(1, "B")
-    t, box = generate_in_thread(vs.engine, vs.prompts, SamplingParams(max_new_tokens=LONG, temperature=1.0))
+    t, box = generate_in_thread(vs.engine, vs.prompts, SamplingParams(max_new_tokens=LONG, temperature=1.0), hold=True)
     assert vs.engine.update_from_store(vs.store, 1) is True
     gens = joined(t, box)
     assert vs.engine.version == 1 and vs.engine.swaps == 1
@@ -175,7 +204,7 @@ def test_reload_with_equal_weights_gives_identical_greedy_tokens(vs):
     params = SamplingParams(max_new_tokens=LONG, greedy=True)
     reference = vs.engine.generate(vs.prompts, params)  # uninterrupted, under v1 (B)
     vs.publish(2, "B")
-    t, box = generate_in_thread(vs.engine, vs.prompts, params)
+    t, box = generate_in_thread(vs.engine, vs.prompts, params, hold=True)
     vs.engine.update_from_store(vs.store, 2)
     gens = joined(t, box)
     assert_switch(gens, 1, 2)
@@ -186,7 +215,7 @@ def test_reload_with_equal_weights_gives_identical_greedy_tokens(vs):
 
 def test_reload_on_abort_path_continues_under_new_weights(vs):
     vs.publish(3, "A")
-    t, box = generate_in_thread(vs.engine, vs.prompts, SamplingParams(max_new_tokens=LONG, temperature=1.0))
+    t, box = generate_in_thread(vs.engine, vs.prompts, SamplingParams(max_new_tokens=LONG, temperature=1.0), hold=True)
     vs.engine.update_from_store(vs.store, 3, mode="abort")
     gens = joined(t, box)
     assert all(len(g.token_ids) == LONG and g.finish_reason == "length" for g in gens)
