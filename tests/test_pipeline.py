@@ -8,9 +8,10 @@ import pytest
 
 from areal_core import pipeline
 from areal_core.launcher import RoleFailed, launch
-from areal_core.protocol import encode_shard
+from areal_core.protocol import decode_shard, encode_shard
 from areal_core.run_context import load_run_config
 from areal_core.store import Store
+from tests.conftest import TINY
 
 
 def prepared(overrides: list[str]) -> Store:
@@ -140,3 +141,19 @@ def test_dynamic_sampling_gives_admission_back_and_does_not_deadlock(tiny_overri
     assert result["counters"]["filtered_groups"] == result["counters"]["discarded_groups"] == discarded > 0
     for entry in trained_log(store):
         assert {v for _, v in entry["samples"]} == {entry["trainer_version"]}  # still on-policy
+
+
+@pytest.mark.slow
+def test_code_config_runs_the_pipeline_with_the_sandboxed_reward(tmp_path):
+    """configs/code.yaml: code tasks graded by unit tests in the sandbox, through the roles.
+    (The tiny model writes no code, so every reward is 0 with the reason recorded.)"""
+    overrides = [*TINY, f"store={tmp_path / 'run'}", "train.steps=2", "task.num_train=20"]
+    overrides += ["rollout.max_new_tokens=16", "eval.max_new_tokens=16", "eval.num_samples=4"]
+    run_uri, _ = pipeline.prepare("configs/default.yaml,configs/code.yaml", overrides)
+    pipeline.sft(run_uri)
+    store = Store(run_uri)
+    assert load_run_config(store).reward.function == "areal_core.reward.code:code_reward"
+    run_and_check(store)
+    graded = [s for rel in store.find("trajectories/graded", ".arrow") for s in decode_shard(store.read_bytes(rel))]
+    assert graded and all(s.reward == 0.0 for s in graded)
+    assert all({"passed", "total"} <= set(s.reward_info) and "error" in s.reward_info for s in graded)
