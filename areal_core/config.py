@@ -132,6 +132,8 @@ class TrainConfig:
     poll_interval_s: float = 0.01
     slow_step_s: float = 0.0  # tests: sleep per step to make training the bottleneck
     eval_every: int = 0  # 0: only before/after
+    weight_delta: bool = False  # publish each version as a compressed delta against the previous one
+    weight_full_every: int = 8  # with weight_delta: a full snapshot when the version is a multiple of this
 
 
 @dataclass
@@ -195,6 +197,7 @@ _POSITIVE = {
     "train.lr",
     "train.ppo_minibatches",
     "train.checkpoint_every",
+    "train.weight_full_every",
     "sft.batch_size",
     "eval.num_samples",
     "eval.batch_size",

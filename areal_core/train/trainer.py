@@ -58,7 +58,7 @@ from areal_core.train.logprobs import token_logprobs
 from areal_core.train.packing import packed_token_logprobs
 from areal_core.train.schedule import lr_factor
 from areal_core.train.value_head import Critic
-from areal_core.train.weights import hf_side_files, prune, publish, state_dict_bytes
+from areal_core.train.weights import WeightPublisher, hf_side_files, prune, state_dict_bytes
 
 log = logging.getLogger("areal.trainer")
 
@@ -159,6 +159,8 @@ class Trainer:
         self.model.train()
         self.optimizer = self._make_optimizer()
         self.side_files = hf_side_files(self.model, self.tokenizer)
+        tc = self.cfg.train
+        self.publisher = WeightPublisher(self.store, self.side_files, tc.weight_delta, tc.weight_full_every)
         self.ref_model = None
         if "ref_logp" in required_inputs(self.cfg.algo):
             self.ref_model, _ = load_pretrained(self.store.url(INIT_MODEL), self.cfg.device)
@@ -228,7 +230,7 @@ class Trainer:
         if decision.publish:
             blob = self._weights_bytes()  # collective
             if self.dist.is_main:
-                publish(self.store, self.state.version, blob, self.side_files)
+                self.publisher.publish(self.state.version, blob)
 
     def _weights_bytes(self) -> bytes | None:
         """safetensors bytes of the full model (rank 0; None on other ranks). Collective."""
@@ -321,7 +323,7 @@ class Trainer:
             self.save_checkpoint(blob, gathered=True)
         publish_s = 0.0
         if main:
-            publish_s = publish(self.store, st.version, blob, self.side_files)
+            publish_s = self.publisher.publish(st.version, blob)
             prune(self.store, st.version - max(8, 2 * cfg.train.eta + 2))
         staleness = [st.version - 1 - v for v in trained_versions]
         metrics.update(

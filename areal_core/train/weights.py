@@ -2,6 +2,16 @@
 
 A version is visible only once its MANIFEST.json (sha256 of every file) and then LATEST
 are written; loaders verify every checksum before trusting the bytes.
+
+Delta publication (`train.weight_delta`, `WeightPublisher(delta=True)`): version N is stored as
+`model.delta` against version N-1 instead of `model.safetensors`, with a full snapshot whenever
+N is a multiple of `full_every` (and after any gap, e.g. a trainer restart). The delta is the
+element-wise integer difference of the raw bits of consecutive safetensors files (zigzag
+coded, split into byte planes, zstd or zlib compressed): bit-exact, and the high bytes of a
+small optimizer update are mostly zero. An unchanged tensor costs next to nothing. The
+manifest's `weights` entry names the base version, the codec and the sha256 of the rebuilt
+model.safetensors; a reader rebuilds full snapshot + deltas in order and checks that sha256,
+so what it loads is bit for bit what a full publication of the same weights holds.
 """
 
 from __future__ import annotations
@@ -9,9 +19,13 @@ from __future__ import annotations
 import hashlib
 import json
 import tempfile
+import threading
 import time
+import zlib
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
@@ -19,6 +33,8 @@ from safetensors.torch import save as st_save
 from areal_core.store import Store, weights_dir
 
 WEIGHTS_FILE = "model.safetensors"
+DELTA_FILE = "model.delta"  # delta publication: the change against the previous version
+MANIFEST = "MANIFEST.json"
 
 
 class WeightsError(RuntimeError):
@@ -46,36 +62,269 @@ def state_dict_bytes(model: torch.nn.Module) -> bytes:
     return st_save(sd, metadata={"format": "pt"})
 
 
+def _write_version(store: Store, version: int, files: dict[str, bytes], weights_info: dict | None) -> None:
+    base = weights_dir(version)
+    for name, data in files.items():
+        store.write_bytes(f"{base}/{name}", data)
+    manifest: dict[str, Any] = {"version": version, "files": {n: sha256(d) for n, d in files.items()}}
+    manifest["time"] = time.time()
+    if weights_info is not None:
+        manifest["weights"] = weights_info
+    store.write_json(f"{base}/{MANIFEST}", manifest)
+    store.write_text("weights/LATEST", str(version))
+
+
 def publish(store: Store, version: int, weights: bytes, side_files: dict[str, bytes]) -> float:
     """Write weights/v{version}/ whole, then MANIFEST.json, then LATEST. Returns seconds taken."""
     t0 = time.perf_counter()
-    base = weights_dir(version)
-    files = {WEIGHTS_FILE: weights, **side_files}
-    for name, data in files.items():
-        store.write_bytes(f"{base}/{name}", data)
-    manifest = {"version": version, "files": {n: sha256(d) for n, d in files.items()}, "time": time.time()}
-    store.write_json(f"{base}/MANIFEST.json", manifest)
-    store.write_text("weights/LATEST", str(version))
+    _write_version(store, version, {WEIGHTS_FILE: weights, **side_files}, None)
     return time.perf_counter() - t0
 
 
-def load_state_dict(store: Store, version: int) -> dict[str, torch.Tensor]:
-    """The verified state dict of a published version; raises WeightsError."""
-    base = weights_dir(version)
+# -- delta coding -------------------------------------------------------------------------------
+_ITEMSIZE = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2}
+
+
+def _layout(blob: bytes) -> tuple[int, int] | None:
+    """(data start, element width) of a safetensors blob; None if it is not one."""
+    if len(blob) < 8:
+        return None
+    start = 8 + int.from_bytes(blob[:8], "little")
     try:
-        manifest = store.read_json(f"{base}/MANIFEST.json")
-        data = store.read_bytes(f"{base}/{WEIGHTS_FILE}")
+        header = json.loads(blob[8:start])
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(header, dict) or start > len(blob):
+        return None
+    sizes = {_ITEMSIZE.get(v.get("dtype"), 1) for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)}
+    width = sizes.pop() if len(sizes) == 1 else 1
+    return start, width if (len(blob) - start) % width == 0 else 1
+
+
+def _codec() -> str:
+    try:
+        import zstandard  # noqa: F401
+    except ImportError:
+        return "zlib"
+    return "zstd"
+
+
+def _compress(data: bytes, codec: str) -> bytes:
+    if codec == "zstd":
+        import zstandard
+
+        return zstandard.ZstdCompressor(level=1).compress(data)
+    return zlib.compress(data, 1)
+
+
+def _decompress(data: bytes, codec: str, size: int) -> bytes:
+    if codec == "zstd":
+        import zstandard
+
+        return zstandard.ZstdDecompressor().decompress(data, max_output_size=size)
+    if codec == "zlib":
+        return zlib.decompress(data)
+    raise ValueError(f"unknown codec {codec!r}")
+
+
+_CHUNK = 1 << 18  # elements per numpy pass: the temporaries stay in cache
+
+
+def encode_delta(old: bytes, new: bytes, codec: str | None = None) -> tuple[bytes, dict[str, Any]] | None:
+    """The compressed delta turning `old` into `new`, and its manifest entry (without base and
+    sha256); None when the two are not safetensors files of the same layout (full publish then)."""
+    layout = _layout(new)
+    if layout is None or len(old) != len(new) or old[: layout[0]] != new[: layout[0]]:
+        return None
+    start, width = layout
+    dtype = np.dtype(f"<u{width}")
+    a, b = np.frombuffer(old, dtype, offset=start), np.frombuffer(new, dtype, offset=start)
+    planes = np.empty((width, a.size), np.uint8)  # byte k of every element together: high bytes ~ 0
+    d, sign = np.empty(_CHUNK, dtype), np.empty(_CHUNK, dtype)
+    for i in range(0, a.size, _CHUNK):
+        j = min(i + _CHUNK, a.size)
+        dd, ss = d[: j - i], sign[: j - i]
+        np.subtract(b[i:j], a[i:j], out=dd)  # mod 2**bits
+        np.right_shift(dd, 8 * width - 1, out=ss)
+        np.negative(ss, out=ss)
+        np.left_shift(dd, 1, out=dd)
+        np.bitwise_xor(dd, ss, out=dd)  # zigzag: small ± changes -> small numbers
+        view = dd.view(np.uint8).reshape(-1, width)
+        for k in range(width):
+            planes[k, i:j] = view[:, k]
+    codec = codec or _codec()
+    return _compress(planes, codec), {"codec": codec, "start": start, "width": width, "size": len(new)}
+
+
+def decode_delta(old: bytes, payload: bytes, info: dict[str, Any]) -> bytes:
+    """Apply a delta from `encode_delta` to `old`; ValueError (or the codec's error) if it does not fit."""
+    start, width, size = int(info["start"]), int(info["width"]), int(info["size"])
+    if len(old) != size or width not in (1, 2, 4, 8) or (size - start) % width:
+        raise ValueError(f"the delta (width {width}, {size} bytes) does not fit a base of {len(old)} bytes")
+    raw = _decompress(payload, str(info["codec"]), size - start)
+    if len(raw) != size - start:
+        raise ValueError(f"delta holds {len(raw)} bytes, expected {size - start}")
+    dtype = np.dtype(f"<u{width}")
+    planes = np.frombuffer(raw, np.uint8).reshape(width, -1)
+    a = np.frombuffer(old, dtype, offset=start)
+    out = bytearray(size)
+    out[:start] = old[:start]
+    result = np.frombuffer(out, dtype, offset=start)
+    z, sign = np.empty(_CHUNK, dtype), np.empty(_CHUNK, dtype)
+    for i in range(0, a.size, _CHUNK):
+        j = min(i + _CHUNK, a.size)
+        zz, ss = z[: j - i], sign[: j - i]
+        view = zz.view(np.uint8).reshape(-1, width)
+        for k in range(width):
+            view[:, k] = planes[k, i:j]
+        np.bitwise_and(zz, 1, out=ss)
+        np.negative(ss, out=ss)
+        np.right_shift(zz, 1, out=zz)
+        np.bitwise_xor(zz, ss, out=zz)
+        np.add(a[i:j], zz, out=result[i:j])
+    del result  # release the export before the copy
+    return bytes(out)
+
+
+class WeightPublisher:
+    """The trainer's publisher: full versions, or (`delta`) deltas against the previous version
+    with a full snapshot when the version is a multiple of `full_every`, after a gap in the
+    numbering (the first publish of a process) and when the layout changes.
+
+    Holds the previous version's bytes (delta mode only). `last_weights_bytes` is the size of the
+    weights file the last publish wrote.
+    """
+
+    def __init__(self, store: Store, side_files: dict[str, bytes], delta: bool = False, full_every: int = 8):
+        if full_every < 1:
+            raise ValueError("full_every must be >= 1")
+        self.store, self.side_files, self.delta, self.full_every = store, side_files, delta, full_every
+        self._prev: tuple[int, bytes] | None = None
+        self.last_weights_bytes = 0
+
+    def publish(self, version: int, weights: bytes) -> float:
+        """Publish `weights` as `version` (write files, MANIFEST.json, LATEST). Returns seconds taken."""
+        if not self.delta:
+            self.last_weights_bytes = len(weights)
+            return publish(self.store, version, weights, self.side_files)
+        t0 = time.perf_counter()
+        prev, self._prev = self._prev, None
+        enc = None
+        if prev is not None and prev[0] == version - 1 and version % self.full_every:
+            enc = encode_delta(prev[1], weights)
+        if enc is None:
+            name, data, info = WEIGHTS_FILE, weights, {"base": None}
+        else:
+            (data, info), name = enc, DELTA_FILE
+            info["base"] = version - 1
+        info["sha256"] = sha256(weights)
+        _write_version(self.store, version, {name: data, **self.side_files}, info)
+        self._prev = (version, weights)
+        self.last_weights_bytes = len(data)
+        return time.perf_counter() - t0
+
+
+# -- loading ------------------------------------------------------------------------------------
+def _manifest(store: Store, version: int) -> dict[str, Any]:
+    try:
+        manifest = store.read_json(f"{weights_dir(version)}/{MANIFEST}")
     except FileNotFoundError as exc:
         raise WeightsError(f"weights v{version} incomplete: {exc}") from None
-    except json.JSONDecodeError:
-        raise WeightsError(f"weights v{version}: MANIFEST.json is not JSON") from None
-    if sha256(data) != manifest["files"].get(WEIGHTS_FILE):
-        raise WeightsError(f"weights v{version}: {WEIGHTS_FILE} fails its sha256 check")
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise WeightsError(f"weights v{version}: {MANIFEST} is not JSON") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        raise WeightsError(f"weights v{version}: {MANIFEST} lists no files")
+    return manifest
+
+
+def _read_checked(store: Store, version: int, manifest: dict[str, Any], name: str) -> bytes:
+    try:
+        data = store.read_bytes(f"{weights_dir(version)}/{name}")
+    except FileNotFoundError as exc:
+        raise WeightsError(f"weights v{version} incomplete: {exc}") from None
+    if sha256(data) != manifest["files"].get(name):
+        raise WeightsError(f"weights v{version}: {name} fails its sha256 check")
+    return data
+
+
+def delta_base(manifest: dict[str, Any]) -> int | None:
+    """The version a delta-published version is stored against; None for a full version."""
+    info = manifest.get("weights")
+    return info.get("base") if isinstance(info, dict) else None
+
+
+def load_weights_bytes(store: Store, version: int, have: tuple[int, bytes] | None = None) -> bytes:
+    """The verified model.safetensors bytes of a published version: read whole, or rebuilt from the
+    newest full snapshot (or `have`, verified bytes of an older version) and the deltas after it.
+    Raises WeightsError naming the version and file that is missing or fails its check."""
+    return _load(store, version, have)[0]
+
+
+def _load(store: Store, version: int, have: tuple[int, bytes] | None) -> tuple[bytes, bool]:
+    """(bytes, whether the version was delta-published: a full snapshot or a delta)."""
+    chain: list[tuple[int, dict[str, Any]]] = []  # delta versions, newest first
+    v, manifest = version, _manifest(store, version)
+    delta_run = "weights" in manifest
+    while True:
+        base = delta_base(manifest)
+        if base is None:
+            data = _read_checked(store, v, manifest, WEIGHTS_FILE)
+            break
+        if not isinstance(base, int) or not 0 <= base < v:
+            raise WeightsError(f"weights v{v}: {MANIFEST} names a bad delta base {base!r}")
+        chain.append((v, manifest))
+        if have is not None and have[0] == base:
+            data = have[1]
+            break
+        try:
+            v, manifest = base, _manifest(store, base)
+        except WeightsError as exc:
+            raise WeightsError(f"weights v{version}: cannot rebuild from delta base v{base}: {exc}") from None
+    for v, manifest in reversed(chain):
+        payload = _read_checked(store, v, manifest, DELTA_FILE)
+        info = manifest["weights"]
+        try:
+            data = decode_delta(data, payload, info)
+        except Exception as exc:  # noqa: BLE001 - a malformed delta or a codec error
+            raise WeightsError(f"weights v{v}: {DELTA_FILE} does not apply to v{info['base']}: {exc}") from None
+        if sha256(data) != info.get("sha256"):
+            raise WeightsError(f"weights v{v}: {WEIGHTS_FILE} rebuilt from {DELTA_FILE} fails its sha256 check")
+    return data, delta_run
+
+
+_last_loaded: dict[str, tuple[int, bytes]] = {}  # store uri -> newest delta-run version loaded here
+_last_lock = threading.Lock()
+
+
+def load_state_dict(store: Store, version: int) -> dict[str, torch.Tensor]:
+    """The verified state dict of a published version; raises WeightsError.
+
+    In a delta-published run the verified bytes of the newest version loaded (per store) are
+    kept, so the next version costs one delta instead of a rebuild from the full snapshot."""
+    with _last_lock:
+        have = _last_loaded.get(store.uri)
+    data, delta_run = _load(store, version, have)
+    if delta_run:
+        with _last_lock:
+            if version > _last_loaded.get(store.uri, (-1, b""))[0]:
+                _last_loaded[store.uri] = (version, data)
     return st_load(data)
 
 
 def prune(store: Store, keep_from: int) -> None:
-    """Delete versions older than `keep_from` (never the one LATEST names)."""
-    for name in store.listdir("weights"):
-        if name.startswith("v") and name[1:].isdigit() and int(name[1:]) < keep_from:
+    """Delete versions older than `keep_from`, except the full snapshot and deltas that the oldest
+    kept version is rebuilt from (a delta's base is always the version before it)."""
+    versions = sorted((int(n[1:]), n) for n in store.listdir("weights") if n.startswith("v") and n[1:].isdigit())
+    kept = [v for v, _ in versions if v >= keep_from]
+    v = kept[0] if kept else -1
+    while v >= 0:
+        try:
+            base = delta_base(store.read_json(f"{weights_dir(v)}/{MANIFEST}"))
+        except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+            break
+        if not isinstance(base, int) or base >= v:
+            break
+        keep_from, v = min(keep_from, base), base
+    for v, name in versions:
+        if v < keep_from:
             store.delete(f"weights/{name}", recursive=True)

@@ -1,0 +1,194 @@
+"""Delta weight publication (areal_core/train/weights.py, `train.weight_delta`): bit-exact rebuild
+over a chain of real AdamW steps, readers joining mid-chain, refusal of corrupt deltas, prune."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load as st_load
+
+from areal_core.config import ConfigError, ModelConfig, load_config
+from areal_core.models import build_tiny_model
+from areal_core.rollout.remote_weights import stage_verified
+from areal_core.store import Store, weights_dir
+from areal_core.train.weights import (
+    DELTA_FILE,
+    WEIGHTS_FILE,
+    WeightPublisher,
+    WeightsError,
+    decode_delta,
+    encode_delta,
+    load_state_dict,
+    load_weights_bytes,
+    prune,
+    sha256,
+    state_dict_bytes,
+)
+
+SIDE = {"config.json": b'{"a": 1}'}
+
+
+def adamw_versions(n: int) -> list[bytes]:
+    """safetensors bytes of a tiny model after 0..n-1 AdamW steps (lr 1e-4) on a real LM loss."""
+    model = build_tiny_model(
+        ModelConfig(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64), 50, 0
+    )
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.99))
+    ids = torch.randint(0, 50, (4, 12), generator=torch.Generator().manual_seed(0))
+    out = [state_dict_bytes(model)]
+    for _ in range(n - 1):
+        opt.zero_grad()
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        out.append(state_dict_bytes(model))
+    return out
+
+
+@pytest.fixture(scope="module")
+def blobs() -> list[bytes]:
+    return adamw_versions(10)
+
+
+def publish_all(store: Store, blobs: list[bytes], full_every: int = 4) -> WeightPublisher:
+    pub = WeightPublisher(store, SIDE, delta=True, full_every=full_every)
+    for v, blob in enumerate(blobs):
+        pub.publish(v, blob)
+    return pub
+
+
+def test_delta_round_trip_is_bit_exact_from_any_starting_point(tmp_path, blobs):
+    store = Store(str(tmp_path / "run"))
+    sizes = []
+    pub = WeightPublisher(store, SIDE, delta=True, full_every=4)
+    for v, blob in enumerate(blobs):
+        pub.publish(v, blob)
+        sizes.append(pub.last_weights_bytes)
+    for v in range(10):
+        files = store.read_json(f"{weights_dir(v)}/MANIFEST.json")["files"]
+        assert (WEIGHTS_FILE in files) == (v % 4 == 0) and (DELTA_FILE in files) == (v % 4 != 0)
+        assert set(files) - {WEIGHTS_FILE, DELTA_FILE} == {"config.json"}
+    assert all(sizes[v] < 0.9 * len(blobs[v]) for v in range(10) if v % 4)  # the deltas are smaller
+    # a reader with nothing cached rebuilds every version from its full snapshot + deltas
+    for v, blob in enumerate(blobs):
+        assert load_weights_bytes(store, v) == blob
+    # the rollout path (load_state_dict): a reader that joins at v6 (mid-chain), then follows
+    # from the verified bytes it keeps: v7 needs only v7's delta once v6 is loaded
+    assert load_weights_bytes(store, 7, have=(6, blobs[6])) == blobs[7]
+    load_state_dict(store, 6)
+    store.delete(weights_dir(4), recursive=True)
+    store.delete(weights_dir(5), recursive=True)
+    with pytest.raises(WeightsError, match="cannot rebuild from delta base v5"):
+        load_weights_bytes(store, 7)
+    for v in (7, 9):
+        sd = load_state_dict(store, v)
+        expected = st_load(blobs[v])
+        assert sd.keys() == expected.keys()
+        assert all(torch.equal(sd[k], expected[k]) for k in sd)
+
+
+def test_publisher_publishes_full_after_a_gap_a_restart_and_for_non_safetensors(tmp_path, blobs):
+    store = Store(str(tmp_path / "run"))
+    pub = WeightPublisher(store, SIDE, delta=True, full_every=100)
+    pub.publish(1, blobs[1])
+    pub.publish(2, blobs[2])
+    pub.publish(4, blobs[4])  # numbering gap: full
+    assert DELTA_FILE in store.read_json(f"{weights_dir(2)}/MANIFEST.json")["files"]
+    assert WEIGHTS_FILE in store.read_json(f"{weights_dir(4)}/MANIFEST.json")["files"]
+    WeightPublisher(store, SIDE, delta=True).publish(5, blobs[5])  # a restarted trainer holds no base
+    assert WEIGHTS_FILE in store.read_json(f"{weights_dir(5)}/MANIFEST.json")["files"]
+    pub = WeightPublisher(store, SIDE, delta=True, full_every=100)
+    pub.publish(6, b"weights-6" * 50)
+    pub.publish(7, b"weights-7" * 50)  # not safetensors: full
+    assert load_weights_bytes(store, 7) == b"weights-7" * 50
+    assert store.latest_version() == 7
+    WeightPublisher(store, SIDE).publish(8, blobs[8])  # delta off: the plain layout, no "weights" entry
+    assert "weights" not in store.read_json(f"{weights_dir(8)}/MANIFEST.json")
+
+
+@pytest.mark.parametrize("codec", ["zstd", "zlib"])
+def test_encode_decode_delta_codecs(blobs, codec):
+    payload, info = encode_delta(blobs[3], blobs[4], codec=codec)
+    assert decode_delta(blobs[3], payload, info) == blobs[4]
+    assert info["width"] == 4 and len(payload) < len(blobs[4])
+    assert encode_delta(blobs[3], blobs[3][:-4]) is None  # another layout
+
+
+def test_corrupt_or_missing_delta_is_refused_naming_the_file(tmp_path, blobs):
+    store = Store(str(tmp_path / "run"))
+    publish_all(store, blobs[:4])
+    good = store.read_bytes(f"{weights_dir(2)}/{DELTA_FILE}")
+    store.write_bytes(f"{weights_dir(2)}/{DELTA_FILE}", good[:-1] + bytes([good[-1] ^ 1]))
+    with pytest.raises(WeightsError, match=r"weights v2: model\.delta fails its sha256 check"):
+        load_weights_bytes(store, 3)
+    with pytest.raises(WeightsError, match=r"weights v2: model\.delta fails its sha256 check"):
+        load_state_dict(store, 2)
+    # a delta whose file checksum matches but that does not rebuild the recorded weights
+    manifest = store.read_json(f"{weights_dir(2)}/MANIFEST.json")
+    other, _ = encode_delta(blobs[0], blobs[3])
+    store.write_bytes(f"{weights_dir(2)}/{DELTA_FILE}", other)
+    manifest["files"][DELTA_FILE] = sha256(other)
+    store.write_json(f"{weights_dir(2)}/MANIFEST.json", manifest)
+    with pytest.raises(WeightsError, match=r"weights v2: model\.safetensors rebuilt from model\.delta fails"):
+        load_weights_bytes(store, 2)
+    store.delete(weights_dir(1), recursive=True)
+    with pytest.raises(WeightsError, match=r"weights v3: cannot rebuild from delta base v1"):
+        load_weights_bytes(store, 3)
+
+
+def test_prune_keeps_the_chain_the_oldest_kept_version_needs(tmp_path, blobs):
+    store = Store(str(tmp_path / "run"))
+    publish_all(store, blobs, full_every=4)  # full: v0, v4, v8
+    prune(store, 7)  # v7 = v4 + deltas 5, 6, 7
+    assert store.listdir("weights") == ["LATEST", *(f"v{v:06d}" for v in range(4, 10))]
+    assert load_weights_bytes(store, 7) == blobs[7] and load_weights_bytes(store, 9) == blobs[9]
+    prune(store, 8)
+    assert store.listdir("weights") == ["LATEST", "v000008", "v000009"]
+    assert load_weights_bytes(store, 9) == blobs[9]
+
+
+def test_stage_verified_rebuilds_a_delta_version_for_remote_engines(tmp_path, blobs):
+    store = Store(str(tmp_path / "run"))
+    publish_all(store, blobs[:4])
+    path = stage_verified(store, 2, tmp_path / "stage")  # v0 full + deltas v1, v2 from the store
+    assert (path / WEIGHTS_FILE).read_bytes() == blobs[2]
+    assert (path / "config.json").read_bytes() == SIDE["config.json"]
+    assert not (path / DELTA_FILE).exists()
+    for v in (0, 1, 2):  # v3 is rebuilt from the staged v2 and its own delta
+        store.delete(weights_dir(v), recursive=True)
+    assert (stage_verified(store, 3, tmp_path / "stage") / WEIGHTS_FILE).read_bytes() == blobs[3]
+    with pytest.raises(WeightsError, match="cannot rebuild from delta base v2"):
+        stage_verified(store, 3, tmp_path / "other")
+
+
+def test_weight_delta_config_keys():
+    cfg = load_config(None, ["train.weight_delta=true", "train.weight_full_every=4"])
+    assert cfg.train.weight_delta and cfg.train.weight_full_every == 4
+    assert load_config(None, []).train.weight_delta is False
+    with pytest.raises(ConfigError, match="train.weight_full_every"):
+        load_config(None, ["train.weight_full_every=0"])
+
+
+@pytest.mark.slow
+def test_a_run_with_delta_publication_trains_and_its_rollout_workers_follow(tiny_overrides):
+    from areal_core import pipeline
+    from areal_core.launcher import launch
+    from areal_core.protocol import decode_shard
+
+    run_uri, _ = pipeline.prepare("", [*tiny_overrides, "train.weight_delta=true", "train.weight_full_every=4"])
+    pipeline.sft(run_uri)
+    store = Store(run_uri)
+    launch(store.uri, 1, 1, timeout_s=300, progress=False)
+    assert store.done() and store.latest_version() == 4
+    kinds = {v: set(store.read_json(f"{weights_dir(v)}/MANIFEST.json")["files"]) for v in range(5)}
+    assert [WEIGHTS_FILE in kinds[v] for v in range(5)] == [True, False, False, False, True]
+    final = st_load(store.read_bytes("final_model/model.safetensors"))
+    rebuilt = st_load(load_weights_bytes(store, 4))
+    assert all(torch.equal(rebuilt[k], final[k]) for k in rebuilt)
+    produced = {
+        v
+        for p in store.find("trajectories/ungraded", ".arrow")
+        for s in decode_shard(store.read_bytes(p))
+        for v, m in zip(s.versions, s.loss_mask)
+        if m
+    }
+    assert produced & {1, 2, 3}, produced  # step 3 trains tokens of v1..v3: all delta-published
