@@ -49,9 +49,9 @@ from areal_core.config import ModelConfig, RolloutConfig, TaskConfig
 from areal_core.models import build_tiny_model, build_tokenizer
 from areal_core.store import Store
 from areal_core.train.sft import sft_examples, sft_loss
+from areal_core.train.weight_delta import encode_delta
 from areal_core.train.weights import (
     WeightPublisher,
-    encode_delta,
     load_state_dict,
     load_weights_bytes,
     sha256,

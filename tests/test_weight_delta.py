@@ -11,13 +11,12 @@ from areal_core.config import ConfigError, ModelConfig, load_config
 from areal_core.models import build_tiny_model
 from areal_core.rollout.remote_weights import stage_verified
 from areal_core.store import Store, weights_dir
+from areal_core.train.weight_delta import decode_delta, encode_delta
 from areal_core.train.weights import (
     DELTA_FILE,
     WEIGHTS_FILE,
     WeightPublisher,
     WeightsError,
-    decode_delta,
-    encode_delta,
     load_state_dict,
     load_weights_bytes,
     prune,
