@@ -25,7 +25,6 @@ requests that wait together into one `generate` call.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import time
@@ -42,6 +41,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.security import HTTPBearer
 
 from areal_core.proxy.backend import AsyncBackendAdapter, BatchingBackend, TimedGeneration, as_backend  # noqa: F401
+from areal_core.proxy.decoding import cut_at_stop, sse, text_pieces, token_logprobs
 from areal_core.proxy.guard import ApiKeys, GuardMiddleware, ProxyError, ProxyLimits, context_limit, error_body
 from areal_core.proxy.runner import ProxyServer
 from areal_core.proxy.schemas import (
@@ -64,7 +64,7 @@ from areal_core.proxy.schemas import (
 )
 from areal_core.proxy.sessions import SessionError, SessionManager, session_id_for_key
 from areal_core.proxy.templating import ChatMLTemplate, TemplateError, parse_tool_calls
-from areal_core.rollout.engine import Generation, SamplingParams
+from areal_core.rollout.engine import SamplingParams
 
 log = logging.getLogger("areal.proxy")
 
@@ -253,20 +253,6 @@ def create_app(
                 return session, plan, gen, time.perf_counter() - t0
         raise ProxyError(409, f"session {sid!r} ended while the request waited", "session_ended")
 
-    def cut_at_stop(gen: Generation, stops: list[str] | None) -> tuple[Generation, str, bool]:
-        """(generation cut after the token completing a stop string, visible text, stopped)."""
-        ids = gen.token_ids[:-1] if gen.token_ids and gen.token_ids[-1] == eos_id else gen.token_ids
-        text = tokenizer.decode(ids, skip_special_tokens=True)
-        if not stops or not any(s in text for s in stops):
-            return gen, text, False
-        for i in range(1, len(gen.token_ids) + 1):
-            partial = tokenizer.decode(gen.token_ids[:i], skip_special_tokens=True)
-            hits = [partial.find(s) for s in stops if s in partial]
-            if hits:
-                cut = Generation(gen.token_ids[:i], gen.logprobs[:i], gen.versions[:i], "stop")
-                return cut, partial[: min(hits)], True
-        return gen, text, False
-
     def areal_extra(request: Request, session, record, plan, gen, wall_s: float) -> dict:
         return {
             "session_id": session.id,
@@ -284,29 +270,6 @@ def create_app(
                 "server_s": time.perf_counter() - request.scope.get("state", {}).get("t_arrival", time.perf_counter()),
             },
         }
-
-    def token_logprobs(gen: Generation) -> list[dict]:
-        out = []
-        for t, lp in zip(gen.token_ids, gen.logprobs):
-            s = tokenizer.decode([t])
-            out.append({"token": s, "logprob": lp, "bytes": list(s.encode()), "top_logprobs": []})
-        return out
-
-    def sse(obj: Any) -> bytes:
-        return b"data: " + json.dumps(obj).encode() + b"\n\n"
-
-    def text_pieces(gen: Generation, text: str) -> list[str]:
-        """The visible text split per served token (pieces join to `text`)."""
-        pieces, prev = [], ""
-        for i in range(1, len(gen.token_ids) + 1):
-            cur = tokenizer.decode(gen.token_ids[:i], skip_special_tokens=True)
-            if cur.endswith("\ufffd") or not text.startswith(cur) or len(cur) <= len(prev):
-                continue
-            pieces.append(cur[len(prev) :])
-            prev = cur
-        if prev != text:
-            pieces.append(text[len(prev) :])
-        return [p for p in pieces if p]
 
     # -- routes ---------------------------------------------------------------------------
     @app.get("/health", tags=["service"])
@@ -366,7 +329,7 @@ def create_app(
         session, plan, gen, wall = await run_turn(
             request, x_session_id, lambda s: s.plan_chat(req.messages, tools), req, explicit
         )
-        gen, text, stopped = cut_at_stop(gen, req.stop)
+        gen, text, stopped = cut_at_stop(tokenizer, eos_id, gen, req.stop)
         cid = f"chatcmpl-{uuid.uuid4().hex}"
         parsed = parse_tool_calls(text, id_prefix=f"call_{cid[9:21]}") if tools else None
         content = parsed.content if parsed else text
@@ -383,7 +346,7 @@ def create_app(
             "total_tokens": len(plan.prompt_ids) + len(gen.token_ids),
         }
         extra = areal_extra(request, session, record, plan, gen, wall)
-        lp = {"content": token_logprobs(gen), "refusal": None} if req.logprobs else None
+        lp = {"content": token_logprobs(tokenizer, gen), "refusal": None} if req.logprobs else None
         created = int(time.time())
         if not req.stream:
             return JSONResponse(
@@ -411,7 +374,7 @@ def create_app(
 
         async def events():
             yield chunk({"role": "assistant", "content": ""})
-            for piece in text_pieces(gen, content or ""):
+            for piece in text_pieces(tokenizer, gen, content or ""):
                 yield chunk({"content": piece})
             for i, call in enumerate(calls):
                 yield chunk({"tool_calls": [{"index": i, **call}]})
@@ -450,7 +413,7 @@ def create_app(
             raise ProxyError(400, f"prompt token ids must be in 0..{len(tokenizer) - 1}", "invalid_token_id")
         explicit = req.max_tokens
         session, plan, gen, wall = await run_turn(request, x_session_id, lambda s: s.plan_text(prompt), req, explicit)
-        gen, text, stopped = cut_at_stop(gen, req.stop)
+        gen, text, stopped = cut_at_stop(tokenizer, eos_id, gen, req.stop)
         cid = f"cmpl-{uuid.uuid4().hex}"
         finish = "stop" if stopped else gen.finish_reason
         record = session.commit(plan, gen, cid, finish, completion_text=text)
@@ -489,7 +452,7 @@ def create_app(
             )
 
         async def events():
-            for piece in text_pieces(gen, text):
+            for piece in text_pieces(tokenizer, gen, text):
                 yield sse(
                     {
                         "id": cid,
