@@ -242,11 +242,9 @@ class AgentRunner:
         if not self.admission:
             return 1 << 30
         args = (self.started, self.version, self.eta, self.batch_groups, self.worker_index, self.num_workers)
-        room = groups_admissible(*args, self._discarded)
-        if room <= 0 and self.store is not None:  # blocked: the trainer may have given admission back
-            self._discarded = self.store.discarded_groups()
-            room = groups_admissible(*args, self._discarded)
-        return room
+        if groups_admissible(*args, self._discarded) == 0 and self.store is not None:
+            self._discarded = self.store.discarded_groups()  # blocked: the trainer may have given admission back
+        return groups_admissible(*args, self._discarded)
 
     async def run(
         self,

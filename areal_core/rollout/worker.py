@@ -117,14 +117,10 @@ def _generate_loop(cfg, store, index, worker_id, prompts, order, engine, tokeniz
         engine.load_version(engine.version)  # install any staged version before deciding admission
         room = cfg.rollout.max_batch_groups
         if cfg.rollout.admission:
-            eta, b = cfg.train.eta, cfg.train.batch_groups
-            room = min(room, groups_admissible(started, engine.version, eta, b, index, num_workers, discarded))
-            if room == 0:  # blocked: the trainer may have given admission back (one small read)
+            args = (started, engine.version, cfg.train.eta, cfg.train.batch_groups, index, num_workers)
+            if groups_admissible(*args, discarded) == 0:  # blocked: the trainer may have given admission back
                 discarded = store.discarded_groups()
-                room = min(
-                    cfg.rollout.max_batch_groups,
-                    groups_admissible(started, engine.version, eta, b, index, num_workers, discarded),
-                )
+            room = min(room, groups_admissible(*args, discarded))
         if room == 0:
             watcher.new_version.wait(cfg.rollout.poll_interval_s * 5)
             watcher.new_version.clear()
