@@ -5,10 +5,10 @@ are written; loaders verify every checksum before trusting the bytes.
 
 Delta publication (`train.weight_delta`, `WeightPublisher(delta=True)`): version N is stored as
 `model.delta` against version N-1 instead of `model.safetensors`, with a full snapshot whenever
-N is a multiple of `full_every` (and after any gap, e.g. a trainer restart). The delta is the
-element-wise integer difference of the raw bits of consecutive safetensors files (zigzag
-coded, split into byte planes, zstd or zlib compressed; `weight_delta.py`): bit-exact, and the high bytes of a
-small optimizer update are mostly zero. An unchanged tensor costs next to nothing. The
+N is a multiple of `full_every` (and after any gap, e.g. a trainer restart). The delta
+(`weight_delta.py`) is the element-wise integer difference of the raw bits of consecutive
+safetensors files (zigzag coded, split into byte planes, zstd or zlib compressed): bit-exact,
+and the high bytes of a small optimizer update are mostly zero. An unchanged tensor costs next to nothing. The
 manifest's `weights` entry names the base version, the codec and the sha256 of the rebuilt
 model.safetensors; a reader rebuilds full snapshot + deltas in order and checks that sha256,
 so what it loads is bit for bit what a full publication of the same weights holds.
@@ -80,7 +80,7 @@ def publish(store: Store, version: int, weights: bytes, side_files: dict[str, by
     return time.perf_counter() - t0
 
 
-# -- delta coding -------------------------------------------------------------------------------
+# -- publication --------------------------------------------------------------------------------
 class WeightPublisher:
     """The trainer's publisher: full versions, or (`delta`) deltas against the previous version
     with a full snapshot when the version is a multiple of `full_every`, after a gap in the
