@@ -20,14 +20,13 @@ from pathlib import Path
 from areal_core.store import Store, weights_dir
 from areal_core.train.weights import (
     DELTA_FILE,
+    MANIFEST,
     WEIGHTS_FILE,
     WeightsError,
     delta_base,
     load_weights_bytes,
     sha256,
 )
-
-MANIFEST = "MANIFEST.json"
 
 
 def read_manifest(store: Store, version: int) -> dict:
