@@ -41,6 +41,15 @@ log = logging.getLogger("areal.agent")
 AgentFn = Callable[[dict[str, Any], str, str], Awaitable[float | None]]
 
 
+def quiet_http_clients() -> None:
+    """No INFO line per request from the agents' HTTP clients (httpx logs every call to the
+    in-process proxy: tens of thousands of lines per run); a level set by the user is kept."""
+    for name in ("httpx", "httpx2"):
+        logger = logging.getLogger(name)
+        if logger.level == logging.NOTSET:
+            logger.setLevel(logging.WARNING)
+
+
 def load_agent(path: str) -> AgentFn:
     """'package.module:function' -> the agent function."""
     module, _, name = path.partition(":")
@@ -132,6 +141,7 @@ class AgentRunner:
         poll_interval_s: float = 0.02,
     ):
         self.agent = load_agent(agent) if isinstance(agent, str) else agent
+        quiet_http_clients()
         self.store = store
         self.worker_id = worker_id
         self.worker_index, self.num_workers = worker_index, num_workers
