@@ -44,10 +44,9 @@ AgentFn = Callable[[dict[str, Any], str, str], Awaitable[float | None]]
 def quiet_http_clients() -> None:
     """No INFO line per request from the agents' HTTP clients (httpx logs every call to the
     in-process proxy: tens of thousands of lines per run); a level set by the user is kept."""
-    for name in ("httpx", "httpx2"):
-        logger = logging.getLogger(name)
-        if logger.level == logging.NOTSET:
-            logger.setLevel(logging.WARNING)
+    logger = logging.getLogger("httpx")
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.WARNING)
 
 
 def load_agent(path: str) -> AgentFn:
