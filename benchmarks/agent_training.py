@@ -71,9 +71,9 @@ def main() -> None:
         watcher.join()
     out = pipeline.evaluate_run(run_uri)
     curve: dict[int, float | None] = {}
+    cfg = load_run_config(store)
+    records = load_prompts(store, "eval")[: cfg.eval.num_samples]
     if captured:
-        cfg = load_run_config(store)
-        records = load_prompts(store, "eval")[: cfg.eval.num_samples]
         model, tokenizer = load_pretrained(store.url(INIT_MODEL), cfg.device)
         for v in sorted(captured):
             if not captured[v]:
@@ -85,7 +85,7 @@ def main() -> None:
     result = {
         "config": args.config,
         "overrides": overrides,
-        "heldout_tasks": len(load_prompts(store, "eval")[: load_run_config(store).eval.num_samples]),
+        "heldout_tasks": len(records),
         "success_before": out["before"],
         "success_after": out["after"],
         "success_by_version": curve,

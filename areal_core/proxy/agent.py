@@ -147,6 +147,7 @@ class AgentRunner:
         self.group_size, self.batch_groups, self.eta = group_size, batch_groups, eta
         self.admission = admission
         self._discarded = 0  # groups the trainer discarded untrained (admission given back)
+        self._discarded_read_at = 0.0
         self.max_concurrent_episodes = max(max_concurrent_episodes, group_size)
         self.episode_timeout_s = episode_timeout_s
         self.poll_interval_s = poll_interval_s
@@ -251,8 +252,15 @@ class AgentRunner:
         if not self.admission:
             return 1 << 30
         args = (self.started, self.version, self.eta, self.batch_groups, self.worker_index, self.num_workers)
-        if groups_admissible(*args, self._discarded) == 0 and self.store is not None:
-            self._discarded = self.store.discarded_groups()  # blocked: the trainer may have given admission back
+        blocked = groups_admissible(*args, self._discarded) == 0
+        # blocked: the trainer may have given admission back; one small read per 5 polls, as the rollout worker
+        if (
+            blocked
+            and self.store is not None
+            and time.monotonic() - self._discarded_read_at >= 5 * self.poll_interval_s
+        ):
+            self._discarded = self.store.discarded_groups()
+            self._discarded_read_at = time.monotonic()
         return groups_admissible(*args, self._discarded)
 
     async def run(
