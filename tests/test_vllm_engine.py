@@ -225,8 +225,15 @@ def test_reload_on_abort_path_continues_under_new_weights(vs):
 
 
 def test_user_abort_returns_partial_and_server_keeps_serving(vs):
-    t, box = generate_in_thread(vs.engine, vs.prompts[:4], SamplingParams(max_new_tokens=LONG, temperature=1.0))
-    assert vs.engine.abort() >= 1
+    # held (paused, keep) with every request unfinished, so the abort cannot lose the race
+    t, box = generate_in_thread(
+        vs.engine, vs.prompts[:4], SamplingParams(max_new_tokens=LONG, temperature=1.0), hold=True
+    )
+    try:
+        aborted = vs.engine.abort()
+    finally:
+        vs.engine.resume()
+    assert aborted == 4
     gens = joined(t, box)
     for g in gens:
         assert g.finish_reason == "abort"
