@@ -10,6 +10,9 @@ sequence), sampling at temperature 1 (top-k/top-p off); tokens/s = B·N / time o
 number when other jobs share the cores; with one thread it is the compute time). Long tail: R requests with max_new_tokens drawn
 from a clipped Pareto law; useful tokens/s = Σ lengths / wall time. The static baselines run
 batches of `slots` requests to the batch's longest length (what a static batch does).
+Floor (`--floor`): the continuous engine's own GEMMs and decode attention timed alone in a hot
+loop at the benchmark's batch and mid-run span, the least a decode step of this model can cost
+in float32 on this machine, against one third of `generate`'s measured step (the 3× goal).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from areal_core.config import ModelConfig
 from areal_core.models import build_tiny_model
 from areal_core.rollout.continuous_engine import ContinuousEngine
 from areal_core.rollout.engine import SamplingParams
+from areal_core.rollout.static_cache import StaticCacheDecoder
 from areal_core.rollout.torch_engine import TorchEngine
 
 NO_EOS = -1  # an id no sampler returns: every sequence runs to its length
@@ -91,6 +95,53 @@ def equal_lengths(model, batch: int, plen: int, new: int, repeats: int) -> dict:
     return res
 
 
+def hot_ms(fn, n: int = 300) -> float:
+    """Mean milliseconds of fn() over n back-to-back calls after a warm-up (operands stay in cache)."""
+    for _ in range(20):
+        fn()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t0) / n * 1e3
+
+
+@torch.inference_mode()
+def floor(model, batch: int, span: int, generate_tok_s: float) -> dict:
+    """Hot-loop time of one decode step's GEMMs and of its attention, each alone, at `span` keys."""
+    dec = StaticCacheDecoder(model, batch, span + 1)
+    hidden = model.config.hidden_size
+    H, KVH, D = dec.n_heads, dec.n_kv, dec.head_dim
+    mats = [w for L in dec.layers for w in (L.w_qkv, L.w_o, L.w_gate_up, L.w_down)] + [dec.lm_head]
+    xs = {k: torch.randn(batch, k) for k in {w.shape[1] for w in mats}}
+    gemm = sum(hot_ms(lambda w=w: torch.nn.functional.linear(xs[w.shape[1]], w)) for w in mats)
+    flops = sum(2 * batch * w.numel() for w in mats)
+    cache = dec.kv[0].normal_()
+    q = torch.randn(batch * KVH, H // KVH, D)
+    bias = torch.zeros(batch * KVH, 1, span)
+
+    def attention():  # the decode path's three ops (static_cache.StaticCacheDecoder.decode)
+        keys = cache[0, :, :, :span].reshape(batch * KVH, span, D)
+        vals = cache[1, :, :, :span].reshape(batch * KVH, span, D)
+        s = torch.baddbmm(bias, q, keys.transpose(1, 2), alpha=dec.scale)
+        return torch.bmm(torch.softmax(s, dim=-1), vals)
+
+    attn = hot_ms(attention) * len(dec.layers)
+    ids = torch.randint(3, model.config.vocab_size, (batch,))
+    step = hot_ms(lambda: dec.decode(ids, torch.full((batch,), span - 1), span), n=100)
+    gen_step = batch / generate_tok_s * 1e3
+    return {
+        "span": span,
+        "hidden": hidden,
+        "gemm_ms": round(gemm, 3),
+        "gemm_gflops": round(flops / gemm / 1e6, 1),
+        "attention_ms": round(attn, 3),
+        "floor_ms": round(gemm + attn, 3),
+        "decode_forward_ms_hot": round(step, 3),
+        "generate_step_ms": round(gen_step, 3),
+        "step_ms_for_3x": round(gen_step / 3, 3),
+    }
+
+
 def long_tail(model, requests: int, slots: int, plen: int, cap: int, repeats: int) -> dict:
     rng = np.random.default_rng(0)
     lengths = np.minimum(cap, (8 * (1 + rng.pareto(1.2, requests))).astype(int)).tolist()
@@ -144,6 +195,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=128)
     ap.add_argument("--slots", type=int, default=32, help="long tail: slots (static batch size)")
     ap.add_argument("--skip-longtail", action="store_true")
+    ap.add_argument("--floor", action="store_true", help="also time the GEMM + attention floor of a decode step")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     model = build_tiny_model(ModelConfig(), 384, 0).eval()
@@ -160,6 +212,10 @@ def main() -> None:
             for new in args.new_tokens
         ],
     }
+    if args.floor:
+        last = out["equal_lengths"][-1]
+        span = args.prompt_len + last["new_tokens"] // 2
+        out["floor"] = floor(model, args.batch, span, last["transformers_generate"]["tok_s_wall"])
     print(json.dumps(out, indent=2), flush=True)
     if not args.skip_longtail:
         out["long_tail"] = long_tail(model, args.requests, args.slots, args.prompt_len, 224, args.repeats)
