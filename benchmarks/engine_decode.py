@@ -105,19 +105,16 @@ def hot_ms(fn, n: int = 300) -> float:
     return (time.perf_counter() - t0) / n * 1e3
 
 
-@torch.inference_mode()
-def floor(model, batch: int, span: int, generate_tok_s: float) -> dict:
-    """Hot-loop time of one decode step's GEMMs and of its attention, each alone, at `span` keys."""
-    dec = StaticCacheDecoder(model, batch, span + 1)
-    hidden = model.config.hidden_size
+def gemm_and_attention_ms(dec: StaticCacheDecoder, batch: int, span: int, dtype: torch.dtype) -> dict:
+    """Hot-loop milliseconds of one decode step's GEMMs and of its attention, each alone, with
+    operands of `dtype` (the decoder's weights cast; the attention's K/V in the decoder's layout)."""
     H, KVH, D = dec.n_heads, dec.n_kv, dec.head_dim
-    mats = [w for L in dec.layers for w in (L.w_qkv, L.w_o, L.w_gate_up, L.w_down)] + [dec.lm_head]
-    xs = {k: torch.randn(batch, k) for k in {w.shape[1] for w in mats}}
+    mats = [w.to(dtype) for L in dec.layers for w in (L.w_qkv, L.w_o, L.w_gate_up, L.w_down)] + [dec.lm_head.to(dtype)]
+    xs = {k: torch.randn(batch, k, dtype=dtype) for k in {w.shape[1] for w in mats}}
     gemm = sum(hot_ms(lambda w=w: torch.nn.functional.linear(xs[w.shape[1]], w)) for w in mats)
-    flops = sum(2 * batch * w.numel() for w in mats)
-    cache = dec.kv[0].normal_()
-    q = torch.randn(batch * KVH, H // KVH, D)
-    bias = torch.zeros(batch * KVH, 1, span)
+    cache = torch.randn(dec.kv[0].shape, dtype=dtype)
+    q = torch.randn(batch * KVH, H // KVH, D, dtype=dtype)
+    bias = torch.zeros(batch * KVH, 1, span, dtype=dtype)
 
     def attention():  # the decode path's three ops (static_cache.StaticCacheDecoder.decode)
         keys = cache[0, :, :, :span].reshape(batch * KVH, span, D)
@@ -126,19 +123,31 @@ def floor(model, batch: int, span: int, generate_tok_s: float) -> dict:
         return torch.bmm(torch.softmax(s, dim=-1), vals)
 
     attn = hot_ms(attention) * len(dec.layers)
+    flops = sum(2 * batch * w.numel() for w in mats)
+    return {
+        "gemm_ms": round(gemm, 3),
+        "gemm_gflops": round(flops / gemm / 1e6, 1),
+        "attention_ms": round(attn, 3),
+        "floor_ms": round(gemm + attn, 3),
+    }
+
+
+@torch.inference_mode()
+def floor(model, batch: int, span: int, generate_tok_s: float) -> dict:
+    """The float32 floor of a decode step at `span` keys, our whole forward pass alone in a hot
+    loop, the same floor with bfloat16 and float16 operands, and the step the 3× goal needs."""
+    dec = StaticCacheDecoder(model, batch, span + 1)
     ids = torch.randint(3, model.config.vocab_size, (batch,))
     step = hot_ms(lambda: dec.decode(ids, torch.full((batch,), span - 1), span), n=100)
     gen_step = batch / generate_tok_s * 1e3
     return {
         "span": span,
-        "hidden": hidden,
-        "gemm_ms": round(gemm, 3),
-        "gemm_gflops": round(flops / gemm / 1e6, 1),
-        "attention_ms": round(attn, 3),
-        "floor_ms": round(gemm + attn, 3),
+        **gemm_and_attention_ms(dec, batch, span, torch.float32),
         "decode_forward_ms_hot": round(step, 3),
         "generate_step_ms": round(gen_step, 3),
         "step_ms_for_3x": round(gen_step / 3, 3),
+        "bfloat16": gemm_and_attention_ms(dec, batch, span, torch.bfloat16),
+        "float16": gemm_and_attention_ms(dec, batch, span, torch.float16),
     }
 
 
