@@ -225,9 +225,10 @@ def main() -> None:
         last = out["equal_lengths"][-1]
         span = args.prompt_len + last["new_tokens"] // 2
         out["floor"] = floor(model, args.batch, span, last["transformers_generate"]["tok_s_wall"])
-    print(json.dumps(out, indent=2), flush=True)
     if not args.skip_longtail:
+        print(json.dumps(out, indent=2), flush=True)  # the equal-length results while the long tail runs
         out["long_tail"] = long_tail(model, args.requests, args.slots, args.prompt_len, 224, args.repeats)
+        print("--- with the long tail:")
     print(json.dumps(out, indent=2))
 
 
