@@ -89,6 +89,7 @@ class RolloutConfig:
     poll_interval_s: float = 0.02
     admission: bool = True  # AReaL's admission rule; off only for tests of the hard bound
     agent: str = ""  # "pkg.module:run" (async run(task, base_url, api_key) -> reward): agent rollouts through the proxy
+    workflow: str = ""  # "pkg.module:Name" (ctx) -> RolloutWorkflow; empty: single-turn, or the agent's when agent is set
     server: ServerConfig = field(default_factory=ServerConfig)
 
 
@@ -302,6 +303,8 @@ def _validate_agent(cfg: RunConfig) -> None:
         raise ConfigError("config keys 'agent.turn_discount' and 'agent.sft_fraction' must be in [0, 1]")
     if a.max_concurrent_episodes < 1 or a.episode_timeout_s <= 0:
         raise ConfigError("config keys 'agent.max_concurrent_episodes' and 'agent.episode_timeout_s' must be > 0")
+    if cfg.rollout.workflow:
+        check_hook("rollout.workflow", cfg.rollout.workflow)
     if cfg.rollout.agent:
         check_hook("rollout.agent", cfg.rollout.agent, coroutine=True)
         if cfg.train.eval_every:

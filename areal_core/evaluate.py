@@ -39,10 +39,10 @@ def greedy_accuracy(
 
 def agent_success(model, tokenizer, agent: str, records: list[dict[str, Any]], max_new_tokens: int, **kw: Any) -> float:
     """Held-out agent success: mean reward of one greedy episode per record, the agent talking to
-    an in-process proxy over `model` (areal_core.proxy.agent.evaluate_agent)."""
+    an in-process proxy over `model` (areal_core.proxy.agent_workflow.evaluate_agent)."""
     import asyncio
 
-    from areal_core.proxy.agent import evaluate_agent
+    from areal_core.proxy.agent_workflow import evaluate_agent
 
     if not records:
         raise ValueError("no held-out records to evaluate")

@@ -19,13 +19,6 @@ def run_role(role: str, run_uri: str, index: int = 0) -> dict:
 
         return run_trainer(run_uri)
     if role == "rollout":
-        from areal_core.run_context import load_run_config
-        from areal_core.store import Store
-
-        if load_run_config(Store(run_uri)).rollout.agent:  # agent episodes through an in-process proxy
-            from areal_core.proxy.agent import run_agent_rollout_worker
-
-            return run_agent_rollout_worker(run_uri, index)
         from areal_core.rollout.worker import run_rollout_worker
 
         return run_rollout_worker(run_uri, index)

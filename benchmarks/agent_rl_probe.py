@@ -40,8 +40,9 @@ def main() -> None:
     from areal_core.config import load_config
     from areal_core.evaluate import agent_success
     from areal_core.models import build_tiny_model, build_tokenizer
-    from areal_core.proxy.agent import AgentRunner
+    from areal_core.proxy.agent_workflow import AgentWorkflow
     from areal_core.proxy.examples import calculator_corpus, calculator_sft_examples, sft_calculator
+    from areal_core.rollout.admission import prompt_order
     from areal_core.rollout.engine import SamplingParams
     from areal_core.rollout.torch_engine import TorchEngine
     from areal_core.train.sft import sft_examples
@@ -85,19 +86,23 @@ def main() -> None:
     print(json.dumps(out), flush=True)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.0, betas=(0.9, 0.99))
     engine = TorchEngine(model, tok.pad_token_id, tok.eos_token_id, seed=7)
-    runner = AgentRunner(
-        engine,
+    workflow = AgentWorkflow(
         tok,
         agent,
         group_size=a.g,
-        batch_groups=a.b,
-        admission=False,
         sampling=SamplingParams(max_new_tokens=a.max_new_tokens, temperature=a.temperature),
     )
-    with runner:
+
+    async def groups(tasks: list[dict]) -> list:
+        out = await asyncio.gather(*(workflow.arun_episode(engine, t) for t in tasks))
+        for g, rows in enumerate(out):  # one advantage group per task (the worker names them so)
+            for s in rows:
+                s.group_id = f"g{g}"
+        return [s for rows in out for s in rows]
+
+    try:
         for step in range(1, a.steps + 1):
-            rows: list = []
-            asyncio.run(runner.run(train, num_groups=a.b, on_group=rows.extend, seed=step))
+            rows = asyncio.run(groups([train[i] for i in prompt_order(len(train), step)[: a.b]]))
             model.train()
             m = ppo_update(model, opt, rows, cfg, tok.pad_token_id)
             model.eval()
@@ -106,6 +111,8 @@ def main() -> None:
             if step % a.eval_every == 0 or step == a.steps:
                 out["success"][step] = agent_success(model, tok, agent, held, a.max_new_tokens)
                 print(json.dumps(out), flush=True)
+    finally:
+        workflow.close()
     out["wall_s"] = round(time.time() - t0, 1)
     print(json.dumps(out))
 

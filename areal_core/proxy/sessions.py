@@ -286,6 +286,7 @@ class Session:
                         "final_reward": self.final_reward,
                         "discount": discount,
                         "turn_returns": returns,
+                        **({"reward_source": "agent"} if reward is not None else {}),
                     },
                     num_turns=len(turns),
                     meta={

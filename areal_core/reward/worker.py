@@ -36,8 +36,9 @@ def grade_shard(store: Store, rel: str, pool: RewardPool, references: dict[str, 
     if samples is None:
         log.warning("quarantined %s", rel)
         return 0
+    todo = [s for s in samples if s.reward is None]  # a reward the agent or workflow set is kept
     jobs = []
-    for s in samples:
+    for s in todo:
         ref = references.get(s.prompt_id)
         jobs.append(
             {
@@ -48,10 +49,10 @@ def grade_shard(store: Store, rel: str, pool: RewardPool, references: dict[str, 
                 "meta": s.meta,
             }
         )
-    for s, result in zip(samples, pool.grade(jobs)):
+    for s, result in zip(todo, pool.grade(jobs)):
         s.reward = result.reward
         s.token_rewards = result.token_rewards
-        s.reward_info = result.info
+        s.reward_info = {**result.info, "reward_source": "reward_worker"}
     if labels:
         apply_labels(samples, labels)
     write_shard(store, graded_name(rel), samples)

@@ -1,26 +1,32 @@
-"""Rollout worker: generates groups under the admission rule and writes ungraded shards.
+"""The rollout worker: runs the run's `RolloutWorkflow` one group at a time under admission and
+writes ungraded shards, until DONE.
 
-Restart-safe: the sequence number and the count of started groups are recovered from the
-worker's own shards, and prompt choice is a pure function of (worker, group index).
+The engine (`rollout.engine`) is built once and handed to the workflow as an `AsyncEngine`;
+groups start while `Admission` allows and fewer than the workflow's `max_concurrent_groups`
+are in flight; the groups that finish together become one shard
+`trajectories/ungraded/{worker}/{seq:08d}.arrow`. Restart-safe: the sequence number and the
+groups written are recovered from the worker's own shards (`admission.recover_progress`), and
+prompt choice is a pure function of (worker, group index).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import random
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
-from areal_core.config import RunConfig
-from areal_core.models import chat_prompt, load_pretrained
+from areal_core.models import load_pretrained
 from areal_core.prompts import load_prompts
-from areal_core.protocol import Sample, decode_shard, write_shard
-from areal_core.rollout.engine import SamplingParams
+from areal_core.protocol import Sample, write_shard
+from areal_core.rollout.admission import Admission, group_id, recover_progress
+from areal_core.rollout.async_engine import AsyncEngine
 from areal_core.rollout.factory import build_local_engine
 from areal_core.rollout.remote_factory import REMOTE_ENGINES, RemoteWeightWatcher, build_remote_engine, load_tokenizer
+from areal_core.rollout.workflow import RolloutWorkflow, WorkflowContext, load_workflow
 from areal_core.run_context import load_run_config, set_threads, wait_for_version
-from areal_core.staleness import groups_admissible
 from areal_core.store import INIT_MODEL, Store, shard_name
 from areal_core.train.weights import WeightsError, load_state_dict
 
@@ -54,123 +60,182 @@ class WeightWatcher(threading.Thread):
             self.stop.wait(self.interval_s)
 
 
-def recover_progress(store: Store, worker_id: str) -> tuple[int, int]:
-    """(next sequence number, groups started) from this worker's existing shards."""
-    names = store.find(f"trajectories/ungraded/{worker_id}", ".arrow")
-    groups = 0
-    for name in names:
+class RolloutLoop:
+    """Starts groups of `workflow` on `tasks` while `admission` allows; writes finished groups."""
+
+    def __init__(
+        self,
+        workflow: RolloutWorkflow,
+        engine: Any,
+        tasks: list[dict[str, Any]],
+        admission: Admission,
+        store: Store,
+        worker_id: str,
+        *,
+        next_seq: int = 0,
+        max_in_flight: int = 8,
+        poll_interval_s: float = 0.02,
+        engine_name: str = "",
+        status_id: str | None = None,
+        check: Callable[[], None] | None = None,
+    ):
+        self.workflow, self.engine, self.tasks, self.admission = workflow, engine, tasks, admission
+        self.store, self.worker_id, self.seq = store, worker_id, next_seq
+        self.max_in_flight = max(1, max_in_flight)
+        self.poll_interval_s, self.engine_name = poll_interval_s, engine_name
+        self.status_id, self.check = status_id, check
+        self.produced = 0
+        self.t0 = time.time()
+
+    async def run(self, stop: Callable[[], bool] | None = None, num_groups: int | None = None) -> dict[str, Any]:
+        """Until `stop()` (checked at most every 5 polls) or `num_groups` more groups started; the
+        groups in flight then finish and are written."""
+        in_flight: dict[asyncio.Task, tuple[int, int]] = {}
+        first = self.admission.started
+        stop_checked = 0.0
         try:
-            groups += len({s.group_id for s in decode_shard(store.read_bytes(name))})
-        except Exception:  # a torn shard of ours is rewritten under the same name
-            names = names[: names.index(name)]
-            break
-    seq = int(names[-1].rsplit("/", 1)[-1].split(".")[0]) + 1 if names else 0
-    return seq, groups
+            while True:
+                if self.check is not None:
+                    self.check()
+                if num_groups is not None and self.admission.started - first >= num_groups:
+                    break
+                if stop is not None and time.monotonic() - stop_checked >= 5 * self.poll_interval_s:
+                    stop_checked = time.monotonic()
+                    if stop():
+                        break
+                free = self.max_in_flight - len(in_flight)
+                if num_groups is not None:
+                    free = min(free, num_groups - (self.admission.started - first))
+                for _ in range(min(free, self.admission.room(self.engine.version)) if free > 0 else 0):
+                    g, p = self.admission.start()
+                    in_flight[asyncio.create_task(self.workflow.arun_episode(self.engine, self.tasks[p]))] = (g, p)
+                if not in_flight:
+                    await asyncio.sleep(self.poll_interval_s)
+                    continue
+                done, _ = await asyncio.wait(in_flight, timeout=self.poll_interval_s, return_when="FIRST_COMPLETED")
+                if done:
+                    await self._finish({t: in_flight.pop(t) for t in done})
+            while in_flight:
+                done, _ = await asyncio.wait(in_flight, return_when="FIRST_COMPLETED")
+                await self._finish({t: in_flight.pop(t) for t in done})
+        finally:
+            for t in in_flight:
+                t.cancel()
+        log.info("%s done: %d shards, %d groups", self.worker_id, self.seq, self.admission.started)
+        return {"worker": self.worker_id, "shards": self.seq, "groups": self.admission.started}
+
+    async def _finish(self, done: dict[asyncio.Task, tuple[int, int]]) -> None:
+        """Write the groups that finished together as one shard; raise if any of them failed."""
+        rows: list[Sample] = []
+        failed: list[tuple[int, BaseException]] = []
+        for task, (g, p) in sorted(done.items(), key=lambda kv: kv[1][0]):
+            exc = task.exception()
+            if exc is not None:
+                failed.append((g, exc))
+                continue
+            rows += self._named(task.result(), g, self.tasks[p])
+        if rows:
+            await asyncio.to_thread(write_shard, self.store, shard_name("ungraded", self.worker_id, self.seq), rows)
+            self.seq += 1
+            self.produced += len(rows)
+            self._heartbeat()
+        if failed:
+            (a, exc), (b, _) = failed[0], failed[-1]
+            raise RolloutEngineFailed(
+                f"{self.worker_id}: engine '{self.engine_name}' failed generating groups {a}...{b} "
+                f"(shard {self.seq}, version {self.engine.version}): {exc}; a restarted worker "
+                f"resumes from shard {self.seq}"
+            ) from exc
+
+    def _named(self, samples: list[Sample], g: int, task: dict[str, Any]) -> list[Sample]:
+        """The worker names a group's rows; a reward the workflow set is kept and marked as its own."""
+        gid = group_id(self.worker_id, g)
+        for i, s in enumerate(samples):
+            s.group_id, s.worker_id, s.sample_id = gid, self.worker_id, f"{gid}-{i}"
+            s.prompt_id = s.prompt_id or str(task.get("prompt_id", ""))
+            if s.reward is not None:
+                s.reward_info = {"reward_source": "workflow", **(s.reward_info or {})}
+        return samples
+
+    def _heartbeat(self) -> None:
+        if self.status_id is None:
+            return
+        inner = getattr(self.engine, "engine", self.engine)
+        self.store.heartbeat(
+            "rollout",
+            self.status_id,
+            seq=self.seq,
+            groups_started=self.admission.started,
+            version=self.engine.version,
+            swaps=getattr(inner, "swaps", 0),
+            samples_per_s=self.produced / max(time.time() - self.t0, 1e-9),
+            **self.workflow.stats(),
+        )
 
 
 def run_rollout_worker(run_uri: str, index: int = 0) -> dict:
     store = Store(run_uri)
-    cfg: RunConfig = load_run_config(store)
+    cfg = load_run_config(store)
     set_threads(cfg.threads_per_role)
     worker_id = f"rollout-{index}"
-    prompts = load_prompts(store, "train")
-    order = list(range(len(prompts)))
-    random.Random(cfg.seed * 1000 + 7).shuffle(order)
-
+    tasks = load_prompts(store, "train")
+    ro = cfg.rollout
     version = wait_for_version(store)
-    if cfg.rollout.engine in REMOTE_ENGINES:  # vllm / sglang: a server loads each version itself
+    # -- the engine and its weight watcher ---------------------------------------------------
+    if ro.engine in REMOTE_ENGINES:  # vllm / sglang: a server loads each version itself
         tokenizer = load_tokenizer(store.url(INIT_MODEL))
         engine = build_remote_engine(cfg, store, version, tokenizer.eos_token_id, index)
-        watcher = RemoteWeightWatcher(store, engine, cfg.rollout.poll_interval_s)
+        watcher: Any = RemoteWeightWatcher(store, engine, ro.poll_interval_s)
     else:
         model, tokenizer = load_pretrained(store.url(INIT_MODEL), cfg.device)
         model.load_state_dict(load_state_dict(store, version), strict=False)
         engine = build_local_engine(cfg, model, tokenizer, version, seed=cfg.seed * 7919 + index)
-        watcher = WeightWatcher(store, engine, cfg.rollout.poll_interval_s)
+        watcher = WeightWatcher(store, engine, ro.poll_interval_s)
     watcher.start()
+
+    def check() -> None:
+        if getattr(watcher, "error", None) is not None:
+            raise RolloutEngineFailed(f"{worker_id}: loading a new version failed: {watcher.error}") from watcher.error
+
+    # -------------------------------------------------------------------------------------------
+    aengine = AsyncEngine(engine, max(256, ro.max_batch_groups * ro.group_size), ro.poll_interval_s)
+    workflow = None
     try:
-        return _generate_loop(cfg, store, index, worker_id, prompts, order, engine, tokenizer, watcher)
+        workflow = load_workflow(WorkflowContext(cfg, tokenizer, worker_id, index))
+        progress = recover_progress(store, worker_id)
+        admission = Admission(
+            num_prompts=len(tasks),
+            seed=cfg.seed,
+            batch_groups=cfg.train.batch_groups,
+            eta=cfg.train.eta,
+            worker_index=index,
+            num_workers=ro.num_workers,
+            enabled=ro.admission,
+            progress=progress,
+            read_discarded=store.discarded_groups,
+            reread_every_s=5 * ro.poll_interval_s,
+        )
+        log.info("%s starting at seq=%d groups=%d version=%d", worker_id, progress.next_seq, admission.started, version)
+        loop = RolloutLoop(
+            workflow,
+            aengine,
+            tasks,
+            admission,
+            store,
+            worker_id,
+            next_seq=progress.next_seq,
+            max_in_flight=workflow.max_concurrent_groups or ro.max_batch_groups,
+            poll_interval_s=ro.poll_interval_s,
+            engine_name=ro.engine,
+            status_id=str(index),
+            check=check,
+        )
+        return asyncio.run(loop.run(stop=store.done))
     finally:
+        if workflow is not None:
+            workflow.close()
+        aengine.close()
         watcher.stop.set()
         watcher.join(timeout=30)  # a daemon thread inside torch at exit aborts the process
         if hasattr(engine, "close"):
             engine.close()  # a remote engine stops the server it started
-
-
-def _generate_loop(cfg, store, index, worker_id, prompts, order, engine, tokenizer, watcher) -> dict:
-    num_workers = cfg.rollout.num_workers
-    params = SamplingParams(
-        max_new_tokens=cfg.rollout.max_new_tokens,
-        temperature=cfg.rollout.temperature,
-        top_p=cfg.rollout.top_p,
-        top_k=cfg.rollout.top_k,
-    )
-    seq, started = recover_progress(store, worker_id)
-    prompt_cache: dict[int, list[int]] = {}
-    produced = 0
-    t_start = time.time()
-    discarded = store.discarded_groups()
-    log.info("%s starting at seq=%d groups=%d version=%d", worker_id, seq, started, engine.version)
-    while not store.done():
-        if getattr(watcher, "error", None) is not None:
-            raise RolloutEngineFailed(f"{worker_id}: loading a new version failed: {watcher.error}") from watcher.error
-        engine.load_version(engine.version)  # install any staged version before deciding admission
-        room = cfg.rollout.max_batch_groups
-        if cfg.rollout.admission:
-            args = (started, engine.version, cfg.train.eta, cfg.train.batch_groups, index, num_workers)
-            if groups_admissible(*args, discarded) == 0:  # blocked: the trainer may have given admission back
-                discarded = store.discarded_groups()
-            room = min(room, groups_admissible(*args, discarded))
-        if room == 0:
-            watcher.new_version.wait(cfg.rollout.poll_interval_s * 5)
-            watcher.new_version.clear()
-            continue
-        group_indices = list(range(started, started + room))
-        batch_prompts, meta = [], []
-        for g in group_indices:
-            p = order[(g * num_workers + index) % len(order)]
-            if p not in prompt_cache:
-                prompt_cache[p] = chat_prompt(tokenizer, prompts[p]["prompt"])
-            for k in range(cfg.rollout.group_size):
-                batch_prompts.append(prompt_cache[p])
-                meta.append((g, p, k))
-        try:
-            gens = engine.generate(batch_prompts, params)
-        except Exception as exc:
-            raise RolloutEngineFailed(
-                f"{worker_id}: engine '{cfg.rollout.engine}' failed generating groups {group_indices[0]}..."
-                f"{group_indices[-1]} (shard {seq}, version {engine.version}): {exc}; a restarted worker "
-                f"resumes from shard {seq}"
-            ) from exc
-        samples = []
-        for (g, p, k), prompt_ids, gen in zip(meta, batch_prompts, gens):
-            n_p, n_r = len(prompt_ids), len(gen.token_ids)
-            samples.append(
-                Sample(
-                    sample_id=f"{worker_id}-g{g:07d}-{k}",
-                    group_id=f"{worker_id}-g{g:07d}",
-                    prompt_id=prompts[p]["prompt_id"],
-                    worker_id=worker_id,
-                    input_ids=prompt_ids + gen.token_ids,
-                    prompt_len=n_p,
-                    loss_mask=[0] * n_p + [1] * n_r,
-                    behav_logprobs=[0.0] * n_p + gen.logprobs,
-                    versions=[-1] * n_p + gen.versions,
-                    finish_reason=gen.finish_reason,
-                )
-            )
-        write_shard(store, shard_name("ungraded", worker_id, seq), samples)
-        seq += 1
-        started += len(group_indices)
-        produced += len(samples)
-        store.heartbeat(
-            "rollout",
-            str(index),
-            seq=seq,
-            groups_started=started,
-            version=engine.version,
-            swaps=engine.swaps,
-            samples_per_s=produced / max(time.time() - t_start, 1e-9),
-        )
-    log.info("%s done: %d shards, %d groups", worker_id, seq, started)
-    return {"worker": worker_id, "shards": seq, "groups": started}

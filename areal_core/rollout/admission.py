@@ -1,0 +1,134 @@
+"""One rollout worker's admission: which group starts next, on which prompt, and whether it
+may start now.
+
+- Capacity: the pure rule of `staleness.groups_admissible`, `(v + η + 1)·B + D` groups for
+  the whole rollout side, this worker owning its share.
+- Discarded credit D (groups the trainer discarded untrained give their admission back): read
+  once at start, then re-read only while blocked, at most once every `reread_every_s` (five
+  polls), so a blocked worker costs the store one small read per five polls, not one per poll.
+- Prompt order: a fixed shuffle of the prompt set, interleaved across workers; the prompt of
+  group g is a pure function of (seed, worker, g), so a restarted worker continues with the
+  same prompts.
+- Progress recovery: the next shard sequence number and the groups already written are read
+  back from the worker's own ungraded shards; groups that were in flight when the worker died
+  (missing below the highest written index) are started again first, so group indices end up
+  without gaps or repeats.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from areal_core.protocol import decode_shard
+from areal_core.staleness import groups_admissible
+from areal_core.store import Store
+
+UNLIMITED = 1 << 30  # room when admission is off (tests of the hard bound)
+
+
+def prompt_order(num_prompts: int, seed: int) -> list[int]:
+    """The fixed shuffle of prompt indices: `random.Random(seed·1000 + 7).shuffle(range(n))`."""
+    order = list(range(num_prompts))
+    random.Random(seed * 1000 + 7).shuffle(order)
+    return order
+
+
+def prompt_for_group(order: list[int], group: int, worker_index: int, num_workers: int) -> int:
+    """Prompt index of group g of worker w of W: `order[(g·W + w) mod n]` (workers interleave)."""
+    return order[(group * num_workers + worker_index) % len(order)]
+
+
+def group_id(worker_id: str, group: int) -> str:
+    """`rollout-0`, 12 -> `rollout-0-g0000012`."""
+    return f"{worker_id}-g{group:07d}"
+
+
+def group_index(gid: str) -> int:
+    """The inverse of `group_id`."""
+    return int(gid.rsplit("-g", 1)[1])
+
+
+@dataclass
+class Progress:
+    """What a worker's shards say it already did: the next sequence number, the groups written."""
+
+    next_seq: int = 0
+    groups: set[int] = field(default_factory=set)
+
+
+def recover_progress(store: Store, worker_id: str) -> Progress:
+    """Progress from `trajectories/ungraded/{worker_id}/*.arrow`, up to the first shard that does
+    not parse (a torn shard of ours is rewritten under the same name)."""
+    progress = Progress()
+    for name in store.find(f"trajectories/ungraded/{worker_id}", ".arrow"):
+        try:
+            samples = decode_shard(store.read_bytes(name))
+        except Exception:  # noqa: BLE001 - torn: rewritten from here on
+            break
+        progress.groups.update(group_index(s.group_id) for s in samples)
+        progress.next_seq = int(name.rsplit("/", 1)[-1].split(".")[0]) + 1
+    return progress
+
+
+class Admission:
+    """Admission, discarded credit, prompt order and recovered progress of one rollout worker.
+
+    `room(version)` says how many more groups may start under the newest loaded `version`;
+    `start()` hands out the next group index and its prompt index and counts the group as
+    started.
+    """
+
+    def __init__(
+        self,
+        *,
+        num_prompts: int,
+        seed: int,
+        batch_groups: int,
+        eta: int,
+        worker_index: int = 0,
+        num_workers: int = 1,
+        enabled: bool = True,
+        progress: Progress | None = None,
+        read_discarded: Callable[[], int] | None = None,
+        reread_every_s: float = 0.1,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.batch_groups, self.eta, self.enabled = batch_groups, eta, enabled
+        self.worker_index, self.num_workers = worker_index, num_workers
+        self.order = prompt_order(num_prompts, seed)
+        done = (progress or Progress()).groups
+        top = max(done) + 1 if done else 0
+        self._redo = [g for g in range(top) if g not in done]  # in flight when the worker died
+        self._next = top
+        self.started = len(done)
+        self.read_discarded, self.reread_every_s, self.clock = read_discarded, reread_every_s, clock
+        self.discarded = read_discarded() if read_discarded is not None else 0
+        self._read_at = clock()
+
+    def room(self, version: int) -> int:
+        """Groups this worker may start now; while blocked, the trainer's discarded count is
+        re-read at most once every `reread_every_s`."""
+        if not self.enabled:
+            return UNLIMITED
+        args = (self.started, version, self.eta, self.batch_groups, self.worker_index, self.num_workers)
+        room = groups_admissible(*args, self.discarded)
+        if room == 0 and self.read_discarded is not None and self.clock() - self._read_at >= self.reread_every_s:
+            self.discarded = self.read_discarded()
+            self._read_at = self.clock()
+            room = groups_admissible(*args, self.discarded)
+        return room
+
+    def prompt_index(self, group: int) -> int:
+        return prompt_for_group(self.order, group, self.worker_index, self.num_workers)
+
+    def start(self) -> tuple[int, int]:
+        """(group index, prompt index) of the next group; it counts as started from now."""
+        if self._redo:
+            group = self._redo.pop(0)
+        else:
+            group, self._next = self._next, self._next + 1
+        self.started += 1
+        return group, self.prompt_index(group)

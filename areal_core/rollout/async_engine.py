@@ -1,0 +1,166 @@
+"""The engine as workflows see it: awaitable generation from any event loop.
+
+A remote engine (vLLM, SGLang) already has `async agenerate` and is called directly (the
+server batches continuously). An in-process engine (torch, continuous) is synchronous and not
+thread-safe, so one thread runs it: the calls waiting together, with the same sampling
+settings apart from max_new_tokens, go into one `generate` call run to the largest
+max_new_tokens and cut back per call; every caller of that batch is woken in the same loop
+step. While idle, the thread installs staged weight versions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from areal_core.rollout.engine import Generation, SamplingParams
+
+log = logging.getLogger("areal.rollout")
+
+
+@dataclass
+class TimedGeneration(Generation):
+    queue_s: float = 0.0  # waiting for the engine thread
+    engine_s: float = 0.0  # the generate() call this request was batched into
+    batch_size: int = 1  # prompts in that call
+
+
+@dataclass
+class _Call:
+    prompts: list[list[int]]
+    params: SamplingParams
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+    queued_at: float
+
+
+def _key(p: SamplingParams) -> tuple:
+    return (p.temperature, p.top_p, p.top_k, p.greedy, tuple(sorted(p.stop_token_ids)), tuple(p.stop), p.seed)
+
+
+def _settle(outcomes: list[tuple[asyncio.Future, Any]]) -> None:
+    for fut, value in outcomes:
+        if fut.done():
+            continue
+        if isinstance(value, BaseException):
+            fut.set_exception(value)
+        else:
+            fut.set_result(value)
+
+
+class AsyncEngine:
+    """`await agenerate(prompts, params)` / `await generate(prompt_ids, params)` over `engine`."""
+
+    def __init__(self, engine: Any, max_batch_prompts: int = 256, idle_poll_s: float = 0.02):
+        self.engine = engine
+        self.max_batch_prompts = max_batch_prompts
+        self.idle_poll_s = idle_poll_s
+        self.stats = {"calls": 0, "prompts": 0, "max_batch": 0, "engine_s": 0.0}
+        self.remote = inspect.iscoroutinefunction(getattr(engine, "agenerate", None))
+        self._q: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+        if not self.remote:
+            self._thread = threading.Thread(target=self._loop, name="areal-engine", daemon=True)
+            self._thread.start()
+
+    @property
+    def version(self) -> int:
+        return int(getattr(self.engine, "version", 0))
+
+    def health(self) -> dict:
+        h = self.engine.health() if hasattr(self.engine, "health") else {"ok": True}
+        return {**h, "batching": dict(self.stats)}
+
+    async def agenerate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        if self.remote:
+            return list(await self.engine.agenerate(prompts, params))
+        if self._thread is None:
+            raise RuntimeError("the engine is closed")
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._q.put(_Call([list(p) for p in prompts], params, loop, fut, time.perf_counter()))
+        return await fut
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        """One prompt (the proxy's backend interface)."""
+        return (await self.agenerate([prompt_ids], params))[0]
+
+    def close(self) -> None:
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            self._q.put(None)
+            thread.join(timeout=30)
+
+    # -- the engine thread ----------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            try:
+                first = self._q.get(timeout=self.idle_poll_s)
+            except queue.Empty:
+                self._install_staged()
+                continue
+            if first is None:
+                return
+            calls, n = [first], len(first.prompts)
+            while n < self.max_batch_prompts:
+                try:
+                    nxt = self._q.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    self._q.put(None)  # stop after this batch
+                    break
+                calls.append(nxt)
+                n += len(nxt.prompts)
+            batches: dict[tuple, list[_Call]] = {}
+            for c in calls:
+                batches.setdefault(_key(c.params), []).append(c)
+            for batch in batches.values():
+                self._run(batch)
+
+    def _install_staged(self) -> None:
+        if hasattr(self.engine, "stage_weights"):
+            try:
+                self.engine.load_version(self.engine.version)
+            except Exception:  # noqa: BLE001 - a bad staged version must not stop the engine thread
+                log.exception("installing staged weights failed")
+
+    def _run(self, batch: list[_Call]) -> None:
+        params = replace(batch[0].params, max_new_tokens=max(c.params.max_new_tokens for c in batch))
+        flat = [p for c in batch for p in c.prompts]
+        t0 = time.perf_counter()
+        try:
+            gens = self.engine.generate(flat, params)
+        except Exception as exc:  # noqa: BLE001 - handed to every caller of the batch
+            outcomes: list[tuple[asyncio.Future, Any]] = [(c.future, exc) for c in batch]
+        else:
+            dt = time.perf_counter() - t0
+            self.stats["calls"] += 1
+            self.stats["prompts"] += len(flat)
+            self.stats["max_batch"] = max(self.stats["max_batch"], len(flat))
+            self.stats["engine_s"] += dt
+            outcomes, i = [], 0
+            for c in batch:
+                out = []
+                for g in gens[i : i + len(c.prompts)]:
+                    n = c.params.max_new_tokens
+                    toks, lps, vers, reason = g.token_ids, g.logprobs, g.versions, g.finish_reason
+                    if len(toks) > n:
+                        toks, lps, vers, reason = toks[:n], lps[:n], vers[:n], "length"
+                    out.append(TimedGeneration(toks, lps, vers, reason, t0 - c.queued_at, dt, len(flat)))
+                outcomes.append((c.future, out))
+                i += len(c.prompts)
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for c, outcome in zip(batch, outcomes):
+            by_loop.setdefault(c.loop, []).append(outcome)
+        for loop, items in by_loop.items():  # one callback per loop: the whole batch wakes together
+            try:
+                loop.call_soon_threadsafe(_settle, items)
+            except RuntimeError:  # that loop is closed: nobody waits any more
+                pass
