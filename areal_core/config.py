@@ -89,7 +89,9 @@ class RolloutConfig:
     poll_interval_s: float = 0.02
     admission: bool = True  # AReaL's admission rule; off only for tests of the hard bound
     agent: str = ""  # "pkg.module:run" (async run(task, base_url, api_key) -> reward): agent rollouts through the proxy
-    workflow: str = ""  # "pkg.module:Name" (ctx) -> RolloutWorkflow; empty: single-turn, or the agent's when agent is set
+    workflow: str = (
+        ""  # "pkg.module:Name" (ctx) -> RolloutWorkflow; empty: single-turn, or the agent's when agent is set
+    )
     server: ServerConfig = field(default_factory=ServerConfig)
 
 

@@ -1,6 +1,7 @@
 """Agent workflows: user agents (`async def run(task, base_url, api_key) -> float`) run against an
-in-process proxy; groups start under the admission rule; episodes land in the store as shards
-whose rows are exactly what the proxy served."""
+in-process proxy inside the one rollout worker; groups start under the admission rule; episodes
+land in the store as ungraded shards whose rows are exactly what the proxy served, and the
+reward workers keep a reward the agent returned (`reward_source`) and grade the rest."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import torch
 
 from areal_core.models import build_tokenizer
 from areal_core.protocol import Sample, decode_shard
-from areal_core.proxy.agent import AgentRunner, evaluate_agent, run_agent_rollout_worker
+from areal_core.proxy.agent_workflow import AgentWorkflow, evaluate_agent
 from areal_core.proxy.examples import (
     ScriptedEngine,
     calculator_agent,
@@ -26,6 +27,11 @@ from areal_core.proxy.examples import (
     scripted_calculator_reply,
 )
 from areal_core.proxy.templating import ChatMLTemplate
+from areal_core.reward.pool import RewardPool
+from areal_core.reward.worker import grade_shard
+from areal_core.rollout.admission import Admission, recover_progress
+from areal_core.rollout.async_engine import AsyncEngine
+from areal_core.rollout.worker import RolloutLoop
 from areal_core.store import Store
 from datasets.arithmetic import generate
 
@@ -78,56 +84,99 @@ def assert_perfect_calculator_row(tok, s: Sample, task: dict) -> None:
     assert s.prompt_len == s.loss_mask.index(1)
 
 
-def test_calculator_agent_groups_are_written_as_graded_shards(data, tmp_path):
+def constant_reward(completion: str, reference: str, **_: object) -> float:
+    """The reward workers' verdict in these tests: tells a regraded row from a kept one."""
+    return 0.25
+
+
+def agent_loop(store: Store, engine, agent, tasks, *, worker_id="rollout-0", admission=None, **kw):
+    """The rollout worker's loop over an `AgentWorkflow`, without a prepared run."""
+    workflow = AgentWorkflow(engine.tokenizer, agent, worker_id=worker_id, **{"group_size": 2, **kw})
+    progress = recover_progress(store, worker_id)
+    adm = admission or Admission(num_prompts=len(tasks), seed=0, batch_groups=1, eta=0, enabled=False)
+    loop = RolloutLoop(workflow, AsyncEngine(engine), tasks, adm, store, worker_id, next_seq=progress.next_seq)
+    return workflow, loop
+
+
+def run_groups(store: Store, engine, agent, tasks, num_groups: int, **kw) -> dict:
+    workflow, loop = agent_loop(store, engine, agent, tasks, **kw)
+    try:
+        result = asyncio.run(loop.run(num_groups=num_groups))
+    finally:
+        workflow.close()
+        loop.engine.close()
+    return {**result, **workflow.stats()}
+
+
+def rows_of(store: Store, stage: str, worker: str = "") -> list[Sample]:
+    return [s for p, rows in shard_rows(store, stage).items() if f"/{worker}" in p for s in rows]
+
+
+def grade_all(store: Store, tok, tasks) -> list[Sample]:
+    """Every ungraded shard through the reward worker's grading, as a reward worker does."""
+    refs = {t["prompt_id"]: t for t in tasks}
+    with RewardPool("tests.test_proxy_agent:constant_reward", 1, 10.0, 0) as pool:
+        for rel in store.find("trajectories/ungraded", ".arrow"):
+            grade_shard(store, rel, pool, refs, tok)
+    return rows_of(store, "graded")
+
+
+def test_calculator_agent_groups_are_ungraded_shards_that_keep_the_agents_reward(data, tmp_path):
     tok, train, _ = data
     store = Store(str(tmp_path / "run"))
     engine = ScriptedEngine(tok, scripted_calculator_reply, version=0)
-    with AgentRunner(
-        engine, tok, calculator_agent, store=store, group_size=2, batch_groups=3, eta=0, worker_id="agent-0"
-    ) as runner:
-        stats = asyncio.run(runner.run(train[:3], num_groups=3))
-    assert stats["groups_started"] == 3 and stats["episodes"] == 6 and stats["episodes_failed"] == 0
+    adm = Admission(num_prompts=len(train), seed=0, batch_groups=3, eta=0)
+    stats = run_groups(store, engine, calculator_agent, train, 3, admission=adm)
+    assert stats["groups"] == 3 and stats["episodes"] == 6 and stats["episodes_failed"] == 0
     assert stats["mean_reward"] == 1.0
-    shards = shard_rows(store, "graded")
-    assert len(shards) == 3 and not store.find("trajectories/ungraded")
+    assert store.find("trajectories/ungraded") and not store.find("trajectories/graded")
     by_prompt = {t["prompt_id"]: t for t in train}
-    seen_groups = set()
-    for rows in shards.values():
-        assert len(rows) == 2 and rows[0].group_id == rows[1].group_id
-        seen_groups.add(rows[0].group_id)
-        for s in rows:
-            assert s.reward == 1.0 and s.worker_id == "agent-0" and s.min_version() == 0
-            assert_perfect_calculator_row(tok, s, by_prompt[s.prompt_id])
-    assert seen_groups == {f"agent-0-g{g:07d}" for g in range(3)}
-    assert sum(1 for rows in shards.values() for s in rows if s.num_turns > 2) > 0  # multi-step tool use
+    groups: dict[str, list[Sample]] = {}
+    for s in rows_of(store, "ungraded"):
+        groups.setdefault(s.group_id, []).append(s)
+        assert s.reward == 1.0 and s.reward_info["reward_source"] == "agent"
+        assert s.worker_id == "rollout-0" and s.min_version() == 0
+        assert_perfect_calculator_row(tok, s, by_prompt[s.prompt_id])
+    assert sorted(groups) == [f"rollout-0-g{g:07d}" for g in range(3)]
+    assert all(len(rows) == 2 for rows in groups.values())
+    assert sum(1 for rows in groups.values() for s in rows if s.num_turns > 2) > 0  # multi-step tool use
+    # the reward worker keeps the agent's reward and says so
+    graded = grade_all(store, tok, train)
+    assert len(graded) == 6 and all(s.reward == 1.0 and s.reward_info["reward_source"] == "agent" for s in graded)
 
 
-def test_admission_holds_new_groups_until_a_newer_policy(data):
+def test_admission_holds_new_groups_until_a_newer_policy(data, tmp_path):
     """B=2, η=0: at version 0 only 2 groups may start; the rest wait for version 1."""
     tok, train, _ = data
+    store = Store(str(tmp_path / "run"))
     engine = ScriptedEngine(tok, scripted_calculator_reply, version=0)
-    written: list[list[Sample]] = []
-    with AgentRunner(engine, tok, calculator_agent, group_size=2, batch_groups=2, eta=0) as runner:
+    adm = Admission(num_prompts=len(train), seed=0, batch_groups=2, eta=0)
+    workflow, loop = agent_loop(store, engine, calculator_agent, train, admission=adm)
 
-        async def bump_when_blocked():
-            while not (runner.stats.admission_waits > 3 and len(written) == 2):
-                await asyncio.sleep(0.01)
-            assert runner.started == 2  # held at (v + η + 1)·B = 2
-            engine.version = 1
+    async def bump_when_blocked():
+        while len(rows_of(store, "ungraded")) < 4:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)
+        assert adm.started == 2 and adm.room(0) == 0  # held at (v + η + 1)·B = 2
+        engine.version = 1
 
-        async def main():
-            bump = asyncio.create_task(bump_when_blocked())
-            stats = await runner.run(train, num_groups=4, on_group=written.append)
-            await bump
-            return stats
+    async def main():
+        bump = asyncio.create_task(bump_when_blocked())
+        result = await loop.run(num_groups=4)
+        await bump
+        return result
 
-        stats = asyncio.run(main())
-    assert stats["groups_started"] == 4 and len(written) == 4
-    versions = sorted({s.min_version() for g in written for s in g})
-    assert versions == [0, 1]
-    by_group = {g[0].group_id: {s.min_version() for s in g} for g in written}
-    assert by_group["agent-0-g0000000"] == by_group["agent-0-g0000001"] == {0}
-    assert by_group["agent-0-g0000002"] == by_group["agent-0-g0000003"] == {1}
+    try:
+        result = asyncio.run(main())
+    finally:
+        workflow.close()
+        loop.engine.close()
+    assert result["groups"] == 4
+    by_group: dict[str, set[int]] = {}
+    for s in rows_of(store, "ungraded"):
+        by_group.setdefault(s.group_id, set()).add(s.min_version())
+    assert by_group["rollout-0-g0000000"] == by_group["rollout-0-g0000001"] == {0}
+    assert by_group["rollout-0-g0000002"] == by_group["rollout-0-g0000003"] == {1}
 
 
 async def agent_returns_none(task, base_url, api_key):
@@ -179,17 +228,16 @@ def test_every_session_of_an_episode_becomes_a_row(data, tmp_path):
     tok, train, _ = data
     store = Store(str(tmp_path / "run"))
     engine = ScriptedEngine(tok, scripted_calculator_reply)
-    with AgentRunner(engine, tok, agent_with_two_conversations, store=store, group_size=2, admission=False) as r:
-        stats = asyncio.run(r.run(train, num_groups=1))
+    stats = run_groups(store, engine, agent_with_two_conversations, train, 1)
     assert stats["rows"] == 4 and stats["episodes_empty"] == 0
-    rows = [s for rows in shard_rows(store, "graded").values() for s in rows]
+    rows = rows_of(store, "ungraded")
     assert sorted(tok.decode(s.input_ids).split("\n")[1].split(":")[0] for s in rows) == [
         "planner",
         "planner",
         "solver",
         "solver",
     ]
-    assert all(s.reward == 0.5 and s.group_id == "agent-0-g0000000" for s in rows)
+    assert all(s.reward == 0.5 and s.group_id == "rollout-0-g0000000" for s in rows)
     assert len({s.sample_id for s in rows}) == 4
 
 
@@ -199,44 +247,45 @@ def test_unrewarded_failed_and_empty_episodes(data, tmp_path):
     engine = ScriptedEngine(tok, scripted_calculator_reply)
 
     def run(agent, worker_id, **kw):
-        with AgentRunner(
-            engine, tok, agent, store=store, worker_id=worker_id, group_size=2, admission=False, **kw
-        ) as r:
-            return asyncio.run(r.run(train, num_groups=1))
+        return run_groups(store, engine, agent, train, 1, worker_id=worker_id, **kw)
 
     s = run(agent_returns_none, "agent-none")
-    assert (
-        s["rows"] == 2
-        and store.find("trajectories/ungraded/agent-none")
-        and not store.find("trajectories/graded/agent-none")
-    )
-    assert all(row.reward is None for rows in shard_rows(store, "ungraded").values() for row in rows)
+    assert s["rows"] == 2 and len(rows_of(store, "ungraded", "agent-none")) == 2
+    assert all(row.reward is None for row in rows_of(store, "ungraded", "agent-none"))
     s = run(agent_fails_midway, "agent-fail")
     assert s["episodes_failed"] == 2 and s["rows"] == 0
     assert not [p for p in store.find("trajectories") if "agent-fail" in p]
     s = run(agent_never_calls, "agent-empty")
     assert s["episodes_empty"] == 2 and s["rows"] == 0
     s = run(agent_rewards_per_turn, "agent-turns", turn_discount=0.5)
-    rows = [row for p, rows in shard_rows(store, "graded").items() if "agent-turns" in p for row in rows]
+    rows = rows_of(store, "ungraded", "agent-turns")
     assert len(rows) == 2
     for row in rows:  # r0 = 0.5, final 1.0 on turn 1: G0 = 0.5 + 0.5 * 1.0
         assert row.reward == 1.0 and row.reward_info["turn_returns"] == [1.0, 1.0] and row.num_turns == 2
+    # the reward workers grade the unrewarded rows and keep the agents' rewards
+    graded = {s.sample_id: s for s in grade_all(store, tok, train)}
+    sources = {(s.worker_id, s.reward, s.reward_info["reward_source"]) for s in graded.values()}
+    assert sources == {("agent-none", 0.25, "reward_worker"), ("agent-turns", 1.0, "agent")}
 
 
-def test_restarted_runner_continues_after_its_shards(data, tmp_path):
+def test_restarted_worker_continues_after_its_shards(data, tmp_path):
     tok, train, _ = data
     store = Store(str(tmp_path / "run"))
     engine = ScriptedEngine(tok, scripted_calculator_reply)
-    kw = dict(store=store, group_size=2, batch_groups=2, eta=0)
-    with AgentRunner(engine, tok, calculator_agent, **kw) as r:
-        asyncio.run(r.run(train, num_groups=2))
-    with AgentRunner(engine, tok, calculator_agent, **kw) as r:
-        assert r.started == 2 and r.room() == 0  # both groups of version 0 are already out
-        engine.version = 1
-        asyncio.run(r.run(train, num_groups=2))
-    groups = sorted({s.group_id for rows in shard_rows(store, "graded").values() for s in rows})
-    assert groups == [f"agent-0-g{g:07d}" for g in range(4)]
-    assert len(store.find("trajectories/graded/agent-0")) == 4
+
+    def admission() -> Admission:
+        progress = recover_progress(store, "rollout-0")
+        return Admission(num_prompts=len(train), seed=0, batch_groups=2, eta=0, progress=progress)
+
+    run_groups(store, engine, calculator_agent, train, 2, admission=admission())
+    adm = admission()
+    assert adm.started == 2 and adm.room(0) == 0  # both groups of version 0 are already out
+    engine.version = 1
+    run_groups(store, engine, calculator_agent, train, 2, admission=adm)
+    groups = sorted({s.group_id for s in rows_of(store, "ungraded")})
+    assert groups == [f"rollout-0-g{g:07d}" for g in range(4)]
+    seqs = [int(p.rsplit("/", 1)[1].split(".")[0]) for p in store.find("trajectories/ungraded/rollout-0")]
+    assert seqs == list(range(len(seqs)))
 
 
 def test_evaluate_agent_measures_held_out_success(data):
@@ -255,51 +304,78 @@ def test_langchain_chat_openai_agent_through_the_proxy(data, tmp_path):
     store = Store(str(tmp_path / "run"))
     engine = ScriptedEngine(tok, scripted_calculator_reply)
     tasks = [t for t in train if t["meta"]["steps"] >= 2][:2]
-    with AgentRunner(engine, tok, langchain_calculator_agent, store=store, group_size=1, admission=False) as r:
-        stats = asyncio.run(r.run(tasks, num_groups=2))
+    stats = run_groups(store, engine, langchain_calculator_agent, tasks, 2, group_size=1)
     assert stats["episodes_failed"] == 0 and stats["mean_reward"] == 1.0
-    rows = [s for rows in shard_rows(store, "graded").values() for s in rows]
+    rows = rows_of(store, "ungraded")
     assert len(rows) == 2
     by_prompt = {t["prompt_id"]: t for t in tasks}
     for s in rows:
         assert_perfect_calculator_row(tok, s, by_prompt[s.prompt_id])
 
 
-def test_agent_rollout_worker_follows_weights_and_stops_at_done(tiny_overrides):
-    """The rollout role for agents on a prepared run: admission against weights/LATEST, then DONE."""
-    from areal_core import pipeline
+def publish_init_model(store: Store, version: int) -> None:
     from areal_core.models import load_pretrained
     from areal_core.store import INIT_MODEL
     from areal_core.train.weights import hf_side_files, publish, state_dict_bytes
 
-    run_uri, _ = pipeline.prepare("", [*tiny_overrides, "train.eta=0", "rollout.group_size=2"])
-    pipeline.sft(run_uri)
-    store = Store(run_uri)
     model, tok = load_pretrained(store.url(INIT_MODEL))
-    side = hf_side_files(model, tok)
-    publish(store, 0, state_dict_bytes(model), side)
+    publish(store, version, state_dict_bytes(model), hf_side_files(model, tok))
+
+
+def follow_weights_until_done(store: Store, run_uri: str, timeout_s: float = 60.0) -> dict:
+    """The rollout role on a prepared agent run: (0 + η + 1)·B = 2 groups under v0, then 2 more
+    under v1, then DONE."""
+    from areal_core.rollout.worker import run_rollout_worker
+
+    publish_init_model(store, 0)
     result: dict = {}
-    worker = threading.Thread(target=lambda: result.update(run_agent_rollout_worker(run_uri, 0, episode_timeout_s=60)))
+    worker = threading.Thread(target=lambda: result.update(run_rollout_worker(run_uri, 0)))
     worker.start()
 
     def groups() -> set[str]:
-        return {
-            s.group_id for p in store.find("trajectories/graded", ".arrow") for s in decode_shard(store.read_bytes(p))
-        }
+        return {s.group_id for s in rows_of(store, "ungraded")}
 
-    deadline = time.time() + 60
-    while len(groups()) < 2 and time.time() < deadline:
+    deadline = time.time() + timeout_s
+    while len(groups()) < 2 and time.time() < deadline and worker.is_alive():
         time.sleep(0.1)
     time.sleep(0.5)
     assert len(groups()) == 2  # (0 + η + 1)·B with B=2, η=0
-    publish(store, 1, state_dict_bytes(model), side)
-    while len(groups()) < 4 and time.time() < deadline:
+    publish_init_model(store, 1)
+    while len(groups()) < 4 and time.time() < deadline and worker.is_alive():
         time.sleep(0.1)
     store.write_text("DONE", "")
-    worker.join(timeout=60)
+    worker.join(timeout=timeout_s)
     assert not worker.is_alive()
-    assert result["groups_started"] == 4 and len(groups()) == 4
-    rows = [s for p in store.find("trajectories/graded", ".arrow") for s in decode_shard(store.read_bytes(p))]
-    assert len(rows) == 8 and all(s.reward in (0.0, 1.0) for s in rows)
+    assert result["groups"] == 4 and len(groups()) == 4
+    rows = rows_of(store, "ungraded")
+    assert len(rows) == 8 and all(s.reward in (0.0, 1.0) and s.reward_info["reward_source"] == "agent" for s in rows)
     assert sorted({s.min_version() for s in rows}) == [0, 1]
-    assert store.statuses()["rollout-agent-0"]["groups_started"] == 4
+    assert store.statuses()["rollout-0"]["groups_started"] == 4
+    return result
+
+
+AGENT = ["rollout.agent=areal_core.proxy.examples:calculator_agent", "agent.episode_timeout_s=60"]
+
+
+def test_agent_rollout_worker_follows_weights_and_stops_at_done(tiny_overrides):
+    """The one rollout worker runs the agent workflow when rollout.agent is set."""
+    from areal_core import pipeline
+
+    run_uri, _ = pipeline.prepare("", [*tiny_overrides, *AGENT, "train.eta=0", "rollout.group_size=2"])
+    pipeline.sft(run_uri)
+    follow_weights_until_done(Store(run_uri), run_uri)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_agent_rollout_worker_on_a_vllm_engine(tiny_overrides, tmp_path):
+    """rollout.engine=vllm with rollout.agent: the agent's proxy serves from a vLLM server."""
+    from areal_core import pipeline
+    from areal_core.rollout.vllm_server import DEFAULT_PYTHON, resolve_python
+
+    if not resolve_python(DEFAULT_PYTHON).exists():
+        pytest.skip("vLLM venv absent (.venv-vllm/bin/python): run `make vllm-venv` to run this test")
+    vllm = ["rollout.engine=vllm", "rollout.server.kv_cache_mb=64", "rollout.server.max_num_seqs=16"]
+    run_uri, _ = pipeline.prepare("", [*tiny_overrides, *AGENT, *vllm, "train.eta=0", "rollout.group_size=2"])
+    pipeline.sft(run_uri)
+    follow_weights_until_done(Store(run_uri), run_uri, timeout_s=600)

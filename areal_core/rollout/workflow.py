@@ -62,6 +62,7 @@ class RolloutWorkflow(ABC):
 
     def close(self) -> None:
         """Release what the workflow started (a proxy server, threads)."""
+        return None
 
 
 def workflow_path(cfg: Any) -> str:
