@@ -1,3 +1,11 @@
+from areal_core.protocol import Sample, write_shard
+from areal_core.rollout.admission import (
+    Admission,
+    group_id,
+    prompt_for_group,
+    prompt_order,
+    recover_progress,
+)
 from areal_core.staleness import (
     admission_capacity,
     groups_admissible,
@@ -6,6 +14,7 @@ from areal_core.staleness import (
     staleness_histogram,
     worker_share,
 )
+from areal_core.store import Store, shard_name
 
 
 def test_admission_capacity_is_v_plus_eta_plus_one_batches():
@@ -42,3 +51,87 @@ def test_hard_bound():
 
 def test_histogram_counts_staleness():
     assert staleness_histogram([5, 5, 4, 3], 5) == {0: 2, 1: 1, 2: 1}
+
+
+# -- the Admission object of one rollout worker (rollout/admission.py) --------------------------
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_admission_capacity_split_across_workers():
+    """(v + η + 1)·B over W workers: each worker starts its share, and no more until v moves."""
+    adms = [Admission(num_prompts=10, seed=0, batch_groups=5, eta=1, worker_index=i, num_workers=2) for i in range(2)]
+    assert [a.room(0) for a in adms] == [5, 5]
+    for a in adms:
+        for _ in range(a.room(0)):
+            a.start()
+    assert [a.room(0) for a in adms] == [0, 0] and [a.room(1) for a in adms] == [3, 2]
+    off = Admission(num_prompts=10, seed=0, batch_groups=1, eta=0, enabled=False)
+    off.start()
+    assert off.room(0) > 1000
+
+
+def test_discarded_credit_is_reread_only_while_blocked_and_at_most_every_interval():
+    reads = []
+    discarded = {"n": 0}
+
+    def read() -> int:
+        reads.append(clock.t)
+        return discarded["n"]
+
+    clock = Clock()
+    adm = Admission(num_prompts=8, seed=0, batch_groups=2, eta=0, read_discarded=read, reread_every_s=0.1, clock=clock)
+    assert reads == [0.0]  # once at start
+    assert adm.room(0) == 2 and reads == [0.0]  # not blocked: no read
+    adm.start(), adm.start()
+    discarded["n"] = 1  # the trainer discarded a group
+    for _ in range(4):  # blocked, but within the interval: no read, no room
+        clock.t += 0.02
+        assert adm.room(0) == 0
+    assert reads == [0.0]
+    clock.t = 0.1
+    assert adm.room(0) == 1 and reads == [0.0, 0.1]  # the credit comes back after one read
+    adm.start()
+    clock.t = 0.15
+    assert adm.room(0) == 0 and len(reads) == 2  # blocked again, too soon to read
+    clock.t = 0.2
+    assert adm.room(0) == 0 and len(reads) == 3
+
+
+def test_prompt_order_is_a_fixed_shuffle_interleaved_across_workers():
+    order = prompt_order(12, seed=3)
+    assert sorted(order) == list(range(12)) and order == prompt_order(12, seed=3) and order != list(range(12))
+    firsts = [prompt_for_group(order, 0, w, 3) for w in range(3)]
+    assert firsts == order[:3]  # group 0 of workers 0, 1, 2
+    assert prompt_for_group(order, 1, 0, 3) == order[3] and prompt_for_group(order, 4, 0, 3) == order[0]
+
+
+def _write_groups(store: Store, worker: str, seq: int, groups: list[int]) -> None:
+    rows = [
+        Sample(f"{group_id(worker, g)}-0", group_id(worker, g), "p", worker, [1, 2], 1, [0, 1], [0.0, -0.1], [-1, 0])
+        for g in groups
+    ]
+    write_shard(store, shard_name("ungraded", worker, seq), rows)
+
+
+def test_restart_recovery_gives_the_same_sequence_numbers_and_prompt_order(tmp_path):
+    store = Store(str(tmp_path / "run"))
+    kw = dict(num_prompts=50, seed=1, batch_groups=4, eta=1, worker_index=1, num_workers=2)
+    straight = Admission(**kw)
+    expected = [straight.start() for _ in range(6)]
+    # a worker wrote groups 0-1 and 3 (2 was in flight when it died), then a torn shard
+    _write_groups(store, "rollout-1", 0, [0, 1])
+    _write_groups(store, "rollout-1", 1, [3])
+    store.write_bytes(shard_name("ungraded", "rollout-1", 2), b"torn")
+    progress = recover_progress(store, "rollout-1")
+    assert progress.next_seq == 2 and progress.groups == {0, 1, 3}  # the torn shard is rewritten
+    restarted = Admission(**kw, progress=progress)
+    assert restarted.started == 3
+    assert restarted.start() == expected[2]  # the lost group first, on its own prompt
+    assert [restarted.start() for _ in range(2)] == expected[4:6]
+    assert restarted.started == 6 and restarted.room(2) == worker_share(16, 1, 2) - 6  # (2 + 1 + 1)·4 over 2
+    assert recover_progress(store, "rollout-9").next_seq == 0
