@@ -359,7 +359,7 @@ AGENT = ["rollout.agent=areal_core.proxy.examples:calculator_agent", "agent.epis
 
 def test_agent_rollout_worker_follows_weights_and_stops_at_done(tiny_overrides):
     """The one rollout worker runs the agent workflow when rollout.agent is set."""
-    from areal_core import pipeline
+    from areal_core.run import pipeline
 
     run_uri, _ = pipeline.prepare("", [*tiny_overrides, *AGENT, "train.eta=0", "rollout.group_size=2"])
     pipeline.sft(run_uri)
@@ -370,8 +370,8 @@ def test_agent_rollout_worker_follows_weights_and_stops_at_done(tiny_overrides):
 @pytest.mark.slow
 def test_agent_rollout_worker_on_a_vllm_engine(tiny_overrides, tmp_path):
     """rollout.engine=vllm with rollout.agent: the agent's proxy serves from a vLLM server."""
-    from areal_core import pipeline
     from areal_core.rollout.vllm_server import DEFAULT_PYTHON, resolve_python
+    from areal_core.run import pipeline
 
     if not resolve_python(DEFAULT_PYTHON).exists():
         pytest.skip("vLLM venv absent (.venv-vllm/bin/python): run `make vllm-venv` to run this test")
