@@ -7,6 +7,8 @@ import hashlib
 import pytest
 
 from areal_core.protocol import decode_shard, encode_shard
+from areal_core.rollout.single_turn import SingleTurnWorkflow
+from areal_core.rollout.workflow import RolloutWorkflow, WorkflowContext
 from areal_core.run import pipeline
 from areal_core.run.context import load_run_config
 from areal_core.run.launcher import RoleFailed, launch
@@ -157,3 +159,33 @@ def test_code_config_runs_the_pipeline_with_the_sandboxed_reward(tmp_path):
     graded = [s for rel in store.find("trajectories/graded", ".arrow") for s in decode_shard(store.read_bytes(rel))]
     assert graded and all(s.reward == 0.0 for s in graded)
     assert all({"passed", "total"} <= set(s.reward_info) and "error" in s.reward_info for s in graded)
+
+
+class MarkedWorkflow(RolloutWorkflow):
+    """A user's own workflow (`rollout.workflow=tests.test_pipeline:MarkedWorkflow`): single-turn
+    generation that marks its rows and rewards the even ones itself; the reward workers grade
+    the rest."""
+
+    def __init__(self, ctx: WorkflowContext):
+        self.inner = SingleTurnWorkflow(ctx)
+
+    async def arun_episode(self, engine, task: dict) -> list:
+        rows = await self.inner.arun_episode(engine, task)
+        for i, s in enumerate(rows):
+            s.meta["workflow"] = "marked"
+            if i % 2 == 0:
+                s.reward = float(len(s.response_ids()) % 2)
+        return rows
+
+
+@pytest.mark.slow
+def test_a_custom_workflow_loaded_by_import_path_produces_shards_that_train(tiny_overrides):
+    store = prepared([*tiny_overrides, "rollout.workflow=tests.test_pipeline:MarkedWorkflow"])
+    run_and_check(store)
+    graded = [s for rel in store.find("trajectories/graded", ".arrow") for s in decode_shard(store.read_bytes(rel))]
+    assert graded and all(s.meta["workflow"] == "marked" for s in graded)
+    sources = {s.sample_id.rsplit("-", 1)[1]: s.reward_info["reward_source"] for s in graded}
+    assert set(sources.values()) == {"workflow", "reward_worker"}
+    assert all((src == "workflow") == (int(k) % 2 == 0) for k, src in sources.items())
+    trained = {sid for entry in trained_log(store) for sid, _ in entry["samples"]}
+    assert trained <= {s.sample_id for s in graded}
