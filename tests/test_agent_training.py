@@ -91,7 +91,7 @@ def _run_agent_training(store: Path, extra: list[str]) -> tuple[float, float, st
 @pytest.mark.slow
 def test_pyflyte_run_trains_the_calculator_agent_end_to_end(tmp_path):
     """`pyflyte run workflows/grpo.py grpo --config configs/agent_calculator.yaml` (shortened): SFT
-    warm start in the agent's format, asynchronous RL with the agent in the rollout worker on
+    warm start in the agent's format, asynchronous RL with the agent workflow in the rollout worker on
     multi-turn episodes, held-out agent success before/after from the evaluate step."""
     from areal_core.protocol import decode_shard
     from areal_core.store import Store
@@ -103,8 +103,9 @@ def test_pyflyte_run_trains_the_calculator_agent_end_to_end(tmp_path):
     store = Store(str(tmp_path / "run"))
     assert store.read_json("DONE")["step"] == 2
     rows = [s for p in store.find("trajectories/graded", ".arrow") for s in decode_shard(store.read_bytes(p))]
-    assert len({s.group_id for s in rows}) >= 2 * 4 and all(s.worker_id == "agent-0" for s in rows)
-    assert store.statuses()["rollout-agent-0"]["episodes"] >= 2 * 4 * 8
+    assert len({s.group_id for s in rows}) >= 2 * 4 and all(s.worker_id == "rollout-0" for s in rows)
+    assert all(s.reward_info["reward_source"] == "agent" for s in rows)  # kept by the reward worker
+    assert store.statuses()["rollout-0"]["episodes"] >= 2 * 4 * 8
     tool_rows = [s for s in rows if s.meta.get("tool_calls")]
     assert tool_rows  # multi-turn episodes: model turns, then tool results the model did not produce
     for s in tool_rows:
