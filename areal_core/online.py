@@ -101,10 +101,10 @@ def regroup(samples: list[Sample], pool_id: str) -> list[Sample]:
 
 
 def train_on_sessions(model: Any, tokenizer: Any, samples: list[Sample], cfg: Any) -> list[dict[str, float]]:
-    """One pass of `ppo_update` over `samples` (see the module docstring); returns per-update metrics."""
+    """One pass of `train_step` over `samples` (see the module docstring); returns per-update metrics."""
     import torch
 
-    from areal_core.train.trainer import ppo_update
+    from areal_core.train.step import train_step
 
     torch.manual_seed(cfg.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, betas=(0.9, 0.99))
@@ -115,7 +115,7 @@ def train_on_sessions(model: Any, tokenizer: Any, samples: list[Sample], cfg: An
     model.train()
     for i in range(n_updates):
         batch = regroup(samples[bounds[i] : bounds[i + 1]], f"online-{i}")
-        metrics.append(ppo_update(model, opt, batch, cfg, tokenizer.pad_token_id))
+        metrics.append(train_step(model, opt, batch, cfg, tokenizer.pad_token_id))
     model.eval()
     return metrics
 

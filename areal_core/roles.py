@@ -15,9 +15,7 @@ from areal_core.run_context import setup_logging
 
 def run_role(role: str, run_uri: str, index: int = 0) -> dict:
     if role == "trainer":
-        from areal_core.train.trainer import run_trainer
-
-        return run_trainer(run_uri)
+        return trainer_role(run_uri)
     if role == "rollout":
         from areal_core.run_context import load_run_config
         from areal_core.store import Store
@@ -38,6 +36,29 @@ def run_role(role: str, run_uri: str, index: int = 0) -> dict:
 
         return {"init_model": run_sft(run_uri)}
     raise ValueError(f"unknown role {role!r}")
+
+
+def trainer_role(run_uri: str) -> dict:
+    """The trainer on this process (every torchrun rank runs it), given the run's config, and on
+    rank 0 the MLflow tracker and the held-out greedy accuracy."""
+    from areal_core.evaluate import greedy_accuracy
+    from areal_core.prompts import load_prompts
+    from areal_core.run_context import load_run_config, set_threads
+    from areal_core.store import Store
+    from areal_core.tracking import Tracker
+    from areal_core.train.distributed import env_ranks
+    from areal_core.train.trainer import run_trainer
+
+    store = Store(run_uri)
+    cfg = load_run_config(store)
+    set_threads(cfg.threads_per_role)
+    main = env_ranks()[0] == 0
+    records = load_prompts(store, "eval")[: cfg.eval.num_samples] if main else []
+
+    def evaluate(model, tokenizer) -> float:
+        return greedy_accuracy(model, tokenizer, records, cfg.eval.max_new_tokens, cfg.eval.batch_size)
+
+    return run_trainer(run_uri, cfg, evaluate=evaluate, tracker=Tracker.attach(store) if main else None)
 
 
 ROLES = ("trainer", "rollout", "reward", "sft")

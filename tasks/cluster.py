@@ -171,11 +171,11 @@ if CLUSTER.trainer.shared_memory:
 @task(task_config=ELASTIC, container_image=IMAGE, environment=ENV, **_trainer_kwargs)
 def trainer_elastic(run_uri: str) -> str:
     """Every torchrun rank runs this; rank 0's return value is the task's: the final model's URI."""
-    from areal_core.distributed import run_trainer_rank
+    from areal_core.roles import run_role
     from areal_core.run_context import setup_logging
 
     setup_logging()
-    run_trainer_rank(run_uri)
+    run_role("trainer", run_uri)
     return f"{run_uri.rstrip('/')}/final_model"
 
 

@@ -299,25 +299,6 @@ def test_cluster_workflow_refuses_the_local_executor(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
-def test_elastic_ranks_never_train_twice_without_the_fsdp_integration(monkeypatch):
-    """Until the trainer runs every rank through areal_core.distributed, rank 0 trains alone and
-    the other ranks return at once (no second trainer publishing the same versions)."""
-    import areal_core.roles
-    from areal_core import distributed
-
-    calls = []
-    monkeypatch.setattr(areal_core.roles, "run_role", lambda role, uri, index=0: calls.append(role) or {"ok": 1})
-    monkeypatch.setattr(distributed, "trainer_supports_distributed", lambda: False)
-    for rank in (1, 0):
-        monkeypatch.setenv("RANK", str(rank))
-        monkeypatch.setenv("WORLD_SIZE", "2")
-        out = distributed.run_trainer_rank("file:///nowhere")
-        assert out == ({"ok": 1} if rank == 0 else {})
-    assert calls == ["trainer"]
-    monkeypatch.setattr(distributed, "trainer_supports_distributed", lambda: True)
-    assert distributed.run_trainer_rank("file:///nowhere") == {"ok": 1} and calls == ["trainer"] * 2
-
-
 # -- megatron backend (config checks only: unverified without a GPU) ------------------------------
 def test_megatron_config_checks():
     from areal_core.config import ConfigError, load_config

@@ -21,10 +21,10 @@ from safetensors.torch import load_file
 from areal_core import pipeline
 from areal_core.launcher import start_role
 from areal_core.protocol import decode_shard
+from areal_core.roles import run_role
 from areal_core.run_context import load_run_config
 from areal_core.store import Store
 from areal_core.train import checkpoint
-from areal_core.train.trainer import run_trainer
 from tests.conftest import BIN, ROOT, TINY
 
 # graded groups with rewards that vary inside every group (the tiny model rarely solves a problem,
@@ -146,7 +146,7 @@ def test_two_rank_trainer_matches_one_process_on_the_same_shards(tmp_path):
         ref = Store(str(tmp_path / "ref"))  # the same shards for the single-process trainer
         shutil.copytree(store.local_path(), ref.local_path(), ignore=shutil.ignore_patterns("status", ".*"))
         procs["trainer-fsdp"] = torchrun_trainer(store, tmp_path / "fsdp.log")
-        run_trainer(ref.uri)  # meanwhile, the reference: one trainer in this process
+        run_role("trainer", ref.uri)  # meanwhile, the reference: one trainer in this process
         wait_all(procs, 400)  # rollout and reward stop when the 2-rank trainer writes DONE
     finally:
         for p in procs.values():

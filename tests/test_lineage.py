@@ -13,6 +13,7 @@ import pytest
 
 from areal_core import pipeline
 from areal_core.protocol import Sample, encode_shard
+from areal_core.run_context import load_run_config
 from areal_core.store import INIT_MODEL, Store, shard_name
 from areal_core.train import checkpoint
 from areal_core.train.lineage import Resume, holds_version_in, newest_published, resume_version
@@ -104,7 +105,8 @@ def test_restart_from_an_older_checkpoint_never_reuses_a_published_version(tmp_p
     rng = random.Random(0)
     store.write_bytes(shard_name("graded", "w", 0), encode_shard(groups(rng, "a", 8, 0, vocab)))
 
-    first = Trainer(run_uri)
+    cfg = load_run_config(store)
+    first = Trainer(run_uri, cfg)
     train_steps(first, 4)  # checkpoint after step 3, then v4 published without one
     before = manifests(store)
     assert sorted(before) == [0, 1, 2, 3, 4] and checkpoint.committed_steps(store) == [3]
@@ -113,7 +115,7 @@ def test_restart_from_an_older_checkpoint_never_reuses_a_published_version(tmp_p
     # while it was down, rollout sampled 2 groups with v4; 4 more groups are from v3
     late = groups(rng, "b", 2, 4, vocab) + groups(rng, "c", 4, 3, vocab)
     store.write_bytes(shard_name("graded", "w", 1), encode_shard(late))
-    second = Trainer(run_uri)
+    second = Trainer(run_uri, cfg)
     assert (second.state.step, second.state.version, second.state.abandoned) == (3, 5, [[4, 4]])
     assert store.latest_version() == 5
     ck = store.read_bytes(f"{checkpoint.PREFIX}/step-000003/model.safetensors")
@@ -121,9 +123,9 @@ def test_restart_from_an_older_checkpoint_never_reuses_a_published_version(tmp_p
     train_steps(second, 1)  # publishes v6 (no checkpoint at step 4) ...
     del second  # ... and dies again
 
-    third = Trainer(run_uri)  # from step 3 again: v4..v6 abandoned, its weights as v7
+    third = Trainer(run_uri, cfg)  # from step 3 again: v4..v6 abandoned, its weights as v7
     assert (third.state.step, third.state.version, third.state.abandoned) == (3, 7, [[4, 6]])
-    third.run()
+    third.fit()
     done = store.read_json("DONE")
     assert done["step"] == 6 and done["version"] == 10
     after = manifests(store)

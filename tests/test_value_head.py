@@ -162,7 +162,7 @@ def test_ppo_critic_pipeline_runs_without_nan_and_checkpoints_but_never_publishe
     # a restarted trainer gets the critic back from the checkpoint
     from areal_core.train.trainer import Trainer
 
-    t = Trainer(store.uri)
+    t = Trainer(store.uri, load_run_config(store))
     assert t.state.step == 6 and t.critic is not None
     restored = t.critic.model.state_dict()
     assert all(torch.equal(restored[k], saved[k]) for k in saved)

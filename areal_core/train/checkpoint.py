@@ -44,7 +44,7 @@ def save(
 
     `model_bytes` / `optimizer_state`: the full (unsharded) model as safetensors bytes and the
     optimizer state in single-process `state_dict()` form, for a model sharded with FSDP2
-    (areal_core.distributed gathers them); by default taken from `model` and `optimizer`.
+    (areal_core/train/distributed.py gathers them); by default taken from `model` and `optimizer`.
     The format is the same either way, so a checkpoint restores under any world size.
     """
     base = f"{PREFIX}/step-{state.step:06d}"
