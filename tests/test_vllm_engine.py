@@ -16,10 +16,11 @@ import pytest
 import torch
 
 from areal_core.config import ModelConfig
+from areal_core.config.run import DEFAULT_VLLM_PYTHON, resolve_python
 from areal_core.models import build_tiny_model, build_tokenizer
 from areal_core.rollout.engine import SamplingParams
 from areal_core.rollout.vllm_engine import VLLMEngine
-from areal_core.rollout.vllm_server import DEFAULT_PYTHON, VLLMServerSpec, resolve_python
+from areal_core.rollout.vllm_server import VLLMServerSpec
 from areal_core.store import Store, weights_dir
 from areal_core.train.weights import WEIGHTS_FILE, WeightsError, hf_side_files, publish, state_dict_bytes
 
@@ -27,7 +28,7 @@ pytestmark = [
     pytest.mark.vllm,
     pytest.mark.slow,
     pytest.mark.skipif(
-        not resolve_python(DEFAULT_PYTHON).exists(),
+        not resolve_python(DEFAULT_VLLM_PYTHON).exists(),
         reason="vLLM venv absent (.venv-vllm/bin/python): run `make vllm-venv` to run these tests",
     ),
 ]

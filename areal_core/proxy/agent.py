@@ -21,7 +21,6 @@ episode is dropped (its row never reaches the trainer) and counted.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import random
 import time
@@ -29,6 +28,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from areal_core.config.hooks import import_object
 from areal_core.protocol import Sample, decode_shard
 from areal_core.proxy.server import ApiKeys, BatchingBackend, ProxyLimits, ProxyServer, as_backend, create_app
 from areal_core.proxy.sessions import ShardWriter, key_digest, session_id_for_key
@@ -47,17 +47,6 @@ def quiet_http_clients() -> None:
     logger = logging.getLogger("httpx")
     if logger.level == logging.NOTSET:
         logger.setLevel(logging.WARNING)
-
-
-def load_agent(path: str) -> AgentFn:
-    """'package.module:function' -> the agent function."""
-    module, _, name = path.partition(":")
-    if not module or not name:
-        raise ValueError(f"agent must be 'module:function', got {path!r}")
-    fn = getattr(importlib.import_module(module), name)
-    if not asyncio.iscoroutinefunction(fn):
-        raise TypeError(f"agent {path} must be an async function (task, base_url, api_key) -> float")
-    return fn
 
 
 @dataclass
@@ -139,7 +128,7 @@ class AgentRunner:
         tool_prompt: str = "none",
         poll_interval_s: float = 0.02,
     ):
-        self.agent = load_agent(agent) if isinstance(agent, str) else agent
+        self.agent = import_object(agent, key="rollout.agent", coroutine=True) if isinstance(agent, str) else agent
         quiet_http_clients()
         self.store = store
         self.worker_id = worker_id

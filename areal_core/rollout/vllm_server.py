@@ -21,22 +21,17 @@ from pathlib import Path
 
 import httpx
 
+from areal_core.config.base import PROJECT_ROOT
+from areal_core.config.run import DEFAULT_VLLM_PYTHON, resolve_python
+
 log = logging.getLogger("areal.rollout.vllm")
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_PYTHON = ".venv-vllm/bin/python"
 WORKER_EXTENSION = "areal_core.rollout.vllm_worker_ext.ReloadExtension"
 SERVED_NAME = "policy"
 
 
 class VLLMServerError(RuntimeError):
     """The vLLM server could not be started, or died; the message carries its log tail."""
-
-
-def resolve_python(python: str) -> Path:
-    """A relative interpreter path is taken from the project root (where `make vllm-venv` puts it)."""
-    p = Path(python)
-    return p if p.is_absolute() else PROJECT_ROOT / p
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -49,7 +44,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 class VLLMServerSpec:
     """What the server is started with (`rollout.server.*` in the run config)."""
 
-    python: str = DEFAULT_PYTHON
+    python: str = DEFAULT_VLLM_PYTHON
     host: str = "127.0.0.1"
     port: int = 0  # 0: a free port
     kv_cache_mb: int = 256  # --kv-cache-memory-bytes (CPU has no memory profiling to size it)

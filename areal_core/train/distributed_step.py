@@ -115,7 +115,7 @@ def distributed_ppo_step(
         mask = torch.zeros_like(batch.loss_mask[rows]) if dummy else batch.loss_mask[rows]
         mb_algo = algo
         if algo.aggregation == "seq_mean_token_sum_norm" and algo.norm_const <= 0:
-            mb_algo = dataclasses.replace(algo, norm_const=den["max_row_tokens"])
+            mb_algo = algo.model_copy(update={"norm_const": den["max_row_tokens"]})
         local_loss, mb_stats = compute_loss(
             mb_algo,
             logp,
