@@ -67,8 +67,32 @@ _BOUNDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "l
 _BOUND_KEYS = {"greater_than": "gt", "greater_than_equal": "ge", "less_than": "lt", "less_than_equal": "le"}
 
 
-def one_line(exc: ValidationError, label: str = "config", prefix: str = "") -> ConfigError:
-    """The first error of `exc` as one line naming its dotted key (`prefix` is prepended)."""
+def _number(x: Any) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def _interval(model: type[BaseModel] | None, loc: list[str]) -> str:
+    """'[0, 1]' / '(0, 1]' when the field at `loc` has a lower and an upper bound, else ''."""
+    info = None
+    for part in loc:
+        if not (isinstance(model, type) and issubclass(model, BaseModel)) or part not in model.model_fields:
+            return ""
+        info = model.model_fields[part]
+        model = info.annotation
+    bounds = {k: getattr(m, k) for m in (info.metadata if info else []) for k in _BOUND_KEYS.values() if hasattr(m, k)}
+    lower = "[" if "ge" in bounds else "(" if "gt" in bounds else ""
+    upper = "]" if "le" in bounds else ")" if "lt" in bounds else ""
+    if not lower or not upper:
+        return ""
+    lo, hi = bounds.get("ge", bounds.get("gt")), bounds.get("le", bounds.get("lt"))
+    return f"{lower}{_number(lo)}, {_number(hi)}{upper}"
+
+
+def one_line(
+    exc: ValidationError, label: str = "config", prefix: str = "", model: type[BaseModel] | None = None
+) -> ConfigError:
+    """The first error of `exc` as one line naming its dotted key (`prefix` is prepended);
+    `model`, the validated class, lets a bound error give the field's whole interval."""
     err = exc.errors(include_url=False)[0]
     loc = [str(p) for p in err["loc"]]
     dotted = ".".join([prefix, *loc] if prefix else loc)
@@ -81,9 +105,9 @@ def one_line(exc: ValidationError, label: str = "config", prefix: str = "") -> C
     if kind in _TYPE_WORDS:
         return ConfigError(f"{label} key '{dotted}' must be {_TYPE_WORDS[kind]}, got {value!r}")
     if kind in _BOUNDS:
-        bound = ctx[_BOUND_KEYS[kind]]
-        bound = f"{bound:g}" if isinstance(bound, float) else bound
-        return ConfigError(f"{label} key '{dotted}' must be {_BOUNDS[kind]} {bound}, got {value!r}")
+        interval = _interval(model, loc)
+        rule = f"in {interval}" if interval else f"{_BOUNDS[kind]} {_number(ctx[_BOUND_KEYS[kind]])}"
+        return ConfigError(f"{label} key '{dotted}' must be {rule}, got {value!r}")
     if kind == "literal_error":
         return ConfigError(f"{label} key '{dotted}' must be one of {ctx['expected']}, got {value!r}")
     if isinstance(cause, Invalid):
@@ -106,4 +130,4 @@ class ConfigModel(BaseModel):
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            raise one_line(exc, cls.error_label, prefix) from None
+            raise one_line(exc, cls.error_label, prefix, cls) from None
