@@ -11,7 +11,9 @@ from areal_core.proxy.guard import ProxyLimits
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description="Serve a policy through the OpenAI-compatible proxy.")
+    ap = argparse.ArgumentParser(
+        prog="python -m areal_core.proxy", description="Serve a policy through the OpenAI-compatible proxy."
+    )
     ap.add_argument("--model", required=True, help="HF checkpoint folder or fsspec URI")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
