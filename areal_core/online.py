@@ -226,8 +226,8 @@ def retrain_candidate(
     from areal_core.config import load_config, to_yaml
     from areal_core.evaluate import heldout_score
     from areal_core.models import load_pretrained, save_pretrained
-    from areal_core.pipeline import parse_overrides
-    from areal_core.tracking import tracking_uri as resolve_uri
+    from areal_core.run.pipeline import parse_overrides
+    from areal_core.run.tracking import tracking_uri as resolve_uri
 
     cfg = load_config(config_path or None, parse_overrides(overrides))
     torch.set_num_threads(max(1, cfg.threads_per_role))

@@ -8,7 +8,7 @@ from typing import NamedTuple
 from flytekit import task
 
 from areal_core import online
-from areal_core.run_context import setup_logging
+from areal_core.logs import setup_logging
 from tasks.resources import IMAGE, ROLE, SMALL
 
 

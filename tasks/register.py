@@ -66,8 +66,8 @@ def register_run(
     tracking is disabled for the run)."""
     import mlflow
 
+    from areal_core.run.tracking import Tracker
     from areal_core.store import LAYOUT, Store
-    from areal_core.tracking import Tracker
     from areal_core.train import checkpoint
 
     store = Store(run_uri)
@@ -135,7 +135,7 @@ def load_registered(model_uri: str, device: str = "cpu", tracking_uri: str = "")
 def register(run_uri: str, model_name: str, before: float, after: float) -> str:
     """Register the final model and the newest checkpoint; returns the final model's models:/ URI
     ('' when the run has tracking disabled)."""
-    from areal_core.run_context import setup_logging
+    from areal_core.logs import setup_logging
 
     setup_logging()
     device = os.environ.get("AREAL_DEVICE", DEVICE)

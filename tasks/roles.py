@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from flytekit import task
 
-from areal_core.roles import run_role
-from areal_core.run_context import setup_logging
+from areal_core.logs import setup_logging
+from areal_core.run.roles import run_role
 from tasks.resources import IMAGE, ROLE
 
 

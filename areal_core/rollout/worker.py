@@ -19,7 +19,7 @@ from areal_core.protocol import Sample, decode_shard, write_shard
 from areal_core.rollout.engine import SamplingParams
 from areal_core.rollout.factory import build_local_engine
 from areal_core.rollout.remote_factory import REMOTE_ENGINES, RemoteWeightWatcher, build_remote_engine, load_tokenizer
-from areal_core.run_context import load_run_config, set_threads, wait_for_version
+from areal_core.run.context import load_run_config, set_threads, wait_for_version
 from areal_core.staleness import groups_admissible
 from areal_core.store import INIT_MODEL, Store, shard_name
 from areal_core.train.weights import WeightsError, load_state_dict

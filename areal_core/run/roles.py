@@ -1,7 +1,7 @@
 """Command-line entry point for every role, used by the launcher and by `pyflyte run` tasks.
 
-python -m areal_core.roles trainer --run-uri s3://bucket/run
-python -m areal_core.roles rollout --run-uri runs/default --index 1
+python -m areal_core.run.roles trainer --run-uri s3://bucket/run
+python -m areal_core.run.roles rollout --run-uri runs/default --index 1
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from areal_core.run_context import setup_logging
+from areal_core.logs import setup_logging
 
 
 def run_role(role: str, run_uri: str, index: int = 0) -> dict:
@@ -19,7 +19,7 @@ def run_role(role: str, run_uri: str, index: int = 0) -> dict:
 
         return run_trainer(run_uri)
     if role == "rollout":
-        from areal_core.run_context import load_run_config
+        from areal_core.run.context import load_run_config
         from areal_core.store import Store
 
         if load_run_config(Store(run_uri)).rollout.agent:  # agent episodes through an in-process proxy
@@ -44,7 +44,7 @@ ROLES = ("trainer", "rollout", "reward", "sft")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m areal_core.roles")
+    parser = argparse.ArgumentParser(prog="python -m areal_core.run.roles")
     parser.add_argument("role", choices=ROLES)
     parser.add_argument("--run-uri", required=True)
     parser.add_argument("--index", type=int, default=0)

@@ -50,7 +50,7 @@ def prepare(config_path: str, overrides: str | list[str] = "", resume: bool = Fa
     elif not resume:
         for name in RUN_STATE:
             store.delete(name, recursive=True)
-    from areal_core.prepare import prepare_run
+    from areal_core.run.prepare import prepare_run
 
     return prepare_run(cfg), sft_key(cfg)
 
@@ -77,9 +77,9 @@ def ensure_init_model(store: Store, init_model_uri: str) -> None:
 
 def run_async_rl(run_uri: str, init_model_uri: str) -> str:
     """Start every role on this machine and wait for DONE; returns the final model's URI."""
-    from areal_core.launcher import launch
-    from areal_core.run_context import load_run_config
-    from areal_core.tracking import Tracker
+    from areal_core.run.context import load_run_config
+    from areal_core.run.launcher import launch
+    from areal_core.run.tracking import Tracker
 
     store = Store(run_uri)
     ensure_init_model(store, init_model_uri)
@@ -107,8 +107,8 @@ def evaluate_run(run_uri: str) -> dict[str, Any]:
     from areal_core.evaluate import heldout_score
     from areal_core.models import load_pretrained
     from areal_core.prompts import load_prompts
-    from areal_core.run_context import load_run_config
-    from areal_core.tracking import Tracker
+    from areal_core.run.context import load_run_config
+    from areal_core.run.tracking import Tracker
 
     store = Store(run_uri)
     cfg = load_run_config(store)
