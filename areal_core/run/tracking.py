@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from areal_core.store import Store
+from areal_core.store import LAYOUT, Store
 
 log = logging.getLogger("areal.tracking")
 
@@ -38,7 +38,7 @@ class Tracker:
         """Create the MLflow run for this training run (or reuse the one already recorded)."""
         if not cfg.tracking.enabled:
             return cls(None, "")
-        if store.exists("tracking.json"):
+        if store.exists(LAYOUT.tracking):
             return cls.attach(store)
         import mlflow
 
@@ -48,7 +48,7 @@ class Tracker:
         exp = client.get_experiment_by_name(cfg.tracking.experiment)
         exp_id = exp.experiment_id if exp else client.create_experiment(cfg.tracking.experiment)
         run = client.create_run(exp_id, run_name=cfg.name, tags={"store": store.uri})
-        store.write_json("tracking.json", {"run_id": run.info.run_id, "uri": uri})
+        store.write_json(LAYOUT.tracking, {"run_id": run.info.run_id, "uri": uri})
         tracker = cls(run.info.run_id, uri)
         from areal_core.config import to_flat_dict
 
@@ -57,9 +57,9 @@ class Tracker:
 
     @classmethod
     def attach(cls, store: Store) -> Tracker:
-        if not store.exists("tracking.json"):
+        if not store.exists(LAYOUT.tracking):
             return cls(None, "")
-        info = store.read_json("tracking.json")
+        info = store.read_json(LAYOUT.tracking)
         return cls(info["run_id"], info["uri"])
 
     @property
