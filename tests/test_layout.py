@@ -212,3 +212,16 @@ def test_local_copy_between_filesystems(tmp_path, s3_bucket):
     local = Store(str(tmp_path / "run"))
     local.copy_dir(LAYOUT.init_model, LAYOUT.init_model, source=remote)
     assert read_folder(local.local_path(LAYOUT.init_model)) == files
+
+
+def test_ensure_init_model_copies_a_cached_sft_checkpoint(tmp_path):
+    from areal_core.run.pipeline import ensure_init_model
+
+    cache, run = Store(str(tmp_path / "cache")), Store(str(tmp_path / "run"))
+    files = make_folder(tmp_path / "src")
+    cache.put_dir(tmp_path / "src", LAYOUT.init_model)
+    ensure_init_model(run, cache.url(LAYOUT.init_model))
+    assert read_folder(run.local_path(LAYOUT.init_model)) == files
+    cache.delete(LAYOUT.committed(LAYOUT.init_model))
+    with pytest.raises(FileNotFoundError, match="no longer exists"):
+        ensure_init_model(Store(str(tmp_path / "run2")), cache.url(LAYOUT.init_model))
