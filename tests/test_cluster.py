@@ -408,7 +408,7 @@ def _check_registry(tmp_path, tracking_uri: str):
     import mlflow
     import torch
 
-    from tasks.register import load_registered, register_run
+    from areal_core.online.registry import load_registered, register_run
 
     store, model = _finished_run(tmp_path, tracking_uri)
     out = register_run(

@@ -11,6 +11,7 @@ import json
 import sys
 
 from areal_core.logs import setup_logging
+from areal_core.store import LAYOUT
 
 
 def run_role(role: str, run_uri: str, index: int = 0) -> dict:
@@ -41,6 +42,29 @@ def run_role(role: str, run_uri: str, index: int = 0) -> dict:
 
 
 ROLES = ("trainer", "rollout", "reward", "sft")
+
+
+def rollout_task(run_uri: str, index: int = 0) -> int:
+    """What a Flyte task of rollout worker `index` returns: the groups it started."""
+    setup_logging()
+    return int(run_role("rollout", run_uri, index)["groups"])
+
+
+def reward_task(run_uri: str, index: int = 0) -> int:
+    """What a Flyte task of reward worker `index` returns: the samples it graded."""
+    setup_logging()
+    return int(run_role("reward", run_uri, index)["graded"])
+
+
+def trainer_task(run_uri: str) -> str:
+    """What a Flyte task of the trainer returns: the final model's URI."""
+    setup_logging()
+    run_role("trainer", run_uri)
+    return final_model_uri(run_uri)
+
+
+def final_model_uri(run_uri: str) -> str:
+    return f"{run_uri.rstrip('/')}/{LAYOUT.final_model}"
 
 
 def main(argv: list[str] | None = None) -> int:
