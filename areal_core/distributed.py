@@ -239,7 +239,7 @@ def run_trainer_rank(run_uri: str) -> dict:
     without that switch would run on rank 0 alone while the other ranks exit at once, so a world
     size > 1 could waste devices but never train or publish twice.
     """
-    from areal_core.roles import run_role
+    from areal_core.run.roles import run_role
 
     rank, world, _ = env_ranks()
     if world == 1 or trainer_supports_distributed():

@@ -277,7 +277,7 @@ def test_cluster_config_comes_from_the_environment(tmp_path, monkeypatch):
 
 
 def test_prepare_forces_the_cluster_worker_counts_and_device(tmp_path):
-    from areal_core.run_context import load_run_config
+    from areal_core.run.context import load_run_config
     from areal_core.store import Store
     from tasks.cluster import prepare_for_cluster
     from tasks.resources import cluster_config_from_dict
@@ -302,11 +302,11 @@ def test_cluster_workflow_refuses_the_local_executor(tmp_path):
 def test_elastic_ranks_never_train_twice_without_the_fsdp_integration(monkeypatch):
     """Until the trainer runs every rank through areal_core.distributed, rank 0 trains alone and
     the other ranks return at once (no second trainer publishing the same versions)."""
-    import areal_core.roles
+    import areal_core.run.roles
     from areal_core import distributed
 
     calls = []
-    monkeypatch.setattr(areal_core.roles, "run_role", lambda role, uri, index=0: calls.append(role) or {"ok": 1})
+    monkeypatch.setattr(areal_core.run.roles, "run_role", lambda role, uri, index=0: calls.append(role) or {"ok": 1})
     monkeypatch.setattr(distributed, "trainer_supports_distributed", lambda: False)
     for rank in (1, 0):
         monkeypatch.setenv("RANK", str(rank))
@@ -380,11 +380,11 @@ def _finished_run(tmp_path, tracking_uri: str):
     """A run root that looks finished: init/final model (the tiny model), a checkpoint, DONE, MLflow run."""
     import torch
 
-    from areal_core import pipeline
     from areal_core.models import build_tiny_model, build_tokenizer, save_pretrained
-    from areal_core.run_context import load_run_config
+    from areal_core.run import pipeline
+    from areal_core.run.context import load_run_config
+    from areal_core.run.tracking import Tracker
     from areal_core.store import Store
-    from areal_core.tracking import Tracker
     from areal_core.train import checkpoint
 
     overrides = [o for o in TINY if not o.startswith("tracking.")]
@@ -408,7 +408,7 @@ def _check_registry(tmp_path, tracking_uri: str):
     import mlflow
     import torch
 
-    from tasks.register import load_registered, register_run
+    from areal_core.online.registry import load_registered, register_run
 
     store, model = _finished_run(tmp_path, tracking_uri)
     out = register_run(
@@ -481,8 +481,8 @@ def _pyflyte_role(task: str, run_uri: str, log_path: Path, index: int | None = N
 @pytest.mark.slow
 @pytest.mark.s3
 def test_cluster_topology_as_separate_pyflyte_runs_on_s3(tmp_path, s3_bucket):
-    from areal_core import pipeline
-    from areal_core.run_context import load_run_config
+    from areal_core.run import pipeline
+    from areal_core.run.context import load_run_config
     from areal_core.store import Store
 
     overrides = [*TINY, f"store={s3_bucket}/runs/topology", "rollout.num_workers=2", "reward.num_workers=2"]

@@ -18,10 +18,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from areal_core import pipeline
-from areal_core.launcher import start_role
 from areal_core.protocol import decode_shard
-from areal_core.run_context import load_run_config
+from areal_core.run import pipeline
+from areal_core.run.context import load_run_config
+from areal_core.run.launcher import start_role
 from areal_core.store import Store
 from areal_core.train import checkpoint
 from areal_core.train.trainer import run_trainer
@@ -45,9 +45,9 @@ def prepare(tmp_path: Path, name: str, extra: list[str]) -> Store:
 
 
 def torchrun_trainer(store: Store, log_path: Path, nproc: int = 2) -> subprocess.Popen:
-    """`python -m areal_core.roles trainer` on `nproc` gloo ranks, as the Elastic task runs it."""
+    """`python -m areal_core.run.roles trainer` on `nproc` gloo ranks, as the Elastic task runs it."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    cmd = [str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={nproc}", "-m", "areal_core.roles"]
+    cmd = [str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={nproc}", "-m", "areal_core.run.roles"]
     cmd += ["trainer", "--run-uri", store.uri, "--index", "0"]
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log_path.open("a"), stderr=subprocess.STDOUT)
 

@@ -11,8 +11,8 @@ import random
 
 import pytest
 
-from areal_core import pipeline
 from areal_core.protocol import Sample, encode_shard
+from areal_core.run import pipeline
 from areal_core.store import INIT_MODEL, Store, shard_name
 from areal_core.train import checkpoint
 from areal_core.train.lineage import Resume, holds_version_in, newest_published, resume_version

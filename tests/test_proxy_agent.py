@@ -267,8 +267,8 @@ def test_langchain_chat_openai_agent_through_the_proxy(data, tmp_path):
 
 def test_agent_rollout_worker_follows_weights_and_stops_at_done(tiny_overrides):
     """The rollout role for agents on a prepared run: admission against weights/LATEST, then DONE."""
-    from areal_core import pipeline
     from areal_core.models import load_pretrained
+    from areal_core.run import pipeline
     from areal_core.store import INIT_MODEL
     from areal_core.weights.publisher import hf_side_files, publish, state_dict_bytes
 

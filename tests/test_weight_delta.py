@@ -1,4 +1,4 @@
-"""Delta weight publication (areal_core/train/weights.py, `train.weight_delta`): bit-exact rebuild
+"""Delta weight publication (areal_core/weights/publisher.py, `train.weight_delta`): bit-exact rebuild
 over a chain of real AdamW steps, readers joining mid-chain, refusal of corrupt deltas, prune."""
 
 from __future__ import annotations
@@ -160,9 +160,9 @@ def test_weight_delta_config_keys():
 
 @pytest.mark.slow
 def test_a_run_with_delta_publication_trains_and_its_rollout_workers_follow(tiny_overrides):
-    from areal_core import pipeline
-    from areal_core.launcher import launch
     from areal_core.protocol import decode_shard
+    from areal_core.run import pipeline
+    from areal_core.run.launcher import launch
 
     run_uri, _ = pipeline.prepare("", [*tiny_overrides, "train.weight_delta=true", "train.weight_full_every=4"])
     pipeline.sft(run_uri)

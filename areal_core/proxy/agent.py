@@ -362,13 +362,13 @@ def run_agent_rollout_worker(
     Reads rollout.{agent, num_workers, group_size, max_new_tokens, temperature, top_p, top_k,
     poll_interval_s, admission}, agent.{max_concurrent_episodes, episode_timeout_s,
     turn_discount, tool_prompt}, train.{eta, batch_groups}, seed and device from the run's
-    config; arguments given here override them (`python -m areal_core.roles rollout` runs this
+    config; arguments given here override them (`python -m areal_core.run.roles rollout` runs this
     when rollout.agent is set).
     """
     from areal_core.models import load_pretrained
     from areal_core.prompts import load_prompts
     from areal_core.rollout.torch_engine import TorchEngine
-    from areal_core.run_context import load_run_config, set_threads, wait_for_version
+    from areal_core.run.context import load_run_config, set_threads, wait_for_version
     from areal_core.store import INIT_MODEL
     from areal_core.weights.reader import load_state_dict
     from areal_core.weights.watcher import WeightWatcher

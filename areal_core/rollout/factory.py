@@ -22,8 +22,8 @@ def load_tokenizer(path: str) -> Any:
     """The tokenizer of an HF checkpoint folder/URI (a remote engine needs no local model)."""
     from transformers import AutoTokenizer
 
+    from areal_core.logs import quiet_libraries
     from areal_core.models import localize
-    from areal_core.run_context import quiet_libraries
 
     quiet_libraries()
     return AutoTokenizer.from_pretrained(localize(path))

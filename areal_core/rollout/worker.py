@@ -16,7 +16,7 @@ from areal_core.prompts import load_prompts
 from areal_core.protocol import Sample, decode_shard, write_shard
 from areal_core.rollout.engine import SamplingParams
 from areal_core.rollout.factory import build_engine
-from areal_core.run_context import load_run_config, set_threads, wait_for_version
+from areal_core.run.context import load_run_config, set_threads, wait_for_version
 from areal_core.staleness import groups_admissible
 from areal_core.store import Store, shard_name
 from areal_core.weights.watcher import WeightWatcher

@@ -15,7 +15,7 @@ import torch
 
 from areal_core.models import build_tiny_model, build_tokenizer, chat_prompt, load_pretrained, save_pretrained
 from areal_core.prompts import load_prompts
-from areal_core.run_context import load_run_config, set_threads
+from areal_core.run.context import load_run_config, set_threads
 from areal_core.store import INIT_MODEL, Store
 from areal_core.train.schedule import lr_factor
 

@@ -44,10 +44,10 @@ from areal_core.evaluate import greedy_accuracy
 from areal_core.models import load_pretrained, save_pretrained
 from areal_core.prompts import load_prompts
 from areal_core.protocol import Sample, read_shard_or_quarantine
-from areal_core.run_context import load_run_config, set_threads
+from areal_core.run.context import load_run_config, set_threads
+from areal_core.run.tracking import Tracker
 from areal_core.staleness import staleness_histogram
 from areal_core.store import DISCARDED_GROUPS, FINAL_MODEL, INIT_MODEL, Store
-from areal_core.tracking import Tracker
 from areal_core.train import checkpoint
 from areal_core.train.algorithm import compute_advantages, compute_loss, required_inputs
 from areal_core.train.batch import GroupBuffer, TrainBatch, collate

@@ -1,7 +1,7 @@
 """Command-line entry point for every role, used by the launcher and by `pyflyte run` tasks.
 
-python -m areal_core.roles trainer --run-uri s3://bucket/run
-python -m areal_core.roles rollout --run-uri runs/default --index 1
+python -m areal_core.run.roles trainer --run-uri s3://bucket/run
+python -m areal_core.run.roles rollout --run-uri runs/default --index 1
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import argparse
 import json
 import sys
 
-from areal_core.run_context import setup_logging
+from areal_core.logs import setup_logging
+from areal_core.store import FINAL_MODEL
 
 
 def run_role(role: str, run_uri: str, index: int = 0) -> dict:
@@ -19,7 +20,7 @@ def run_role(role: str, run_uri: str, index: int = 0) -> dict:
 
         return run_trainer(run_uri)
     if role == "rollout":
-        from areal_core.run_context import load_run_config
+        from areal_core.run.context import load_run_config
         from areal_core.store import Store
 
         if load_run_config(Store(run_uri)).rollout.agent:  # agent episodes through an in-process proxy
@@ -43,8 +44,31 @@ def run_role(role: str, run_uri: str, index: int = 0) -> dict:
 ROLES = ("trainer", "rollout", "reward", "sft")
 
 
+def rollout_task(run_uri: str, index: int = 0) -> int:
+    """What a Flyte task of rollout worker `index` returns: the groups it started."""
+    setup_logging()
+    return int(run_role("rollout", run_uri, index)["groups"])
+
+
+def reward_task(run_uri: str, index: int = 0) -> int:
+    """What a Flyte task of reward worker `index` returns: the samples it graded."""
+    setup_logging()
+    return int(run_role("reward", run_uri, index)["graded"])
+
+
+def trainer_task(run_uri: str) -> str:
+    """What a Flyte task of the trainer returns: the final model's URI."""
+    setup_logging()
+    run_role("trainer", run_uri)
+    return final_model_uri(run_uri)
+
+
+def final_model_uri(run_uri: str) -> str:
+    return f"{run_uri.rstrip('/')}/{FINAL_MODEL}"
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m areal_core.roles")
+    parser = argparse.ArgumentParser(prog="python -m areal_core.run.roles")
     parser.add_argument("role", choices=ROLES)
     parser.add_argument("--run-uri", required=True)
     parser.add_argument("--index", type=int, default=0)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 
@@ -33,23 +32,3 @@ def wait_for_version(store: Store, timeout_s: float = 600.0, poll_s: float = 0.0
             raise TimeoutError(f"no weights/LATEST under {store.uri} after {timeout_s:.0f}s")
         time.sleep(poll_s)
     return v
-
-
-def setup_logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    quiet_libraries()
-
-
-def quiet_libraries() -> None:
-    """No per-file progress bars or deprecation chatter from transformers in role logs."""
-    import warnings
-
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    try:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.set_verbosity_error()
-        hf_logging.disable_progress_bar()
-    except ImportError:
-        pass

@@ -13,6 +13,7 @@ import shlex
 from typing import Any
 
 from areal_core.config import RunConfig, from_yaml_text, load_config, to_yaml
+from areal_core.run.tracking import Tracker
 from areal_core.store import FINAL_MODEL, INIT_MODEL, Store
 
 log = logging.getLogger("areal.pipeline")
@@ -50,7 +51,7 @@ def prepare(config_path: str, overrides: str | list[str] = "", resume: bool = Fa
     elif not resume:
         for name in RUN_STATE:
             store.delete(name, recursive=True)
-    from areal_core.prepare import prepare_run
+    from areal_core.run.prepare import prepare_run
 
     return prepare_run(cfg), sft_key(cfg)
 
@@ -75,16 +76,31 @@ def ensure_init_model(store: Store, init_model_uri: str) -> None:
         store.write_bytes(f"{INIT_MODEL}/{rel[len(name) + 1 :]}", src.read_bytes(rel))
 
 
-def run_async_rl(run_uri: str, init_model_uri: str) -> str:
-    """Start every role on this machine and wait for DONE; returns the final model's URI."""
-    from areal_core.launcher import launch
-    from areal_core.run_context import load_run_config
-    from areal_core.tracking import Tracker
+def open_run(store: Store, init_model_uri: str) -> tuple[RunConfig, Tracker]:
+    """Put the initial model in the run root and open the run's MLflow run (once: a retry or a
+    resumed run reuses the one recorded in tracking.json); returns (config, Tracker)."""
+    from areal_core.run.context import load_run_config
 
-    store = Store(run_uri)
     ensure_init_model(store, init_model_uri)
     cfg = load_run_config(store)
-    tracker = Tracker.create(store, cfg)
+    return cfg, Tracker.create(store, cfg)
+
+
+def start_run(run_uri: str, init_model_uri: str, tags: dict[str, str]) -> str:
+    """The cluster's start: `open_run` with `tags` on the MLflow run, before the roles start."""
+    store = Store(run_uri)
+    _, tracker = open_run(store, init_model_uri)
+    for key, value in tags.items():
+        tracker.set_tag(key, value)
+    return store.uri
+
+
+def run_async_rl(run_uri: str, init_model_uri: str) -> str:
+    """Start every role on this machine and wait for DONE; returns the final model's URI."""
+    from areal_core.run.launcher import launch
+
+    store = Store(run_uri)
+    cfg, tracker = open_run(store, init_model_uri)
     try:
         result = launch(
             store.uri, cfg.rollout.num_workers, cfg.reward.num_workers, cfg.launcher.timeout_s, cfg.launcher.progress
@@ -107,8 +123,7 @@ def evaluate_run(run_uri: str) -> dict[str, Any]:
     from areal_core.evaluate import heldout_score
     from areal_core.models import load_pretrained
     from areal_core.prompts import load_prompts
-    from areal_core.run_context import load_run_config
-    from areal_core.tracking import Tracker
+    from areal_core.run.context import load_run_config
 
     store = Store(run_uri)
     cfg = load_run_config(store)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from areal_core.store import Store
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 class RoleFailed(RuntimeError):
@@ -43,7 +43,7 @@ def start_role(
     full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), full_env.get("PYTHONPATH", "")]))
     full_env.setdefault("PYTHONUNBUFFERED", "1")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "areal_core.roles", role, "--run-uri", run_uri, "--index", str(index)],
+        [sys.executable, "-m", "areal_core.run.roles", role, "--run-uri", run_uri, "--index", str(index)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
