@@ -1,5 +1,5 @@
 """Online retraining from live traffic: the proxy in front of a serving engine writes every
-finished session to a store (online mode: `python -m areal_core.proxy.server --store URI`); a
+finished session to a store (online mode: `python -m areal_core.proxy --store URI`); a
 scheduled run retrains on the sessions collected since the last run and registers the new
 model in MLflow only when it beats the current registered version.
 

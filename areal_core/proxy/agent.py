@@ -30,7 +30,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from areal_core.protocol import Sample, decode_shard
-from areal_core.proxy.server import ApiKeys, BatchingBackend, ProxyLimits, ProxyServer, as_backend, create_app
+from areal_core.proxy.app import create_app
+from areal_core.proxy.backend import BatchingBackend, as_backend
+from areal_core.proxy.guard import ApiKeys, ProxyLimits
+from areal_core.proxy.runner import ProxyServer
 from areal_core.proxy.sessions import ShardWriter, key_digest, session_id_for_key
 from areal_core.rollout.engine import SamplingParams
 from areal_core.staleness import groups_admissible
