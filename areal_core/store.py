@@ -162,8 +162,8 @@ class Layout:
 
 LAYOUT = Layout()
 
-# TODO(final merge): the names below serve train/trainer.py, train/weights.py, rollout/, proxy/
-# and online.py until they use LAYOUT; delete them then.
+# TODO(final merge): the names below serve train/trainer.py, weights/, rollout/, proxy/
+# and online/retrain.py until they use LAYOUT; delete them then.
 INIT_MODEL = LAYOUT.init_model
 FINAL_MODEL = LAYOUT.final_model
 DISCARDED_GROUPS = LAYOUT.discarded_groups

@@ -22,7 +22,7 @@ import torch
 
 def _capture(store, every: int, stop: threading.Event, out: dict[int, dict]) -> None:
     """Copy the state dict of every `every`-th published version until `stop`."""
-    from areal_core.train.weights import load_state_dict
+    from areal_core.weights.reader import load_state_dict
 
     while not stop.is_set():
         latest = store.latest_version()

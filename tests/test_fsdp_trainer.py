@@ -103,7 +103,7 @@ def publish_initial_weights(store: Store) -> None:
     """weights/v0 as the trainer publishes it at start, so rollout can generate before it runs."""
     from areal_core.models import load_pretrained
     from areal_core.store import LAYOUT
-    from areal_core.train.weights import hf_side_files, publish, state_dict_bytes
+    from areal_core.weights.publisher import hf_side_files, publish, state_dict_bytes
 
     model, tok = load_pretrained(store.url(LAYOUT.init_model), "cpu")
     publish(store, 0, state_dict_bytes(model), hf_side_files(model, tok))

@@ -22,7 +22,8 @@ ALLOWED = {
     "areal_core/proxy/sessions.py",
     "areal_core/rollout/worker.py",
     "areal_core/train/trainer.py",
-    "areal_core/train/weights.py",
+    "areal_core/weights/__init__.py",  # was train/weights.py
+    "areal_core/weights/publisher.py",
 }
 
 

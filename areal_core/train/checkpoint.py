@@ -15,7 +15,7 @@ from safetensors.torch import load as st_load
 
 from areal_core.protocol import Sample, decode_shard, encode_shard
 from areal_core.store import LAYOUT, Store
-from areal_core.train.weights import state_dict_bytes
+from areal_core.weights.publisher import state_dict_bytes
 
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
