@@ -360,10 +360,10 @@ def run_agent_rollout_worker(
     from areal_core.models import load_pretrained
     from areal_core.prompts import load_prompts
     from areal_core.rollout.torch_engine import TorchEngine
-    from areal_core.rollout.worker import WeightWatcher
     from areal_core.run.context import load_run_config, set_threads, wait_for_version
     from areal_core.store import INIT_MODEL
-    from areal_core.train.weights import load_state_dict
+    from areal_core.weights.reader import load_state_dict
+    from areal_core.weights.watcher import WeightWatcher
 
     store = Store(run_uri)
     cfg = load_run_config(store)
@@ -380,7 +380,7 @@ def run_agent_rollout_worker(
     model, tokenizer = load_pretrained(store.url(INIT_MODEL), cfg.device)
     model.load_state_dict(load_state_dict(store, version), strict=False)
     engine = TorchEngine(model, tokenizer.pad_token_id, tokenizer.eos_token_id, version, seed=cfg.seed * 7919 + index)
-    watcher = WeightWatcher(store, engine, cfg.rollout.poll_interval_s)
+    watcher = WeightWatcher(store, lambda v: engine.receive(store, v), cfg.rollout.poll_interval_s, version=version)
     watcher.start()
     ro = cfg.rollout
     sampling = SamplingParams(
@@ -423,7 +423,6 @@ def run_agent_rollout_worker(
 
     with runner:
         stats = asyncio.run(runner.run(tasks, stop=store.done, on_group=heartbeat, seed=cfg.seed))
-    watcher.stop.set()
-    watcher.join(timeout=30)  # a daemon thread inside torch at exit aborts the process
+    watcher.stop()
     log.info("%s done: %s", worker_id, stats)
     return {"worker": worker_id, "groups": runner.started, **stats}

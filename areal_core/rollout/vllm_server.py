@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -18,6 +19,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -56,6 +58,22 @@ class VLLMServerSpec:
     startup_timeout_s: float = 900.0
     extra_args: list[str] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)
+
+
+def server_spec(cfg: Any, index: int = 0) -> VLLMServerSpec:
+    """The vLLM server of rollout worker `index` from the run config (`rollout.server.*`)."""
+    srv = cfg.rollout.server
+    return VLLMServerSpec(
+        python=srv.python,
+        kv_cache_mb=srv.kv_cache_mb,
+        max_model_len=cfg.model.max_position_embeddings,
+        max_num_seqs=srv.max_num_seqs,
+        dtype=srv.dtype,
+        seed=cfg.seed * 7919 + index,
+        threads=srv.threads,
+        startup_timeout_s=srv.startup_timeout_s,
+        extra_args=shlex.split(srv.extra_args),
+    )
 
 
 def server_command(spec: VLLMServerSpec, model_dir: str | Path, port: int) -> list[str]:

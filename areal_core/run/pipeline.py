@@ -14,12 +14,9 @@ from typing import Any
 
 from areal_core.config import RunConfig, from_yaml_text, load_config, to_yaml
 from areal_core.run.tracking import Tracker
-from areal_core.store import FINAL_MODEL, INIT_MODEL, Store
+from areal_core.store import LAYOUT, Store
 
 log = logging.getLogger("areal.pipeline")
-
-# Everything under a run root that belongs to one training attempt (cleared for a new run).
-RUN_STATE = ["weights", "trajectories", "trainer", "status", "quarantine", "DONE", "tracking.json", FINAL_MODEL]
 
 
 def parse_overrides(overrides: str | list[str]) -> list[str]:
@@ -44,12 +41,12 @@ def prepare(config_path: str, overrides: str | list[str] = "", resume: bool = Fa
     """
     cfg = load_config(config_path or None, parse_overrides(overrides))
     store = Store(cfg.store)
-    if store.exists("config.yaml") and resume:
-        old = from_yaml_text(store.read_text("config.yaml"))
+    if store.exists(LAYOUT.config) and resume:
+        old = from_yaml_text(store.read_text(LAYOUT.config))
         if to_yaml(old) != to_yaml(cfg):
             raise ValueError(f"cannot resume {store.uri}: its config.yaml differs from this config")
     elif not resume:
-        for name in RUN_STATE:
+        for name in LAYOUT.run_state:
             store.delete(name, recursive=True)
     from areal_core.run.prepare import prepare_run
 
@@ -64,16 +61,15 @@ def sft(run_uri: str) -> str:
 
 def ensure_init_model(store: Store, init_model_uri: str) -> None:
     """Copy the SFT checkpoint into the run root when it came from another run (a cache hit)."""
-    if init_model_uri.rstrip("/") == store.url(INIT_MODEL):
+    if init_model_uri.rstrip("/") == store.url(LAYOUT.init_model):
         return
     src_root, _, name = init_model_uri.rstrip("/").rpartition("/")
     src = Store(src_root)
-    if not src.exists(f"{name}/COMMITTED"):
+    if not src.exists(LAYOUT.committed(name)):
         raise FileNotFoundError(
             f"the cached SFT checkpoint {init_model_uri} no longer exists: rerun with `pyflyte run --overwrite-cache`"
         )
-    for rel in src.find(name):
-        store.write_bytes(f"{INIT_MODEL}/{rel[len(name) + 1 :]}", src.read_bytes(rel))
+    store.copy_dir(name, LAYOUT.init_model, source=src)
 
 
 def open_run(store: Store, init_model_uri: str) -> tuple[RunConfig, Tracker]:
@@ -110,7 +106,7 @@ def run_async_rl(run_uri: str, init_model_uri: str) -> str:
         raise
     tracker.log_metrics({"wall_s": result["wall_s"]}, result["step"])
     log.info("async RL finished in %.1fs", result["wall_s"])
-    return store.url(FINAL_MODEL)
+    return store.url(LAYOUT.final_model)
 
 
 def evaluate_run(run_uri: str) -> dict[str, Any]:
@@ -130,7 +126,7 @@ def evaluate_run(run_uri: str) -> dict[str, Any]:
     torch.set_num_threads(max(2, cfg.threads_per_role))
     records = load_prompts(store, "eval")[: cfg.eval.num_samples]
     out: dict[str, Any] = {}
-    for label, rel in (("before", INIT_MODEL), ("after", FINAL_MODEL)):
+    for label, rel in (("before", LAYOUT.init_model), ("after", LAYOUT.final_model)):
         model, tokenizer = load_pretrained(store.url(rel), cfg.device)
         out[label] = heldout_score(model, tokenizer, cfg, records)
     out["gain"] = out["after"] - out["before"]
@@ -140,8 +136,8 @@ def evaluate_run(run_uri: str) -> dict[str, Any]:
     tracker.log_metrics({f"{metric}_before": out["before"], f"{metric}_after": out["after"]}, 0)
     if tracker.enabled:
         with tempfile.TemporaryDirectory() as tmp:
-            store.get_dir(FINAL_MODEL, tmp)
-            tracker.log_artifacts(tmp, "final_model")
+            store.get_dir(LAYOUT.final_model, tmp)
+            tracker.log_artifacts(tmp, LAYOUT.final_model)
     tracker.finish()
     what = f"agent success ({cfg.rollout.agent})" if cfg.rollout.agent else "greedy accuracy"
     print(f"held-out {what}: before RL {out['before']:.3f}, after RL {out['after']:.3f} ({out['gain']:+.3f})")
@@ -149,9 +145,9 @@ def evaluate_run(run_uri: str) -> dict[str, Any]:
 
 
 def metrics_rows(store: Store) -> list[dict[str, float]]:
-    if not store.exists("trainer/metrics.jsonl"):
+    if not store.exists(LAYOUT.metrics):
         return []
-    return [json.loads(line) for line in store.read_text("trainer/metrics.jsonl").splitlines() if line]
+    return [json.loads(line) for line in store.read_text(LAYOUT.metrics).splitlines() if line]
 
 
 def curves_html(rows: list[dict[str, float]], before: float, after: float) -> str:

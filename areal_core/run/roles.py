@@ -11,7 +11,7 @@ import json
 import sys
 
 from areal_core.logs import setup_logging
-from areal_core.store import FINAL_MODEL
+from areal_core.store import LAYOUT
 
 
 def run_role(role: str, run_uri: str, index: int = 0) -> dict:
@@ -64,7 +64,7 @@ def trainer_task(run_uri: str) -> str:
 
 
 def final_model_uri(run_uri: str) -> str:
-    return f"{run_uri.rstrip('/')}/{FINAL_MODEL}"
+    return f"{run_uri.rstrip('/')}/{LAYOUT.final_model}"
 
 
 def main(argv: list[str] | None = None) -> int:

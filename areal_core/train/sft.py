@@ -17,7 +17,7 @@ from areal_core.config.hooks import import_object
 from areal_core.models import build_tiny_model, build_tokenizer, chat_prompt, load_pretrained, save_pretrained
 from areal_core.prompts import load_prompts
 from areal_core.run.context import load_run_config, set_threads
-from areal_core.store import INIT_MODEL, Store
+from areal_core.store import LAYOUT, Store
 from areal_core.train.schedule import lr_factor
 
 log = logging.getLogger("areal.sft")
@@ -117,6 +117,6 @@ def run_sft(run_uri: str) -> str:
     model.eval()
     with tempfile.TemporaryDirectory() as tmp:
         save_pretrained(model, tokenizer, tmp)
-        store.put_dir(tmp, INIT_MODEL)
-    store.write_json(f"{INIT_MODEL}/COMMITTED", {"sft_steps": sc.steps if sc.enabled else 0})
-    return store.url(INIT_MODEL)
+        store.put_dir(tmp, LAYOUT.init_model)
+    store.write_json(LAYOUT.committed(LAYOUT.init_model), {"sft_steps": sc.steps if sc.enabled else 0})
+    return store.url(LAYOUT.init_model)

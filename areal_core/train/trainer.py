@@ -58,7 +58,7 @@ from areal_core.train.logprobs import token_logprobs
 from areal_core.train.packing import packed_token_logprobs
 from areal_core.train.schedule import lr_factor
 from areal_core.train.value_head import Critic
-from areal_core.train.weights import WeightPublisher, hf_side_files, prune, state_dict_bytes
+from areal_core.weights.publisher import WeightPublisher, hf_side_files, prune, state_dict_bytes
 
 log = logging.getLogger("areal.trainer")
 
