@@ -8,15 +8,10 @@ import pytest
 import torch
 import yaml
 
+from areal_core.config import ConfigError
+from areal_core.config.algorithm import PRESETS, AlgorithmConfig, from_preset
 from areal_core.train import advantages as A
-from areal_core.train.algorithm import (
-    PRESETS,
-    AlgorithmConfig,
-    compute_advantages,
-    compute_loss,
-    from_preset,
-    required_inputs,
-)
+from areal_core.train.algorithm import compute_advantages, compute_loss, required_inputs
 from areal_core.train.entropy import entropy_from_logits, logprobs_and_entropy_from_logits
 from areal_core.train.losses import (
     aggregate,
@@ -452,9 +447,9 @@ def test_validation_names_the_key():
         ({"kl_coef": -1.0}, "kl_coef"),
         ({"overlong_max_len": 4, "overlong_buffer": 8}, "overlong_buffer"),
     ]:
-        with pytest.raises(ValueError, match=f"algo.{key}"):
-            AlgorithmConfig(**bad).validate()
-    with pytest.raises(ValueError, match="preset"):
+        with pytest.raises(ConfigError, match=f"algo.{key}"):
+            AlgorithmConfig.from_data(bad, prefix="algo")
+    with pytest.raises(ConfigError, match="preset"):
         from_preset("a2c")
 
 
@@ -542,5 +537,5 @@ def test_yaml_examples_match_presets():
     for name in names:
         data = yaml.safe_load((folder / f"{name}.yaml").read_text())
         assert set(data) == {"algo"}, name
-        cfg = AlgorithmConfig(**(data["algo"] or {})).validate()
+        cfg = AlgorithmConfig.from_data(data["algo"] or {}, prefix="algo")
         assert cfg == from_preset(name), name

@@ -11,10 +11,10 @@ import random
 
 import pytest
 
-from areal_core import pipeline
 from areal_core.protocol import Sample, encode_shard
-from areal_core.run_context import load_run_config
-from areal_core.store import INIT_MODEL, Store, shard_name
+from areal_core.run import pipeline
+from areal_core.run.context import load_run_config
+from areal_core.store import LAYOUT, Store
 from areal_core.train import checkpoint
 from areal_core.train.lineage import Resume, holds_version_in, newest_published, resume_version
 from tests.conftest import TINY
@@ -101,9 +101,9 @@ def test_restart_from_an_older_checkpoint_never_reuses_a_published_version(tmp_p
     run_uri, _ = pipeline.prepare("", [*overrides, "train.checkpoint_every=3", "train.eta=10"])
     pipeline.sft(run_uri)
     store = Store(run_uri)
-    vocab = json.loads(store.read_text(f"{INIT_MODEL}/config.json"))["vocab_size"]
+    vocab = json.loads(store.read_text(f"{LAYOUT.init_model}/config.json"))["vocab_size"]
     rng = random.Random(0)
-    store.write_bytes(shard_name("graded", "w", 0), encode_shard(groups(rng, "a", 8, 0, vocab)))
+    store.write_bytes(LAYOUT.graded_shard("w", 0), encode_shard(groups(rng, "a", 8, 0, vocab)))
 
     cfg = load_run_config(store)
     first = Trainer(run_uri, cfg)
@@ -114,11 +114,11 @@ def test_restart_from_an_older_checkpoint_never_reuses_a_published_version(tmp_p
 
     # while it was down, rollout sampled 2 groups with v4; 4 more groups are from v3
     late = groups(rng, "b", 2, 4, vocab) + groups(rng, "c", 4, 3, vocab)
-    store.write_bytes(shard_name("graded", "w", 1), encode_shard(late))
+    store.write_bytes(LAYOUT.graded_shard("w", 1), encode_shard(late))
     second = Trainer(run_uri, cfg)
     assert (second.state.step, second.state.version, second.state.abandoned) == (3, 5, [[4, 4]])
     assert store.latest_version() == 5
-    ck = store.read_bytes(f"{checkpoint.PREFIX}/step-000003/model.safetensors")
+    ck = store.read_bytes(LAYOUT.checkpoint_file(3, "model.safetensors"))
     assert manifests(store)[5] == hashlib.sha256(ck).hexdigest() == before[3]  # v5 = v3's weights
     train_steps(second, 1)  # publishes v6 (no checkpoint at step 4) ...
     del second  # ... and dies again

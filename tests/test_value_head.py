@@ -11,13 +11,14 @@ import pytest
 import torch
 from safetensors.torch import load as st_load
 
-from areal_core import pipeline
-from areal_core.launcher import launch
+from areal_core.config.algorithm import from_preset
 from areal_core.models import build_tiny_model
-from areal_core.run_context import load_run_config
+from areal_core.run import pipeline
+from areal_core.run.context import load_run_config
+from areal_core.run.launcher import launch
 from areal_core.store import Store
 from areal_core.train import advantages as A
-from areal_core.train.algorithm import compute_loss, from_preset
+from areal_core.train.algorithm import compute_loss
 from areal_core.train.value_head import CRITIC_FILE, Critic, ValueModel
 from tests.conftest import ROOT
 

@@ -165,7 +165,7 @@ def load_full_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor],
 
 def state_dict_bytes_rank0(model: torch.nn.Module, ctx: DistContext) -> bytes | None:
     """safetensors bytes of the full model on rank 0 (tied lm_head stored once, as
-    areal_core.train.weights.state_dict_bytes does); None on other ranks. Collective."""
+    areal_core.weights.publisher.state_dict_bytes does); None on other ranks. Collective."""
     from safetensors.torch import save as st_save
 
     sd = full_state_dict(model, ctx)

@@ -16,10 +16,7 @@ import math
 
 import torch
 
-AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
-BEHAV_CORRECTIONS = ("none", "truncate", "mask")
-BEHAV_LEVELS = ("token", "sequence", "geometric")
-KL_ESTIMATORS = ("k1", "k2", "k3")
+from areal_core.config.algorithm import AGGREGATIONS, BEHAV_CORRECTIONS, BEHAV_LEVELS, KL_ESTIMATORS
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -159,7 +159,7 @@ def train_step(
         mask = torch.zeros_like(batch.loss_mask[rows]) if mb.dummy else batch.loss_mask[rows]
         mb_algo = algo
         if algo.aggregation == "seq_mean_token_sum_norm" and algo.norm_const <= 0:
-            mb_algo = dataclasses.replace(algo, norm_const=mb.max_row_tokens)
+            mb_algo = algo.model_copy(update={"norm_const": mb.max_row_tokens})
         values = None
         if critic is not None:  # the critic's values of these rows, with gradient
             values = critic.token_values(batch.input_ids[rows], batch.attention_mask[rows], **vkw)

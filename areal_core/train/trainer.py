@@ -39,7 +39,7 @@ from areal_core.config import RunConfig
 from areal_core.models import load_pretrained, save_pretrained
 from areal_core.protocol import Sample, read_shard_or_quarantine
 from areal_core.staleness import staleness_histogram
-from areal_core.store import DISCARDED_GROUPS, FINAL_MODEL, INIT_MODEL, Store
+from areal_core.store import LAYOUT, Store
 from areal_core.train import checkpoint
 from areal_core.train.algorithm import required_inputs
 from areal_core.train.batch import GroupBuffer
@@ -58,7 +58,7 @@ from areal_core.train.lineage import holds_version_in, newest_published, resume_
 from areal_core.train.schedule import lr_factor
 from areal_core.train.step import train_step
 from areal_core.train.value_head import Critic
-from areal_core.train.weights import WeightPublisher, hf_side_files, prune, state_dict_bytes
+from areal_core.weights.publisher import WeightPublisher, hf_side_files, prune, state_dict_bytes
 
 log = logging.getLogger("areal.trainer")
 
@@ -90,7 +90,7 @@ class Trainer:
         self.dist = init_distributed(self.cfg.device)
         main = self.dist.is_main
         torch.manual_seed(self.cfg.seed)
-        self.model, self.tokenizer = load_pretrained(self.store.url(INIT_MODEL), self.cfg.device)
+        self.model, self.tokenizer = load_pretrained(self.store.url(LAYOUT.init_model), self.cfg.device)
         self.model.train()
         self.optimizer = self._make_optimizer()
         self.side_files = hf_side_files(self.model, self.tokenizer)
@@ -98,11 +98,11 @@ class Trainer:
         self.publisher = WeightPublisher(self.store, self.side_files, tc.weight_delta, tc.weight_full_every)
         self.ref_model = None
         if "ref_logp" in required_inputs(self.cfg.algo):
-            self.ref_model, _ = load_pretrained(self.store.url(INIT_MODEL), self.cfg.device)
+            self.ref_model, _ = load_pretrained(self.store.url(LAYOUT.init_model), self.cfg.device)
             self.ref_model.eval().requires_grad_(False)
         # PPO with GAE: a critic (value head on its own body; one process only), checkpointed, never published
         self.critic = (
-            Critic.from_pretrained(self.store.url(INIT_MODEL), self.cfg)
+            Critic.from_pretrained(self.store.url(LAYOUT.init_model), self.cfg)
             if "values" in required_inputs(self.cfg.algo)
             else None
         )
@@ -135,8 +135,8 @@ class Trainer:
                 self.ref_model = shard_model(self.ref_model, self.dist)
         self.consumed = set(self.state.consumed)
         self._metrics_lines: list[str] = []
-        if main and self.store.exists("trainer/metrics.jsonl"):
-            old = self.store.read_text("trainer/metrics.jsonl").splitlines()
+        if main and self.store.exists(LAYOUT.metrics):
+            old = self.store.read_text(LAYOUT.metrics).splitlines()
             self._metrics_lines = [line for line in old if line and json.loads(line)["step"] <= self.state.step]
         self._resume_versions()
 
@@ -174,7 +174,7 @@ class Trainer:
         return state_dict_bytes_rank0(self.model, self.dist)
 
     def ingest(self) -> int:
-        new = [p for p in self.store.find("trajectories/graded", ".arrow") if p not in self.consumed]
+        new = [p for p in self.store.find(LAYOUT.graded_dir, ".arrow") if p not in self.consumed]
         for rel in new:
             samples = read_shard_or_quarantine(self.store, rel)
             if samples is None:
@@ -204,7 +204,7 @@ class Trainer:
             return
         counters = self.state.counters
         counters["discarded_groups"] = counters.get("discarded_groups", 0) + len(gone)
-        self.store.write_json(DISCARDED_GROUPS, {"groups": counters["discarded_groups"]})
+        self.store.write_json(LAYOUT.discarded_groups, {"groups": counters["discarded_groups"]})
 
     def _count_drops(self, dropped: list[Sample], abandoned: list[Sample]) -> None:
         st = self.state
@@ -280,7 +280,7 @@ class Trainer:
         if st.abandoned:
             record["abandoned"] = [[s.sample_id, s.min_version()] for s in abandoned]
             record["abandoned_versions"] = st.abandoned
-        self.store.write_json(f"trainer/trained/step-{st.step:06d}.json", record)
+        self.store.write_json(LAYOUT.trained_record(st.step), record)
 
     def _checkpoint_and_publish(self) -> float:
         """Checkpoint (every `checkpoint_every` steps and at the end), then publish the new version
@@ -306,7 +306,7 @@ class Trainer:
         if not self.dist.is_main:
             return None
         if self._full_copy is None:
-            self._full_copy, _ = load_pretrained(self.store.url(INIT_MODEL), self.cfg.device)
+            self._full_copy, _ = load_pretrained(self.store.url(LAYOUT.init_model), self.cfg.device)
         self._full_copy.load_state_dict(state)
         return self._full_copy
 
@@ -381,7 +381,7 @@ class Trainer:
 
     def _append_metrics(self, row: dict) -> None:
         self._metrics_lines.append(json.dumps(row))
-        self.store.write_text("trainer/metrics.jsonl", "\n".join(self._metrics_lines) + "\n")
+        self.store.write_text(LAYOUT.metrics, "\n".join(self._metrics_lines) + "\n")
 
     def finish(self) -> None:
         model = self._full_model()  # collective
@@ -389,10 +389,12 @@ class Trainer:
             return
         with tempfile.TemporaryDirectory() as tmp:
             save_pretrained(model, self.tokenizer, tmp)
-            self.store.put_dir(tmp, FINAL_MODEL)
-        self.store.write_json(f"{FINAL_MODEL}/COMMITTED", {"step": self.state.step, "version": self.state.version})
+            self.store.put_dir(tmp, LAYOUT.final_model)
         self.store.write_json(
-            "DONE",
+            LAYOUT.committed(LAYOUT.final_model), {"step": self.state.step, "version": self.state.version}
+        )
+        self.store.write_json(
+            LAYOUT.done,
             {
                 "step": self.state.step,
                 "version": self.state.version,

@@ -1,7 +1,7 @@
 """Command-line entry point for every role, used by the launcher and by `pyflyte run` tasks.
 
-python -m areal_core.roles trainer --run-uri s3://bucket/run
-python -m areal_core.roles rollout --run-uri runs/default --index 1
+python -m areal_core.run.roles trainer --run-uri s3://bucket/run
+python -m areal_core.run.roles rollout --run-uri runs/default --index 1
 """
 
 from __future__ import annotations
@@ -10,14 +10,15 @@ import argparse
 import json
 import sys
 
-from areal_core.run_context import setup_logging
+from areal_core.logs import setup_logging
+from areal_core.store import LAYOUT
 
 
 def run_role(role: str, run_uri: str, index: int = 0) -> dict:
     if role == "trainer":
         return trainer_role(run_uri)
     if role == "rollout":
-        from areal_core.run_context import load_run_config
+        from areal_core.run.context import load_run_config
         from areal_core.store import Store
 
         if load_run_config(Store(run_uri)).rollout.agent:  # agent episodes through an in-process proxy
@@ -43,9 +44,9 @@ def trainer_role(run_uri: str) -> dict:
     rank 0 the MLflow tracker and the held-out greedy accuracy."""
     from areal_core.evaluate import greedy_accuracy
     from areal_core.prompts import load_prompts
-    from areal_core.run_context import load_run_config, set_threads
+    from areal_core.run.context import load_run_config, set_threads
+    from areal_core.run.tracking import Tracker
     from areal_core.store import Store
-    from areal_core.tracking import Tracker
     from areal_core.train.distributed import env_ranks
     from areal_core.train.trainer import run_trainer
 
@@ -64,8 +65,31 @@ def trainer_role(run_uri: str) -> dict:
 ROLES = ("trainer", "rollout", "reward", "sft")
 
 
+def rollout_task(run_uri: str, index: int = 0) -> int:
+    """What a Flyte task of rollout worker `index` returns: the groups it started."""
+    setup_logging()
+    return int(run_role("rollout", run_uri, index)["groups"])
+
+
+def reward_task(run_uri: str, index: int = 0) -> int:
+    """What a Flyte task of reward worker `index` returns: the samples it graded."""
+    setup_logging()
+    return int(run_role("reward", run_uri, index)["graded"])
+
+
+def trainer_task(run_uri: str) -> str:
+    """What a Flyte task of the trainer returns: the final model's URI."""
+    setup_logging()
+    run_role("trainer", run_uri)
+    return final_model_uri(run_uri)
+
+
+def final_model_uri(run_uri: str) -> str:
+    return f"{run_uri.rstrip('/')}/{LAYOUT.final_model}"
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m areal_core.roles")
+    parser = argparse.ArgumentParser(prog="python -m areal_core.run.roles")
     parser.add_argument("role", choices=ROLES)
     parser.add_argument("--run-uri", required=True)
     parser.add_argument("--index", type=int, default=0)
