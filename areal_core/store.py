@@ -7,12 +7,13 @@ Folders move with fsspec's batched put/get/copy (concurrent; server-side copy on
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +31,14 @@ class Layout:
     trainer/trained/step-{N:06d}.json             the audit record of one trained step
     trainer/metrics.jsonl, trainer/discarded_groups.json
     status/{role}-{id}.json                       heartbeats
+    LEASE.json                                    the owning run: run id, host/pid, heartbeat (run/ownership.py)
     quarantine/{path with / as __}                shards that failed to parse, + .reason.json
     DONE, tracking.json                           end of the run; the MLflow run it logs to
     init_model/, final_model/ (+ COMMITTED)       the policy RL starts from and the trained one (HF)
     labels/, exports/preference_pairs.parquet     human labels in; preference pairs out
-    sessions/ (a proxy store: trajectories/ + online/cursor.json), online/{run}/: a retraining run
-    root (+ online_plan.json, online_result.json)
+    sessions/ (a proxy store: trajectories/ + online/cursor.json + online/consumed/{run}.txt.gz),
+    online/{run}/: a retraining run
+    root (+ online_plan.json, online_result.json, online_samples.txt.gz)
     """
 
     # -- markers and file names --------------------------------------------------------------
@@ -60,6 +63,7 @@ class Layout:
     status_dir = "status"
     quarantine_dir = "quarantine"
     done = "DONE"
+    lease = "LEASE.json"  # who owns the root; kept across runs (a new run replaces it, run/ownership.py)
     tracking = "tracking.json"
     init_model = "init_model"  # the policy RL starts from (after SFT), HF format
     final_model = "final_model"  # the trained policy, HF format, written before DONE
@@ -67,9 +71,11 @@ class Layout:
     exports_dir = "exports"
     preference_pairs = f"{exports_dir}/preference_pairs.parquet"
     online_dir = "online"
+    online_consumed_dir = f"{online_dir}/consumed"  # in a sessions store: what each online run trained on
     online_cursor = f"{online_dir}/cursor.json"  # in a sessions store: the last consumed shard per worker
     online_plan = "online_plan.json"  # in an online retraining run root
     online_result = "online_result.json"
+    online_samples = "online_samples.txt.gz"  # in an online retraining run root: identities of its rows
     sessions_dir = "sessions"
     # Everything that belongs to one training attempt (cleared for a new run; config, prompts,
     # init_model and labels stay).
@@ -159,6 +165,10 @@ class Layout:
     def online_run(self, run_id: str) -> str:
         return f"{self.online_dir}/{run_id}"
 
+    def online_consumed(self, run_id: str) -> str:
+        """In a sessions store: the identities of the samples online run `run_id` trained on."""
+        return f"{self.online_consumed_dir}/{run_id}.txt.gz"
+
 
 LAYOUT = Layout()
 
@@ -191,8 +201,19 @@ def storage_options(uri: str) -> dict[str, Any]:
     return {}
 
 
+class RootLost(RuntimeError):
+    """This process no longer owns the run root (taken over, or its history wiped): the message says which."""
+
+
 class Store:
-    """A run root. All paths given to methods are relative to the root."""
+    """A run root. All paths given to methods are relative to the root.
+
+    A process whose run lost the root is fenced (`Store.fence`): from then on every operation of
+    every Store on that root raises RootLost, so a run that was taken over cannot write into the
+    new owner's data.
+    """
+
+    _fenced: dict[str, str] = {}  # root URI -> why this process may no longer touch it
 
     def __init__(self, uri: str):
         self.uri = normalize_uri(uri)
@@ -202,7 +223,17 @@ class Store:
     def __repr__(self) -> str:
         return f"Store({self.uri!r})"
 
+    @classmethod
+    def fence(cls, uri: str, reason: str | None) -> None:
+        """Fence this process out of the root `uri` with `reason` (None lifts the fence)."""
+        if reason is None:
+            cls._fenced.pop(normalize_uri(uri), None)
+        else:
+            cls._fenced[normalize_uri(uri)] = reason
+
     def path(self, rel: str = "") -> str:
+        if self._fenced and self.uri in self._fenced:
+            raise RootLost(self._fenced[self.uri])
         return f"{self.root}/{rel}" if rel else self.root
 
     def url(self, rel: str = "") -> str:
@@ -231,6 +262,45 @@ class Store:
             with open(self.path(rel), "rb") as f:
                 return f.read()
         return self.fs.cat_file(self.path(rel))
+
+    def read_versioned(self, rel: str) -> tuple[bytes, str] | None:
+        """The object and a version token for `write_if`; None when it does not exist."""
+        full = self.path(rel)
+        try:
+            if self.local:
+                with open(full, "rb") as f:
+                    return f.read(), _file_token(os.fstat(f.fileno()))
+            token = str(self.fs.info(full)["ETag"])  # before reading: a newer body only fails the write
+            return self.fs.cat_file(full), token
+        except FileNotFoundError:
+            return None
+
+    def write_if(self, rel: str, data: bytes, token: str | None) -> bool:
+        """Write `rel` only if it is still the version `token` (None: only if it does not exist);
+        False when another writer got there first. Local: under an O_EXCL lock file, then rename;
+        S3: a conditional PUT (If-None-Match / If-Match)."""
+        full = self.path(rel)
+        if not self.local:
+            kwargs = {"mode": "create"} if token is None else {"IfMatch": token}
+            try:
+                self.fs.pipe_file(full, data, **kwargs)
+            except (FileExistsError, FileNotFoundError):
+                return False
+            except Exception as exc:  # 412 If-Match
+                if "Precondition" in f"{type(exc).__name__} {exc}":
+                    return False
+                raise
+            return True
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        with _lock_file(f"{os.path.dirname(full)}/.{os.path.basename(full)}.lock"):
+            try:
+                current: str | None = _file_token(os.stat(full))
+            except FileNotFoundError:
+                current = None
+            if current != token:
+                return False
+            self.write_bytes(rel, data)
+        return True
 
     def write_text(self, rel: str, text: str) -> None:
         self.write_bytes(rel, text.encode())
@@ -354,6 +424,35 @@ class Store:
             except (json.JSONDecodeError, FileNotFoundError):
                 continue
         return out
+
+
+def _file_token(st: os.stat_result) -> str:
+    return f"{st.st_ino}-{st.st_mtime_ns}-{st.st_size}"
+
+
+@contextlib.contextmanager
+def _lock_file(lock: str, wait_s: float = 10.0, stale_s: float = 30.0) -> Iterator[None]:
+    """Hold `lock` (created with O_EXCL) for a few file operations; a lock older than `stale_s`
+    was left by a dead process and is broken."""
+    deadline = time.time() + wait_s
+    while True:
+        try:
+            os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            break
+        except FileExistsError:
+            try:
+                if time.time() - os.stat(lock).st_mtime > stale_s:
+                    os.unlink(lock)
+                    continue
+            except FileNotFoundError:
+                continue
+            if time.time() > deadline:
+                raise TimeoutError(f"{lock} held for {wait_s:.0f}s") from None
+            time.sleep(0.005)
+    try:
+        yield
+    finally:
+        os.unlink(lock)
 
 
 def _join(rel: str, name: str) -> str:

@@ -178,6 +178,20 @@ class LauncherConfig(ConfigModel):
     progress: Bool = True
 
 
+class LeaseConfig(ConfigModel):
+    """The run root's ownership lease (areal_core/run/ownership.py)."""
+
+    timeout_s: Float = Field(300.0, gt=0)  # a lease not renewed for this long is stale
+    interval_s: Float = Field(5.0, gt=0)  # how often the roles check it (and the trainer renews it)
+    takeover: Bool = False  # take over a stale lease of another run (never a live one); not kept in config.yaml
+
+    @model_validator(mode="after")
+    def _renewed_in_time(self) -> Self:
+        if self.interval_s * 2 > self.timeout_s:
+            raise Invalid("interval_s", f"must be at most half of timeout_s ({self.timeout_s:g})")
+        return self
+
+
 class RunConfig(ConfigModel):
     name: Str = "default"
     store: Str = "runs/default"  # fsspec URI or local path of the run root
@@ -195,6 +209,7 @@ class RunConfig(ConfigModel):
     launcher: LauncherConfig = Field(default_factory=LauncherConfig)
     algo: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     agent: AgentConfig = Field(default_factory=AgentConfig)
+    lease: LeaseConfig = Field(default_factory=LeaseConfig)
 
     @model_validator(mode="after")
     def _agent_runs(self) -> Self:

@@ -33,7 +33,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from areal_core.protocol import Sample, ShardError, decode_shard
+from areal_core.protocol import Sample, ShardError, decode_shard, unique
 from areal_core.store import LAYOUT, Store
 
 LABEL_FIELDS = ("sample_id", "prompt_id", "reward", "label", "annotator", "note")
@@ -216,11 +216,13 @@ PAIR_SCHEMA = pa.schema(
 
 
 def read_graded(store: Store, prefix: str = LAYOUT.graded_dir) -> tuple[list[Sample], int]:
-    """All samples of the graded shards under `prefix`, and the number of unreadable shards skipped."""
-    samples, bad = [], 0
+    """All samples of the graded shards under `prefix`, each once (by `Sample.identity()`: a copied
+    shard adds nothing), and the number of unreadable shards skipped."""
+    samples: list[Sample] = []
+    bad, seen = 0, set()
     for rel in store.find(prefix, ".arrow"):
         try:
-            samples.extend(decode_shard(store.read_bytes(rel)))
+            samples.extend(unique(decode_shard(store.read_bytes(rel)), seen))
         except ShardError:
             bad += 1
     return samples, bad

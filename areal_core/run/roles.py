@@ -15,8 +15,22 @@ from areal_core.store import LAYOUT
 
 
 def run_role(role: str, run_uri: str, index: int = 0) -> dict:
+    """Run `role` while holding the run's lease (run/ownership.py): the role stops with RootLost
+    when another run takes the root over or the root loses its history."""
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}")
     if role == "trainer":
         return trainer_role(run_uri)
+    from areal_core.run.context import load_run_config
+    from areal_core.run.ownership import hold
+    from areal_core.store import Store
+
+    store = Store(run_uri)
+    with hold(store, load_run_config(store).lease, renew=role == "sft"):
+        return _role(role, run_uri, index)
+
+
+def _role(role: str, run_uri: str, index: int) -> dict:
     if role == "rollout":
         from areal_core.run.context import load_run_config
         from areal_core.store import Store
@@ -45,6 +59,7 @@ def trainer_role(run_uri: str) -> dict:
     from areal_core.evaluate import greedy_accuracy
     from areal_core.prompts import load_prompts
     from areal_core.run.context import load_run_config, set_threads
+    from areal_core.run.ownership import hold, renew
     from areal_core.run.tracking import Tracker
     from areal_core.store import Store
     from areal_core.train.distributed import env_ranks
@@ -59,7 +74,14 @@ def trainer_role(run_uri: str) -> dict:
     def evaluate(model, tokenizer) -> float:
         return greedy_accuracy(model, tokenizer, records, cfg.eval.max_new_tokens, cfg.eval.batch_size)
 
-    return run_trainer(run_uri, cfg, evaluate=evaluate, tracker=Tracker.attach(store) if main else None)
+    # rank 0 renews the lease and watches the checkpoints; the final model and DONE are written
+    # only after one more check, and the lease is then marked done
+    with hold(store, cfg.lease, renew=main, checkpoints=main) as lease:
+        tracker = Tracker.attach(store) if main else None
+        out = run_trainer(run_uri, cfg, evaluate=evaluate, tracker=tracker, guard=lease.check)
+        if main:
+            renew(store, lease.run_id, "done")
+        return out
 
 
 ROLES = ("trainer", "rollout", "reward", "sft")

@@ -1,7 +1,9 @@
 """Trainer checkpoints: trainer/checkpoints/step-{N}/ made visible by COMMITTED.
 
-A checkpoint holds the model, the optimizer, RNG state, the consumed-shard set, the
-buffered-but-untrained samples and the counters, so a restarted trainer continues exactly.
+A checkpoint holds the model, the optimizer, RNG state, the consumed-shard set, the identities
+of every sample consumed (`Sample.identity()`, gzipped: a copy of a consumed shard is skipped
+after a restart too), the buffered-but-untrained samples and the counters, so a restarted
+trainer continues exactly.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 import torch
 from safetensors.torch import load as st_load
 
-from areal_core.protocol import Sample, decode_shard, encode_shard
+from areal_core.protocol import Sample, decode_identities, decode_shard, encode_identities, encode_shard
 from areal_core.store import LAYOUT, Store
 from areal_core.weights.publisher import state_dict_bytes
 
@@ -21,6 +23,7 @@ MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
 PENDING_FILE = "pending.arrow"
 STATE_FILE = "state.json"
+SEEN_FILE = "seen.txt.gz"
 
 
 @dataclass
@@ -31,6 +34,7 @@ class TrainerState:
     counters: dict[str, float] = field(default_factory=dict)
     # inclusive [lo, hi] ranges of published versions outside the trainer's lineage (train/lineage.py)
     abandoned: list[list[int]] = field(default_factory=list)
+    seen: list[str] = field(default_factory=list)  # identities of the consumed samples (in SEEN_FILE)
 
 
 def save(
@@ -59,7 +63,9 @@ def save(
     torch.save({"optimizer": osd, "rng": torch.get_rng_state()}, buf)
     store.write_bytes(LAYOUT.checkpoint_file(step, OPTIMIZER_FILE), buf.getvalue())
     store.write_bytes(LAYOUT.checkpoint_file(step, PENDING_FILE), encode_shard(pending) if pending else b"")
-    store.write_json(LAYOUT.checkpoint_file(step, STATE_FILE), asdict(state))
+    record = asdict(state)
+    store.write_bytes(LAYOUT.checkpoint_file(step, SEEN_FILE), encode_identities(record.pop("seen")))
+    store.write_json(LAYOUT.checkpoint_file(step, STATE_FILE), record)
     store.write_text(LAYOUT.committed(LAYOUT.checkpoint_dir(step)), str(step))
     for old in committed_steps(store)[:-keep]:
         store.delete(LAYOUT.checkpoint_dir(old), recursive=True)
@@ -89,5 +95,6 @@ def restore(
     optimizer.load_state_dict(blob["optimizer"])
     torch.set_rng_state(blob["rng"])
     state = TrainerState(**store.read_json(LAYOUT.checkpoint_file(step, STATE_FILE)))
+    state.seen = decode_identities(store.read_bytes(LAYOUT.checkpoint_file(step, SEEN_FILE)))
     raw = store.read_bytes(LAYOUT.checkpoint_file(step, PENDING_FILE))
     return state, decode_shard(raw) if raw else []

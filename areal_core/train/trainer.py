@@ -37,7 +37,7 @@ import torch
 
 from areal_core.config import RunConfig
 from areal_core.models import load_pretrained, save_pretrained
-from areal_core.protocol import Sample, read_shard_or_quarantine
+from areal_core.protocol import Sample, read_shard_or_quarantine, unique
 from areal_core.staleness import staleness_histogram
 from areal_core.store import LAYOUT, Store
 from areal_core.train import checkpoint
@@ -73,7 +73,8 @@ class MetricsTracker(Protocol):
 class Trainer:
     """`cfg`: the run's resolved config (the store's config.yaml). `evaluate(model, tokenizer)`:
     the held-out score, called on rank 0 every `train.eval_every` steps. `tracker`: where rank 0
-    logs each step's metrics (MLflow in a run)."""
+    logs each step's metrics (MLflow in a run). `guard()`: raises when the run no longer owns its
+    root (called before the final model and DONE are written)."""
 
     def __init__(
         self,
@@ -82,6 +83,7 @@ class Trainer:
         *,
         evaluate: Evaluate | None = None,
         tracker: MetricsTracker | None = None,
+        guard: Callable[[], None] | None = None,
     ):
         if cfg.train.eval_every and evaluate is None:
             raise ValueError("train.eval_every is set but the trainer was given no evaluate callable")
@@ -109,6 +111,7 @@ class Trainer:
         self.buffer = GroupBuffer()
         self.tracker = tracker if main else None
         self._evaluate = evaluate
+        self._guard = guard
         self._full_copy: torch.nn.Module | None = None  # rank 0's unsharded model for eval / final_model
         # every rank restores the full model and optimizer (nothing writes checkpoints meanwhile)
         restored = checkpoint.restore(self.store, self.model, self.optimizer)
@@ -133,7 +136,8 @@ class Trainer:
                 load_full_optimizer_state_dict(self.model, self.optimizer, osd, self.dist)
             if self.ref_model is not None:
                 self.ref_model = shard_model(self.ref_model, self.dist)
-        self.consumed = set(self.state.consumed)
+        self.consumed = set(self.state.consumed)  # shard paths read (so a shard is read once)
+        self.seen = set(self.state.seen)  # sample identities consumed (so a sample is used once)
         self._metrics_lines: list[str] = []
         if main and self.store.exists(LAYOUT.metrics):
             old = self.store.read_text(LAYOUT.metrics).splitlines()
@@ -174,6 +178,8 @@ class Trainer:
         return state_dict_bytes_rank0(self.model, self.dist)
 
     def ingest(self) -> int:
+        """Read the graded shards not read yet into the buffer; samples already consumed under
+        another shard name (a copied shard) are skipped and counted as duplicate_samples."""
         new = [p for p in self.store.find(LAYOUT.graded_dir, ".arrow") if p not in self.consumed]
         for rel in new:
             samples = read_shard_or_quarantine(self.store, rel)
@@ -181,7 +187,12 @@ class Trainer:
                 self.state.counters["quarantined_shards"] += 1
                 log.warning("quarantined corrupt shard %s", rel)
             else:
-                self.buffer.add(samples)
+                fresh = unique(samples, self.seen)
+                if len(fresh) < len(samples):
+                    counters = self.state.counters
+                    counters["duplicate_samples"] = counters.get("duplicate_samples", 0) + len(samples) - len(fresh)
+                    log.warning("shard %s: %d samples already consumed, skipped", rel, len(samples) - len(fresh))
+                self.buffer.add(fresh)
             self.consumed.add(rel)
         return len(new)
 
@@ -325,6 +336,7 @@ class Trainer:
         osd = indexed_optimizer_state(self.model, self.optimizer, self.dist) if self.dist.distributed else None
         if self.dist.is_main:
             self.state.consumed = sorted(self.consumed)
+            self.state.seen = sorted(self.seen)
             if self.critic is not None:  # before checkpoint.save writes COMMITTED
                 self.critic.save(self.store, self.state.step)
             checkpoint.save(
@@ -387,6 +399,8 @@ class Trainer:
         model = self._full_model()  # collective
         if model is None:
             return
+        if self._guard is not None:
+            self._guard()
         with tempfile.TemporaryDirectory() as tmp:
             save_pretrained(model, self.tokenizer, tmp)
             self.store.put_dir(tmp, LAYOUT.final_model)
@@ -406,10 +420,15 @@ class Trainer:
 
 
 def run_trainer(
-    run_uri: str, cfg: RunConfig, *, evaluate: Evaluate | None = None, tracker: MetricsTracker | None = None
+    run_uri: str,
+    cfg: RunConfig,
+    *,
+    evaluate: Evaluate | None = None,
+    tracker: MetricsTracker | None = None,
+    guard: Callable[[], None] | None = None,
 ) -> dict[str, float]:
     """The trainer role on this process: one process, or every rank of a torchrun group (FSDP2)."""
-    trainer = Trainer(run_uri, cfg, evaluate=evaluate, tracker=tracker)
+    trainer = Trainer(run_uri, cfg, evaluate=evaluate, tracker=tracker, guard=guard)
     try:
         return trainer.fit()
     finally:
