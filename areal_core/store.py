@@ -286,8 +286,8 @@ class Store:
                 self.fs.pipe_file(full, data, **kwargs)
             except (FileExistsError, FileNotFoundError):
                 return False
-            except Exception as exc:  # 412 If-Match
-                if "Precondition" in f"{type(exc).__name__} {exc}":
+            except OSError as exc:  # 412 Precondition Failed (If-Match)
+                if "precondition" in str(exc).lower().replace("-", ""):
                     return False
                 raise
             return True

@@ -79,7 +79,11 @@ def advance(cursor: dict[str, int], shards: list[str]) -> dict[str, int]:
 
 def consumed_identities(store: Store) -> set[str]:
     """The identities of every sample an earlier online run of this sessions store trained on."""
-    return {key for rel in store.find(LAYOUT.online_consumed_dir, ".txt.gz") for key in decode_identities(store.read_bytes(rel))}
+    return {
+        key
+        for rel in store.find(LAYOUT.online_consumed_dir, ".txt.gz")
+        for key in decode_identities(store.read_bytes(rel))
+    }
 
 
 def write_cursor(store: Store, cursor: dict[str, int], run: str) -> None:

@@ -183,6 +183,17 @@ class Holder:
         if self.renew:
             renew(self.store, self.run_id)
 
+    def lost_reason(self) -> str | None:
+        """Why the root is no longer this run's (the thread's finding, else a check now); None if it is."""
+        if self.lost is None:
+            try:
+                self.check()
+            except RootLost as exc:
+                self.lost = str(exc)
+            except Exception:  # the store cannot tell now
+                return None
+        return self.lost
+
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:

@@ -149,8 +149,9 @@ def run_async_rl(run_uri: str, init_model_uri: str) -> str:
             lease.check()  # DONE counts only in a root that is still this run's
         except Exception as exc:
             tracker.finish("FAILED")
-            if lease.lost:  # the roles stopped because the root is no longer this run's: say so
-                raise RootLost(lease.lost) from exc
+            lost = lease.lost_reason()
+            if lost:  # the roles stopped because the root is no longer this run's: say so
+                raise RootLost(lost) from exc
             raise
     tracker.log_metrics({"wall_s": result["wall_s"]}, result["step"])
     log.info("async RL finished in %.1fs", result["wall_s"])
