@@ -34,6 +34,7 @@ grades in a fraction of a second; math-verify only ever sees the deciding span, 
 from __future__ import annotations
 
 import re
+from collections import deque
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -43,6 +44,7 @@ _SIGN = r"(?:(?<![\w)\]}.])[-−]\s?)?"
 _CUR = r"(?:[$€£¥]\s?(?P<s2>[-−]\s?)?)?"  # a sign after the currency: "$-5"
 _NUMBER = re.compile(r"(?P<s1>" + _SIGN + r")" + _CUR + r"(?P<num>" + _DIGITS + r")(?:\s?/\s?(?P<den>\d+)(?![\d.]))?")
 _HASH = re.compile(r"####")
+_DIGIT = re.compile(r"\d")
 _BOX = re.compile(r"\\(?:boxed|fbox)[ \t]*\{")
 _ANSWER_PHRASE = re.compile(
     r"(?:final[ \t]+answer|the[ \t]+answer|answer)[ \t]*(?:is|:|=|would[ \t]+be|will[ \t]+be|should[ \t]+be)[ \t]*:?",
@@ -52,7 +54,7 @@ _HEDGE = re.compile(r"\b(?:or|either|maybe|perhaps|possibly|probably|between)\b|
 _LATEX_FRAC = re.compile(r"\\[dt]?frac[ \t]*\{([^{}]*)\}[ \t]*\{([^{}]*)\}")
 _LATEX_TEXT = re.compile(r"\\(?:text|textbf|mathrm|mbox)[ \t]*\{([^{}]*)\}")
 _PAREN_FRAC = re.compile(r"\(( ?-?\d+(?:\.\d+)? ?)\)/\(( ?\d+ ?)\)")  # (a)/(b) from \frac
-MAX_SPAN = 2000  # characters of the deciding span that math-verify parses
+MAX_SPAN = 500  # characters of a deciding span that math-verify parses (after the hedge checks on all of it)
 
 
 def _clean(text: str) -> str:
@@ -76,9 +78,20 @@ def _to_fraction(match: re.Match[str]) -> Fraction | None:
     return -value if negative else value
 
 
-def numbers(text: str) -> list[Fraction]:
-    """Every number in `text`, in order."""
-    return [v for m in _NUMBER.finditer(_clean(text)) if (v := _to_fraction(m)) is not None]
+def distinct_values(text: str, stop_after: int = 2) -> list[Fraction]:
+    """The distinct numbers of `text` in order of first appearance, at most `stop_after`
+    (enough to tell one value from a hedge); each distinct spelling is converted once."""
+    seen: dict[str, Fraction | None] = {}
+    values: list[Fraction] = []
+    for m in _NUMBER.finditer(_clean(text)):
+        if m.group() in seen:
+            continue
+        seen[m.group()] = value = _to_fraction(m)
+        if value is not None and value not in values:
+            values.append(value)
+            if len(values) >= stop_after:
+                break
+    return values
 
 
 def parse_number(text: str) -> Fraction | None:
@@ -88,8 +101,8 @@ def parse_number(text: str) -> Fraction | None:
 
 
 def last_number(text: str) -> Fraction | None:
-    found = numbers(text)
-    return found[-1] if found else None
+    last = deque(_NUMBER.finditer(_clean(text)), maxlen=1)
+    return _to_fraction(last[0]) if last else None
 
 
 def boxed_spans(text: str) -> list[tuple[int, int]]:
@@ -116,9 +129,20 @@ def boxed_contents(text: str) -> list[str]:
     return [text[a:b] for a, b in boxed_spans(text)]
 
 
-def _line_rest(text: str, start: int) -> str:
-    end = text.find("\n", start)
-    return text[start : end if end >= 0 else len(text)]
+def _line_rest(text: str, start: int, stop: int | None = None) -> str:
+    """From `start` to the end of its line, or to `stop` if that comes first."""
+    end = text.find("\n", start, len(text) if stop is None else stop)
+    return text[start : end if end >= 0 else len(text) if stop is None else stop]
+
+
+def _marker_spans(text: str, pattern: re.Pattern[str]) -> list[str]:
+    """The text after each match of `pattern` to the end of its line or the next match:
+    the spans never overlap, so together they are at most as long as the text."""
+    matches = list(pattern.finditer(text))
+    return [
+        _line_rest(text, m.end(), matches[i + 1].start() if i + 1 < len(matches) else None)
+        for i, m in enumerate(matches)
+    ]
 
 
 @dataclass
@@ -127,7 +151,7 @@ class Answer:
 
     kind: str  # "####", "boxed", "phrase" or "last number"
     spans: list[str]  # the deciding texts (one per occurrence of the marker)
-    values: list[Fraction]  # distinct values named, in order of first appearance
+    values: list[Fraction]  # distinct values named, in order of first appearance (at most 2)
     hedged: bool  # more than one distinct value, or a hedging last line
 
     @property
@@ -136,16 +160,19 @@ class Answer:
         return self.values[0] if len(self.values) == 1 and not self.hedged else None
 
 
-def _distinct(values: list[Fraction]) -> list[Fraction]:
-    return list(dict.fromkeys(values))
-
-
 def _decide(kind: str, spans: list[str]) -> Answer | None:
     """The Answer from the spans of one marker kind; None when no span names a value."""
-    per_span = [_distinct(numbers(s)) for s in spans]
-    if not any(per_span):
+    values: list[Fraction] = []
+    for span in spans:
+        if not _DIGIT.search(span):
+            continue
+        for v in distinct_values(span):
+            if v not in values:
+                values.append(v)
+        if len(values) > 1:
+            break
+    if not values:
         return None
-    values = _distinct([v for vs in per_span for v in vs])
     return Answer(kind, spans, values, hedged=len(values) > 1)
 
 
@@ -153,22 +180,22 @@ def final_answer(completion: str) -> Answer | None:
     """The completion's deciding span and values (see the module docstring); None without a number."""
     for kind in ("####", "boxed", "phrase"):
         if kind == "####":
-            spans = [_line_rest(completion, m.end()) for m in _HASH.finditer(completion)]
+            spans = _marker_spans(completion, _HASH)
         elif kind == "boxed":
             boxes = boxed_spans(completion)
             spans = [completion[a:b] for a, b in boxes]
             if boxes:
                 spans.append(_line_rest(completion, boxes[-1][1] + 1))  # "\boxed{18} or 3"
         else:
-            spans = [_line_rest(completion, m.end()) for m in _ANSWER_PHRASE.finditer(completion)]
+            spans = _marker_spans(completion, _ANSWER_PHRASE)
         answer = _decide(kind, spans)
         if answer is not None:
             return answer
     for line in reversed(completion.splitlines()):
-        found = numbers(line)
-        if found:
-            hedged = len(_distinct(found)) > 1 and bool(_HEDGE.search(line))
-            return Answer("last number", [line], [found[-1]], hedged)
+        value = last_number(line)
+        if value is not None:
+            hedged = bool(_HEDGE.search(line)) and len(distinct_values(line)) > 1
+            return Answer("last number", [line], [value], hedged)
     return None
 
 
@@ -219,20 +246,22 @@ def math_reward(completion: str, reference: str) -> float:
     spans = answer.spans
     if answer.kind == "boxed":  # the boxes' contents; the rest of the last box's line may only not hedge
         spans, after = spans[:-1], spans[-1]
-        if _HEDGE.search(after) or numbers(after):
+        if _HEDGE.search(after) or distinct_values(after, 1):
             return 0.0
     candidates = list(dict.fromkeys(_strip_percent(" ".join(s.split())) for s in spans if s.strip()))
     if not candidates or len(candidates) > 4:
         return 0.0
     for text in candidates:
-        plain_values = _distinct(numbers(text))
+        plain_values = distinct_values(text)
         if len(plain_values) > 1 and (
             _HEDGE.search(_LATEX_TEXT.sub(r" \1 ", text)) or not _NOT_PLAIN.search(_clean(text).replace("$", ""))
         ):
             return 0.0
     gold = parse(_strip_percent(reference)[:MAX_SPAN], parsing_timeout=5)
     for text in candidates:
-        pred = parse(f"\\boxed{{{text[:MAX_SPAN]}}}" if answer.kind == "boxed" else text[:MAX_SPAN], parsing_timeout=5)
+        # the last line without a marker: its end, where the answer is; otherwise the span's start
+        text = text[-MAX_SPAN:] if answer.kind == "last number" else text[:MAX_SPAN]
+        pred = parse(f"\\boxed{{{text}}}" if answer.kind == "boxed" else text, parsing_timeout=5)
         if gold and pred:
             ok = verify(gold, pred, timeout_seconds=5)
         else:
