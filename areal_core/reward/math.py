@@ -138,11 +138,14 @@ def _line_rest(text: str, start: int, stop: int | None = None) -> str:
 def _marker_spans(text: str, pattern: re.Pattern[str]) -> list[str]:
     """The text after each match of `pattern` to the end of its line or the next match:
     the spans never overlap, so together they are at most as long as the text."""
-    matches = list(pattern.finditer(text))
-    return [
-        _line_rest(text, m.end(), matches[i + 1].start() if i + 1 < len(matches) else None)
-        for i, m in enumerate(matches)
-    ]
+    spans, start = [], None
+    for m in pattern.finditer(text):
+        if start is not None:
+            spans.append(_line_rest(text, start, m.start()))
+        start = m.end()
+    if start is not None:
+        spans.append(_line_rest(text, start))
+    return spans
 
 
 @dataclass
