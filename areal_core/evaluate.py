@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from areal_core.config.hooks import import_object
 from areal_core.models import chat_prompt
 from areal_core.reward.math import gsm8k_reward
 from areal_core.reward.pool import call_reward
@@ -69,7 +70,5 @@ def heldout_score(model, tokenizer, cfg: Any, records: list[dict[str, Any]]) -> 
             max_concurrent_episodes=cfg.agent.max_concurrent_episodes,
             tool_prompt=cfg.agent.tool_prompt,
         )
-    from areal_core.reward.pool import resolve
-
-    reward_fn = resolve(cfg.reward.function) if cfg.reward.function else gsm8k_reward
+    reward_fn = import_object(cfg.reward.function, key="reward.function") if cfg.reward.function else gsm8k_reward
     return greedy_accuracy(model, tokenizer, records, cfg.eval.max_new_tokens, cfg.eval.batch_size, reward_fn)

@@ -71,7 +71,7 @@ def chat_prompt(tokenizer: Any, question: str) -> list[int]:
 
 def load_pretrained(path: str, device: str = "cpu") -> tuple[Any, Any]:
     """(model, tokenizer) from a local folder or an fsspec URI of an HF checkpoint."""
-    from areal_core.run_context import quiet_libraries
+    from areal_core.logs import quiet_libraries
 
     quiet_libraries()
     local = localize(path)
@@ -91,7 +91,7 @@ def localize(path: str) -> str:
 
 
 def save_pretrained(model: Any, tokenizer: Any, out_dir: str | Path) -> None:
-    from areal_core.run_context import quiet_libraries
+    from areal_core.logs import quiet_libraries
 
     quiet_libraries()
     Path(out_dir).mkdir(parents=True, exist_ok=True)

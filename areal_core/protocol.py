@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from areal_core.store import Store
+from areal_core.store import LAYOUT, Store
 
 SCHEMA_VERSION = "1"
 
@@ -140,9 +140,9 @@ def write_shard(store: Store, rel: str, samples: list[Sample]) -> None:
 
 def quarantine(store: Store, rel: str, reason: str) -> str:
     """Move a bad shard under quarantine/ beside a JSON note with the reason; returns its new path."""
-    dst = "quarantine/" + rel.replace("/", "__")
+    dst = LAYOUT.quarantined(rel)
     store.move(rel, dst)
-    store.write_json(dst + ".reason.json", {"source": rel, "reason": reason, "time": time.time()})
+    store.write_json(LAYOUT.quarantine_reason(dst), {"source": rel, "reason": reason, "time": time.time()})
     return dst
 
 

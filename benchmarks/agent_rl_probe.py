@@ -45,7 +45,7 @@ def main() -> None:
     from areal_core.rollout.engine import SamplingParams
     from areal_core.rollout.torch_engine import TorchEngine
     from areal_core.train.sft import sft_examples
-    from areal_core.train.trainer import ppo_update
+    from areal_core.train.step import train_step
     from datasets.arithmetic import generate
 
     agent = "areal_core.proxy.examples:calculator_agent"
@@ -99,7 +99,7 @@ def main() -> None:
             rows: list = []
             asyncio.run(runner.run(train, num_groups=a.b, on_group=rows.extend, seed=step))
             model.train()
-            m = ppo_update(model, opt, rows, cfg, tok.pad_token_id)
+            m = train_step(model, opt, rows, cfg, tok.pad_token_id)
             model.eval()
             engine.version += 1
             out["reward_mean"].append(round(m["reward_mean"], 3))

@@ -13,9 +13,9 @@ import os
 import sys
 import time
 
-from areal_core import pipeline
-from areal_core.launcher import launch
-from areal_core.run_context import setup_logging
+from areal_core.logs import setup_logging
+from areal_core.run import pipeline
+from areal_core.run.launcher import launch
 from areal_core.store import Store
 
 

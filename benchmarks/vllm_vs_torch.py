@@ -15,9 +15,9 @@ import time
 
 import torch
 
-from areal_core import pipeline
-from areal_core.launcher import launch
-from areal_core.run_context import setup_logging
+from areal_core.logs import setup_logging
+from areal_core.run import pipeline
+from areal_core.run.launcher import launch
 from areal_core.store import Store
 
 

@@ -2,8 +2,8 @@
 `Elastic` task (torchrun; a PyTorchJob when nnodes > 1), plus the steps around them.
 
 Images, resources, accelerators, retries, timeouts and replica counts come from the cluster
-config read at import (tasks/resources.py: $AREAL_CLUSTER_CONFIG, default configs/cluster.yaml),
-because Flyte fixes them at registration. The pools and the trainer share nothing but the run
+config read at import (areal_core/config/cluster.py: $AREAL_CLUSTER_CONFIG, default
+configs/cluster.yaml), because Flyte fixes them at registration. The pools and the trainer share nothing but the run
 root: each stops when the trainer writes DONE, and each resumes from the store when Flyte
 retries it (rollout workers continue their sequence numbers, reward workers skip shards whose
 graded twin exists, the trainer restores its newest committed checkpoint).
@@ -22,9 +22,10 @@ from flytekit.core.array_node_map_task import map_task
 from flytekit.core.context_manager import ExecutionState, FlyteContextManager
 from flytekitplugins.kfpytorch import Elastic
 
+from areal_core.config.cluster import ClusterConfig, load_cluster_config
 from images.specs import image_for
 from tasks.pipeline import Prepared
-from tasks.resources import ClusterConfig, load_cluster_config, task_kwargs
+from tasks.resources import task_kwargs
 
 CLUSTER: ClusterConfig = load_cluster_config()
 DEVICE = CLUSTER.device
@@ -49,7 +50,7 @@ def cluster_overrides(overrides: str, cluster: ClusterConfig, store_suffix: str 
     shard ownership must match the pods) and the device; `store_suffix` gives each scheduled run
     its own run root under the configured one."""
     from areal_core.config import load_config
-    from areal_core.pipeline import parse_overrides
+    from areal_core.run.pipeline import parse_overrides
 
     out = [
         *parse_overrides(overrides),
@@ -81,8 +82,8 @@ def check_backend(run_cfg, cluster: ClusterConfig) -> None:
 def prepare_for_cluster(
     config: str, overrides: str, resume: bool, cluster: ClusterConfig, store_suffix: str = ""
 ) -> tuple[str, str]:
-    from areal_core import pipeline
     from areal_core.config import load_config
+    from areal_core.run import pipeline
 
     full = cluster_overrides(overrides, cluster, store_suffix, config)
     check_backend(load_config(config or None, full), cluster)
@@ -112,46 +113,29 @@ def prepare_cluster(
     return Prepared(run_uri=run_uri, sft_key=key)
 
 
-def start(run_uri: str, init_model: str) -> str:
-    """Copy a cached SFT result into the run root and open the run's MLflow run (once: a retry or a
-    resumed run reuses the one recorded in tracking.json)."""
-    from areal_core.pipeline import ensure_init_model
-    from areal_core.run_context import load_run_config
-    from areal_core.store import Store
-    from areal_core.tracking import Tracker
-
-    store = Store(run_uri)
-    ensure_init_model(store, init_model)
-    cfg = load_run_config(store)
-    tracker = Tracker.create(store, cfg)
-    tracker.set_tag("device", DEVICE)
-    tracker.set_tag("image", IMAGE_NAME)
-    return store.uri
-
-
 @task(container_image=IMAGE, environment=ENV, **task_kwargs(CLUSTER.small, DEVICE))
 def start_run(run_uri: str, init_model: str) -> str:
-    return start(run_uri, init_model)
+    """Copy a cached SFT result into the run root and open the run's MLflow run, tagged with the
+    device and image."""
+    from areal_core.run import pipeline
+
+    return pipeline.start_run(run_uri, init_model, {"device": DEVICE, "image": IMAGE_NAME})
 
 
 @task(container_image=IMAGE, environment=ENV, **task_kwargs(CLUSTER.rollout, DEVICE))
 def rollout_pool_worker(run_uri: str, index: int) -> int:
     """Rollout worker `index` of the pool; returns the groups it started."""
-    from areal_core.roles import run_role
-    from areal_core.run_context import setup_logging
+    from areal_core.run.roles import rollout_task
 
-    setup_logging()
-    return int(run_role("rollout", run_uri, index)["groups"])
+    return rollout_task(run_uri, index)
 
 
 @task(container_image=IMAGE, environment=ENV, **task_kwargs(CLUSTER.reward, DEVICE))
 def reward_pool_worker(run_uri: str, index: int) -> int:
     """Reward worker `index` of the pool; returns the samples it graded."""
-    from areal_core.roles import run_role
-    from areal_core.run_context import setup_logging
+    from areal_core.run.roles import reward_task
 
-    setup_logging()
-    return int(run_role("reward", run_uri, index)["graded"])
+    return reward_task(run_uri, index)
 
 
 ELASTIC = Elastic(
@@ -171,12 +155,9 @@ if CLUSTER.trainer.shared_memory:
 @task(task_config=ELASTIC, container_image=IMAGE, environment=ENV, **_trainer_kwargs)
 def trainer_elastic(run_uri: str) -> str:
     """Every torchrun rank runs this; rank 0's return value is the task's: the final model's URI."""
-    from areal_core.distributed import run_trainer_rank
-    from areal_core.run_context import setup_logging
+    from areal_core.run.roles import trainer_task
 
-    setup_logging()
-    run_trainer_rank(run_uri)
-    return f"{run_uri.rstrip('/')}/final_model"
+    return trainer_task(run_uri)
 
 
 # The pools: every replica at once (concurrency = replicas), all must succeed (a missing rollout

@@ -1,4 +1,4 @@
-"""Online retraining tasks: thin wrappers of areal_core.online (retrain, then register if better)."""
+"""Online retraining tasks: one call each into areal_core.online.retrain (retrain, then register if better)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ from typing import NamedTuple
 
 from flytekit import task
 
-from areal_core import online
-from areal_core.run_context import setup_logging
+from areal_core.online import retrain
 from tasks.resources import IMAGE, ROLE, SMALL
 
 
@@ -26,20 +25,10 @@ def retrain_on_sessions(
 ) -> str:
     """Train a candidate on the sessions past the cursor and score it against the current model;
     returns the online run root."""
-    setup_logging()
-    run_id = kickoff_time.strftime("%Y%m%dT%H%M%S") if kickoff_time else ""
-    return online.retrain_candidate(config, overrides, sessions, model_name, run_id)
+    return retrain.retrain_task(config, overrides, sessions, model_name, kickoff_time)
 
 
 @task(container_image=IMAGE, requests=SMALL, retries=2)
 def register_if_better(run_uri: str, min_gain: float) -> OnlineResult:
     """Register the candidate only when it beats the current version, then move the cursor."""
-    setup_logging()
-    out = online.publish_candidate(run_uri, min_gain)
-    return OnlineResult(
-        rows=out["rows"],
-        registered=out["registered"],
-        model_uri=out["model_uri"],
-        current_score=float(out["current_score"] if out["current_score"] is not None else -1.0),
-        candidate_score=float(out["candidate_score"] if out["candidate_score"] is not None else -1.0),
-    )
+    return OnlineResult(**retrain.publish_task(run_uri, min_gain))

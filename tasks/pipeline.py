@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 from flytekit import Deck, task
 
-from areal_core import pipeline
+from areal_core.run import pipeline
 from tasks.resources import IMAGE, ROLE, SMALL
 
 

@@ -5,25 +5,20 @@ from __future__ import annotations
 
 from flytekit import task
 
-from areal_core.roles import run_role
-from areal_core.run_context import setup_logging
+from areal_core.run import roles
 from tasks.resources import IMAGE, ROLE
 
 
 @task(container_image=IMAGE, requests=ROLE, retries=3)
 def rollout_worker(run_uri: str, index: int = 0) -> int:
-    setup_logging()
-    return int(run_role("rollout", run_uri, index)["groups"])
+    return roles.rollout_task(run_uri, index)
 
 
 @task(container_image=IMAGE, requests=ROLE, retries=3)
 def reward_worker(run_uri: str, index: int = 0) -> int:
-    setup_logging()
-    return int(run_role("reward", run_uri, index)["graded"])
+    return roles.reward_task(run_uri, index)
 
 
 @task(container_image=IMAGE, requests=ROLE, retries=3)
 def trainer(run_uri: str) -> str:
-    setup_logging()
-    run_role("trainer", run_uri)
-    return f"{run_uri.rstrip('/')}/final_model"
+    return roles.trainer_task(run_uri)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from areal_core import pipeline
 from areal_core.config import ConfigError, load_config
+from areal_core.run import pipeline
 from tests.conftest import ROOT
 
 AGENT_CONFIG = str(ROOT / "configs" / "agent_calculator.yaml")

@@ -9,11 +9,13 @@ import httpx
 import pytest
 import torch
 
-from areal_core import online
 from areal_core.config import load_config
 from areal_core.models import build_tiny_model, build_tokenizer, load_pretrained, save_pretrained
+from areal_core.online import registry, retrain
+from areal_core.proxy.app import create_app
 from areal_core.proxy.examples import calculator_agent, calculator_corpus
-from areal_core.proxy.server import ApiKeys, ProxyServer, create_app
+from areal_core.proxy.guard import ApiKeys
+from areal_core.proxy.runner import ProxyServer
 from areal_core.proxy.sessions import session_id_for_key
 from areal_core.rollout.engine import SamplingParams
 from areal_core.rollout.torch_engine import TorchEngine
@@ -103,31 +105,31 @@ def test_cursor_advances_and_the_next_run_sees_only_new_sessions(tmp_path, base_
     sessions = Store(str(tmp_path / "sessions"))
     train, _ = generate(5, 12, 1, ops="+-", lo=1, hi=9, max_steps=1)
     first = serve_sessions(base_model, sessions, train[:5], seed=1)
-    assert first == 5 and online.read_cursor(sessions) == {}
+    assert first == 5 and retrain.read_cursor(sessions) == {}
     ov = overrides(tmp_path, base_model)
 
-    run1 = online.retrain_candidate("", ov, sessions.uri, "policy", "r1")
-    plan1 = Store(run1).read_json(online.PLAN)
+    run1 = retrain.retrain_candidate("", ov, sessions.uri, "policy", "r1")
+    plan1 = Store(run1).read_json(retrain.PLAN)
     assert plan1["rows"] == 5 and plan1["trained"] and plan1["updates"] == 1  # ⌊5 / (2·2)⌋ updates
-    assert online.read_cursor(sessions) == {}  # moved only when the run completes
-    out1 = online.publish_candidate(run1)
+    assert retrain.read_cursor(sessions) == {}  # moved only when the run completes
+    out1 = retrain.publish_candidate(run1)
     assert out1["rows"] == 5
-    assert online.read_cursor(sessions) == {"proxy-0": 4}
+    assert retrain.read_cursor(sessions) == {"proxy-0": 4}
 
-    run2 = online.online_retrain("", ov, sessions.uri, "policy", "r2")
+    run2 = retrain.online_retrain("", ov, sessions.uri, "policy", "r2")
     assert run2["rows"] == 0 and run2["shards"] == 0 and not run2["registered"]
-    assert online.read_cursor(sessions) == {"proxy-0": 4}
+    assert retrain.read_cursor(sessions) == {"proxy-0": 4}
 
     assert serve_sessions(base_model, sessions, train[5:8], seed=2) == 8
-    run3 = online.retrain_candidate("", ov, sessions.uri, "policy", "r3")
-    plan3 = Store(run3).read_json(online.PLAN)
+    run3 = retrain.retrain_candidate("", ov, sessions.uri, "policy", "r3")
+    plan3 = Store(run3).read_json(retrain.PLAN)
     assert plan3["rows"] == 3
     assert [rel.rsplit("/", 1)[-1] for rel in plan3["shards"]] == ["00000005.arrow", "00000006.arrow", "00000007.arrow"]
-    rows = [s for rel in plan3["shards"] for s in online.read_shard_or_quarantine(sessions, rel)]
+    rows = [s for rel in plan3["shards"] for s in retrain.read_shard_or_quarantine(sessions, rel)]
     assert sorted(s.prompt_id for s in rows) == sorted(t["prompt_id"] for t in train[5:8])
-    online.publish_candidate(run3)
-    assert online.read_cursor(sessions) == {"proxy-0": 7}
-    assert sessions.read_json(online.CURSOR)["runs"] == ["r1", "r3"]
+    retrain.publish_candidate(run3)
+    assert retrain.read_cursor(sessions) == {"proxy-0": 7}
+    assert sessions.read_json(retrain.CURSOR)["runs"] == ["r1", "r3"]
 
 
 def test_regroup_pools_singletons_and_groups_repeated_prompts():
@@ -136,7 +138,7 @@ def test_regroup_pools_singletons_and_groups_repeated_prompts():
     def row(i: int, prompt: str) -> Sample:
         return Sample(f"s{i}", f"sess-{i}", prompt, "proxy-0", [1, 2, 3], 1, [0, 1, 1], [0, -0.1, -0.1], [-1, 0, 0])
 
-    out = online.regroup([row(0, "a"), row(1, "b"), row(2, "a"), row(3, "")], "pool")
+    out = retrain.regroup([row(0, "a"), row(1, "b"), row(2, "a"), row(3, "")], "pool")
     assert [s.group_id for s in out] == ["pool-a", "pool", "pool-a", "pool"]
 
 
@@ -148,13 +150,13 @@ def _register_checks(tmp_path, uri: str) -> None:
     model_dir = tmp_path / "candidate"
     model_dir.mkdir()
     (model_dir / "weights.txt").write_text("w")
-    first = online.register_if_better(model_dir, name, uri, 0.30, None, run_name="r1")
+    first = registry.register_if_better(model_dir, name, uri, 0.30, None, run_name="r1")
     assert first["registered"] and first["model_uri"] == f"models:/{name}/1"
-    worse = online.register_if_better(model_dir, name, uri, 0.25, 0.30, run_name="r2")
+    worse = registry.register_if_better(model_dir, name, uri, 0.25, 0.30, run_name="r2")
     assert not worse["registered"] and worse["model_uri"] == f"models:/{name}/1"
-    tie = online.register_if_better(model_dir, name, uri, 0.32, 0.30, min_gain=0.05, run_name="r3")
+    tie = registry.register_if_better(model_dir, name, uri, 0.32, 0.30, min_gain=0.05, run_name="r3")
     assert not tie["registered"]
-    better = online.register_if_better(model_dir, name, uri, 0.40, 0.30, run_name="r4")
+    better = registry.register_if_better(model_dir, name, uri, 0.40, 0.30, run_name="r4")
     assert better["registered"] and better["model_uri"] == f"models:/{name}/2"
     client = mlflow.MlflowClient(uri)
     versions = client.search_model_versions(f"name = '{name}'")
@@ -186,13 +188,13 @@ def test_online_run_starts_from_the_registered_version_and_compares_against_it(t
     scores = iter([0.2, 0.5, 0.5, 0.4])  # (current, candidate) of run 1, then of run 2
     monkeypatch.setattr("areal_core.evaluate.heldout_score", lambda *a, **k: next(scores))
     ov = overrides(tmp_path, base_model)
-    out1 = online.online_retrain("", ov, sessions.uri, "policy", "r1")
+    out1 = retrain.online_retrain("", ov, sessions.uri, "policy", "r1")
     assert out1["registered"] and out1["model_uri"] == "models:/policy/1"
     serve_sessions(base_model, sessions, train[4:8], seed=4)
-    out2 = online.online_retrain("", ov, sessions.uri, "policy", "r2")
+    out2 = retrain.online_retrain("", ov, sessions.uri, "policy", "r2")
     assert (out2["current_score"], out2["candidate_score"]) == (0.5, 0.4)
     assert not out2["registered"] and out2["model_uri"] == "models:/policy/1"
-    plan2 = Store(out2["run_uri"]).read_json(online.PLAN)
+    plan2 = Store(out2["run_uri"]).read_json(retrain.PLAN)
     assert plan2["start_model"] == "models:/policy/1" and plan2["rows"] == 4
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert [int(v.version) for v in client.search_model_versions("name = 'policy'")] == [1]

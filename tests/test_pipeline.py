@@ -6,10 +6,10 @@ import hashlib
 
 import pytest
 
-from areal_core import pipeline
-from areal_core.launcher import RoleFailed, launch
 from areal_core.protocol import decode_shard, encode_shard
-from areal_core.run_context import load_run_config
+from areal_core.run import pipeline
+from areal_core.run.context import load_run_config
+from areal_core.run.launcher import RoleFailed, launch
 from areal_core.store import Store
 from tests.conftest import TINY
 

@@ -267,10 +267,10 @@ def test_langchain_chat_openai_agent_through_the_proxy(data, tmp_path):
 
 def test_agent_rollout_worker_follows_weights_and_stops_at_done(tiny_overrides):
     """The rollout role for agents on a prepared run: admission against weights/LATEST, then DONE."""
-    from areal_core import pipeline
     from areal_core.models import load_pretrained
+    from areal_core.run import pipeline
     from areal_core.store import INIT_MODEL
-    from areal_core.train.weights import hf_side_files, publish, state_dict_bytes
+    from areal_core.weights.publisher import hf_side_files, publish, state_dict_bytes
 
     run_uri, _ = pipeline.prepare("", [*tiny_overrides, "train.eta=0", "rollout.group_size=2"])
     pipeline.sft(run_uri)

@@ -1,10 +1,10 @@
 """Online retraining on live traffic.
 
 The proxy in front of a serving engine writes every finished session to a store
-(`python -m areal_core.proxy.server --model <hf dir> --store s3://bucket/sessions --api-key ...`).
+(`python -m areal_core.proxy --model <hf dir> --store s3://bucket/sessions --api-key ...`).
 `online_retrain` trains on the sessions collected since the last run (a cursor on that store),
 evaluates the candidate against the current model on the task's held-out split, and registers
-it in MLflow only when it is better (areal_core/online.py):
+it in MLflow only when it is better (areal_core/online/retrain.py):
 
     pyflyte run workflows/online.py online_retrain --sessions s3://bucket/sessions \\
         --config configs/agent_calculator.yaml --overrides "store=s3://bucket/online model.path=s3://bucket/base"

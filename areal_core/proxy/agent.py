@@ -21,7 +21,6 @@ episode is dropped (its row never reaches the trainer) and counted.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import random
 import time
@@ -29,8 +28,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from areal_core.config.hooks import import_object
 from areal_core.protocol import Sample, decode_shard
-from areal_core.proxy.server import ApiKeys, BatchingBackend, ProxyLimits, ProxyServer, as_backend, create_app
+from areal_core.proxy.app import create_app
+from areal_core.proxy.backend import BatchingBackend, as_backend
+from areal_core.proxy.guard import ApiKeys, ProxyLimits
+from areal_core.proxy.runner import ProxyServer
 from areal_core.proxy.sessions import ShardWriter, key_digest, session_id_for_key
 from areal_core.rollout.engine import SamplingParams
 from areal_core.staleness import groups_admissible
@@ -47,17 +50,6 @@ def quiet_http_clients() -> None:
     logger = logging.getLogger("httpx")
     if logger.level == logging.NOTSET:
         logger.setLevel(logging.WARNING)
-
-
-def load_agent(path: str) -> AgentFn:
-    """'package.module:function' -> the agent function."""
-    module, _, name = path.partition(":")
-    if not module or not name:
-        raise ValueError(f"agent must be 'module:function', got {path!r}")
-    fn = getattr(importlib.import_module(module), name)
-    if not asyncio.iscoroutinefunction(fn):
-        raise TypeError(f"agent {path} must be an async function (task, base_url, api_key) -> float")
-    return fn
 
 
 @dataclass
@@ -139,7 +131,7 @@ class AgentRunner:
         tool_prompt: str = "none",
         poll_interval_s: float = 0.02,
     ):
-        self.agent = load_agent(agent) if isinstance(agent, str) else agent
+        self.agent = import_object(agent, key="rollout.agent", coroutine=True) if isinstance(agent, str) else agent
         quiet_http_clients()
         self.store = store
         self.worker_id = worker_id
@@ -362,16 +354,16 @@ def run_agent_rollout_worker(
     Reads rollout.{agent, num_workers, group_size, max_new_tokens, temperature, top_p, top_k,
     poll_interval_s, admission}, agent.{max_concurrent_episodes, episode_timeout_s,
     turn_discount, tool_prompt}, train.{eta, batch_groups}, seed and device from the run's
-    config; arguments given here override them (`python -m areal_core.roles rollout` runs this
+    config; arguments given here override them (`python -m areal_core.run.roles rollout` runs this
     when rollout.agent is set).
     """
     from areal_core.models import load_pretrained
     from areal_core.prompts import load_prompts
     from areal_core.rollout.torch_engine import TorchEngine
-    from areal_core.rollout.worker import WeightWatcher
-    from areal_core.run_context import load_run_config, set_threads, wait_for_version
+    from areal_core.run.context import load_run_config, set_threads, wait_for_version
     from areal_core.store import INIT_MODEL
-    from areal_core.train.weights import load_state_dict
+    from areal_core.weights.reader import load_state_dict
+    from areal_core.weights.watcher import WeightWatcher
 
     store = Store(run_uri)
     cfg = load_run_config(store)
@@ -388,7 +380,7 @@ def run_agent_rollout_worker(
     model, tokenizer = load_pretrained(store.url(INIT_MODEL), cfg.device)
     model.load_state_dict(load_state_dict(store, version), strict=False)
     engine = TorchEngine(model, tokenizer.pad_token_id, tokenizer.eos_token_id, version, seed=cfg.seed * 7919 + index)
-    watcher = WeightWatcher(store, engine, cfg.rollout.poll_interval_s)
+    watcher = WeightWatcher(store, lambda v: engine.receive(store, v), cfg.rollout.poll_interval_s, version=version)
     watcher.start()
     ro = cfg.rollout
     sampling = SamplingParams(
@@ -431,7 +423,6 @@ def run_agent_rollout_worker(
 
     with runner:
         stats = asyncio.run(runner.run(tasks, stop=store.done, on_group=heartbeat, seed=cfg.seed))
-    watcher.stop.set()
-    watcher.join(timeout=30)  # a daemon thread inside torch at exit aborts the process
+    watcher.stop()
     log.info("%s done: %s", worker_id, stats)
     return {"worker": worker_id, "groups": runner.started, **stats}

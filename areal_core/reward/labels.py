@@ -34,10 +34,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from areal_core.protocol import Sample, ShardError, decode_shard
-from areal_core.store import Store
+from areal_core.store import LAYOUT, Store
 
-LABELS_DIR = "labels"
-PAIRS_PATH = "exports/preference_pairs.parquet"
 LABEL_FIELDS = ("sample_id", "prompt_id", "reward", "label", "annotator", "note")
 
 
@@ -109,7 +107,7 @@ def read_label_rows(store: Store, rel: str) -> list[dict[str, Any]]:
     return rows
 
 
-def load_labels(store: Store, prefix: str = LABELS_DIR) -> Labels:
+def load_labels(store: Store, prefix: str = LAYOUT.labels_dir) -> Labels:
     """Every labels file under `prefix`, in name order; an empty table when there is none."""
     labels = Labels()
     for rel in store.find(prefix):
@@ -121,7 +119,7 @@ def load_labels(store: Store, prefix: str = LABELS_DIR) -> Labels:
 def write_labels(store: Store, rows: list[dict[str, Any]], name: str = "labels.parquet") -> str:
     """Validate and publish a labels file under labels/ (Parquet or JSONL by its name); returns its path."""
     clean = [_clean_row(r, f"row {i}") for i, r in enumerate(rows)]
-    rel = f"{LABELS_DIR}/{name}"
+    rel = LAYOUT.labels_file(name)
     if name.endswith(".jsonl"):
         store.write_text(rel, "".join(json.dumps(r) + "\n" for r in clean))
     elif name.endswith(".parquet"):
@@ -217,7 +215,7 @@ PAIR_SCHEMA = pa.schema(
 )
 
 
-def read_graded(store: Store, prefix: str = "trajectories/graded") -> tuple[list[Sample], int]:
+def read_graded(store: Store, prefix: str = LAYOUT.graded_dir) -> tuple[list[Sample], int]:
     """All samples of the graded shards under `prefix`, and the number of unreadable shards skipped."""
     samples, bad = [], 0
     for rel in store.find(prefix, ".arrow"):
@@ -230,7 +228,7 @@ def read_graded(store: Store, prefix: str = "trajectories/graded") -> tuple[list
 
 def export_preference_pairs(
     store: Store,
-    out: str = PAIRS_PATH,
+    out: str = LAYOUT.preference_pairs,
     mode: str = "best_worst",
     min_margin: float = 0.0,
     decode: Callable[[list[int]], str] | None = None,

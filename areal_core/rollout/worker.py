@@ -8,50 +8,24 @@ from __future__ import annotations
 
 import logging
 import random
-import threading
 import time
-from typing import Any
 
 from areal_core.config import RunConfig
-from areal_core.models import chat_prompt, load_pretrained
+from areal_core.models import chat_prompt
 from areal_core.prompts import load_prompts
 from areal_core.protocol import Sample, decode_shard, write_shard
 from areal_core.rollout.engine import SamplingParams
-from areal_core.rollout.factory import build_local_engine
-from areal_core.rollout.remote_factory import REMOTE_ENGINES, RemoteWeightWatcher, build_remote_engine, load_tokenizer
-from areal_core.run_context import load_run_config, set_threads, wait_for_version
+from areal_core.rollout.factory import build_engine
+from areal_core.run.context import load_run_config, set_threads, wait_for_version
 from areal_core.staleness import groups_admissible
-from areal_core.store import INIT_MODEL, Store, shard_name
-from areal_core.train.weights import WeightsError, load_state_dict
+from areal_core.store import Store, shard_name
+from areal_core.weights.watcher import WeightWatcher
 
 log = logging.getLogger("areal.rollout")
 
 
 class RolloutEngineFailed(RuntimeError):
     """The engine raised while generating; names the worker, groups, shard and version."""
-
-
-class WeightWatcher(threading.Thread):
-    """Polls weights/LATEST, loads and verifies new versions, and stages them in the engine."""
-
-    def __init__(self, store: Store, engine: Any, interval_s: float):
-        super().__init__(daemon=True)
-        self.store, self.engine, self.interval_s = store, engine, interval_s
-        self.latest_staged = engine.version
-        self.stop = threading.Event()
-        self.new_version = threading.Event()
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            latest = self.store.latest_version()
-            if latest is not None and latest > self.latest_staged:
-                try:
-                    self.engine.stage_weights(latest, load_state_dict(self.store, latest))
-                    self.latest_staged = latest
-                    self.new_version.set()
-                except WeightsError as exc:  # a half-pruned or racing version: try again next poll
-                    log.warning("%s", exc)
-            self.stop.wait(self.interval_s)
 
 
 def recover_progress(store: Store, worker_id: str) -> tuple[int, int]:
@@ -78,23 +52,14 @@ def run_rollout_worker(run_uri: str, index: int = 0) -> dict:
     random.Random(cfg.seed * 1000 + 7).shuffle(order)
 
     version = wait_for_version(store)
-    if cfg.rollout.engine in REMOTE_ENGINES:  # vllm / sglang: a server loads each version itself
-        tokenizer = load_tokenizer(store.url(INIT_MODEL))
-        engine = build_remote_engine(cfg, store, version, tokenizer.eos_token_id, index)
-        watcher = RemoteWeightWatcher(store, engine, cfg.rollout.poll_interval_s)
-    else:
-        model, tokenizer = load_pretrained(store.url(INIT_MODEL), cfg.device)
-        model.load_state_dict(load_state_dict(store, version), strict=False)
-        engine = build_local_engine(cfg, model, tokenizer, version, seed=cfg.seed * 7919 + index)
-        watcher = WeightWatcher(store, engine, cfg.rollout.poll_interval_s)
+    engine, tokenizer = build_engine(cfg, store, version, index)
+    watcher = WeightWatcher(store, lambda v: engine.receive(store, v), cfg.rollout.poll_interval_s, version=version)
     watcher.start()
     try:
         return _generate_loop(cfg, store, index, worker_id, prompts, order, engine, tokenizer, watcher)
     finally:
-        watcher.stop.set()
-        watcher.join(timeout=30)  # a daemon thread inside torch at exit aborts the process
-        if hasattr(engine, "close"):
-            engine.close()  # a remote engine stops the server it started
+        watcher.stop()
+        engine.close()  # a remote engine stops the server it started
 
 
 def _generate_loop(cfg, store, index, worker_id, prompts, order, engine, tokenizer, watcher) -> dict:
@@ -112,7 +77,7 @@ def _generate_loop(cfg, store, index, worker_id, prompts, order, engine, tokeniz
     discarded = store.discarded_groups()
     log.info("%s starting at seq=%d groups=%d version=%d", worker_id, seq, started, engine.version)
     while not store.done():
-        if getattr(watcher, "error", None) is not None:
+        if watcher.error is not None:
             raise RolloutEngineFailed(f"{worker_id}: loading a new version failed: {watcher.error}") from watcher.error
         engine.load_version(engine.version)  # install any staged version before deciding admission
         room = cfg.rollout.max_batch_groups
@@ -122,8 +87,7 @@ def _generate_loop(cfg, store, index, worker_id, prompts, order, engine, tokeniz
                 discarded = store.discarded_groups()
             room = min(room, groups_admissible(*args, discarded))
         if room == 0:
-            watcher.new_version.wait(cfg.rollout.poll_interval_s * 5)
-            watcher.new_version.clear()
+            watcher.wait(cfg.rollout.poll_interval_s * 5)
             continue
         group_indices = list(range(started, started + room))
         batch_prompts, meta = [], []

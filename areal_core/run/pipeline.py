@@ -13,12 +13,10 @@ import shlex
 from typing import Any
 
 from areal_core.config import RunConfig, from_yaml_text, load_config, to_yaml
-from areal_core.store import FINAL_MODEL, INIT_MODEL, Store
+from areal_core.run.tracking import Tracker
+from areal_core.store import LAYOUT, Store
 
 log = logging.getLogger("areal.pipeline")
-
-# Everything under a run root that belongs to one training attempt (cleared for a new run).
-RUN_STATE = ["weights", "trajectories", "trainer", "status", "quarantine", "DONE", "tracking.json", FINAL_MODEL]
 
 
 def parse_overrides(overrides: str | list[str]) -> list[str]:
@@ -43,14 +41,14 @@ def prepare(config_path: str, overrides: str | list[str] = "", resume: bool = Fa
     """
     cfg = load_config(config_path or None, parse_overrides(overrides))
     store = Store(cfg.store)
-    if store.exists("config.yaml") and resume:
-        old = from_yaml_text(store.read_text("config.yaml"))
+    if store.exists(LAYOUT.config) and resume:
+        old = from_yaml_text(store.read_text(LAYOUT.config))
         if to_yaml(old) != to_yaml(cfg):
             raise ValueError(f"cannot resume {store.uri}: its config.yaml differs from this config")
     elif not resume:
-        for name in RUN_STATE:
+        for name in LAYOUT.run_state:
             store.delete(name, recursive=True)
-    from areal_core.prepare import prepare_run
+    from areal_core.run.prepare import prepare_run
 
     return prepare_run(cfg), sft_key(cfg)
 
@@ -63,28 +61,42 @@ def sft(run_uri: str) -> str:
 
 def ensure_init_model(store: Store, init_model_uri: str) -> None:
     """Copy the SFT checkpoint into the run root when it came from another run (a cache hit)."""
-    if init_model_uri.rstrip("/") == store.url(INIT_MODEL):
+    if init_model_uri.rstrip("/") == store.url(LAYOUT.init_model):
         return
     src_root, _, name = init_model_uri.rstrip("/").rpartition("/")
     src = Store(src_root)
-    if not src.exists(f"{name}/COMMITTED"):
+    if not src.exists(LAYOUT.committed(name)):
         raise FileNotFoundError(
             f"the cached SFT checkpoint {init_model_uri} no longer exists: rerun with `pyflyte run --overwrite-cache`"
         )
-    for rel in src.find(name):
-        store.write_bytes(f"{INIT_MODEL}/{rel[len(name) + 1 :]}", src.read_bytes(rel))
+    store.copy_dir(name, LAYOUT.init_model, source=src)
+
+
+def open_run(store: Store, init_model_uri: str) -> tuple[RunConfig, Tracker]:
+    """Put the initial model in the run root and open the run's MLflow run (once: a retry or a
+    resumed run reuses the one recorded in tracking.json); returns (config, Tracker)."""
+    from areal_core.run.context import load_run_config
+
+    ensure_init_model(store, init_model_uri)
+    cfg = load_run_config(store)
+    return cfg, Tracker.create(store, cfg)
+
+
+def start_run(run_uri: str, init_model_uri: str, tags: dict[str, str]) -> str:
+    """The cluster's start: `open_run` with `tags` on the MLflow run, before the roles start."""
+    store = Store(run_uri)
+    _, tracker = open_run(store, init_model_uri)
+    for key, value in tags.items():
+        tracker.set_tag(key, value)
+    return store.uri
 
 
 def run_async_rl(run_uri: str, init_model_uri: str) -> str:
     """Start every role on this machine and wait for DONE; returns the final model's URI."""
-    from areal_core.launcher import launch
-    from areal_core.run_context import load_run_config
-    from areal_core.tracking import Tracker
+    from areal_core.run.launcher import launch
 
     store = Store(run_uri)
-    ensure_init_model(store, init_model_uri)
-    cfg = load_run_config(store)
-    tracker = Tracker.create(store, cfg)
+    cfg, tracker = open_run(store, init_model_uri)
     try:
         result = launch(
             store.uri, cfg.rollout.num_workers, cfg.reward.num_workers, cfg.launcher.timeout_s, cfg.launcher.progress
@@ -94,7 +106,7 @@ def run_async_rl(run_uri: str, init_model_uri: str) -> str:
         raise
     tracker.log_metrics({"wall_s": result["wall_s"]}, result["step"])
     log.info("async RL finished in %.1fs", result["wall_s"])
-    return store.url(FINAL_MODEL)
+    return store.url(LAYOUT.final_model)
 
 
 def evaluate_run(run_uri: str) -> dict[str, Any]:
@@ -107,15 +119,14 @@ def evaluate_run(run_uri: str) -> dict[str, Any]:
     from areal_core.evaluate import heldout_score
     from areal_core.models import load_pretrained
     from areal_core.prompts import load_prompts
-    from areal_core.run_context import load_run_config
-    from areal_core.tracking import Tracker
+    from areal_core.run.context import load_run_config
 
     store = Store(run_uri)
     cfg = load_run_config(store)
     torch.set_num_threads(max(2, cfg.threads_per_role))
     records = load_prompts(store, "eval")[: cfg.eval.num_samples]
     out: dict[str, Any] = {}
-    for label, rel in (("before", INIT_MODEL), ("after", FINAL_MODEL)):
+    for label, rel in (("before", LAYOUT.init_model), ("after", LAYOUT.final_model)):
         model, tokenizer = load_pretrained(store.url(rel), cfg.device)
         out[label] = heldout_score(model, tokenizer, cfg, records)
     out["gain"] = out["after"] - out["before"]
@@ -125,8 +136,8 @@ def evaluate_run(run_uri: str) -> dict[str, Any]:
     tracker.log_metrics({f"{metric}_before": out["before"], f"{metric}_after": out["after"]}, 0)
     if tracker.enabled:
         with tempfile.TemporaryDirectory() as tmp:
-            store.get_dir(FINAL_MODEL, tmp)
-            tracker.log_artifacts(tmp, "final_model")
+            store.get_dir(LAYOUT.final_model, tmp)
+            tracker.log_artifacts(tmp, LAYOUT.final_model)
     tracker.finish()
     what = f"agent success ({cfg.rollout.agent})" if cfg.rollout.agent else "greedy accuracy"
     print(f"held-out {what}: before RL {out['before']:.3f}, after RL {out['after']:.3f} ({out['gain']:+.3f})")
@@ -134,9 +145,9 @@ def evaluate_run(run_uri: str) -> dict[str, Any]:
 
 
 def metrics_rows(store: Store) -> list[dict[str, float]]:
-    if not store.exists("trainer/metrics.jsonl"):
+    if not store.exists(LAYOUT.metrics):
         return []
-    return [json.loads(line) for line in store.read_text("trainer/metrics.jsonl").splitlines() if line]
+    return [json.loads(line) for line in store.read_text(LAYOUT.metrics).splitlines() if line]
 
 
 def curves_html(rows: list[dict[str, float]], before: float, after: float) -> str:

@@ -1,5 +1,5 @@
 """Online retraining from live traffic: the proxy in front of a serving engine writes every
-finished session to a store (online mode: `python -m areal_core.proxy.server --store URI`); a
+finished session to a store (online mode: `python -m areal_core.proxy --store URI`); a
 scheduled run retrains on the sessions collected since the last run and registers the new
 model in MLflow only when it beats the current registered version.
 
@@ -30,9 +30,10 @@ import dataclasses
 import datetime
 import logging
 import tempfile
-from pathlib import Path
 from typing import Any
 
+from areal_core.logs import setup_logging
+from areal_core.online.registry import download, latest_version, register_if_better, store_files
 from areal_core.protocol import Sample, read_shard_or_quarantine
 from areal_core.store import FINAL_MODEL, Store
 
@@ -77,11 +78,12 @@ def advance(cursor: dict[str, int], shards: list[str]) -> dict[str, int]:
 def write_cursor(store: Store, cursor: dict[str, int], run: str) -> None:
     prev = store.read_json(CURSOR) if store.exists(CURSOR) else {"runs": []}
     runs = (prev.get("runs") or [])[-99:] + [run]
-    store.write_json(CURSOR, {"workers": cursor, "runs": runs, "updated_at": _now()})
+    store.write_json(CURSOR, {"workers": cursor, "runs": runs, "updated_at": run_stamp()})
 
 
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S")
+def run_stamp(at: datetime.datetime | None = None) -> str:
+    """A run id: the time `at` (default now, UTC) as YYYYmmddTHHMMSS."""
+    return (at or datetime.datetime.now(datetime.UTC)).strftime("%Y%m%dT%H%M%S")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -101,10 +103,10 @@ def regroup(samples: list[Sample], pool_id: str) -> list[Sample]:
 
 
 def train_on_sessions(model: Any, tokenizer: Any, samples: list[Sample], cfg: Any) -> list[dict[str, float]]:
-    """One pass of `ppo_update` over `samples` (see the module docstring); returns per-update metrics."""
+    """One pass of `train_step` over `samples` (see the module docstring); returns per-update metrics."""
     import torch
 
-    from areal_core.train.trainer import ppo_update
+    from areal_core.train.step import train_step
 
     torch.manual_seed(cfg.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, betas=(0.9, 0.99))
@@ -115,88 +117,14 @@ def train_on_sessions(model: Any, tokenizer: Any, samples: list[Sample], cfg: An
     model.train()
     for i in range(n_updates):
         batch = regroup(samples[bounds[i] : bounds[i + 1]], f"online-{i}")
-        metrics.append(ppo_update(model, opt, batch, cfg, tokenizer.pad_token_id))
+        metrics.append(train_step(model, opt, batch, cfg, tokenizer.pad_token_id))
     model.eval()
     return metrics
 
 
 # ---------------------------------------------------------------------------------------------
-# MLflow: the current version and register-if-better
+# The start model and the two halves of a run
 # ---------------------------------------------------------------------------------------------
-def latest_version(client: Any, name: str) -> Any | None:
-    """The newest version of registered model `name`, or None."""
-    from mlflow.exceptions import MlflowException
-
-    try:
-        versions = client.search_model_versions(f"name = '{name}'")
-    except MlflowException:
-        return None
-    return max(versions, key=lambda mv: int(mv.version), default=None)
-
-
-def register_if_better(
-    model_dir: str | Path,
-    model_name: str,
-    tracking_uri: str,
-    candidate_score: float,
-    current_score: float | None,
-    min_gain: float = 0.0,
-    experiment: str = "areal-flyte-online",
-    run_name: str = "online",
-    params: dict[str, Any] | None = None,
-    tags: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    """Log an MLflow run with both scores; register `model_dir` as a new version of `model_name`
-    only when there is no current version or candidate_score > current_score + min_gain.
-
-    Returns {"registered": bool, "model_uri": "models:/name/N" or the current one, "run_id"}.
-    """
-    import mlflow
-    from mlflow.exceptions import MlflowException
-
-    mlflow.set_tracking_uri(tracking_uri)
-    client = mlflow.MlflowClient(tracking_uri)
-    exp = client.get_experiment_by_name(experiment)
-    exp_id = exp.experiment_id if exp else client.create_experiment(experiment)
-    run = client.create_run(exp_id, run_name=run_name)
-    run_id = run.info.run_id
-    for k, v in (params or {}).items():
-        client.log_param(run_id, k, str(v)[:500])
-    client.log_metric(run_id, "candidate_score", candidate_score)
-    if current_score is not None:
-        client.log_metric(run_id, "current_score", current_score)
-    better = current_score is None or candidate_score > current_score + min_gain
-    current = latest_version(client, model_name)
-    out: dict[str, Any] = {
-        "registered": False,
-        "run_id": run_id,
-        "model_uri": f"models:/{model_name}/{current.version}" if current else "",
-    }
-    if better:
-        client.log_artifacts(run_id, str(model_dir), "model")
-        try:
-            client.get_registered_model(model_name)
-        except MlflowException:
-            client.create_registered_model(model_name, description="AReaL-Flyte online retraining")
-        mv = client.create_model_version(
-            model_name,
-            f"runs:/{run_id}/model",
-            run_id,
-            tags={**(tags or {}), "heldout_score": f"{candidate_score:.4f}"},
-            description=f"online retrain {run_name}",
-        )
-        out.update(registered=True, model_uri=f"models:/{model_name}/{mv.version}")
-    client.set_tag(run_id, "registered", str(out["registered"]).lower())
-    client.set_terminated(run_id)
-    log.info(
-        "candidate %.4f vs current %s: %s",
-        candidate_score,
-        "none" if current_score is None else f"{current_score:.4f}",
-        f"registered {out['model_uri']}" if out["registered"] else "not registered",
-    )
-    return out
-
-
 def _start_model(cfg: Any, model_name: str, tracking_uri: str) -> tuple[str, str]:
     """(local or fsspec path of the model to start from, its label): the newest registered version
     of `model_name`, else model.path."""
@@ -206,16 +134,12 @@ def _start_model(cfg: Any, model_name: str, tracking_uri: str) -> tuple[str, str
     current = latest_version(client, model_name) if cfg.tracking.enabled else None
     if current is not None:
         uri = f"models:/{model_name}/{current.version}"
-        mlflow.set_tracking_uri(tracking_uri)
-        return mlflow.artifacts.download_artifacts(uri), uri
+        return download(uri, tracking_uri), uri
     if not cfg.model.path:
         raise ValueError(f"no registered version of {model_name!r} and no model.path to start online retraining from")
     return cfg.model.path, cfg.model.path
 
 
-# ---------------------------------------------------------------------------------------------
-# The two halves of a run
-# ---------------------------------------------------------------------------------------------
 def retrain_candidate(
     config_path: str, overrides: str | list[str], sessions_uri: str, model_name: str, run_id: str = ""
 ) -> str:
@@ -226,12 +150,12 @@ def retrain_candidate(
     from areal_core.config import load_config, to_yaml
     from areal_core.evaluate import heldout_score
     from areal_core.models import load_pretrained, save_pretrained
-    from areal_core.pipeline import parse_overrides
-    from areal_core.tracking import tracking_uri as resolve_uri
+    from areal_core.run.pipeline import parse_overrides
+    from areal_core.run.tracking import tracking_uri as resolve_uri
 
     cfg = load_config(config_path or None, parse_overrides(overrides))
     torch.set_num_threads(max(1, cfg.threads_per_role))
-    run_id = run_id or _now()
+    run_id = run_id or run_stamp()
     run = Store(f"{Store(cfg.store).uri.rstrip('/')}/online/{run_id}")
     sessions = Store(sessions_uri or f"{Store(cfg.store).uri.rstrip('/')}/sessions")
     cursor = read_cursor(sessions)
@@ -301,21 +225,18 @@ def publish_candidate(run_uri: str, min_gain: float = 0.0) -> dict[str, Any]:
         "candidate_score": plan.get("candidate_score"),
     }
     if plan["trained"] and plan["tracking_uri"]:
-        with tempfile.TemporaryDirectory() as tmp:
-            run.get_dir(FINAL_MODEL, tmp)
-            Path(tmp, "COMMITTED").unlink(missing_ok=True)
-            reg = register_if_better(
-                tmp,
-                plan["model_name"],
-                plan["tracking_uri"],
-                plan["candidate_score"],
-                plan["current_score"],
-                min_gain,
-                experiment=plan["experiment"],
-                run_name=f"online-{plan['run_id']}",
-                params={"rows": plan["rows"], "shards": len(plan["shards"]), "start_model": plan["start_model"]},
-                tags={"run_uri": run.uri, "sessions": plan["sessions"], "start_model": plan["start_model"]},
-            )
+        reg = register_if_better(
+            store_files(run, FINAL_MODEL, drop=("COMMITTED",)),
+            plan["model_name"],
+            plan["tracking_uri"],
+            plan["candidate_score"],
+            plan["current_score"],
+            min_gain,
+            experiment=plan["experiment"],
+            run_name=f"online-{plan['run_id']}",
+            params={"rows": plan["rows"], "shards": len(plan["shards"]), "start_model": plan["start_model"]},
+            tags={"run_uri": run.uri, "sessions": plan["sessions"], "start_model": plan["start_model"]},
+        )
         out.update(registered=reg["registered"], model_uri=reg["model_uri"])
     if plan["shards"]:
         write_cursor(Store(plan["sessions"]), plan["cursor_after"], plan["run_id"])
@@ -333,3 +254,26 @@ def online_retrain(
 ) -> dict[str, Any]:
     """A whole online retraining run: `retrain_candidate` then `publish_candidate`."""
     return publish_candidate(retrain_candidate(config_path, overrides, sessions_uri, model_name, run_id), min_gain)
+
+
+def retrain_task(
+    config_path: str, overrides: str, sessions_uri: str, model_name: str, kickoff_time: datetime.datetime | None
+) -> str:
+    """The `retrain_on_sessions` task: `retrain_candidate` with the schedule's kickoff time (else
+    now) as the run id; returns the online run root."""
+    setup_logging()
+    return retrain_candidate(config_path, overrides, sessions_uri, model_name, run_stamp(kickoff_time))
+
+
+def publish_task(run_uri: str, min_gain: float) -> dict[str, Any]:
+    """The `register_if_better` task: `publish_candidate`, as {rows, registered, model_uri,
+    current_score, candidate_score} with -1.0 for a score that was not computed."""
+    setup_logging()
+    out = publish_candidate(run_uri, min_gain)
+    return {
+        "rows": out["rows"],
+        "registered": out["registered"],
+        "model_uri": out["model_uri"],
+        "current_score": float(out["current_score"] if out["current_score"] is not None else -1.0),
+        "candidate_score": float(out["candidate_score"] if out["candidate_score"] is not None else -1.0),
+    }

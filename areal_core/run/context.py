@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 
 import torch
 
 from areal_core.config import RunConfig, from_yaml_text
-from areal_core.store import Store
+from areal_core.store import LAYOUT, Store
 
 
 def load_run_config(store: Store) -> RunConfig:
-    if not store.exists("config.yaml"):
-        raise FileNotFoundError(f"{store.url('config.yaml')} is missing: the run was not prepared")
-    return from_yaml_text(store.read_text("config.yaml"))
+    if not store.exists(LAYOUT.config):
+        raise FileNotFoundError(f"{store.url(LAYOUT.config)} is missing: the run was not prepared")
+    return from_yaml_text(store.read_text(LAYOUT.config))
 
 
 def set_threads(n: int) -> None:
@@ -33,23 +32,3 @@ def wait_for_version(store: Store, timeout_s: float = 600.0, poll_s: float = 0.0
             raise TimeoutError(f"no weights/LATEST under {store.uri} after {timeout_s:.0f}s")
         time.sleep(poll_s)
     return v
-
-
-def setup_logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    quiet_libraries()
-
-
-def quiet_libraries() -> None:
-    """No per-file progress bars or deprecation chatter from transformers in role logs."""
-    import warnings
-
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    try:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.set_verbosity_error()
-        hf_logging.disable_progress_bar()
-    except ImportError:
-        pass

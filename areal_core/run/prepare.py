@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from areal_core.config import RunConfig, to_yaml
 from areal_core.prompts import write_prompts
-from areal_core.store import Store
+from areal_core.store import LAYOUT, Store
 
 
 def prepare_run(cfg: RunConfig) -> str:
@@ -18,6 +18,6 @@ def prepare_run(cfg: RunConfig) -> str:
     if not train or not held_out:
         raise ValueError(f"task {cfg.task.name!r} produced an empty split (train={len(train)}, eval={len(held_out)})")
     store = Store(cfg.store)
-    store.write_text("config.yaml", to_yaml(cfg))
+    store.write_text(LAYOUT.config, to_yaml(cfg))
     write_prompts(store, train, held_out)
     return store.uri

@@ -12,13 +12,28 @@ import os
 from pathlib import Path
 from typing import Any
 
-from areal_core.store import Store
+from areal_core.store import LAYOUT, Store
 
 log = logging.getLogger("areal.tracking")
 
 
 def tracking_uri(configured: str) -> str:
     return configured or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlruns.db'}"
+
+
+def mlflow_client(uri: str) -> Any:
+    """An MlflowClient on `uri`, also made the process's tracking URI (artifact downloads use it)."""
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    return mlflow.MlflowClient(uri)
+
+
+def new_run(client: Any, experiment: str, run_name: str, tags: dict[str, str] | None = None) -> str:
+    """Create an MLflow run in `experiment` (created when missing); returns its run id."""
+    exp = client.get_experiment_by_name(experiment)
+    exp_id = exp.experiment_id if exp else client.create_experiment(experiment)
+    return client.create_run(exp_id, run_name=run_name, tags=tags).info.run_id
 
 
 class Tracker:
@@ -28,28 +43,19 @@ class Tracker:
         self.run_id, self.uri = run_id, uri
         self._client = None
         if run_id:
-            import mlflow
-
-            mlflow.set_tracking_uri(uri)
-            self._client = mlflow.MlflowClient(uri)
+            self._client = mlflow_client(uri)
 
     @classmethod
     def create(cls, store: Store, cfg: Any) -> Tracker:
         """Create the MLflow run for this training run (or reuse the one already recorded)."""
         if not cfg.tracking.enabled:
             return cls(None, "")
-        if store.exists("tracking.json"):
+        if store.exists(LAYOUT.tracking):
             return cls.attach(store)
-        import mlflow
-
         uri = tracking_uri(cfg.tracking.uri)
-        mlflow.set_tracking_uri(uri)
-        client = mlflow.MlflowClient(uri)
-        exp = client.get_experiment_by_name(cfg.tracking.experiment)
-        exp_id = exp.experiment_id if exp else client.create_experiment(cfg.tracking.experiment)
-        run = client.create_run(exp_id, run_name=cfg.name, tags={"store": store.uri})
-        store.write_json("tracking.json", {"run_id": run.info.run_id, "uri": uri})
-        tracker = cls(run.info.run_id, uri)
+        run_id = new_run(mlflow_client(uri), cfg.tracking.experiment, cfg.name, {"store": store.uri})
+        store.write_json(LAYOUT.tracking, {"run_id": run_id, "uri": uri})
+        tracker = cls(run_id, uri)
         from areal_core.config import to_flat_dict
 
         tracker.log_params(to_flat_dict(cfg))
@@ -57,9 +63,9 @@ class Tracker:
 
     @classmethod
     def attach(cls, store: Store) -> Tracker:
-        if not store.exists("tracking.json"):
+        if not store.exists(LAYOUT.tracking):
             return cls(None, "")
-        info = store.read_json("tracking.json")
+        info = store.read_json(LAYOUT.tracking)
         return cls(info["run_id"], info["uri"])
 
     @property

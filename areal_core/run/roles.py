@@ -1,0 +1,104 @@
+"""Command-line entry point for every role, used by the launcher and by `pyflyte run` tasks.
+
+python -m areal_core.run.roles trainer --run-uri s3://bucket/run
+python -m areal_core.run.roles rollout --run-uri runs/default --index 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from areal_core.logs import setup_logging
+from areal_core.store import LAYOUT
+
+
+def run_role(role: str, run_uri: str, index: int = 0) -> dict:
+    if role == "trainer":
+        return trainer_role(run_uri)
+    if role == "rollout":
+        from areal_core.run.context import load_run_config
+        from areal_core.store import Store
+
+        if load_run_config(Store(run_uri)).rollout.agent:  # agent episodes through an in-process proxy
+            from areal_core.proxy.agent import run_agent_rollout_worker
+
+            return run_agent_rollout_worker(run_uri, index)
+        from areal_core.rollout.worker import run_rollout_worker
+
+        return run_rollout_worker(run_uri, index)
+    if role == "reward":
+        from areal_core.reward.worker import run_reward_worker
+
+        return run_reward_worker(run_uri, index)
+    if role == "sft":
+        from areal_core.train.sft import run_sft
+
+        return {"init_model": run_sft(run_uri)}
+    raise ValueError(f"unknown role {role!r}")
+
+
+def trainer_role(run_uri: str) -> dict:
+    """The trainer on this process (every torchrun rank runs it), given the run's config, and on
+    rank 0 the MLflow tracker and the held-out greedy accuracy."""
+    from areal_core.evaluate import greedy_accuracy
+    from areal_core.prompts import load_prompts
+    from areal_core.run.context import load_run_config, set_threads
+    from areal_core.run.tracking import Tracker
+    from areal_core.store import Store
+    from areal_core.train.distributed import env_ranks
+    from areal_core.train.trainer import run_trainer
+
+    store = Store(run_uri)
+    cfg = load_run_config(store)
+    set_threads(cfg.threads_per_role)
+    main = env_ranks()[0] == 0
+    records = load_prompts(store, "eval")[: cfg.eval.num_samples] if main else []
+
+    def evaluate(model, tokenizer) -> float:
+        return greedy_accuracy(model, tokenizer, records, cfg.eval.max_new_tokens, cfg.eval.batch_size)
+
+    return run_trainer(run_uri, cfg, evaluate=evaluate, tracker=Tracker.attach(store) if main else None)
+
+
+ROLES = ("trainer", "rollout", "reward", "sft")
+
+
+def rollout_task(run_uri: str, index: int = 0) -> int:
+    """What a Flyte task of rollout worker `index` returns: the groups it started."""
+    setup_logging()
+    return int(run_role("rollout", run_uri, index)["groups"])
+
+
+def reward_task(run_uri: str, index: int = 0) -> int:
+    """What a Flyte task of reward worker `index` returns: the samples it graded."""
+    setup_logging()
+    return int(run_role("reward", run_uri, index)["graded"])
+
+
+def trainer_task(run_uri: str) -> str:
+    """What a Flyte task of the trainer returns: the final model's URI."""
+    setup_logging()
+    run_role("trainer", run_uri)
+    return final_model_uri(run_uri)
+
+
+def final_model_uri(run_uri: str) -> str:
+    return f"{run_uri.rstrip('/')}/{LAYOUT.final_model}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m areal_core.run.roles")
+    parser.add_argument("role", choices=ROLES)
+    parser.add_argument("--run-uri", required=True)
+    parser.add_argument("--index", type=int, default=0)
+    args = parser.parse_args(argv)
+    setup_logging()
+    result = run_role(args.role, args.run_uri, args.index)
+    print(json.dumps({"role": args.role, "index": args.index, "result": result}, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
