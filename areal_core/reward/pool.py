@@ -20,6 +20,8 @@ from typing import Any
 
 from areal_core.config.hooks import import_object
 
+DEFAULT_REWARD = "areal_core.reward.math:gsm8k_reward"
+
 
 @dataclass
 class RewardResult:

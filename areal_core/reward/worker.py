@@ -13,13 +13,11 @@ import zlib
 from areal_core.prompts import load_prompts
 from areal_core.protocol import read_shard_or_quarantine, write_shard
 from areal_core.reward.labels import apply_labels, load_labels
-from areal_core.reward.pool import RewardPool
+from areal_core.reward.pool import DEFAULT_REWARD, RewardPool
 from areal_core.run.context import load_run_config
 from areal_core.store import LAYOUT, Store
 
 log = logging.getLogger("areal.reward")
-
-DEFAULT_REWARD = "areal_core.reward.math:gsm8k_reward"
 
 
 def owner(path: str, num_workers: int) -> int:
