@@ -8,31 +8,44 @@ from typing import Any
 import torch
 
 from areal_core.models import chat_prompt
-from areal_core.reward.math import gsm8k_reward
-from areal_core.reward.pool import call_reward
+from areal_core.reward.pool import DEFAULT_REWARD, RewardPool
 from areal_core.rollout.engine import SamplingParams
 from areal_core.rollout.torch_engine import TorchEngine
 
 
 @torch.no_grad()
 def greedy_accuracy(
-    model, tokenizer, records: list[dict[str, Any]], max_new_tokens: int, batch_size: int, reward_fn=gsm8k_reward
+    model,
+    tokenizer,
+    records: list[dict[str, Any]],
+    max_new_tokens: int,
+    batch_size: int,
+    reward_fn: str = DEFAULT_REWARD,
+    timeout_s: float = 30.0,
 ) -> float:
-    """Mean verifier score of greedy completions (for math: the fraction answered correctly)."""
+    """Mean verifier score of greedy completions (for math: the fraction answered correctly).
+
+    `reward_fn` is an import path; every call runs in a RewardPool process with `timeout_s`
+    (a call past it is killed and scores 0), as in the reward workers."""
     if not records:
         raise ValueError("no held-out records to evaluate")
     was_training = model.training
     engine = TorchEngine(model, tokenizer.pad_token_id, tokenizer.eos_token_id)
     params = SamplingParams(max_new_tokens=max_new_tokens, greedy=True)
     correct = 0.0
-    for start in range(0, len(records), batch_size):
-        chunk = records[start : start + batch_size]
-        gens = engine.generate([chat_prompt(tokenizer, r["prompt"]) for r in chunk], params)
-        for r, g in zip(chunk, gens):
-            completion = tokenizer.decode(g.token_ids, skip_special_tokens=True)
-            correct += call_reward(
-                reward_fn, {"completion": completion, "reference": r["answer"], "meta": r.get("meta", {})}
-            ).reward
+    with RewardPool(reward_fn, size=1, timeout_s=timeout_s, retries=0) as pool:
+        for start in range(0, len(records), batch_size):
+            chunk = records[start : start + batch_size]
+            gens = engine.generate([chat_prompt(tokenizer, r["prompt"]) for r in chunk], params)
+            jobs = [
+                {
+                    "completion": tokenizer.decode(g.token_ids, skip_special_tokens=True),
+                    "reference": r["answer"],
+                    "meta": r.get("meta", {}),
+                }
+                for r, g in zip(chunk, gens)
+            ]
+            correct += sum(res.reward for res in pool.grade(jobs))
     model.train(was_training)
     return correct / len(records)
 
@@ -69,7 +82,12 @@ def heldout_score(model, tokenizer, cfg: Any, records: list[dict[str, Any]]) -> 
             max_concurrent_episodes=cfg.agent.max_concurrent_episodes,
             tool_prompt=cfg.agent.tool_prompt,
         )
-    from areal_core.reward.pool import resolve
-
-    reward_fn = resolve(cfg.reward.function) if cfg.reward.function else gsm8k_reward
-    return greedy_accuracy(model, tokenizer, records, cfg.eval.max_new_tokens, cfg.eval.batch_size, reward_fn)
+    return greedy_accuracy(
+        model,
+        tokenizer,
+        records,
+        cfg.eval.max_new_tokens,
+        cfg.eval.batch_size,
+        cfg.reward.function or DEFAULT_REWARD,
+        cfg.reward.timeout_s,
+    )

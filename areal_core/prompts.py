@@ -9,7 +9,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from areal_core.store import Store
+from areal_core.store import LAYOUT, Store
 
 ROWS_PER_PART = 50_000
 
@@ -29,14 +29,14 @@ def write_prompts(store: Store, train: list[dict[str, Any]], held_out: list[dict
         )
         buf = io.BytesIO()
         pq.write_table(table, buf)
-        store.write_bytes(f"prompts/part-{part:05d}.parquet", buf.getvalue())
+        store.write_bytes(LAYOUT.prompts_part(part), buf.getvalue())
     return len(rows)
 
 
 def load_prompts(store: Store, split: str | None = None) -> list[dict[str, Any]]:
-    parts = store.find("prompts", ".parquet")
+    parts = store.find(LAYOUT.prompts_dir, ".parquet")
     if not parts:
-        raise FileNotFoundError(f"no prompts under {store.url('prompts')}: run the prepare step first")
+        raise FileNotFoundError(f"no prompts under {store.url(LAYOUT.prompts_dir)}: run the prepare step first")
     rows: list[dict[str, Any]] = []
     for part in parts:
         rows.extend(pq.read_table(io.BytesIO(store.read_bytes(part))).to_pylist())

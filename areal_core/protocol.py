@@ -6,6 +6,7 @@ counted by the reader; it never crashes the consumer.
 
 from __future__ import annotations
 
+import gzip
 import json
 import time
 from dataclasses import dataclass, field
@@ -13,7 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from areal_core.store import Store
+from areal_core.store import LAYOUT, Store
 
 SCHEMA_VERSION = "1"
 
@@ -67,6 +68,12 @@ class Sample:
 
     def response_ids(self) -> list[int]:
         return self.input_ids[self.prompt_len :]
+
+    def identity(self) -> str:
+        """The sample's content identity, whatever shard or path it was read from: the worker that
+        generated it and its sample id (unique per worker within a run). Consumers deduplicate
+        on it, so a shard copied under another name is not used twice."""
+        return f"{self.worker_id}/{self.sample_id}"
 
     def min_version(self) -> int:
         """Oldest policy version among the tokens the policy produced (-1 if none)."""
@@ -134,15 +141,35 @@ def decode_shard(data: bytes) -> list[Sample]:
         raise ShardError(f"bad values: {exc}") from None
 
 
+def unique(samples: list[Sample], seen: set[str]) -> list[Sample]:
+    """The samples whose identity is not in `seen` (nor earlier in `samples`); adds them to `seen`."""
+    out = []
+    for s in samples:
+        key = s.identity()
+        if key not in seen:
+            seen.add(key)
+            out.append(s)
+    return out
+
+
+def encode_identities(keys: list[str]) -> bytes:
+    """A set of sample identities as gzipped text, one a line (a checkpoint's or an online run's record)."""
+    return gzip.compress("\n".join(sorted(keys)).encode(), compresslevel=6, mtime=0)
+
+
+def decode_identities(data: bytes) -> list[str]:
+    return [key for key in gzip.decompress(data).decode().split("\n") if key]
+
+
 def write_shard(store: Store, rel: str, samples: list[Sample]) -> None:
     store.write_bytes(rel, encode_shard(samples))
 
 
 def quarantine(store: Store, rel: str, reason: str) -> str:
     """Move a bad shard under quarantine/ beside a JSON note with the reason; returns its new path."""
-    dst = "quarantine/" + rel.replace("/", "__")
+    dst = LAYOUT.quarantined(rel)
     store.move(rel, dst)
-    store.write_json(dst + ".reason.json", {"source": rel, "reason": reason, "time": time.time()})
+    store.write_json(LAYOUT.quarantine_reason(dst), {"source": rel, "reason": reason, "time": time.time()})
     return dst
 
 

@@ -1,36 +1,184 @@
-"""The run root on fsspec: the only channel between roles.
-
-Layout (DESIGN.md):
-    config.yaml, prompts/part-*.parquet, weights/v{N:06d}/ + MANIFEST.json, weights/LATEST,
-    trajectories/{ungraded,graded}/{worker}/{seq:08d}.arrow, trainer/checkpoints/step-{N}/,
-    status/{role}-{id}.json, quarantine/, DONE
+"""The run root on fsspec: the only channel between roles, and the `Layout` naming every path in it.
 
 Objects are written whole (local: temp file + rename; S3: one PUT), and a marker written
 after them makes a multi-file publication visible. Readers ignore anything unmarked.
+Folders move with fsspec's batched put/get/copy (concurrent; server-side copy on S3), markers last.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import tempfile
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import fsspec
 
-INIT_MODEL = "init_model"  # the policy RL starts from (after SFT), HF format
-FINAL_MODEL = "final_model"  # the trained policy, HF format, written before DONE
-DISCARDED_GROUPS = "trainer/discarded_groups.json"  # {"groups": D}: admission given back by the trainer
+
+class Layout:
+    """Every path under a run root, relative to it (DESIGN.md, "Store layout").
+
+    config.yaml                                   the resolved config of the run
+    prompts/part-{N:05d}.parquet                  the prepared prompt set
+    weights/v{N:06d}/ + MANIFEST.json             one published version; weights/LATEST names the newest
+    trajectories/{ungraded,graded}/{worker}/{seq:08d}.arrow
+    trainer/checkpoints/step-{N:06d}/ + COMMITTED model, optimizer, pending samples, state
+    trainer/trained/step-{N:06d}.json             the audit record of one trained step
+    trainer/metrics.jsonl, trainer/discarded_groups.json
+    status/{role}-{id}.json                       heartbeats
+    LEASE.json                                    the owning run: run id, host/pid, heartbeat (run/ownership.py)
+    quarantine/{path with / as __}                shards that failed to parse, + .reason.json
+    DONE, tracking.json                           end of the run; the MLflow run it logs to
+    init_model/, final_model/ (+ COMMITTED)       the policy RL starts from and the trained one (HF)
+    labels/, exports/preference_pairs.parquet     human labels in; preference pairs out
+    sessions/ (a proxy store: trajectories/ + online/cursor.json + online/consumed/{run}.txt.gz),
+    online/{run}/: a retraining run
+    root (+ online_plan.json, online_result.json, online_samples.txt.gz)
+    """
+
+    # -- markers and file names --------------------------------------------------------------
+    committed_name = "COMMITTED"  # last file of a checkpoint, init_model/, final_model/
+    manifest_name = "MANIFEST.json"  # last file of a weights version (sha256 of every file)
+    latest_name = "LATEST"  # written after a version's manifest: the newest complete version
+    markers = (committed_name, manifest_name, latest_name)  # written after everything they mark
+
+    # -- top level -------------------------------------------------------------------------------
+    config = "config.yaml"
+    prompts_dir = "prompts"
+    weights_root = "weights"
+    latest = f"{weights_root}/{latest_name}"
+    trajectories_dir = "trajectories"
+    ungraded_dir = f"{trajectories_dir}/ungraded"
+    graded_dir = f"{trajectories_dir}/graded"
+    trainer_dir = "trainer"
+    checkpoints_dir = f"{trainer_dir}/checkpoints"
+    trained_dir = f"{trainer_dir}/trained"
+    metrics = f"{trainer_dir}/metrics.jsonl"
+    discarded_groups = f"{trainer_dir}/discarded_groups.json"  # {"groups": D}: admission given back by the trainer
+    status_dir = "status"
+    quarantine_dir = "quarantine"
+    done = "DONE"
+    lease = "LEASE.json"  # who owns the root; kept across runs (a new run replaces it, run/ownership.py)
+    tracking = "tracking.json"
+    init_model = "init_model"  # the policy RL starts from (after SFT), HF format
+    final_model = "final_model"  # the trained policy, HF format, written before DONE
+    labels_dir = "labels"
+    exports_dir = "exports"
+    preference_pairs = f"{exports_dir}/preference_pairs.parquet"
+    online_dir = "online"
+    online_consumed_dir = f"{online_dir}/consumed"  # in a sessions store: what each online run trained on
+    online_cursor = f"{online_dir}/cursor.json"  # in a sessions store: the last consumed shard per worker
+    online_plan = "online_plan.json"  # in an online retraining run root
+    online_result = "online_result.json"
+    online_samples = "online_samples.txt.gz"  # in an online retraining run root: identities of its rows
+    sessions_dir = "sessions"
+    # Everything that belongs to one training attempt (cleared for a new run; config, prompts,
+    # init_model and labels stay).
+    run_state = (weights_root, trajectories_dir, trainer_dir, status_dir, quarantine_dir, done, tracking, final_model)
+
+    # -- prompts -------------------------------------------------------------------------------
+    def prompts_part(self, part: int) -> str:
+        return f"{self.prompts_dir}/part-{part:05d}.parquet"
+
+    # -- weights ---------------------------------------------------------------------------------
+    def weights_dir(self, version: int) -> str:
+        return f"{self.weights_root}/v{version:06d}"
+
+    def weights_file(self, version: int, name: str) -> str:
+        return f"{self.weights_dir(version)}/{name}"
+
+    def manifest(self, version: int) -> str:
+        return self.weights_file(version, self.manifest_name)
+
+    @staticmethod
+    def weights_version(name: str) -> int | None:
+        """'v000012' (an entry of weights/) -> 12; None for anything else (LATEST)."""
+        return int(name[1:]) if name.startswith("v") and name[1:].isdigit() else None
+
+    # -- trajectories ------------------------------------------------------------------------------
+    def shard_dir(self, stage: str, worker: str) -> str:
+        """stage: 'ungraded' or 'graded'."""
+        return f"{self.trajectories_dir}/{stage}/{worker}"
+
+    def shard(self, stage: str, worker: str, seq: int) -> str:
+        return f"{self.shard_dir(stage, worker)}/{seq:08d}.arrow"
+
+    def ungraded_shard(self, worker: str, seq: int) -> str:
+        return self.shard("ungraded", worker, seq)
+
+    def graded_shard(self, worker: str, seq: int) -> str:
+        return self.shard("graded", worker, seq)
+
+    def graded_twin(self, ungraded: str) -> str:
+        """The graded shard a reward worker writes for an ungraded one (same worker and seq)."""
+        return ungraded.replace(f"{self.ungraded_dir}/", f"{self.graded_dir}/", 1)
+
+    def ungraded_twin(self, graded: str) -> str:
+        return graded.replace(f"{self.graded_dir}/", f"{self.ungraded_dir}/", 1)
+
+    @staticmethod
+    def shard_worker_seq(rel: str) -> tuple[str, int]:
+        """'trajectories/graded/proxy-0/00000041.arrow' -> ('proxy-0', 41)."""
+        parts = rel.split("/")
+        return parts[-2], int(parts[-1].split(".")[0])
+
+    # -- trainer ---------------------------------------------------------------------------------
+    def checkpoint_dir(self, step: int) -> str:
+        return f"{self.checkpoints_dir}/step-{step:06d}"
+
+    def checkpoint_file(self, step: int, name: str) -> str:
+        """A file of checkpoint `step`: model.safetensors, optimizer.pt, pending.arrow, state.json, ..."""
+        return f"{self.checkpoint_dir(step)}/{name}"
+
+    @staticmethod
+    def checkpoint_step(name: str) -> int | None:
+        """'step-000012' (an entry of trainer/checkpoints/) -> 12; None for anything else."""
+        return int(name[5:]) if name.startswith("step-") and name[5:].isdigit() else None
+
+    def committed(self, folder: str) -> str:
+        """The marker that makes `folder` (a checkpoint, init_model, final_model) visible."""
+        return f"{folder}/{self.committed_name}"
+
+    def trained_record(self, step: int) -> str:
+        return f"{self.trained_dir}/step-{step:06d}.json"
+
+    # -- status, quarantine, labels, online ------------------------------------------------------
+    def status(self, role: str, worker_id: str) -> str:
+        return f"{self.status_dir}/{role}-{worker_id}.json"
+
+    def quarantined(self, rel: str) -> str:
+        """Where a bad shard `rel` is moved: quarantine/ with its path flattened."""
+        return f"{self.quarantine_dir}/" + rel.replace("/", "__")
+
+    @staticmethod
+    def quarantine_reason(quarantined: str) -> str:
+        return quarantined + ".reason.json"
+
+    def labels_file(self, name: str) -> str:
+        return f"{self.labels_dir}/{name}"
+
+    def online_run(self, run_id: str) -> str:
+        return f"{self.online_dir}/{run_id}"
+
+    def online_consumed(self, run_id: str) -> str:
+        """In a sessions store: the identities of the samples online run `run_id` trained on."""
+        return f"{self.online_consumed_dir}/{run_id}.txt.gz"
 
 
-def weights_dir(version: int) -> str:
-    return f"weights/v{version:06d}"
+LAYOUT = Layout()
 
-
-def shard_name(stage: str, worker: str, seq: int) -> str:
-    return f"trajectories/{stage}/{worker}/{seq:08d}.arrow"
+# TODO(final merge): the names below serve train/trainer.py, weights/, rollout/, proxy/
+# and online/retrain.py until they use LAYOUT; delete them then.
+INIT_MODEL = LAYOUT.init_model
+FINAL_MODEL = LAYOUT.final_model
+DISCARDED_GROUPS = LAYOUT.discarded_groups
+weights_dir = LAYOUT.weights_dir
+shard_name = LAYOUT.shard
 
 
 def normalize_uri(uri: str) -> str:
@@ -53,8 +201,19 @@ def storage_options(uri: str) -> dict[str, Any]:
     return {}
 
 
+class RootLost(RuntimeError):
+    """This process no longer owns the run root (taken over, or its history wiped): the message says which."""
+
+
 class Store:
-    """A run root. All paths given to methods are relative to the root."""
+    """A run root. All paths given to methods are relative to the root.
+
+    A process whose run lost the root is fenced (`Store.fence`): from then on every operation of
+    every Store on that root raises RootLost, so a run that was taken over cannot write into the
+    new owner's data.
+    """
+
+    _fenced: dict[str, str] = {}  # root URI -> why this process may no longer touch it
 
     def __init__(self, uri: str):
         self.uri = normalize_uri(uri)
@@ -64,7 +223,17 @@ class Store:
     def __repr__(self) -> str:
         return f"Store({self.uri!r})"
 
+    @classmethod
+    def fence(cls, uri: str, reason: str | None) -> None:
+        """Fence this process out of the root `uri` with `reason` (None lifts the fence)."""
+        if reason is None:
+            cls._fenced.pop(normalize_uri(uri), None)
+        else:
+            cls._fenced[normalize_uri(uri)] = reason
+
     def path(self, rel: str = "") -> str:
+        if self._fenced and self.uri in self._fenced:
+            raise RootLost(self._fenced[self.uri])
         return f"{self.root}/{rel}" if rel else self.root
 
     def url(self, rel: str = "") -> str:
@@ -93,6 +262,45 @@ class Store:
             with open(self.path(rel), "rb") as f:
                 return f.read()
         return self.fs.cat_file(self.path(rel))
+
+    def read_versioned(self, rel: str) -> tuple[bytes, str] | None:
+        """The object and a version token for `write_if`; None when it does not exist."""
+        full = self.path(rel)
+        try:
+            if self.local:
+                with open(full, "rb") as f:
+                    return f.read(), _file_token(os.fstat(f.fileno()))
+            token = str(self.fs.info(full)["ETag"])  # before reading: a newer body only fails the write
+            return self.fs.cat_file(full), token
+        except FileNotFoundError:
+            return None
+
+    def write_if(self, rel: str, data: bytes, token: str | None) -> bool:
+        """Write `rel` only if it is still the version `token` (None: only if it does not exist);
+        False when another writer got there first. Local: under an O_EXCL lock file, then rename;
+        S3: a conditional PUT (If-None-Match / If-Match)."""
+        full = self.path(rel)
+        if not self.local:
+            kwargs = {"mode": "create"} if token is None else {"IfMatch": token}
+            try:
+                self.fs.pipe_file(full, data, **kwargs)
+            except (FileExistsError, FileNotFoundError):
+                return False
+            except OSError as exc:  # 412 Precondition Failed (If-Match)
+                if "precondition" in str(exc).lower().replace("-", ""):
+                    return False
+                raise
+            return True
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        with _lock_file(f"{os.path.dirname(full)}/.{os.path.basename(full)}.lock"):
+            try:
+                current: str | None = _file_token(os.stat(full))
+            except FileNotFoundError:
+                current = None
+            if current != token:
+                return False
+            self.write_bytes(rel, data)
+        return True
 
     def write_text(self, rel: str, text: str) -> None:
         self.write_bytes(rel, text.encode())
@@ -151,44 +359,118 @@ class Store:
         except FileNotFoundError:
             return []
 
+    # -- folders -------------------------------------------------------------------------------
     def put_dir(self, local_dir: str | Path, rel: str) -> None:
-        for path in sorted(Path(local_dir).rglob("*")):
-            if path.is_file():
-                self.write_bytes(f"{rel}/{path.relative_to(local_dir).as_posix()}", path.read_bytes())
+        """Upload every file under `local_dir` to `rel` in one batched fsspec put (concurrent on S3)."""
+        base = Path(local_dir)
+        names = sorted(p.relative_to(base).as_posix() for p in base.rglob("*") if p.is_file())
+        dsts = [self.path(_join(rel, n)) for n in names]
+        if self.local:
+            _makedirs(dsts)
+        _markers_last(self.fs.put, [str(base / n) for n in names], dsts, names)
 
     def get_dir(self, rel: str, local_dir: str | Path) -> None:
-        for name in self.find(rel):
-            dst = Path(local_dir) / os.path.relpath(name, rel)
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            dst.write_bytes(self.read_bytes(name))
+        """Download every object under `rel` ("" = the whole root) into `local_dir` in one batched get."""
+        found = self.find(rel)
+        names = [p[len(rel) + 1 :] if rel else p for p in found]
+        dsts = [str(Path(local_dir, n)) for n in names]
+        _makedirs(dsts)
+        _markers_last(self.fs.get, [self.path(p) for p in found], dsts, names)
+
+    def copy_dir(self, src: str, dst: str, source: Store | None = None) -> None:
+        """Copy the folder `src` of `source` (default: this store) to `dst` here without passing
+        the bytes through this process: fsspec's batched copy, server-side on S3. Between stores
+        on different filesystems it goes through a local temp folder."""
+        source = source or self
+        if type(source.fs) is not type(self.fs):
+            with tempfile.TemporaryDirectory() as tmp:
+                source.get_dir(src, tmp)
+                self.put_dir(tmp, dst)
+            return
+        found = source.find(src)
+        names = [p[len(src) + 1 :] if src else p for p in found]
+        dsts = [self.path(_join(dst, n)) for n in names]
+        if self.local:
+            _makedirs(dsts)
+        _markers_last(self.fs.copy, [source.path(p) for p in found], dsts, names)
 
     # -- markers and status ----------------------------------------------------------------
     def done(self) -> bool:
-        return self.exists("DONE")
+        return self.exists(LAYOUT.done)
 
     def latest_version(self) -> int | None:
         try:
-            return int(self.read_text("weights/LATEST").strip())
+            return int(self.read_text(LAYOUT.latest).strip())
         except (FileNotFoundError, ValueError):
             return None
 
     def discarded_groups(self) -> int:
         """Groups the trainer discarded untrained (they give their admission back); 0 if none yet."""
         try:
-            return int(self.read_json(DISCARDED_GROUPS)["groups"])
+            return int(self.read_json(LAYOUT.discarded_groups)["groups"])
         except (FileNotFoundError, KeyError, TypeError, ValueError):
             return 0
 
     def heartbeat(self, role: str, worker_id: str, **counters: Any) -> None:
         self.write_json(
-            f"status/{role}-{worker_id}.json", {"role": role, "id": worker_id, "time": time.time(), **counters}
+            LAYOUT.status(role, worker_id), {"role": role, "id": worker_id, "time": time.time(), **counters}
         )
 
     def statuses(self) -> dict[str, dict[str, Any]]:
         out = {}
-        for name in self.find("status", ".json"):
+        for name in self.find(LAYOUT.status_dir, ".json"):
             try:
                 out[name.rsplit("/", 1)[-1][:-5]] = self.read_json(name)
             except (json.JSONDecodeError, FileNotFoundError):
                 continue
         return out
+
+
+def _file_token(st: os.stat_result) -> str:
+    return f"{st.st_ino}-{st.st_mtime_ns}-{st.st_size}"
+
+
+@contextlib.contextmanager
+def _lock_file(lock: str, wait_s: float = 10.0, stale_s: float = 30.0) -> Iterator[None]:
+    """Hold `lock` (created with O_EXCL) for a few file operations; a lock older than `stale_s`
+    was left by a dead process and is broken."""
+    deadline = time.time() + wait_s
+    while True:
+        try:
+            os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            break
+        except FileExistsError:
+            try:
+                if time.time() - os.stat(lock).st_mtime > stale_s:
+                    os.unlink(lock)
+                    continue
+            except FileNotFoundError:
+                continue
+            if time.time() > deadline:
+                raise TimeoutError(f"{lock} held for {wait_s:.0f}s") from None
+            time.sleep(0.005)
+    try:
+        yield
+    finally:
+        os.unlink(lock)
+
+
+def _join(rel: str, name: str) -> str:
+    return f"{rel}/{name}" if rel else name
+
+
+def _makedirs(paths: list[str]) -> None:
+    for parent in {os.path.dirname(p) for p in paths}:
+        os.makedirs(parent, exist_ok=True)
+
+
+def _markers_last(
+    op: Callable[[list[str], list[str]], Any], srcs: list[str], dsts: list[str], names: list[str]
+) -> None:
+    """Run the batched fsspec transfer `op` on every file but the markers, then on the markers, so
+    a folder published this way becomes visible only once whole (atomic publish)."""
+    marker = [n.rsplit("/", 1)[-1] in LAYOUT.markers for n in names]
+    for last in (False, True):
+        idx = [i for i, m in enumerate(marker) if m is last]
+        if idx:
+            op([srcs[i] for i in idx], [dsts[i] for i in idx])

@@ -46,7 +46,7 @@ def main() -> None:
     from areal_core.rollout.engine import SamplingParams
     from areal_core.rollout.torch_engine import TorchEngine
     from areal_core.train.sft import sft_examples
-    from areal_core.train.trainer import ppo_update
+    from areal_core.train.step import train_step
     from datasets.arithmetic import generate
 
     agent = "areal_core.proxy.examples:calculator_agent"
@@ -104,7 +104,7 @@ def main() -> None:
         for step in range(1, a.steps + 1):
             rows = asyncio.run(groups([train[i] for i in prompt_order(len(train), step)[: a.b]]))
             model.train()
-            m = ppo_update(model, opt, rows, cfg, tok.pad_token_id)
+            m = train_step(model, opt, rows, cfg, tok.pad_token_id)
             model.eval()
             engine.version += 1
             out["reward_mean"].append(round(m["reward_mean"], 3))

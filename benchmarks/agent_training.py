@@ -22,7 +22,7 @@ import torch
 
 def _capture(store, every: int, stop: threading.Event, out: dict[int, dict]) -> None:
     """Copy the state dict of every `every`-th published version until `stop`."""
-    from areal_core.train.weights import load_state_dict
+    from areal_core.weights.reader import load_state_dict
 
     while not stop.is_set():
         latest = store.latest_version()
@@ -50,7 +50,7 @@ def main() -> None:
     from areal_core.prompts import load_prompts
     from areal_core.run import pipeline
     from areal_core.run.context import load_run_config
-    from areal_core.store import INIT_MODEL, Store
+    from areal_core.store import LAYOUT, Store
 
     setup_logging()
     t0 = time.time()
@@ -75,7 +75,7 @@ def main() -> None:
     cfg = load_run_config(store)
     records = load_prompts(store, "eval")[: cfg.eval.num_samples]
     if captured:
-        model, tokenizer = load_pretrained(store.url(INIT_MODEL), cfg.device)
+        model, tokenizer = load_pretrained(store.url(LAYOUT.init_model), cfg.device)
         for v in sorted(captured):
             if not captured[v]:
                 curve[v] = None

@@ -39,7 +39,7 @@ from areal_core.prompts import load_prompts
 from areal_core.run import pipeline
 from areal_core.run.context import load_run_config
 from areal_core.run.launcher import launch
-from areal_core.store import FINAL_MODEL, INIT_MODEL, Store
+from areal_core.store import LAYOUT, Store
 
 ALGOS = ["grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "naive_ppo"]
 EXTRA = ["gspo", "ppo_critic"]
@@ -103,7 +103,7 @@ def run_cell(algo: str, eta: int, args, base: list[str], init_uri: str) -> dict:
     t0 = time.time()
     launch(run_uri, 1, 1, timeout_s=args.cell_timeout, progress=False)
     wall = time.time() - t0
-    after = accuracy(store, FINAL_MODEL, args.eval)
+    after = accuracy(store, LAYOUT.final_model, args.eval)
     return {"algo": algo, "eta": eta, "after": after, "wall_s": wall, **summarise_metrics(store)}
 
 
@@ -186,7 +186,11 @@ def main() -> None:
         sft_uri, _ = pipeline.prepare("configs/default.yaml", [*base, f"store={args.root}/sft"])
         t0 = time.time()
         init = pipeline.sft(sft_uri)
-        meta = {"init": init, "sft_s": time.time() - t0, "before": accuracy(Store(sft_uri), INIT_MODEL, args.eval)}
+        meta = {
+            "init": init,
+            "sft_s": time.time() - t0,
+            "before": accuracy(Store(sft_uri), LAYOUT.init_model, args.eval),
+        }
         meta_path.write_text(json.dumps(meta))
     print(f"SFT: held-out accuracy {meta['before']:.3f}", flush=True)
     done = {(r["algo"], r["eta"]) for r in results}

@@ -16,7 +16,7 @@ import time
 from areal_core.logs import setup_logging
 from areal_core.run import pipeline
 from areal_core.run.launcher import launch
-from areal_core.store import INIT_MODEL, Store
+from areal_core.store import LAYOUT, Store
 
 
 def main() -> None:
@@ -42,7 +42,7 @@ def main() -> None:
         wall = time.time() - t0
         acc = pipeline.evaluate_run(run_uri)
         rows.append({"eta": eta, "wall_s": wall, "before": acc["before"], "after": acc["after"]})
-        assert store.exists(f"{INIT_MODEL}/COMMITTED")
+        assert store.exists(LAYOUT.committed(LAYOUT.init_model))
     sync = next((r["wall_s"] for r in rows if r["eta"] == 0), rows[0]["wall_s"])
     print(f"\nmachine: {platform.processor() or platform.machine()}, steps={args.steps}")
     print("| η | RL wall time (s) | speed-up vs η=0 | held-out acc before | after |")

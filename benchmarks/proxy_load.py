@@ -3,7 +3,7 @@ or mixed turns, with the proxy's overhead per call against calling the engine di
 
     PYTHONPATH=. .venv/bin/python benchmarks/proxy_load.py [--sessions 200] [--turns 5] [--out docs/benchmarks_proxy.md]
 
-The proxy runs as its own process (`python -m areal_core.proxy.server`, one torch thread)
+The proxy runs as its own process (`python -m areal_core.proxy`, one torch thread)
 over a tiny random Qwen2 checkpoint; the client is this process (one event loop, a minimal keep-alive HTTP/1.1 client).
 Half the sessions are keyed by their own API key, half by X-Session-Id under a shared key.
 
@@ -185,7 +185,7 @@ def main() -> None:
     server = subprocess.Popen(
         [
             sys.executable,
-            *os.environ.get("PROXY_LOAD_SERVER", "-m areal_core.proxy.server").split(),
+            *os.environ.get("PROXY_LOAD_SERVER", "-m areal_core.proxy").split(),
             "--model",
             tmp,
             "--port",

@@ -49,14 +49,10 @@ from areal_core.config import ModelConfig, RolloutConfig, TaskConfig
 from areal_core.models import build_tiny_model, build_tokenizer
 from areal_core.store import Store
 from areal_core.train.sft import sft_examples, sft_loss
-from areal_core.train.weight_delta import encode_delta
-from areal_core.train.weights import (
-    WeightPublisher,
-    load_state_dict,
-    load_weights_bytes,
-    sha256,
-    state_dict_bytes,
-)
+from areal_core.weights import sha256
+from areal_core.weights.delta import encode_delta
+from areal_core.weights.publisher import WeightPublisher, state_dict_bytes
+from areal_core.weights.reader import load_state_dict, load_weights_bytes
 from datasets.registry import load_task
 
 SIDE = {"config.json": b'{"model_type": "qwen2"}'}
@@ -100,26 +96,21 @@ def version_chain(cfg: ModelConfig, lr: float, steps: int, warmup: int, batch: i
 
 
 # -- the reader: the rollout worker's WeightWatcher in its own process ---------------------------
-class _Engine:
-    version = -1
-
-    def __init__(self, queue) -> None:
-        self.queue = queue
-
-    def stage_weights(self, version: int, state_dict: dict[str, torch.Tensor]) -> None:
-        self.queue.put((version, time.monotonic(), sum(t.numel() for t in state_dict.values())))
-
-
 def _reader(uri: str, poll_s: float, queue, stop) -> None:
-    from areal_core.rollout.worker import WeightWatcher
+    from areal_core.weights.watcher import WeightWatcher
 
     torch.set_num_threads(1)
-    watcher = WeightWatcher(Store(uri), _Engine(queue), poll_s)
+    store = Store(uri)
+
+    def on_version(version: int) -> None:  # what an in-process engine's receive does: read + verify
+        state_dict = load_state_dict(store, version)
+        queue.put((version, time.monotonic(), sum(t.numel() for t in state_dict.values())))
+
+    watcher = WeightWatcher(store, on_version, poll_s)
     watcher.start()
     queue.put(("ready", time.monotonic(), 0))
     stop.wait()
-    watcher.stop.set()
-    watcher.join(timeout=30)
+    watcher.stop()
 
 
 def publish_followed(uri: str, blobs: list[bytes], delta: bool, full_every: int, poll_s: float) -> list[dict]:

@@ -21,8 +21,9 @@ import os
 
 from flytekit import ImageSpec
 
+from areal_core.config.device import DEVICES
+
 REGISTRY = os.environ.get("AREAL_IMAGE_REGISTRY", "localhost:30000")
-DEVICES = ("cpu", "cuda", "npu")
 CUDA_ENGINES = ("vllm", "sglang")
 
 COMMON = [
@@ -37,6 +38,7 @@ COMMON = [
     "psycopg2-binary",  # MLflow server mode with a Postgres backend
     "math-verify",
     "pyyaml",
+    "pydantic>=2.6",
     "matplotlib",
     "flytekitplugins-kfpytorch",
 ]

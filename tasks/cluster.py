@@ -2,8 +2,8 @@
 `Elastic` task (torchrun; a PyTorchJob when nnodes > 1), plus the steps around them.
 
 Images, resources, accelerators, retries, timeouts and replica counts come from the cluster
-config read at import (tasks/resources.py: $AREAL_CLUSTER_CONFIG, default configs/cluster.yaml),
-because Flyte fixes them at registration. The pools and the trainer share nothing but the run
+config read at import (areal_core/config/cluster.py: $AREAL_CLUSTER_CONFIG, default
+configs/cluster.yaml), because Flyte fixes them at registration. The pools and the trainer share nothing but the run
 root: each stops when the trainer writes DONE, and each resumes from the store when Flyte
 retries it (rollout workers continue their sequence numbers, reward workers skip shards whose
 graded twin exists, the trainer restores its newest committed checkpoint).
@@ -22,9 +22,10 @@ from flytekit.core.array_node_map_task import map_task
 from flytekit.core.context_manager import ExecutionState, FlyteContextManager
 from flytekitplugins.kfpytorch import Elastic
 
+from areal_core.config.cluster import ClusterConfig, load_cluster_config
 from images.specs import image_for
 from tasks.pipeline import Prepared
-from tasks.resources import ClusterConfig, load_cluster_config, task_kwargs
+from tasks.resources import task_kwargs
 
 CLUSTER: ClusterConfig = load_cluster_config()
 DEVICE = CLUSTER.device
@@ -154,13 +155,9 @@ if CLUSTER.trainer.shared_memory:
 @task(task_config=ELASTIC, container_image=IMAGE, environment=ENV, **_trainer_kwargs)
 def trainer_elastic(run_uri: str) -> str:
     """Every torchrun rank runs this; rank 0's return value is the task's: the final model's URI."""
-    from areal_core.distributed import run_trainer_rank
-    from areal_core.logs import setup_logging
-    from areal_core.run.roles import final_model_uri
+    from areal_core.run.roles import trainer_task
 
-    setup_logging()
-    run_trainer_rank(run_uri)
-    return final_model_uri(run_uri)
+    return trainer_task(run_uri)
 
 
 # The pools: every replica at once (concurrency = replicas), all must succeed (a missing rollout

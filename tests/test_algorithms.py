@@ -8,27 +8,18 @@ import pytest
 import torch
 import yaml
 
+from areal_core.config import ConfigError
+from areal_core.config.algorithm import PRESETS, AlgorithmConfig, from_preset
 from areal_core.train import advantages as A
-from areal_core.train.algorithm import (
-    PRESETS,
-    AlgorithmConfig,
-    compute_advantages,
-    compute_loss,
-    from_preset,
-    required_inputs,
-)
+from areal_core.train.algorithm import compute_advantages, compute_loss, required_inputs
 from areal_core.train.entropy import entropy_from_logits, logprobs_and_entropy_from_logits
 from areal_core.train.losses import (
     aggregate,
     behaviour_weights,
     critic_loss,
     decoupled_ppo_loss,
-    dpo_loss,
-    gspo_loss,
-    ipo_loss,
     kl_penalty,
     masked_mean,
-    ppo_loss,
     preference_loss,
     sequence_logprobs,
 )
@@ -244,7 +235,8 @@ def test_ratio_one_no_behaviour_gap_is_vanilla_policy_gradient(aggregation):
 def test_naive_ppo_uses_behaviour_as_old_policy():
     logp, behav = L(0.5, 0.2), L(0.4, 0.25)
     adv = torch.tensor([[1.0, -1.0]])
-    loss, _ = ppo_loss(logp, behav, adv, torch.ones(1, 2))
+    # what compute_loss does for algo.loss=ppo: π_old = π_behav, no behaviour correction
+    loss, _ = decoupled_ppo_loss(logp, behav, behav, adv, torch.ones(1, 2), behav_correction="none")
     ref, _ = decoupled_ppo_loss(logp, behav, behav, adv, torch.ones(1, 2))
     assert loss.item() == approx(ref.item())
     assert loss.item() == approx((-1.2 + 0.8) / 2, rel=1e-5)  # r = 1.25 clipped to 1.2; r = 0.8
@@ -254,9 +246,10 @@ def test_gspo_sequence_ratio_by_hand():
     logp, prox = L(0.55, 0.65), L(0.5, 0.5)  # token ratios 1.1, 1.3: s = sqrt(1.43)
     s = math.sqrt(1.1 * 1.3)
     adv, mask = torch.ones(1, 2), torch.ones(1, 2)
-    loss, st = gspo_loss(logp, prox, prox, adv, mask, eps_low=0.1, eps_high=0.3)
+    gspo = {"ratio_level": "sequence", "aggregation": "seq_mean_token_mean"}  # algo.loss=gspo
+    loss, st = decoupled_ppo_loss(logp, prox, prox, adv, mask, eps_low=0.1, eps_high=0.3, **gspo)
     assert loss.item() == approx(-s, rel=1e-5) and st["ratio_mean"] == approx(s, rel=1e-5)
-    loss, st = gspo_loss(logp, prox, prox, adv, mask, eps_low=0.1, eps_high=0.1)
+    loss, st = decoupled_ppo_loss(logp, prox, prox, adv, mask, eps_low=0.1, eps_high=0.1, **gspo)
     assert loss.item() == approx(-1.1, rel=1e-5) and st["clip_frac"] == 1.0
 
 
@@ -270,7 +263,7 @@ def test_gspo_equals_ppo_when_token_ratios_are_equal():
     adv = torch.tensor([[1.0], [-2.0], [0.5]]).expand(3, 5)
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [0, 1, 1, 1, 0]]).float()
     kw = {"aggregation": "seq_mean_token_mean", "behav_level": "geometric"}
-    a, sa = gspo_loss(logp, prox, behav, adv, mask, 0.2, 0.28, **kw)
+    a, sa = decoupled_ppo_loss(logp, prox, behav, adv, mask, 0.2, 0.28, ratio_level="sequence", **kw)
     b, sb = decoupled_ppo_loss(logp, prox, behav, adv, mask, 0.2, 0.28, **kw)
     assert a.item() == approx(b.item(), rel=1e-5) and sa["clip_frac"] == sb["clip_frac"] > 0
     ga, gb = (torch.autograd.grad(x, logits, retain_graph=True)[0] for x in (a, b))
@@ -307,18 +300,18 @@ def test_kl_estimators_by_hand_and_unbiased():
 
 def test_dpo_and_ipo():
     z = torch.zeros(3)
-    loss, st = dpo_loss(z, z, z, z, beta=0.1)
+    loss, st = preference_loss(z, z, z, z, beta=0.1, loss_type="dpo")
     assert loss.item() == approx(math.log(2)) and st["pref_accuracy"] == 0.0
     # h = (−1 − −2) − (−3 − −2) = 2; β h = 1
     pc, pr, rc, rr = (torch.tensor([v]) for v in (-1.0, -3.0, -2.0, -2.0))
-    loss, st = dpo_loss(pc, pr, rc, rr, beta=0.5)
+    loss, st = preference_loss(pc, pr, rc, rr, beta=0.5, loss_type="dpo")
     assert loss.item() == approx(-math.log(1 / (1 + math.exp(-1))), rel=1e-6)
     assert st["pref_margin"] == approx(1.0) and st["pref_accuracy"] == 1.0
-    loss, _ = dpo_loss(pc, pr, rc, rr, beta=0.5, label_smoothing=0.1)
+    loss, _ = preference_loss(pc, pr, rc, rr, beta=0.5, loss_type="dpo", label_smoothing=0.1)
     sig = 1 / (1 + math.exp(-1))
     assert loss.item() == approx(-0.9 * math.log(sig) - 0.1 * math.log(1 - sig), rel=1e-6)
-    assert ipo_loss(z, z, z, z, beta=0.5)[0].item() == approx(1.0)  # (0 − 1/(2β))²
-    assert ipo_loss(pc, pr, rc, rr, beta=0.5)[0].item() == approx(1.0)  # (2 − 1)²
+    assert preference_loss(z, z, z, z, beta=0.5, loss_type="ipo")[0].item() == approx(1.0)  # (0 − 1/(2β))²
+    assert preference_loss(pc, pr, rc, rr, beta=0.5, loss_type="ipo")[0].item() == approx(1.0)  # (2 − 1)²
     with pytest.raises(ValueError):
         preference_loss(z, z, z, z, loss_type="kto")
     logp, mask = torch.tensor([[9.0, -1.0, -2.0]]), torch.tensor([[0.0, 1.0, 1.0]])
@@ -454,9 +447,9 @@ def test_validation_names_the_key():
         ({"kl_coef": -1.0}, "kl_coef"),
         ({"overlong_max_len": 4, "overlong_buffer": 8}, "overlong_buffer"),
     ]:
-        with pytest.raises(ValueError, match=f"algo.{key}"):
-            AlgorithmConfig(**bad).validate()
-    with pytest.raises(ValueError, match="preset"):
+        with pytest.raises(ConfigError, match=f"algo.{key}"):
+            AlgorithmConfig.from_data(bad, prefix="algo")
+    with pytest.raises(ConfigError, match="preset"):
         from_preset("a2c")
 
 
@@ -544,5 +537,5 @@ def test_yaml_examples_match_presets():
     for name in names:
         data = yaml.safe_load((folder / f"{name}.yaml").read_text())
         assert set(data) == {"algo"}, name
-        cfg = AlgorithmConfig(**(data["algo"] or {})).validate()
+        cfg = AlgorithmConfig.from_data(data["algo"] or {}, prefix="algo")
         assert cfg == from_preset(name), name

@@ -176,8 +176,9 @@ def _device_task(device: str, spec_yaml: dict, fn_task, elastic: dict | None = N
     from flytekit import task
     from flytekitplugins.kfpytorch import Elastic
 
+    from areal_core.config.cluster import PodSpec, TrainerSpec
     from images.specs import image_for
-    from tasks.resources import PodSpec, TrainerSpec, task_kwargs
+    from tasks.resources import task_kwargs
 
     spec = (TrainerSpec if elastic else PodSpec)(**spec_yaml)
     kwargs = task_kwargs(spec, device)
@@ -240,7 +241,8 @@ def test_npu_pods_request_ascend_devices_in_the_pod_spec():
 
 # -- the cluster config --------------------------------------------------------------------------
 def test_cluster_config_validation():
-    from tasks.resources import ClusterConfigError, cluster_config_from_dict, load_cluster_config
+    from areal_core.config import ConfigError
+    from areal_core.config.cluster import cluster_config_from_dict, load_cluster_config
 
     cfg = load_cluster_config(ROOT / "configs" / "cluster.yaml")
     assert cfg.world_size == cfg.trainer.nnodes * cfg.trainer.nproc_per_node
@@ -249,7 +251,7 @@ def test_cluster_config_validation():
         ({"device": "tpu"}, "'device' must be one of"),
         ({"reward": {"replicas": 0}}, "'reward.replicas' must be >= 1"),
         ({"trainer": {"backend": "megatron"}}, "megatron needs device cuda"),
-        ({"trainer": {"tensor_parallel": 2}}, "need backend megatron"),
+        ({"trainer": {"tensor_parallel": 2}}, "needs backend megatron"),
         ({"rollout": {"accelerators": 1}}, "must be 0 on device cpu"),
         ({"device": "cuda", "trainer": {"accelerators": 8, "nproc_per_node": 4}}, "must equal 'trainer.accelerators'"),
         (
@@ -257,15 +259,15 @@ def test_cluster_config_validation():
             "not a multiple of tensor_parallel x pipeline_parallel",
         ),
         ({"rollout": {"requests": {"gpu": "1"}}}, "must map cpu/mem/ephemeral_storage"),
-        ({"trainer": {"nnodes": "2"}}, "'trainer.nnodes' must be a int"),
+        ({"trainer": {"nnodes": "2"}}, "'trainer.nnodes' must be an integer"),
     ]
     for data, message in bad:
-        with pytest.raises(ClusterConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
             cluster_config_from_dict(data)
 
 
 def test_cluster_config_comes_from_the_environment(tmp_path, monkeypatch):
-    from tasks.resources import cluster_config_path, load_cluster_config
+    from areal_core.config.cluster import cluster_config_path, load_cluster_config
 
     data = cluster_yaml()
     data["rollout"]["replicas"] = 7
@@ -277,10 +279,10 @@ def test_cluster_config_comes_from_the_environment(tmp_path, monkeypatch):
 
 
 def test_prepare_forces_the_cluster_worker_counts_and_device(tmp_path):
+    from areal_core.config.cluster import cluster_config_from_dict
     from areal_core.run.context import load_run_config
     from areal_core.store import Store
     from tasks.cluster import prepare_for_cluster
-    from tasks.resources import cluster_config_from_dict
 
     cluster = cluster_config_from_dict({"rollout": {"replicas": 3}, "reward": {"replicas": 2}})
     overrides = " ".join([*TINY, f"store={tmp_path / 'runs'}", "rollout.num_workers=1"])
@@ -297,25 +299,6 @@ def test_cluster_workflow_refuses_the_local_executor(tmp_path):
     with pytest.raises(Exception, match="cannot do"):
         grpo_cluster(overrides=f"store={tmp_path / 'r'}")
     assert not (tmp_path / "r").exists()
-
-
-def test_elastic_ranks_never_train_twice_without_the_fsdp_integration(monkeypatch):
-    """Until the trainer runs every rank through areal_core.distributed, rank 0 trains alone and
-    the other ranks return at once (no second trainer publishing the same versions)."""
-    import areal_core.run.roles
-    from areal_core import distributed
-
-    calls = []
-    monkeypatch.setattr(areal_core.run.roles, "run_role", lambda role, uri, index=0: calls.append(role) or {"ok": 1})
-    monkeypatch.setattr(distributed, "trainer_supports_distributed", lambda: False)
-    for rank in (1, 0):
-        monkeypatch.setenv("RANK", str(rank))
-        monkeypatch.setenv("WORLD_SIZE", "2")
-        out = distributed.run_trainer_rank("file:///nowhere")
-        assert out == ({"ok": 1} if rank == 0 else {})
-    assert calls == ["trainer"]
-    monkeypatch.setattr(distributed, "trainer_supports_distributed", lambda: True)
-    assert distributed.run_trainer_rank("file:///nowhere") == {"ok": 1} and calls == ["trainer"] * 2
 
 
 # -- megatron backend (config checks only: unverified without a GPU) ------------------------------
@@ -364,8 +347,8 @@ def test_megatron_config_checks():
 
 def test_prepare_rejects_a_megatron_layout_that_does_not_fit_the_model(tmp_path):
     from areal_core.config import ConfigError
+    from areal_core.config.cluster import cluster_config_from_dict
     from tasks.cluster import prepare_for_cluster
-    from tasks.resources import cluster_config_from_dict
 
     cluster = cluster_config_from_dict(
         {"device": "cuda", "trainer": {"backend": "megatron", "tensor_parallel": 8, "nproc_per_node": 8}}

@@ -255,13 +255,13 @@ def test_rollout_worker_engine_crash_is_named_and_a_restart_resumes_from_the_sto
     from areal_core.protocol import decode_shard
     from areal_core.rollout import worker
     from areal_core.run import pipeline
-    from areal_core.store import INIT_MODEL, Store
-    from areal_core.train.weights import publish, state_dict_bytes
+    from areal_core.store import LAYOUT, Store
+    from areal_core.weights.publisher import publish, state_dict_bytes
 
     run_uri, _ = pipeline.prepare("", [*tiny_overrides, "rollout.engine=continuous"])
     pipeline.sft(run_uri)
     store = Store(run_uri)
-    m, _ = load_pretrained(store.url(INIT_MODEL))
+    m, _ = load_pretrained(store.url(LAYOUT.init_model))
     publish(store, 0, state_dict_bytes(m), {})
 
     real = ContinuousEngine.generate

@@ -19,7 +19,7 @@ from areal_core.protocol import decode_shard
 from areal_core.run import pipeline
 from areal_core.run.context import load_run_config
 from areal_core.run.launcher import start_role
-from areal_core.store import Store
+from areal_core.store import LAYOUT, Store
 from areal_core.train import checkpoint
 
 KILLS = {"trainer-0": 3, "rollout-0": 2, "reward-0": 2}
@@ -131,7 +131,7 @@ def test_roles_killed_at_random_points_and_restarted(tiny_overrides, tmp_path):
     assert set(trained) <= graded_ids
     final = checkpoint.committed_steps(store)[-1]
     assert final == cfg.train.steps
-    base = f"{checkpoint.PREFIX}/step-{final:06d}"
+    base = LAYOUT.checkpoint_dir(final)
     state = store.read_json(f"{base}/state.json")
     raw = store.read_bytes(f"{base}/pending.arrow")
     pending = {s.sample_id for s in decode_shard(raw)} if raw else set()

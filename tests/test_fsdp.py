@@ -1,9 +1,9 @@
-"""FSDP2 trainer step: one process vs two (gloo) on the same fixed batches.
+"""The one training step (`areal_core/train/step.py`): one process vs two FSDP2 ranks (gloo) on
+the same fixed batches.
 
-`distributed_ppo_step` splits each batch's rows across ranks and rescales every rank's
-token-mean loss, so the reduced gradient is the full batch's; the loss curve and the
-parameters after every step must match the single-process run (which is the trainer's own
-`ppo_update`) up to float reassociation.
+`train_step` splits each batch's groups across ranks and rescales every rank's loss, so the
+reduced gradient is the full batch's; the loss curve and the parameters after every step must
+match the single-process run (world size 1, no process group) up to float reassociation.
 """
 
 from __future__ import annotations
@@ -90,31 +90,29 @@ def make_optimizer(model, cfg):
     return torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=0.0, betas=(0.9, 0.99))
 
 
-def train_curve(step_fn, cfg, ctx=None) -> tuple[list[dict], dict[str, torch.Tensor]]:
-    from areal_core.distributed import full_state_dict, shard_model
+def train_curve(cfg, ctx=None) -> tuple[list[dict], dict[str, torch.Tensor]]:
+    from areal_core.train.distributed import full_state_dict, shard_model
+    from areal_core.train.step import train_step
 
     model = make_model(cfg)
     if ctx is not None:
         model = shard_model(model, ctx)
     opt = make_optimizer(model, cfg)
-    stats = []
-    for samples in fixed_batches():
-        if ctx is None:
-            stats.append(step_fn(model, opt, samples, cfg, 0))
-        else:
-            stats.append(step_fn(model, opt, samples, cfg, 0, ctx))
+    stats = [train_step(model, opt, samples, cfg, 0, ctx=ctx) for samples in fixed_batches()]
     return stats, full_state_dict(model, ctx) if ctx is not None else dict(model.state_dict())
 
 
 @pytest.mark.parametrize("minibatches,algo", [(1, "grpo"), (2, "grpo"), (2, "dr_grpo")])
-def test_one_process_step_is_the_trainers_ppo_update(minibatches, algo):
-    from areal_core.train.distributed_step import distributed_ppo_step
-    from areal_core.train.trainer import ppo_update
+def test_world_size_one_needs_no_process_group(minibatches, algo):
+    """The ordinary case: no process group, collectives are identities; a world-size-1 context
+    gives exactly the step without one, and it trains."""
+    from areal_core.train.distributed import DistContext
 
     torch.set_num_threads(1)
     cfg = run_config(minibatches, algo)
-    ref_stats, ref_sd = train_curve(ppo_update, cfg)
-    got_stats, got_sd = train_curve(distributed_ppo_step, cfg)
+    ref_stats, ref_sd = train_curve(cfg)
+    got_stats, got_sd = train_curve(cfg, DistContext(world_size=1))
+    assert not torch.distributed.is_initialized()
     for ref, got in zip(ref_stats, got_stats):
         for key in ("loss", "grad_norm", "clip_frac", "reward_mean", "response_tokens"):
             assert got[key] == pytest.approx(ref[key], rel=1e-5, abs=1e-7), key
@@ -124,7 +122,7 @@ def test_one_process_step_is_the_trainers_ppo_update(minibatches, algo):
 
 
 def test_groups_are_split_contiguously_and_a_rank_may_get_none():
-    from areal_core.train.distributed_step import rank_groups
+    from areal_core.train.step import rank_groups
 
     groups = torch.arange(5)
     assert [rank_groups(groups, r, 2).tolist() for r in range(2)] == [[0, 1, 2], [3, 4]]
@@ -145,13 +143,12 @@ def _fsdp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
         }
     )
     torch.set_num_threads(1)
-    from areal_core.distributed import init_distributed, shard_model, shutdown, state_dict_bytes_rank0
-    from areal_core.train.distributed_step import distributed_ppo_step
+    from areal_core.train.distributed import init_distributed, shard_model, shutdown, state_dict_bytes_rank0
 
     ctx = init_distributed("cpu", timeout_s=120)
     assert ctx.backend == "gloo" and ctx.world_size == world
     for minibatches, algo in CASES:
-        stats, sd = train_curve(distributed_ppo_step, run_config(minibatches, algo), ctx)
+        stats, sd = train_curve(run_config(minibatches, algo), ctx)
         if rank == 0:
             torch.save(sd, os.path.join(out_dir, f"state-{minibatches}-{algo}.pt"))
             with open(os.path.join(out_dir, f"stats-{minibatches}-{algo}.json"), "w") as f:
@@ -173,12 +170,10 @@ def test_two_process_fsdp2_matches_one_process(tmp_path):
     with only a masked dummy row."""
     import torch.multiprocessing as mp
 
-    from areal_core.train.distributed_step import distributed_ppo_step
-
     torch.set_num_threads(1)
     mp.spawn(_fsdp_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     for minibatches, algo in CASES:
-        ref_stats, ref_sd = train_curve(distributed_ppo_step, run_config(minibatches, algo))
+        ref_stats, ref_sd = train_curve(run_config(minibatches, algo))
         got_stats = json.loads((tmp_path / f"stats-{minibatches}-{algo}.json").read_text())
         ref_curve = [s["loss"] for s in ref_stats]
         got_curve = [s["loss"] for s in got_stats]

@@ -22,9 +22,9 @@ from areal_core.protocol import decode_shard
 from areal_core.run import pipeline
 from areal_core.run.context import load_run_config
 from areal_core.run.launcher import start_role
-from areal_core.store import Store
+from areal_core.run.roles import run_role
+from areal_core.store import LAYOUT, Store
 from areal_core.train import checkpoint
-from areal_core.train.trainer import run_trainer
 from tests.conftest import BIN, ROOT, TINY
 
 # graded groups with rewards that vary inside every group (the tiny model rarely solves a problem,
@@ -102,10 +102,10 @@ def read(store: Store, rel: str) -> list:
 def publish_initial_weights(store: Store) -> None:
     """weights/v0 as the trainer publishes it at start, so rollout can generate before it runs."""
     from areal_core.models import load_pretrained
-    from areal_core.store import INIT_MODEL
-    from areal_core.train.weights import hf_side_files, publish, state_dict_bytes
+    from areal_core.store import LAYOUT
+    from areal_core.weights.publisher import hf_side_files, publish, state_dict_bytes
 
-    model, tok = load_pretrained(store.url(INIT_MODEL), "cpu")
+    model, tok = load_pretrained(store.url(LAYOUT.init_model), "cpu")
     publish(store, 0, state_dict_bytes(model), hf_side_files(model, tok))
 
 
@@ -146,7 +146,7 @@ def test_two_rank_trainer_matches_one_process_on_the_same_shards(tmp_path):
         ref = Store(str(tmp_path / "ref"))  # the same shards for the single-process trainer
         shutil.copytree(store.local_path(), ref.local_path(), ignore=shutil.ignore_patterns("status", ".*"))
         procs["trainer-fsdp"] = torchrun_trainer(store, tmp_path / "fsdp.log")
-        run_trainer(ref.uri)  # meanwhile, the reference: one trainer in this process
+        run_role("trainer", ref.uri)  # meanwhile, the reference: one trainer in this process
         wait_all(procs, 400)  # rollout and reward stop when the 2-rank trainer writes DONE
     finally:
         for p in procs.values():
@@ -180,7 +180,7 @@ def test_two_rank_trainer_matches_one_process_on_the_same_shards(tmp_path):
         torch.testing.assert_close(final_got[name], tensor, rtol=1e-4, atol=1e-5, msg=name)
     assert max(float((final_want[k] - init[k]).abs().max()) for k in init) > 1e-3
     # the 2-rank checkpoint has the single-process format (so it restores under any world size)
-    base = f"{checkpoint.PREFIX}/step-{steps:06d}"
+    base = LAYOUT.checkpoint_dir(steps)
     opt_got = torch.load(store.local_path(f"{base}/optimizer.pt"), weights_only=False)["optimizer"]
     opt_want = torch.load(ref.local_path(f"{base}/optimizer.pt"), weights_only=False)["optimizer"]
     assert set(opt_got["state"]) == set(opt_want["state"])
@@ -234,7 +234,7 @@ def test_two_rank_trainer_killed_mid_run_resumes_without_training_a_sample_twice
         newest = store.latest_version()
         ckpt = checkpoint.committed_steps(store)[-1]
         assert newest > ckpt  # the premise: published versions the checkpoint cannot reproduce
-        ck_sha = hashlib.sha256(store.read_bytes(f"{checkpoint.PREFIX}/step-{ckpt:06d}/model.safetensors")).hexdigest()
+        ck_sha = hashlib.sha256(store.read_bytes(LAYOUT.checkpoint_file(ckpt, "model.safetensors"))).hexdigest()
         for name in store.listdir("weights"):
             if name.startswith("v") and store.exists(f"weights/{name}/MANIFEST.json"):
                 manifests[int(name[1:])] = store.read_json(f"weights/{name}/MANIFEST.json")["files"]
@@ -273,8 +273,8 @@ def test_two_rank_trainer_killed_mid_run_resumes_without_training_a_sample_twice
     redone = [r for r in records if r["step"] >= ckpt]
     assert all(r["abandoned_versions"] == [list(a) for a in abandoned] for r in redone)
     # every graded sample: trained, dropped (stale or abandoned), pending or never consumed
-    final = store.read_json(f"{checkpoint.PREFIX}/step-{steps:06d}/state.json")
-    raw = store.read_bytes(f"{checkpoint.PREFIX}/step-{steps:06d}/pending.arrow")
+    final = store.read_json(LAYOUT.checkpoint_file(steps, "state.json"))
+    raw = store.read_bytes(LAYOUT.checkpoint_file(steps, "pending.arrow"))
     pending = {s.sample_id for s in decode_shard(raw)} if raw else set()
     dropped = {sid for r in records for sid, _ in r["dropped"] + r.get("abandoned", [])}
     consumed = set(final["consumed"])

@@ -8,7 +8,6 @@ import pytest
 
 from areal_core.protocol import Sample, decode_shard, encode_shard, write_shard
 from areal_core.reward.labels import (
-    PAIRS_PATH,
     Labels,
     LabelsError,
     apply_labels,
@@ -17,7 +16,7 @@ from areal_core.reward.labels import (
     preference_pairs,
     write_labels,
 )
-from areal_core.store import Store, shard_name
+from areal_core.store import LAYOUT, Store
 
 
 def sample(sid: str, prompt: str, reward: float | None, resp: list[int] | None = None, token_rewards=False) -> Sample:
@@ -155,13 +154,13 @@ def test_labelled_pairs_are_marked():
 
 
 def test_export_preference_pairs_to_parquet_on_the_store(store):
-    write_shard(store, shard_name("graded", "w0", 0), [sample("a", "p", 1.0, [10, 11]), sample("b", "p", 0.0, [12])])
-    write_shard(store, shard_name("graded", "w1", 0), [sample("c", "q", 0.0, [13]), sample("d", "q", 0.0, [14])])
-    store.write_bytes(shard_name("graded", "w2", 0), b"not arrow")
+    write_shard(store, LAYOUT.graded_shard("w0", 0), [sample("a", "p", 1.0, [10, 11]), sample("b", "p", 0.0, [12])])
+    write_shard(store, LAYOUT.graded_shard("w1", 0), [sample("c", "q", 0.0, [13]), sample("d", "q", 0.0, [14])])
+    store.write_bytes(LAYOUT.graded_shard("w2", 0), b"not arrow")
     labels = Labels.from_rows([{"sample_id": "d", "reward": 1.0, "label": "good"}])
     stats = export_preference_pairs(store, labels=labels, decode=lambda ids: "".join(chr(96 + i % 26) for i in ids))
     assert stats == {"pairs": 2, "samples": 4, "prompts": 2, "bad_shards": 1}
-    table = pq.read_table(io.BytesIO(store.read_bytes(PAIRS_PATH)))
+    table = pq.read_table(io.BytesIO(store.read_bytes(LAYOUT.preference_pairs)))
     rows = table.to_pylist()
     assert [(r["prompt_id"], r["chosen_sample_id"], r["rejected_sample_id"]) for r in rows] == [
         ("p", "a", "b"),
@@ -174,7 +173,7 @@ def test_export_preference_pairs_to_parquet_on_the_store(store):
 
 def test_export_without_decode_has_ids_only(tmp_path):
     store = Store(str(tmp_path / "run"))
-    write_shard(store, shard_name("graded", "w0", 0), [sample("a", "p", 1.0), sample("b", "p", 0.0)])
+    write_shard(store, LAYOUT.graded_shard("w0", 0), [sample("a", "p", 1.0), sample("b", "p", 0.0)])
     assert export_preference_pairs(store, out="exports/p.parquet")["pairs"] == 1
     names = pq.read_table(io.BytesIO(store.read_bytes("exports/p.parquet"))).schema.names
     assert "chosen" not in names and "chosen_ids" in names

@@ -13,7 +13,8 @@ import pytest
 
 from areal_core.protocol import Sample, encode_shard
 from areal_core.run import pipeline
-from areal_core.store import INIT_MODEL, Store, shard_name
+from areal_core.run.context import load_run_config
+from areal_core.store import LAYOUT, Store
 from areal_core.train import checkpoint
 from areal_core.train.lineage import Resume, holds_version_in, newest_published, resume_version
 from tests.conftest import TINY
@@ -100,11 +101,12 @@ def test_restart_from_an_older_checkpoint_never_reuses_a_published_version(tmp_p
     run_uri, _ = pipeline.prepare("", [*overrides, "train.checkpoint_every=3", "train.eta=10"])
     pipeline.sft(run_uri)
     store = Store(run_uri)
-    vocab = json.loads(store.read_text(f"{INIT_MODEL}/config.json"))["vocab_size"]
+    vocab = json.loads(store.read_text(f"{LAYOUT.init_model}/config.json"))["vocab_size"]
     rng = random.Random(0)
-    store.write_bytes(shard_name("graded", "w", 0), encode_shard(groups(rng, "a", 8, 0, vocab)))
+    store.write_bytes(LAYOUT.graded_shard("w", 0), encode_shard(groups(rng, "a", 8, 0, vocab)))
 
-    first = Trainer(run_uri)
+    cfg = load_run_config(store)
+    first = Trainer(run_uri, cfg)
     train_steps(first, 4)  # checkpoint after step 3, then v4 published without one
     before = manifests(store)
     assert sorted(before) == [0, 1, 2, 3, 4] and checkpoint.committed_steps(store) == [3]
@@ -112,18 +114,18 @@ def test_restart_from_an_older_checkpoint_never_reuses_a_published_version(tmp_p
 
     # while it was down, rollout sampled 2 groups with v4; 4 more groups are from v3
     late = groups(rng, "b", 2, 4, vocab) + groups(rng, "c", 4, 3, vocab)
-    store.write_bytes(shard_name("graded", "w", 1), encode_shard(late))
-    second = Trainer(run_uri)
+    store.write_bytes(LAYOUT.graded_shard("w", 1), encode_shard(late))
+    second = Trainer(run_uri, cfg)
     assert (second.state.step, second.state.version, second.state.abandoned) == (3, 5, [[4, 4]])
     assert store.latest_version() == 5
-    ck = store.read_bytes(f"{checkpoint.PREFIX}/step-000003/model.safetensors")
+    ck = store.read_bytes(LAYOUT.checkpoint_file(3, "model.safetensors"))
     assert manifests(store)[5] == hashlib.sha256(ck).hexdigest() == before[3]  # v5 = v3's weights
     train_steps(second, 1)  # publishes v6 (no checkpoint at step 4) ...
     del second  # ... and dies again
 
-    third = Trainer(run_uri)  # from step 3 again: v4..v6 abandoned, its weights as v7
+    third = Trainer(run_uri, cfg)  # from step 3 again: v4..v6 abandoned, its weights as v7
     assert (third.state.step, third.state.version, third.state.abandoned) == (3, 7, [[4, 6]])
-    third.run()
+    third.fit()
     done = store.read_json("DONE")
     assert done["step"] == 6 and done["version"] == 10
     after = manifests(store)

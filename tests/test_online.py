@@ -12,8 +12,10 @@ import torch
 from areal_core.config import load_config
 from areal_core.models import build_tiny_model, build_tokenizer, load_pretrained, save_pretrained
 from areal_core.online import registry, retrain
+from areal_core.proxy.app import create_app
 from areal_core.proxy.examples import calculator_agent, calculator_corpus
-from areal_core.proxy.server import ApiKeys, ProxyServer, create_app
+from areal_core.proxy.guard import ApiKeys
+from areal_core.proxy.runner import ProxyServer
 from areal_core.proxy.sessions import session_id_for_key
 from areal_core.rollout.engine import SamplingParams
 from areal_core.rollout.torch_engine import TorchEngine

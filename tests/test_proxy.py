@@ -20,6 +20,7 @@ import torch
 from areal_core.config import ModelConfig
 from areal_core.models import build_tiny_model, build_tokenizer, chat_prompt
 from areal_core.protocol import decode_shard
+from areal_core.proxy.app import create_app
 from areal_core.proxy.examples import (
     CALCULATOR_TOOL,
     ScriptedEngine,
@@ -28,7 +29,7 @@ from areal_core.proxy.examples import (
     scripted_calculator_reply,
     sft_calculator,
 )
-from areal_core.proxy.server import ProxyServer, create_app
+from areal_core.proxy.runner import ProxyServer
 from areal_core.proxy.templating import ChatMLTemplate, parse_tool_calls
 from areal_core.rollout.engine import Generation
 from areal_core.rollout.torch_engine import TorchEngine

@@ -316,7 +316,7 @@ def test_langchain_chat_openai_agent_through_the_proxy(data, tmp_path):
 def publish_init_model(store: Store, version: int) -> None:
     from areal_core.models import load_pretrained
     from areal_core.store import INIT_MODEL
-    from areal_core.train.weights import hf_side_files, publish, state_dict_bytes
+    from areal_core.weights.publisher import hf_side_files, publish, state_dict_bytes
 
     model, tok = load_pretrained(store.url(INIT_MODEL))
     publish(store, version, state_dict_bytes(model), hf_side_files(model, tok))
@@ -376,6 +376,7 @@ def test_agent_rollout_worker_on_a_vllm_engine(tiny_overrides, tmp_path):
     if not resolve_python(DEFAULT_PYTHON).exists():
         pytest.skip("vLLM venv absent (.venv-vllm/bin/python): run `make vllm-venv` to run this test")
     vllm = ["rollout.engine=vllm", "rollout.server.kv_cache_mb=64", "rollout.server.max_num_seqs=16"]
+    vllm += ["model.hidden_size=64", "model.num_heads=2"]  # vLLM's CPU attention needs head_dim >= 32
     run_uri, _ = pipeline.prepare("", [*tiny_overrides, *AGENT, *vllm, "train.eta=0", "rollout.group_size=2"])
     pipeline.sft(run_uri)
     follow_weights_until_done(Store(run_uri), run_uri, timeout_s=600)

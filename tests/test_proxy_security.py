@@ -13,8 +13,10 @@ import torch
 
 from areal_core.config import ModelConfig
 from areal_core.models import build_tiny_model, build_tokenizer
+from areal_core.proxy.app import create_app
 from areal_core.proxy.examples import ScriptedEngine
-from areal_core.proxy.server import ProxyLimits, ProxyServer, create_app
+from areal_core.proxy.guard import ProxyLimits
+from areal_core.proxy.runner import ProxyServer
 from areal_core.rollout.torch_engine import TorchEngine
 
 KEY_A, KEY_B = "sk-alice", "sk-bob"

@@ -1,4 +1,4 @@
-"""Verified staging for remote engines, vLLM version spans, the remote watcher, and the config keys."""
+"""Verified staging for remote engines, vLLM version spans, the weight watcher, and the config keys."""
 
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ import time
 import pytest
 
 from areal_core.config import ConfigError, load_config
-from areal_core.rollout.remote_factory import RemoteWeightWatcher
-from areal_core.rollout.remote_weights import prune_staged, stage_verified
 from areal_core.rollout.vllm_engine import VLLMEngineError, expand_spans
 from areal_core.rollout.vllm_server import VLLMServerSpec, server_command, server_env
 from areal_core.store import Store, weights_dir
-from areal_core.train.weights import WEIGHTS_FILE, WeightsError, publish
+from areal_core.weights import WEIGHTS_FILE, WeightsError
+from areal_core.weights.publisher import publish
+from areal_core.weights.reader import prune_staged, stage_verified
+from areal_core.weights.watcher import WeightWatcher
 
 
 @pytest.fixture
@@ -97,29 +98,47 @@ class FakeEngine:
     def __init__(self, fail_on: int | None = None):
         self.version, self.loaded, self.fail_on = 0, [], fail_on
 
-    def update_from_store(self, store, version):
+    def receive(self, store, version):
         if version == self.fail_on:
             raise RuntimeError("server died")
         self.loaded.append(version)
         self.version = version
 
 
-def test_remote_watcher_loads_new_versions_and_reports_failures(store):
+def test_watcher_delivers_new_versions_and_reports_failures(store):
     engine = FakeEngine()
-    w = RemoteWeightWatcher(store, engine, 0.01)
+    w = WeightWatcher(store, lambda v: engine.receive(store, v), 0.01, version=engine.version)
     w.start()
     publish(store, 2, b"w2", {})
     deadline = time.time() + 10
     while engine.version != 2 and time.time() < deadline:
         time.sleep(0.01)
-    assert engine.loaded == [2] and w.new_version.is_set()
-    w.stop.set()
-    w.join(timeout=5)
+    assert engine.loaded == [2] and w.wait(0) and w.version == 2
+    w.stop(timeout=5)
     broken = FakeEngine(fail_on=2)
-    w = RemoteWeightWatcher(store, broken, 0.01)
+    w = WeightWatcher(store, lambda v: broken.receive(store, v), 0.01, version=broken.version)
     w.start()
-    w.join(timeout=10)
-    assert not w.is_alive() and "server died" in str(w.error)
+    deadline = time.time() + 10
+    while w.alive() and time.time() < deadline:
+        time.sleep(0.01)
+    assert not w.alive() and "server died" in str(w.error)
+
+
+def test_watcher_retries_a_version_that_fails_its_checks(store):
+    publish(store, 1, b"w1", {})
+    seen: list[int] = []
+
+    def on_version(v: int) -> None:  # a version racing its publication: refused twice, then taken
+        seen.append(v)
+        if len(seen) < 3:
+            raise WeightsError(f"weights v{v}: model.safetensors fails its sha256 check")
+
+    w = WeightWatcher(store, on_version, 0.01, version=0).start()
+    deadline = time.time() + 10
+    while w.version != 1 and time.time() < deadline:
+        time.sleep(0.01)
+    w.stop(timeout=5)
+    assert seen == [1, 1, 1] and w.version == 1 and w.error is None
 
 
 def test_config_remote_engines():

@@ -3,6 +3,7 @@ import time
 
 import pytest
 
+from areal_core.config import ConfigError
 from areal_core.reward.math import extract_answer, gsm8k_reward
 from areal_core.reward.pool import RewardPool
 from tests.conftest import GSM8K
@@ -74,7 +75,7 @@ def test_pool_kills_hung_and_crashed_calls_and_keeps_serving():
 
 
 def test_pool_rejects_unknown_function():
-    with pytest.raises(ValueError, match="cannot be imported"):
+    with pytest.raises(ConfigError, match="config key 'reward.function': cannot import 'tests.nope:fn'"):
         RewardPool("tests.nope:fn")
-    with pytest.raises(ValueError, match="package.module:function"):
+    with pytest.raises(ConfigError, match="must look like 'pkg.module:function'"):
         RewardPool("no_colon")

@@ -273,7 +273,11 @@ def test_scores_fraction_of_tests_passed(sb):
     report = sb.run_tests(program, tests, parallel=2)
     assert (report.passed, report.total, report.score) == (2, 4, 0.5)
     assert [r.ok for r in report.results] == [True, False, False, True]
-    assert report.reasons() == ["exit code 1: AssertionError"]
+    # judged outside the sandbox, by value
+    assert report.reasons() == [
+        "assertion failed: add(-1, 1) == 0 (got -1)",
+        "assertion failed: add(-2, -2) == -4 (got 4)",
+    ]
 
 
 @pytest.mark.sandbox
@@ -382,7 +386,11 @@ def test_explain_reasons():
     lim = Limits(wall_s=2, cpu_s=1)
     assert explain(0, "", False, lim) == ""
     assert explain(-9, "", True, lim) == "timeout: wall clock over 2s (sandbox killed)"
-    assert explain(152, "", False, lim).startswith("cpu time limit")
+    assert explain(-24, "", False, lim).startswith("cpu time limit")  # SIGXCPU
+    assert explain(152, "", False, lim) == "exit code 152"  # an exit code, not 128 + a signal
+    assert explain(137, "", False, lim) == "exit code 137"
+    assert explain(-9, "", False, lim) == "cpu time or memory limit: killed by SIGKILL"
+    assert explain(0, "", False, lim, output_over=True) == f"output over limit: more than {lim.output_bytes} bytes"
     assert explain(1, "Traceback\nMemoryError\n", False, lim) == "memory limit: MemoryError"
     assert explain(1, "bwrap: Can't mount proc", False, lim) == "sandbox error: bwrap: Can't mount proc"
     assert explain(3, "ValueError: x", False, lim) == "exit code 3: ValueError: x"
@@ -444,7 +452,10 @@ def test_code_reward_info():
     out = code_reward(wrong, json.dumps({"tests": ADD_TESTS + ["assert add(0, 0) == 0"]}))
     assert out["reward"] == pytest.approx(1 / 3)
     assert out["info"]["passed"] == 1 and out["info"]["total"] == 3
-    assert out["info"]["failures"] == ["exit code 1: AssertionError"]
+    assert out["info"]["failures"] == [
+        "assertion failed: add(1, 2) == 3 (got -1)",
+        "assertion failed: add(-1, 1) == 0 (got -2)",
+    ]
     assert code_reward("no code", json.dumps({"tests": ADD_TESTS}))["info"]["error"].startswith("no code")
     assert code_reward(wrong, "#### 3")["info"]["error"] == "the task has no tests"
     # tests may come from meta when the reference is not a JSON spec

@@ -25,7 +25,8 @@ from areal_core.rollout.engine import SamplingParams
 from areal_core.rollout.sglang_engine import SGLangEngine, SGLangEngineError
 from areal_core.rollout.vllm_server import free_port
 from areal_core.store import Store, weights_dir
-from areal_core.train.weights import WEIGHTS_FILE, WeightsError, publish
+from areal_core.weights import WEIGHTS_FILE, WeightsError
+from areal_core.weights.publisher import publish
 
 VOCAB = 50
 STEP_S = 0.004  # stand-in decode time per token
@@ -214,7 +215,7 @@ def test_update_midflight_continues_under_new_weights(setup):
     )
     t.start()
     wait_tokens(server, 4 * 5)
-    assert engine.update_from_store(store, 1) is True
+    assert engine.receive(store, 1) is True
     t.join(timeout=60)
     keys = {0: hashlib.sha256(weights("A")).hexdigest(), 1: hashlib.sha256(weights("B")).hexdigest()}
     for g in box["g"]:
@@ -248,7 +249,7 @@ def test_stop_token_and_corrupt_version_refused(setup):
     publish(store, 2, weights("C"), side)
     store.write_bytes(f"{weights_dir(2)}/{WEIGHTS_FILE}", weights("tampered"))
     with pytest.raises(WeightsError, match="sha256"):
-        engine.update_from_store(store, 2)
+        engine.receive(store, 2)
     assert "/pause_generation" not in server.calls  # refused before the server was touched
     assert engine.version == 0 and server.weight_version == "0"
 

@@ -10,7 +10,7 @@ from areal_core.protocol import (
     read_shard_or_quarantine,
     write_shard,
 )
-from areal_core.store import Store, shard_name
+from areal_core.store import LAYOUT, Store
 
 
 def make_samples(n=3, version=0):
@@ -73,7 +73,7 @@ def test_wrong_schema_version_and_bad_lengths_are_rejected():
 
 
 def _quarantine_roundtrip(store: Store):
-    good, bad = shard_name("graded", "w", 0), shard_name("graded", "w", 1)
+    good, bad = LAYOUT.graded_shard("w", 0), LAYOUT.graded_shard("w", 1)
     write_shard(store, good, make_samples())
     store.write_bytes(bad, encode_shard(make_samples())[:100])
     assert len(read_shard_or_quarantine(store, good)) == 3

@@ -11,13 +11,14 @@ import pytest
 import torch
 from safetensors.torch import load as st_load
 
+from areal_core.config.algorithm import from_preset
 from areal_core.models import build_tiny_model
 from areal_core.run import pipeline
 from areal_core.run.context import load_run_config
 from areal_core.run.launcher import launch
 from areal_core.store import Store
 from areal_core.train import advantages as A
-from areal_core.train.algorithm import compute_loss, from_preset
+from areal_core.train.algorithm import compute_loss
 from areal_core.train.value_head import CRITIC_FILE, Critic, ValueModel
 from tests.conftest import ROOT
 
@@ -162,7 +163,7 @@ def test_ppo_critic_pipeline_runs_without_nan_and_checkpoints_but_never_publishe
     # a restarted trainer gets the critic back from the checkpoint
     from areal_core.train.trainer import Trainer
 
-    t = Trainer(store.uri)
+    t = Trainer(store.uri, load_run_config(store))
     assert t.state.step == 6 and t.critic is not None
     restored = t.critic.model.state_dict()
     assert all(torch.equal(restored[k], saved[k]) for k in saved)

@@ -16,18 +16,20 @@ import pytest
 import torch
 
 from areal_core.config import ModelConfig
+from areal_core.config.run import DEFAULT_VLLM_PYTHON, resolve_python
 from areal_core.models import build_tiny_model, build_tokenizer
 from areal_core.rollout.engine import SamplingParams
 from areal_core.rollout.vllm_engine import VLLMEngine
-from areal_core.rollout.vllm_server import DEFAULT_PYTHON, VLLMServerSpec, resolve_python
+from areal_core.rollout.vllm_server import VLLMServerSpec
 from areal_core.store import Store, weights_dir
-from areal_core.train.weights import WEIGHTS_FILE, WeightsError, hf_side_files, publish, state_dict_bytes
+from areal_core.weights import WEIGHTS_FILE, WeightsError
+from areal_core.weights.publisher import hf_side_files, publish, state_dict_bytes
 
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.slow,
     pytest.mark.skipif(
-        not resolve_python(DEFAULT_PYTHON).exists(),
+        not resolve_python(DEFAULT_VLLM_PYTHON).exists(),
         reason="vLLM venv absent (.venv-vllm/bin/python): run `make vllm-venv` to run these tests",
     ),
 ]
@@ -187,7 +189,7 @@ def test_stop_token_ends_generation_and_is_kept(vs):
 def test_reload_midflight_keep_relabels_and_reprefills(vs):
     vs.publish(1, "B")
     t, box = generate_in_thread(vs.engine, vs.prompts, SamplingParams(max_new_tokens=LONG, temperature=1.0), hold=True)
-    assert vs.engine.update_from_store(vs.store, 1) is True
+    assert vs.engine.receive(vs.store, 1) is True
     gens = joined(t, box)
     assert vs.engine.version == 1 and vs.engine.swaps == 1
     assert all(len(g.token_ids) == LONG for g in gens)  # no token lost, none duplicated
@@ -197,7 +199,7 @@ def test_reload_midflight_keep_relabels_and_reprefills(vs):
         vs.check_logprobs(prompt, g)
     health = vs.engine.health()
     assert health["ok"] and health["server_version"] == "1" and health["paused"] is False
-    assert vs.engine.update_from_store(vs.store, 1) is False  # not newer: nothing to do
+    assert vs.engine.receive(vs.store, 1) is False  # not newer: nothing to do
 
 
 def test_reload_with_equal_weights_gives_identical_greedy_tokens(vs):
@@ -205,7 +207,7 @@ def test_reload_with_equal_weights_gives_identical_greedy_tokens(vs):
     reference = vs.engine.generate(vs.prompts, params)  # uninterrupted, under v1 (B)
     vs.publish(2, "B")
     t, box = generate_in_thread(vs.engine, vs.prompts, params, hold=True)
-    vs.engine.update_from_store(vs.store, 2)
+    vs.engine.receive(vs.store, 2)
     gens = joined(t, box)
     assert_switch(gens, 1, 2)
     for ref, g in zip(reference, gens):
@@ -216,7 +218,7 @@ def test_reload_with_equal_weights_gives_identical_greedy_tokens(vs):
 def test_reload_on_abort_path_continues_under_new_weights(vs):
     vs.publish(3, "A")
     t, box = generate_in_thread(vs.engine, vs.prompts, SamplingParams(max_new_tokens=LONG, temperature=1.0), hold=True)
-    vs.engine.update_from_store(vs.store, 3, mode="abort")
+    vs.engine.receive(vs.store, 3, mode="abort")
     gens = joined(t, box)
     assert all(len(g.token_ids) == LONG and g.finish_reason == "length" for g in gens)
     assert_switch(gens, 2, 3)
@@ -268,11 +270,11 @@ def test_corrupt_version_is_refused_and_server_unchanged(vs):
     blob[-7] ^= 0xFF
     vs.store.write_bytes(f"{weights_dir(4)}/{WEIGHTS_FILE}", bytes(blob))
     with pytest.raises(WeightsError, match="sha256"):
-        vs.engine.update_from_store(vs.store, 4)
+        vs.engine.receive(vs.store, 4)
     vs.publish(5, "B")
     vs.store.write_text(f"{weights_dir(5)}/MANIFEST.json", "{not json")
     with pytest.raises(WeightsError, match="not JSON"):
-        vs.engine.update_from_store(vs.store, 5)
+        vs.engine.receive(vs.store, 5)
     assert vs.engine.version == 3 and vs.engine.server_version() == "3"
     after = vs.engine.generate(vs.prompts[:2], params)
     assert [g.token_ids for g in after] == [g.token_ids for g in before]

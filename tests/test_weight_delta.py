@@ -1,4 +1,4 @@
-"""Delta weight publication (areal_core/train/weights.py, `train.weight_delta`): bit-exact rebuild
+"""Delta weight publication (areal_core/weights/publisher.py, `train.weight_delta`): bit-exact rebuild
 over a chain of real AdamW steps, readers joining mid-chain, refusal of corrupt deltas, prune."""
 
 from __future__ import annotations
@@ -9,20 +9,11 @@ from safetensors.torch import load as st_load
 
 from areal_core.config import ConfigError, ModelConfig, load_config
 from areal_core.models import build_tiny_model
-from areal_core.rollout.remote_weights import stage_verified
 from areal_core.store import Store, weights_dir
-from areal_core.train.weight_delta import decode_delta, encode_delta
-from areal_core.train.weights import (
-    DELTA_FILE,
-    WEIGHTS_FILE,
-    WeightPublisher,
-    WeightsError,
-    load_state_dict,
-    load_weights_bytes,
-    prune,
-    sha256,
-    state_dict_bytes,
-)
+from areal_core.weights import DELTA_FILE, WEIGHTS_FILE, WeightsError, sha256
+from areal_core.weights.delta import decode_delta, encode_delta
+from areal_core.weights.publisher import WeightPublisher, prune, state_dict_bytes
+from areal_core.weights.reader import load_state_dict, load_weights_bytes, stage_verified
 
 SIDE = {"config.json": b'{"a": 1}'}
 

@@ -4,7 +4,9 @@ import torch
 from areal_core.config import ModelConfig
 from areal_core.models import build_tiny_model
 from areal_core.store import Store
-from areal_core.train.weights import WeightsError, load_state_dict, publish, state_dict_bytes
+from areal_core.weights import WeightsError
+from areal_core.weights.publisher import publish, state_dict_bytes
+from areal_core.weights.reader import load_state_dict
 
 
 def test_publish_then_load_verifies_checksums(tmp_path):

@@ -10,7 +10,7 @@ A cluster (`grpo_cluster`, `pyflyte run --remote` only): prepare -> SFT -> start
 register. The three middle nodes have no edges between them: they run concurrently, meet only
 in the run root, and each stops when the trainer writes DONE. Images, resources, retries and
 replica counts come from the cluster config read at import ($AREAL_CLUSTER_CONFIG, default
-configs/cluster.yaml; see tasks/resources.py and docs/cluster.md).
+configs/cluster.yaml; see areal_core/config/cluster.py and docs/cluster.md).
 
     AREAL_CLUSTER_CONFIG=configs/cluster.yaml pyflyte --config flyte.yaml run --remote \\
         workflows/grpo.py grpo_cluster --overrides "store=s3://my-bucket/runs/exp1"

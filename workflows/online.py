@@ -1,7 +1,7 @@
 """Online retraining on live traffic.
 
 The proxy in front of a serving engine writes every finished session to a store
-(`python -m areal_core.proxy.server --model <hf dir> --store s3://bucket/sessions --api-key ...`).
+(`python -m areal_core.proxy --model <hf dir> --store s3://bucket/sessions --api-key ...`).
 `online_retrain` trains on the sessions collected since the last run (a cursor on that store),
 evaluates the candidate against the current model on the task's held-out split, and registers
 it in MLflow only when it is better (areal_core/online/retrain.py):

@@ -23,7 +23,7 @@ from typing import Any
 
 from areal_core.logs import setup_logging
 from areal_core.run.tracking import Tracker, mlflow_client, new_run
-from areal_core.store import FINAL_MODEL, INIT_MODEL, Store
+from areal_core.store import LAYOUT, Store
 
 log = logging.getLogger("areal.registry")
 
@@ -143,11 +143,11 @@ def register_run(
     if not tracker.enabled:
         log.warning("tracking is disabled for %s: nothing registered", store.uri)
         return {}
-    if not store.exists(f"{FINAL_MODEL}/COMMITTED"):
-        raise FileNotFoundError(f"{store.url(FINAL_MODEL)} is not committed: the run has not finished")
+    if not store.exists(LAYOUT.committed(LAYOUT.final_model)):
+        raise FileNotFoundError(f"{store.url(LAYOUT.final_model)} is not committed: the run has not finished")
     client = mlflow_client(tracker.uri)
     run_id = tracker.run_id
-    done = store.read_json("DONE") if store.exists("DONE") else {}
+    done = store.read_json(LAYOUT.done) if store.exists(LAYOUT.done) else {}
     tags = {
         "device": device,
         "image": image,
@@ -157,16 +157,16 @@ def register_run(
         **{k: f"{v:.4f}" for k, v in (metrics or {}).items()},
     }
     out: dict[str, Any] = {}
-    items = [("final", model_name, "final_model", store_files(store, FINAL_MODEL), {})]
+    items = [("final", model_name, LAYOUT.final_model, store_files(store, LAYOUT.final_model), {})]
     steps = checkpoint.committed_steps(store) if include_checkpoint else []
     if steps:
         # a checkpoint holds model.safetensors; config and tokenizer come from init_model so it loads alone
         side = {
             rel.rsplit("/", 1)[-1]: store.read_bytes(rel)
-            for rel in store.find(INIT_MODEL)
-            if not rel.endswith(("model.safetensors", "COMMITTED"))
+            for rel in store.find(LAYOUT.init_model)
+            if not rel.endswith((checkpoint.MODEL_FILE, LAYOUT.committed_name))
         }
-        base = f"{checkpoint.PREFIX}/step-{steps[-1]:06d}"
+        base = LAYOUT.checkpoint_dir(steps[-1])
         files = store_files(store, base, side)
         items.append(
             (

@@ -1,12 +1,14 @@
 """Online retraining from live traffic: the proxy in front of a serving engine writes every
-finished session to a store (online mode: `python -m areal_core.proxy.server --store URI`); a
+finished session to a store (online mode: `python -m areal_core.proxy --store URI`); a
 scheduled run retrains on the sessions collected since the last run and registers the new
 model in MLflow only when it beats the current registered version.
 
 One run (`online_retrain`, or its two halves `retrain_candidate` then `publish_candidate`):
   1. plan: the graded session shards `trajectories/graded/{worker}/{seq}.arrow` of the sessions
      store past the cursor `online/cursor.json` ({worker: last consumed seq}; shard sequence
-     numbers only grow per worker, so the cursor is a high-water mark per worker);
+     numbers only grow per worker, so the cursor is a high-water mark per worker); of their rows,
+     each sample once and none an earlier run trained on (by `Sample.identity()`, recorded per
+     run in `online/consumed/{run}.txt.gz`: a shard copied under a new name is not retrained);
   2. start model: the newest registered version of `model_name`, else `model.path`;
   3. train: one pass over the new rows with the run's loss (decoupled PPO by default) in
      min(train.steps, ⌊rows / (train.batch_groups · rollout.group_size)⌋) near-equal updates
@@ -19,8 +21,8 @@ One run (`online_retrain`, or its two halves `retrain_candidate` then `publish_c
   5. register the candidate as a new version only if score_candidate > score_current + min_gain
      (the current model being the registered version the run started from, or before the first
      registration the base model.path);
-  6. move the cursor past the consumed shards (also when the candidate lost: those sessions were
-     used). A run that dies before step 6 leaves the cursor alone, so the next run retrains on
+  6. move the cursor past the consumed shards and record the rows' identities (also when the
+     candidate lost: those sessions were used). A run that dies before step 6 leaves the cursor alone, so the next run retrains on
      the same sessions again.
 """
 
@@ -34,8 +36,8 @@ from typing import Any
 
 from areal_core.logs import setup_logging
 from areal_core.online.registry import download, latest_version, register_if_better, store_files
-from areal_core.protocol import Sample, read_shard_or_quarantine
-from areal_core.store import FINAL_MODEL, Store
+from areal_core.protocol import Sample, decode_identities, encode_identities, read_shard_or_quarantine, unique
+from areal_core.store import FINAL_MODEL, LAYOUT, Store
 
 log = logging.getLogger("areal.online")
 
@@ -75,6 +77,15 @@ def advance(cursor: dict[str, int], shards: list[str]) -> dict[str, int]:
     return out
 
 
+def consumed_identities(store: Store) -> set[str]:
+    """The identities of every sample an earlier online run of this sessions store trained on."""
+    return {
+        key
+        for rel in store.find(LAYOUT.online_consumed_dir, ".txt.gz")
+        for key in decode_identities(store.read_bytes(rel))
+    }
+
+
 def write_cursor(store: Store, cursor: dict[str, int], run: str) -> None:
     prev = store.read_json(CURSOR) if store.exists(CURSOR) else {"runs": []}
     runs = (prev.get("runs") or [])[-99:] + [run]
@@ -103,10 +114,10 @@ def regroup(samples: list[Sample], pool_id: str) -> list[Sample]:
 
 
 def train_on_sessions(model: Any, tokenizer: Any, samples: list[Sample], cfg: Any) -> list[dict[str, float]]:
-    """One pass of `ppo_update` over `samples` (see the module docstring); returns per-update metrics."""
+    """One pass of `train_step` over `samples` (see the module docstring); returns per-update metrics."""
     import torch
 
-    from areal_core.train.trainer import ppo_update
+    from areal_core.train.step import train_step
 
     torch.manual_seed(cfg.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, betas=(0.9, 0.99))
@@ -117,7 +128,7 @@ def train_on_sessions(model: Any, tokenizer: Any, samples: list[Sample], cfg: An
     model.train()
     for i in range(n_updates):
         batch = regroup(samples[bounds[i] : bounds[i + 1]], f"online-{i}")
-        metrics.append(ppo_update(model, opt, batch, cfg, tokenizer.pad_token_id))
+        metrics.append(train_step(model, opt, batch, cfg, tokenizer.pad_token_id))
     model.eval()
     return metrics
 
@@ -160,7 +171,8 @@ def retrain_candidate(
     sessions = Store(sessions_uri or f"{Store(cfg.store).uri.rstrip('/')}/sessions")
     cursor = read_cursor(sessions)
     shards = new_shards(sessions, cursor)
-    samples = [s for rel in shards for s in (read_shard_or_quarantine(sessions, rel) or []) if s.reward is not None]
+    rows = [s for rel in shards for s in (read_shard_or_quarantine(sessions, rel) or []) if s.reward is not None]
+    samples = unique(rows, consumed_identities(sessions))
     uri = resolve_uri(cfg.tracking.uri)
     plan: dict[str, Any] = {
         "run_id": run_id,
@@ -174,6 +186,7 @@ def retrain_candidate(
         "trained": False,
     }
     run.write_text("config.yaml", to_yaml(cfg))
+    run.write_bytes(LAYOUT.online_samples, encode_identities([s.identity() for s in samples]))
     if len(samples) < 2:
         log.info("online run %s: %d new session rows, nothing to train", run_id, len(samples))
         run.write_json(PLAN, plan)
@@ -239,7 +252,9 @@ def publish_candidate(run_uri: str, min_gain: float = 0.0) -> dict[str, Any]:
         )
         out.update(registered=reg["registered"], model_uri=reg["model_uri"])
     if plan["shards"]:
-        write_cursor(Store(plan["sessions"]), plan["cursor_after"], plan["run_id"])
+        sessions = Store(plan["sessions"])
+        sessions.write_bytes(LAYOUT.online_consumed(plan["run_id"]), run.read_bytes(LAYOUT.online_samples))
+        write_cursor(sessions, plan["cursor_after"], plan["run_id"])
     run.write_json("online_result.json", out)
     return out
 

@@ -26,12 +26,15 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from areal_core.config.hooks import import_object
 from areal_core.protocol import Sample
-from areal_core.proxy.guard import context_limit
-from areal_core.proxy.server import ApiKeys, BatchingBackend, ProxyLimits, ProxyServer, as_backend, create_app
+from areal_core.proxy.app import create_app
+from areal_core.proxy.backend import BatchingBackend, as_backend
+from areal_core.proxy.guard import ApiKeys, ProxyLimits, context_limit
+from areal_core.proxy.runner import ProxyServer
 from areal_core.proxy.sessions import key_digest, session_id_for_key
 from areal_core.rollout.engine import SamplingParams
-from areal_core.rollout.workflow import RolloutWorkflow, WorkflowContext, import_object
+from areal_core.rollout.workflow import RolloutWorkflow, WorkflowContext
 
 log = logging.getLogger("areal.agent")
 
@@ -44,14 +47,6 @@ def quiet_http_clients() -> None:
     logger = logging.getLogger("httpx")
     if logger.level == logging.NOTSET:
         logger.setLevel(logging.WARNING)
-
-
-def load_agent(path: str) -> AgentFn:
-    """'package.module:function' -> the agent function."""
-    fn = import_object(path, key="rollout.agent")
-    if not asyncio.iscoroutinefunction(fn):
-        raise TypeError(f"agent {path} must be an async function (task, base_url, api_key) -> float")
-    return fn
 
 
 @dataclass
@@ -105,7 +100,7 @@ class AgentWorkflow(RolloutWorkflow):
         tool_prompt: str = "none",
         worker_id: str = "agent-0",
     ):
-        self.agent = load_agent(agent) if isinstance(agent, str) else agent
+        self.agent = import_object(agent, key="rollout.agent", coroutine=True) if isinstance(agent, str) else agent
         quiet_http_clients()
         self.tokenizer, self.group_size, self.worker_id = tokenizer, group_size, worker_id
         self.max_concurrent_groups = max(1, max_concurrent_episodes // group_size)
@@ -138,7 +133,7 @@ class AgentWorkflow(RolloutWorkflow):
                 sampling=self.sampling,
                 force_sampling=True,
             )
-            self.sessions = app.state.sessions
+            self.sessions = app.state.proxy.sessions
             self.server = ProxyServer(app).start()
         return self.server
 

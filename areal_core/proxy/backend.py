@@ -47,10 +47,6 @@ class BatchingBackend:
     def version(self) -> int:
         return int(getattr(self.engine, "version", 0))
 
-    def health(self) -> dict:
-        h = self.engine.health() if hasattr(self.engine, "health") else {"ok": True}
-        return {**h, "batching": dict(self.stats)}
-
     def submit(self, prompt_ids: list[int], params: SamplingParams) -> Future:
         fut: Future = Future()
         self._q.put((list(prompt_ids), params, fut, time.perf_counter()))
@@ -58,9 +54,6 @@ class BatchingBackend:
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         return await asyncio.wrap_future(self.submit(prompt_ids, params))
-
-    def generate_sync(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
-        return self.submit(prompt_ids, params).result()
 
     def close(self) -> None:
         self._stop.set()
@@ -145,9 +138,6 @@ class AsyncBackendAdapter:
     def version(self) -> int:
         return int(getattr(self.backend, "version", 0))
 
-    def health(self) -> dict:
-        return self.backend.health() if hasattr(self.backend, "health") else {"ok": True}
-
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         return await self.backend.generate(prompt_ids, params)
 
@@ -162,8 +152,3 @@ def as_backend(engine_backend: Any) -> Any:
     if inspect.iscoroutinefunction(getattr(engine_backend, "generate", None)):
         return AsyncBackendAdapter(engine_backend)
     return BatchingBackend(engine_backend)
-
-
-# ---------------------------------------------------------------------------------------------
-# API keys, request size, errors
-# ---------------------------------------------------------------------------------------------

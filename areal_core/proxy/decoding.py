@@ -1,14 +1,19 @@
-"""What the proxy serves from a generation: stop-string cuts, per-token text and log-probs, SSE frames.
+"""What the proxy serves from a generation: stop-string cuts, per-token text and log-probs,
+usage, and the SSE frames of a stream.
 
-Pure functions of the tokenizer and the generation; the routes in server.py call them.
+Pure functions of the tokenizer and the generation; the routes in routes/ call them. Every
+SSE frame of both streaming routes is built by `sse_chunk`.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
 from areal_core.rollout.engine import Generation
+
+SSE_DONE = b"data: [DONE]\n\n"
 
 
 def cut_at_stop(
@@ -29,6 +34,7 @@ def cut_at_stop(
 
 
 def token_logprobs(tokenizer: Any, gen: Generation) -> list[dict]:
+    """Chat `choices[0].logprobs.content`: one entry per served token."""
     out = []
     for t, lp in zip(gen.token_ids, gen.logprobs):
         s = tokenizer.decode([t])
@@ -36,19 +42,51 @@ def token_logprobs(tokenizer: Any, gen: Generation) -> list[dict]:
     return out
 
 
-def sse(obj: Any) -> bytes:
-    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+def completion_logprobs(tokenizer: Any, gen: Generation) -> dict:
+    """Legacy completions' `choices[0].logprobs`: tokens, their log-probs and text offsets
+    (offset_i = sum of len(token_j) for j < i)."""
+    toks = [tokenizer.decode([t]) for t in gen.token_ids]
+    offsets, pos = [], 0
+    for s in toks:
+        offsets.append(pos)
+        pos += len(s)
+    return {"tokens": toks, "token_logprobs": gen.logprobs, "top_logprobs": [{} for _ in toks], "text_offset": offsets}
 
 
-def text_pieces(tokenizer: Any, gen: Generation, text: str) -> list[str]:
-    """The visible text split per served token (pieces join to `text`)."""
-    pieces, prev = [], ""
+def usage(n_prompt: int, n_completion: int) -> dict:
+    """OpenAI's `usage`: total = prompt + completion tokens."""
+    return {"prompt_tokens": n_prompt, "completion_tokens": n_completion, "total_tokens": n_prompt + n_completion}
+
+
+def text_pieces(tokenizer: Any, gen: Generation, text: str) -> Iterator[str]:
+    """The visible text split per served token, lazily (the non-empty pieces join to `text`)."""
+    prev = ""
     for i in range(1, len(gen.token_ids) + 1):
         cur = tokenizer.decode(gen.token_ids[:i], skip_special_tokens=True)
         if cur.endswith("\ufffd") or not text.startswith(cur) or len(cur) <= len(prev):
             continue
-        pieces.append(cur[len(prev) :])
+        yield cur[len(prev) :]
         prev = cur
     if prev != text:
-        pieces.append(text[len(prev) :])
-    return [p for p in pieces if p]
+        yield text[len(prev) :]
+
+
+def sse_chunk(head: dict, choice: dict | None = None, **more: Any) -> bytes:
+    """One SSE frame `data: <json>\\n\\n`: the stream's `head` (id, object, created, model), then
+    `choices` (`choice` at index 0 with `logprobs: null`; empty when `choice` is None, as in
+    the usage chunk), then `more` (e.g. `areal`, `usage`)."""
+    choices = [] if choice is None else [{"index": 0, **choice, "logprobs": None}]
+    return b"data: " + json.dumps({**head, "choices": choices, **more}).encode() + b"\n\n"
+
+
+async def sse_stream(
+    head: dict, choices: Iterable[dict], final: dict, areal: dict, usage: dict | None
+) -> AsyncIterator[bytes]:
+    """A whole stream: one chunk per choice, the final chunk (with `finish_reason` and
+    `areal`), a usage chunk when `usage` is given, then `[DONE]`."""
+    for choice in choices:
+        yield sse_chunk(head, choice)
+    yield sse_chunk(head, final, areal=areal)
+    if usage is not None:
+        yield sse_chunk(head, usage=usage)
+    yield SSE_DONE

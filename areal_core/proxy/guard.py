@@ -14,7 +14,6 @@ from typing import Any
 from areal_core.proxy.sessions import key_digest
 
 
-@dataclass
 class ApiKeys:
     """The accepted API keys, kept as SHA-256 digests; keys can be added and revoked at run time."""
 

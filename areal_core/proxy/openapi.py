@@ -24,7 +24,7 @@ class _NoEngine:
 def build_openapi() -> dict[str, Any]:
     """The OpenAPI 3 document of `create_app` (built without a model)."""
     from areal_core.models import build_tokenizer
-    from areal_core.proxy.server import create_app
+    from areal_core.proxy.app import create_app
 
     app = create_app(_NoEngine(), build_tokenizer(["a"], 260))
     spec = app.openapi()

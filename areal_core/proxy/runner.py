@@ -55,11 +55,8 @@ class ProxyServer:
             time.sleep(0.01)
         return self
 
-    def call(self, coro: Any, timeout_s: float | None = 60.0) -> Any:
-        """Run a coroutine on the server's loop (e.g. the session manager's) and wait for it."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
-
     async def acall(self, coro: Any) -> Any:
+        """Run a coroutine on the server's loop (e.g. the session manager's) and await it here."""
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
 
     def stop(self) -> None:

@@ -29,7 +29,7 @@ from typing import Any
 from areal_core.protocol import Sample, write_shard
 from areal_core.proxy.templating import ChatMLTemplate, canonical
 from areal_core.rollout.engine import Generation
-from areal_core.store import Store, shard_name
+from areal_core.store import LAYOUT, Store
 
 
 class SessionError(Exception):
@@ -308,7 +308,7 @@ class Session:
 class ShardWriter:
     """Writes each finished session as one shard under the proxy's worker id (online mode).
 
-    Rows with a reward go to trajectories/graded/, others to trajectories/ungraded/ for the
+    Rows with a reward go to the graded stage, others to the ungraded stage for the
     reward workers. Sequence numbers continue after the worker's existing shards.
     """
 
@@ -316,9 +316,9 @@ class ShardWriter:
         self.store, self.worker_id = store, worker_id
         self._lock = threading.Lock()
         seqs = [
-            int(p.rsplit("/", 1)[-1].split(".")[0])
+            LAYOUT.shard_worker_seq(p)[1]
             for stage in ("graded", "ungraded")
-            for p in store.find(f"trajectories/{stage}/{worker_id}", ".arrow")
+            for p in store.find(LAYOUT.shard_dir(stage, worker_id), ".arrow")
         ]
         self.seq = max(seqs) + 1 if seqs else 0
 
@@ -331,7 +331,7 @@ class ShardWriter:
         with self._lock:
             for stage, rows in (("graded", graded), ("ungraded", ungraded)):
                 if rows:
-                    name = shard_name(stage, self.worker_id, self.seq)
+                    name = LAYOUT.shard(stage, self.worker_id, self.seq)
                     self.seq += 1
                     write_shard(self.store, name, rows)
                     names.append(name)

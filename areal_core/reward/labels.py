@@ -33,11 +33,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from areal_core.protocol import Sample, ShardError, decode_shard
-from areal_core.store import Store
+from areal_core.protocol import Sample, ShardError, decode_shard, unique
+from areal_core.store import LAYOUT, Store
 
-LABELS_DIR = "labels"
-PAIRS_PATH = "exports/preference_pairs.parquet"
 LABEL_FIELDS = ("sample_id", "prompt_id", "reward", "label", "annotator", "note")
 
 
@@ -109,7 +107,7 @@ def read_label_rows(store: Store, rel: str) -> list[dict[str, Any]]:
     return rows
 
 
-def load_labels(store: Store, prefix: str = LABELS_DIR) -> Labels:
+def load_labels(store: Store, prefix: str = LAYOUT.labels_dir) -> Labels:
     """Every labels file under `prefix`, in name order; an empty table when there is none."""
     labels = Labels()
     for rel in store.find(prefix):
@@ -121,7 +119,7 @@ def load_labels(store: Store, prefix: str = LABELS_DIR) -> Labels:
 def write_labels(store: Store, rows: list[dict[str, Any]], name: str = "labels.parquet") -> str:
     """Validate and publish a labels file under labels/ (Parquet or JSONL by its name); returns its path."""
     clean = [_clean_row(r, f"row {i}") for i, r in enumerate(rows)]
-    rel = f"{LABELS_DIR}/{name}"
+    rel = LAYOUT.labels_file(name)
     if name.endswith(".jsonl"):
         store.write_text(rel, "".join(json.dumps(r) + "\n" for r in clean))
     elif name.endswith(".parquet"):
@@ -217,12 +215,14 @@ PAIR_SCHEMA = pa.schema(
 )
 
 
-def read_graded(store: Store, prefix: str = "trajectories/graded") -> tuple[list[Sample], int]:
-    """All samples of the graded shards under `prefix`, and the number of unreadable shards skipped."""
-    samples, bad = [], 0
+def read_graded(store: Store, prefix: str = LAYOUT.graded_dir) -> tuple[list[Sample], int]:
+    """All samples of the graded shards under `prefix`, each once (by `Sample.identity()`: a copied
+    shard adds nothing), and the number of unreadable shards skipped."""
+    samples: list[Sample] = []
+    bad, seen = 0, set()
     for rel in store.find(prefix, ".arrow"):
         try:
-            samples.extend(decode_shard(store.read_bytes(rel)))
+            samples.extend(unique(decode_shard(store.read_bytes(rel)), seen))
         except ShardError:
             bad += 1
     return samples, bad
@@ -230,7 +230,7 @@ def read_graded(store: Store, prefix: str = "trajectories/graded") -> tuple[list
 
 def export_preference_pairs(
     store: Store,
-    out: str = PAIRS_PATH,
+    out: str = LAYOUT.preference_pairs,
     mode: str = "best_worst",
     min_margin: float = 0.0,
     decode: Callable[[list[int]], str] | None = None,

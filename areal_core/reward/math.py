@@ -1,23 +1,41 @@
 """Math verifiers: GSM8K final-answer match and a general expression check via math-verify.
 
-`gsm8k_reward(completion, reference) -> 1.0 | 0.0` finds the completion's final answer, in
-this order of precedence (the last occurrence of each wins):
+One final answer or none. `final_answer(completion)` finds the deciding marker, in this order
+of precedence (the first kind the completion contains, with a value, decides):
 
-1. `#### N` (the GSM8K reference format),
-2. `\\boxed{N}` (balanced braces; `\\frac{a}{b}`, `\\text{..}`, `\\$`, `\\%`, `{,}` understood),
-3. "the answer is N", "final answer: N", "Answer = N" (first number after the phrase),
-4. otherwise the last number in the text.
+1. `#### N` (the GSM8K reference format): the rest of each `####` line;
+2. `\\boxed{N}` / `\\fbox{N}` (balanced braces; `\\frac{a}{b}`, `\\text{..}`, `\\$`, `\\%`, `{,}`
+   understood): each box's contents, and the rest of the line after the last box;
+3. "the answer is N", "final answer: N", "Answer = N", "answer would be N": the rest of the
+   line after each phrase;
+4. otherwise the last number in the text (the last line that has one decides whether it is
+   hedged).
+
+The answer is *hedged*, and scores 0, when the deciding text names more than one distinct value:
+two numbers in one span (`#### 18, 3`, `The answer is either 18 or 3.`, `#### 18 or 19`,
+`\\boxed{18} or 3`, `answer is 7 apples and 3 pears`), occurrences of the same marker that
+disagree (`\\boxed{3} ... \\boxed{5}`, two `####` lines), or, without a marker, a last line
+that hedges with or/either/maybe/between (`It is 3 or 18.`). The same value written twice
+(`\\boxed{18} ... \\boxed{18.0}`) is one value.
 
 A number tolerates a sign (`-`, `−`), currency (`$ € £ ¥`, before or after the sign),
-thousands separators (`1,234,567`, `1{,}234`, `1\\,234`), decimals (`3.50`, `.5`), a
-fraction `a/b`, and whatever follows it (`km`, `%`, `dollars`). Comparison is exact on
-rationals: `18.0 == 18`, `0.5 == 1/2`. A separator that is not a thousands group
-(`3,4`) splits numbers. Number words ("twelve") are not read.
+thousands separators (`1,234,567`, `1{,}234`, `1\\,234`), decimals (`3.50`, `.5`), a fraction
+`a/b`, and a unit after it (`km`, `dollars`, `%`: a percent sign is read as a unit and never
+divides, so `1800%` is 1800, not 18). Comparison is exact on rationals: `18.0 == 18`,
+`0.5 == 1/2`. A separator that is not a thousands group (`3,4`, `1 000`) splits numbers, so
+the answer names two. Number words ("twelve") are not read.
+
+Every step is linear in the completion's length (one pass for braces, regular expressions
+without nested quantifiers over the same characters), so a megabyte of adversarial text
+grades in a fraction of a second; math-verify only ever sees the deciding span, capped at
+`MAX_SPAN` characters, under its own timeout.
 """
 
 from __future__ import annotations
 
 import re
+from collections import deque
+from dataclasses import dataclass
 from fractions import Fraction
 
 _DIGITS = r"(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?|\.\d+"
@@ -26,11 +44,17 @@ _SIGN = r"(?:(?<![\w)\]}.])[-−]\s?)?"
 _CUR = r"(?:[$€£¥]\s?(?P<s2>[-−]\s?)?)?"  # a sign after the currency: "$-5"
 _NUMBER = re.compile(r"(?P<s1>" + _SIGN + r")" + _CUR + r"(?P<num>" + _DIGITS + r")(?:\s?/\s?(?P<den>\d+)(?![\d.]))?")
 _HASH = re.compile(r"####")
+_DIGIT = re.compile(r"\d")
+_BOX = re.compile(r"\\(?:boxed|fbox)[ \t]*\{")
 _ANSWER_PHRASE = re.compile(
-    r"(?:final\s+answer|the\s+answer|answer)\s*(?:is|:|=|would\s+be|will\s+be|should\s+be)\s*:?", re.IGNORECASE
+    r"(?:final[ \t]+answer|the[ \t]+answer|answer)[ \t]*(?:is|:|=|would[ \t]+be|will[ \t]+be|should[ \t]+be)[ \t]*:?",
+    re.IGNORECASE,
 )
-_LATEX_FRAC = re.compile(r"\\[dt]?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}")
-_LATEX_TEXT = re.compile(r"\\(?:text|textbf|mathrm|mbox)\s*\{([^{}]*)\}")
+_HEDGE = re.compile(r"\b(?:or|either|maybe|perhaps|possibly|probably|between)\b|\\(?:lor|vee|pm)\b|±", re.IGNORECASE)
+_LATEX_FRAC = re.compile(r"\\[dt]?frac[ \t]*\{([^{}]*)\}[ \t]*\{([^{}]*)\}")
+_LATEX_TEXT = re.compile(r"\\(?:text|textbf|mathrm|mbox)[ \t]*\{([^{}]*)\}")
+_PAREN_FRAC = re.compile(r"\(( ?-?\d+(?:\.\d+)? ?)\)/\(( ?\d+ ?)\)")  # (a)/(b) from \frac
+MAX_SPAN = 500  # characters of a deciding span that math-verify parses (after the hedge checks on all of it)
 
 
 def _clean(text: str) -> str:
@@ -39,7 +63,7 @@ def _clean(text: str) -> str:
     text = _LATEX_FRAC.sub(r"(\1)/(\2)", text)
     text = _LATEX_TEXT.sub(r" \1 ", text)
     text = text.replace("\\$", "$").replace("\\%", "%").replace("\\left", "").replace("\\right", "")
-    text = re.sub(r"\((\s*-?\d+(?:\.\d+)?\s*)\)/\((\s*\d+\s*)\)", r"\1/\2", text)  # (a)/(b) from \frac
+    text = _PAREN_FRAC.sub(r"\1/\2", text)
     return text.replace("\u2212", "-").replace("\u00a0", " ").replace("\u202f", " ")
 
 
@@ -54,6 +78,22 @@ def _to_fraction(match: re.Match[str]) -> Fraction | None:
     return -value if negative else value
 
 
+def distinct_values(text: str, stop_after: int = 2) -> list[Fraction]:
+    """The distinct numbers of `text` in order of first appearance, at most `stop_after`
+    (enough to tell one value from a hedge); each distinct spelling is converted once."""
+    seen: dict[str, Fraction | None] = {}
+    values: list[Fraction] = []
+    for m in _NUMBER.finditer(_clean(text)):
+        if m.group() in seen:
+            continue
+        seen[m.group()] = value = _to_fraction(m)
+        if value is not None and value not in values:
+            values.append(value)
+            if len(values) >= stop_after:
+                break
+    return values
+
+
 def parse_number(text: str) -> Fraction | None:
     """The first number in `text`: '$1,234.50' -> Fraction(2469, 2); None when there is none."""
     m = _NUMBER.search(_clean(text))
@@ -61,40 +101,111 @@ def parse_number(text: str) -> Fraction | None:
 
 
 def last_number(text: str) -> Fraction | None:
-    found = list(_NUMBER.finditer(_clean(text)))
-    return _to_fraction(found[-1]) if found else None
+    last = deque(_NUMBER.finditer(_clean(text)), maxlen=1)
+    return _to_fraction(last[0]) if last else None
+
+
+def boxed_spans(text: str) -> list[tuple[int, int]]:
+    """(start, end) of the contents of every outermost `\\boxed{...}` / `\\fbox{...}`, braces
+    balanced; one pass over the text (nested boxes are inside their outer box's span)."""
+    spans, i = [], 0
+    for m in _BOX.finditer(text):
+        if m.start() < i:
+            continue  # inside the previous box
+        depth, j = 1, m.end()
+        while j < len(text) and depth:
+            c = text[j]
+            depth += 1 if c == "{" else -1 if c == "}" else 0
+            j += 1
+        if depth:
+            break  # unclosed: so is every later box (they are all inside it)
+        spans.append((m.end(), j - 1))
+        i = j
+    return spans
 
 
 def boxed_contents(text: str) -> list[str]:
-    """The contents of every `\\boxed{...}` (and `\\fbox{...}`), braces balanced."""
-    out = []
-    for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text):
-        depth, i = 1, m.end()
-        while i < len(text) and depth:
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            i += 1
-        if depth == 0:
-            out.append(text[m.end() : i - 1])
-    return out
+    """The contents of every outermost `\\boxed{...}` (and `\\fbox{...}`), braces balanced."""
+    return [text[a:b] for a, b in boxed_spans(text)]
+
+
+def _line_rest(text: str, start: int, stop: int | None = None) -> str:
+    """From `start` to the end of its line, or to `stop` if that comes first."""
+    end = text.find("\n", start, len(text) if stop is None else stop)
+    return text[start : end if end >= 0 else len(text) if stop is None else stop]
+
+
+def _marker_spans(text: str, pattern: re.Pattern[str]) -> list[str]:
+    """The text after each match of `pattern` to the end of its line or the next match:
+    the spans never overlap, so together they are at most as long as the text."""
+    spans, start = [], None
+    for m in pattern.finditer(text):
+        if start is not None:
+            spans.append(_line_rest(text, start, m.start()))
+        start = m.end()
+    if start is not None:
+        spans.append(_line_rest(text, start))
+    return spans
+
+
+@dataclass
+class Answer:
+    """The deciding text of a completion, and the distinct values it names."""
+
+    kind: str  # "####", "boxed", "phrase" or "last number"
+    spans: list[str]  # the deciding texts (one per occurrence of the marker)
+    values: list[Fraction]  # distinct values named, in order of first appearance (at most 2)
+    hedged: bool  # more than one distinct value, or a hedging last line
+
+    @property
+    def value(self) -> Fraction | None:
+        """The one final answer, or None when there is none or it is hedged."""
+        return self.values[0] if len(self.values) == 1 and not self.hedged else None
+
+
+def _decide(kind: str, spans: list[str]) -> Answer | None:
+    """The Answer from the spans of one marker kind; None when no span names a value."""
+    values: list[Fraction] = []
+    for span in spans:
+        if not _DIGIT.search(span):
+            continue
+        for v in distinct_values(span):
+            if v not in values:
+                values.append(v)
+        if len(values) > 1:
+            break
+    if not values:
+        return None
+    return Answer(kind, spans, values, hedged=len(values) > 1)
+
+
+def final_answer(completion: str) -> Answer | None:
+    """The completion's deciding span and values (see the module docstring); None without a number."""
+    for kind in ("####", "boxed", "phrase"):
+        if kind == "####":
+            spans = _marker_spans(completion, _HASH)
+        elif kind == "boxed":
+            boxes = boxed_spans(completion)
+            spans = [completion[a:b] for a, b in boxes]
+            if boxes:
+                spans.append(_line_rest(completion, boxes[-1][1] + 1))  # "\boxed{18} or 3"
+        else:
+            spans = _marker_spans(completion, _ANSWER_PHRASE)
+        answer = _decide(kind, spans)
+        if answer is not None:
+            return answer
+    for line in reversed(completion.splitlines()):
+        value = last_number(line)
+        if value is not None:
+            hedged = bool(_HEDGE.search(line)) and len(distinct_values(line)) > 1
+            return Answer("last number", [line], [value], hedged)
+    return None
 
 
 def extract_answer(completion: str) -> Fraction | None:
-    """The final answer of a completion (see the module docstring for the precedence)."""
-    hashes = list(_HASH.finditer(completion))
-    if hashes:
-        value = parse_number(completion[hashes[-1].end() :].split("\n", 1)[0])
-        if value is not None:
-            return value
-    for content in reversed(boxed_contents(completion)):
-        value = parse_number(content)
-        if value is not None:
-            return value
-    phrases = list(_ANSWER_PHRASE.finditer(completion))
-    if phrases:
-        value = parse_number(completion[phrases[-1].end() :][:120])
-        if value is not None:
-            return value
-    return last_number(completion)
+    """The one final answer of a completion; None when there is none or it is hedged."""
+    answer = final_answer(completion)
+    return answer.value if answer else None
 
 
 def reference_answer(reference: str) -> Fraction | None:
@@ -105,23 +216,59 @@ def reference_answer(reference: str) -> Fraction | None:
 
 
 def gsm8k_reward(completion: str, reference: str) -> float:
-    """1.0 when the completion's final answer equals the reference's numerically, else 0.0."""
+    """1.0 when the completion's one final answer equals the reference's numerically, else 0.0."""
     got, want = extract_answer(completion), reference_answer(reference)
     return 1.0 if got is not None and want is not None and got == want else 0.0
+
+
+def _strip_percent(text: str) -> str:
+    return text.replace("\\%", "").replace("%", "")
+
+
+_NOT_PLAIN = re.compile(r"[a-zA-Z^_{}()\[\]=*+\\]")  # anything that makes a span more than numbers
 
 
 def math_reward(completion: str, reference: str) -> float:
     """Expression-level equivalence (LaTeX, fractions, sets) by math-verify; 1.0 or 0.0.
 
-    A GSM8K-style reference (`... #### N`) is reduced to N first; when math-verify cannot
-    parse either side, the numeric GSM8K comparison decides.
+    math-verify parses only the deciding spans of `final_answer` (each box's contents, each
+    `####` line, each answer phrase's line, or the last line with a number), at most
+    `MAX_SPAN` characters each and 4 distinct spans, and every one of them must be equivalent
+    to the reference: boxes that disagree score 0. A span that hedges (or, either, maybe, ±,
+    ...) or is nothing but more than one distinct number (`18, 3`) scores 0. A percent sign is
+    a unit, never a division by 100. A GSM8K-style reference (`... #### N`) is reduced to N
+    first; when math-verify cannot parse a side, the numeric GSM8K comparison decides.
     """
     from math_verify import parse, verify
 
     if "####" in reference:
         reference = reference.rsplit("####", 1)[1].strip().replace(",", "")
-    gold = parse(reference)
-    pred = parse(completion)
-    if gold and pred:
-        return 1.0 if verify(gold, pred) else 0.0
-    return gsm8k_reward(completion, reference)
+    answer = final_answer(completion)
+    if answer is None:
+        return 0.0
+    spans = answer.spans
+    if answer.kind == "boxed":  # the boxes' contents; the rest of the last box's line may only not hedge
+        spans, after = spans[:-1], spans[-1]
+        if _HEDGE.search(after) or distinct_values(after, 1):
+            return 0.0
+    candidates = list(dict.fromkeys(_strip_percent(" ".join(s.split())) for s in spans if s.strip()))
+    if not candidates or len(candidates) > 4:
+        return 0.0
+    for text in candidates:
+        plain_values = distinct_values(text)
+        if len(plain_values) > 1 and (
+            _HEDGE.search(_LATEX_TEXT.sub(r" \1 ", text)) or not _NOT_PLAIN.search(_clean(text).replace("$", ""))
+        ):
+            return 0.0
+    gold = parse(_strip_percent(reference)[:MAX_SPAN], parsing_timeout=5)
+    for text in candidates:
+        # the last line without a marker: its end, where the answer is; otherwise the span's start
+        text = text[-MAX_SPAN:] if answer.kind == "last number" else text[:MAX_SPAN]
+        pred = parse(f"\\boxed{{{text}}}" if answer.kind == "boxed" else text, parsing_timeout=5)
+        if gold and pred:
+            ok = verify(gold, pred, timeout_seconds=5)
+        else:
+            ok = extract_answer(text) is not None and gsm8k_reward(text, reference) == 1.0
+        if not ok:
+            return 0.0
+    return 1.0

@@ -8,7 +8,6 @@ sample never stalls the other samples.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import multiprocessing as mp
 import time
@@ -19,26 +18,16 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from areal_core.config.hooks import import_object
+
+DEFAULT_REWARD = "areal_core.reward.math:gsm8k_reward"
+
 
 @dataclass
 class RewardResult:
     reward: float
     token_rewards: list[float] | None = None
     info: dict[str, Any] = field(default_factory=dict)
-
-
-def resolve(path: str) -> Callable[..., Any]:
-    """'package.module:function' -> the function; a clear error when it does not resolve."""
-    if ":" not in path:
-        raise ValueError(f"reward function '{path}' must look like 'package.module:function'")
-    module, name = path.split(":", 1)
-    try:
-        fn = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"reward function '{path}' cannot be imported: {exc}") from None
-    if not callable(fn):
-        raise ValueError(f"reward function '{path}' is not callable")
-    return fn
 
 
 def normalize(value: Any) -> RewardResult:
@@ -72,7 +61,7 @@ async def _await(awaitable: Any) -> Any:
 
 
 def _worker_main(conn: Connection, fn_path: str) -> None:
-    fn = resolve(fn_path)
+    fn = import_object(fn_path, key="reward.function")
     while True:
         try:
             msg = conn.recv()
@@ -102,7 +91,7 @@ class _Proc:
 
 class RewardPool:
     def __init__(self, fn_path: str, size: int = 1, timeout_s: float = 5.0, retries: int = 1):
-        resolve(fn_path)  # fail early, in the parent, with a clear message
+        import_object(fn_path, key="reward.function")  # fail early, in the parent, with a clear message
         self.fn_path, self.size, self.timeout_s, self.retries = fn_path, size, timeout_s, retries
         self._ctx = mp.get_context("fork")
         self._procs = [_Proc(self._ctx, fn_path) for _ in range(size)]

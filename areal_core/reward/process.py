@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass
 from fractions import Fraction
 from typing import Any
 
+from areal_core.config.hooks import import_object
 from areal_core.reward.math import gsm8k_reward
 
 MAX_EXPR_CHARS = 200
@@ -190,9 +191,7 @@ def wants_token_offsets(fn: Callable[..., Any] | str) -> bool:
     """Whether a reward function (or its 'pkg.module:function' path) takes `token_offsets`;
     the reward worker computes offsets only for those (they cost a decode per token)."""
     if isinstance(fn, str):
-        from areal_core.reward.pool import resolve
-
-        fn = resolve(fn)
+        fn = import_object(fn, key="reward.function")
     try:
         return "token_offsets" in inspect.signature(fn).parameters
     except (TypeError, ValueError):

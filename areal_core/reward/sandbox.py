@@ -22,17 +22,29 @@ is what makes the process-count limit bite (the kernel exempts uid 0 from it).
 Without bubblewrap, or where it cannot create namespaces, `Sandbox()` raises
 `SandboxUnavailable`; nothing ever runs unsandboxed.
 
+Inside, the first process is `sandbox_runner.py` (pid 1 of the sandbox, which nothing inside
+can kill). It forks the program and reports how it ended, `exit N` or `signal N` from the real
+wait status, on a file descriptor of its own: an `exit(137)` is never mistaken for a SIGKILL.
+
 `Sandbox.run_tests(program, tests)` runs each test in its own sandbox, `parallel` at a time,
-and scores the fraction passed. A test is either assert code run in the program's namespace
-(`"assert add(1, 2) == 3"`, or `{"code": ...}`) or a stdin/stdout pair
-(`{"stdin": "1 2\\n", "stdout": "3"}`) for a program run as `__main__`.
+and scores the fraction passed. The verdict is always computed outside the sandbox, from
+values the program cannot forge without computing them, and the expected values never enter it:
+
+* a stdin/stdout pair (`{"stdin": "1 2\\n", "stdout": "3"}`): the program runs as `__main__`
+  with the stdin; its whole stdout (up to `Limits.output_bytes`, 1 MiB by default) is compared
+  here with the expected text (trailing spaces and blank lines ignored). More output than the
+  limit is the failure "output over limit", never a truncated comparison. It must exit 0.
+* assert code (`"assert add(1, 2) == 3"`, or `{"code": ...}`): split by `checks.plan_test`;
+  only the expressions of the program go in, their values come back as typed JSON and the
+  asserts are evaluated here (`checks.verdict`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
-import secrets
 import select
 import shutil
 import signal
@@ -44,6 +56,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
+
+from areal_core.reward.checks import plan_test, verdict
 
 
 class SandboxUnavailable(RuntimeError):
@@ -59,7 +73,7 @@ class Limits:
     fsize_mb: int = 4  # largest file the program may write; stdout/stderr are files too
     tmp_mb: int = 16  # size of the private /tmp (and of /dev/shm)
     nofile: int = 64  # open file descriptors
-    output_chars: int = 8192  # stdout/stderr kept in the result
+    output_bytes: int = 2**20  # stdout compared in full up to this size; more is "output over limit"
 
     @classmethod
     def from_dict(cls, values: dict[str, Any] | None) -> Limits:
@@ -72,16 +86,18 @@ class Limits:
 
 @dataclass
 class RunResult:
-    returncode: int | None
+    returncode: int | None  # the program's exit code, -N when signal N killed it, None when unknown
     stdout: str
-    stderr: str
+    stderr: str  # its last STDERR_CHARS characters
     wall_s: float
     timed_out: bool = False
     reason: str = ""  # why it failed, in words ("" when it exited 0)
+    output_over: bool = False  # stdout (or the test results) went past Limits.output_bytes
+    results: str = ""  # the assert steps' values (tests mode)
 
     @property
     def ok(self) -> bool:
-        return self.returncode == 0 and not self.timed_out
+        return self.returncode == 0 and not self.timed_out and not self.output_over
 
 
 @dataclass
@@ -116,29 +132,10 @@ class TestReport:
         return sorted(counts, key=lambda k: -counts[k])[:limit]
 
 
-# The assert-test harness: the program runs as module `solution` (not __main__), then the
-# test code in its namespace. Passing means reaching the end and printing a per-run token
-# read from stdin before the program starts; leaving early (sys.exit, os._exit) fails.
-_HARNESS = """\
-import os, sys
-def _run(token=sys.stdin.readline().strip()):
-    sys.stdin = open(os.devnull)
-    ns = {"__name__": "solution", "__builtins__": __builtins__}
-    try:
-        exec(compile(open("/task/solution.py").read(), "solution.py", "exec"), ns)
-        exec(compile(open("/task/test.py").read(), "test.py", "exec"), ns)
-        sys.stdout.flush()
-    except BaseException as exc:
-        msg = (type(exc).__name__ + (": " + str(exc) if str(exc) else ""))[:300]
-        os.write(2, ("\\n" + msg + "\\n").encode())
-        os._exit(1)
-    os.write(1, ("\\n" + token + "\\n").encode())
-    os._exit(0)
-_run()
-"""
-
 _SIGNALS = {int(s): s.name for s in signal.Signals}
 _PROBED: dict[tuple[str, ...], str] = {}
+_RUNNER = (Path(__file__).parent / "sandbox_runner.py").read_text()
+STDERR_CHARS = 4096
 
 
 def _tmpfs_size_supported(bwrap: str) -> bool:
@@ -199,7 +196,7 @@ class Sandbox:
     # -- one run ----------------------------------------------------------------------------
     def command(self, task_dir: str, argv: list[str], limits: Limits) -> list[str]:
         """The host command line that runs `argv` inside a fresh sandbox, `task_dir` read-only at /task."""
-        cmd = [self.bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent"]
+        cmd = [self.bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--as-pid-1"]
         cmd += ["--cap-drop", "ALL", "--new-session", "--hostname", "sandbox", "--clearenv"]
         cmd += ["--ro-bind", "/usr", "/usr"]
         for top in ("/bin", "/lib", "/lib32", "/lib64", "/sbin"):
@@ -230,50 +227,52 @@ class Sandbox:
         ]
         return cmd
 
-    def run(
-        self,
-        program: str,
-        stdin: str = "",
-        files: dict[str, str] | None = None,
-        limits: Limits | None = None,
-        entry: str = "main.py",
-    ) -> RunResult:
-        """Run `program` (Python source) as /task/main.py with `stdin`; `files` go beside it."""
-        limits = limits or self.limits
+    def run(self, program: str, stdin: str = "", limits: Limits | None = None) -> RunResult:
+        """Run `program` (Python source) as `__main__` (/task/main.py) with `stdin`."""
+        return self._run("main", {"main.py": program}, stdin, limits or self.limits)
+
+    def run_plan(self, program: str, steps: list[dict[str, Any]], limits: Limits | None = None) -> RunResult:
+        """Run `program` as module `solution`, then an assert test's steps (`checks.plan_test`)."""
+        files = {"solution.py": program, "plan.json": json.dumps({"steps": steps})}
+        return self._run("tests", files, "", limits or self.limits)
+
+    def _run(self, mode: str, files: dict[str, str], stdin: str, limits: Limits) -> RunResult:
         work = Path(tempfile.mkdtemp(prefix="areal-sbx-"))
         try:
             task = work / "task"
             task.mkdir()
-            for name, text in {"main.py": program, **(files or {})}.items():
+            for name, text in {"_runner.py": _RUNNER, **files}.items():
                 (task / name).write_text(text)
                 (task / name).chmod(0o644)
             task.chmod(0o755)
             work.chmod(0o755)
             (work / "stdin").write_text(stdin)
-            cmd = self.command(task.as_posix(), [self.python, "-I", "-S", "-B", f"/task/{entry}"], limits)
-            return self._execute(cmd, work, limits)
+            return self._execute(mode, work, limits)
         finally:
             shutil.rmtree(work, ignore_errors=True)
 
-    def _execute(self, cmd: list[str], work: Path, limits: Limits) -> RunResult:
+    def _execute(self, mode: str, work: Path, limits: Limits) -> RunResult:
         kwargs: dict[str, Any] = {}
         if self.uid is not None:
             kwargs.update(user=self.uid, group=self.uid, extra_groups=[])
         t0 = time.monotonic()
         timed_out = False
-        with (
-            open(work / "stdin", "rb") as fin,
-            open(work / "stdout", "wb") as fout,
-            open(work / "stderr", "wb") as ferr,
-        ):
+        names = ("stdin", "stdout", "stderr", "status", "results")
+        with contextlib.ExitStack() as stack:
+            fin, fout, ferr, fstatus, fresults = (
+                stack.enter_context(open(work / n, "rb" if n == "stdin" else "wb")) for n in names
+            )
+            fds = [str(fstatus.fileno())] + ([str(fresults.fileno())] if mode == "tests" else [])
+            argv = [self.python, "-I", "-S", "-B", "/task/_runner.py", mode, *fds]
             proc = subprocess.Popen(
-                cmd,
+                self.command((work / "task").as_posix(), argv, limits),
                 stdin=fin,
                 stdout=fout,
                 stderr=ferr,
                 env={"PATH": "/usr/bin:/bin"},  # nothing of the parent's environment
                 start_new_session=True,
                 close_fds=True,
+                pass_fds=[int(fd) for fd in fds],
                 cwd=work,
                 **kwargs,
             )
@@ -285,29 +284,36 @@ class Sandbox:
                 _kill_group(proc)
                 raise
         wall = time.monotonic() - t0
-        stdout = _read_head(work / "stdout", limits.output_chars)
-        stderr = _read_tail(work / "stderr", limits.output_chars)
-        capped = max((work / n).stat().st_size for n in ("stdout", "stderr")) >= limits.fsize_mb * 2**20
-        rc = proc.returncode
-        return RunResult(rc, stdout, stderr, wall, timed_out, explain(rc, stderr, timed_out, limits, capped))
+        sizes = {n: (work / n).stat().st_size for n in names[1:]}
+        out_limit = min(limits.output_bytes, limits.fsize_mb * 2**20 - 1)
+        over = sizes["stdout" if mode == "main" else "results"] > out_limit
+        capped = max(sizes["stdout"], sizes["stderr"], sizes["results"]) >= limits.fsize_mb * 2**20
+        stdout = _read(work / "stdout", out_limit)
+        stderr = _read(work / "stderr", STDERR_CHARS * 4, tail=True)[-STDERR_CHARS:]
+        results = _read(work / "results", out_limit) if mode == "tests" else ""
+        status = _parse_status((work / "status").read_bytes()[:64])
+        if status is None and not timed_out:
+            last = stderr.strip().splitlines()[-1:] or [f"bwrap exit code {proc.returncode}"]
+            reason = (
+                f"sandbox error: {last[0][:300]}"
+                if last[0].startswith("bwrap")
+                else f"sandbox error: the runner reported no status ({last[0][:200]})"
+            )
+        else:
+            reason = explain(status, stderr, timed_out, limits, capped, over, out_limit)
+        return RunResult(status, stdout, stderr, wall, timed_out, reason, over, results)
 
     # -- unit tests -------------------------------------------------------------------------
     def run_test(self, program: str, test: str | dict[str, Any], limits: Limits | None = None) -> TestOutcome:
         if isinstance(test, str):
             test = {"code": test}
         if "code" in test:
-            token = secrets.token_hex(16)
-            res = self.run(
-                _HARNESS,
-                stdin=token + "\n",
-                files={"solution.py": program, "test.py": test["code"]},
-                limits=limits,
-            )
-            lines = res.stdout.rstrip("\n").rsplit("\n", 1)
-            if res.ok and lines[-1] == token:
-                return TestOutcome(True, "", res.wall_s)
-            reason = res.reason if not res.ok else "the test harness did not finish (the program left early)"
-            return TestOutcome(False, reason, res.wall_s)
+            plan = plan_test(test["code"])
+            res = self.run_plan(program, plan.steps, limits=limits)
+            if res.timed_out or res.output_over or res.returncode != 0:
+                return TestOutcome(False, res.reason or "the test harness did not finish", res.wall_s)
+            ok, reason = verdict(plan, res.results)
+            return TestOutcome(ok, reason, res.wall_s)
         if "stdin" in test or "stdout" in test:
             res = self.run(program, stdin=test.get("stdin", ""), limits=limits)
             if not res.ok:
@@ -366,15 +372,20 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def _read_head(path: Path, chars: int) -> str:
+def _read(path: Path, limit: int, tail: bool = False) -> str:
+    """At most `limit` bytes of a file (its head, or its tail), as text."""
     with open(path, "rb") as f:
-        return f.read(chars * 4).decode("utf-8", "replace")[:chars]
+        if tail:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - limit))
+        return f.read(limit).decode("utf-8", "replace")
 
 
-def _read_tail(path: Path, chars: int) -> str:
-    with open(path, "rb") as f:
-        f.seek(max(0, f.seek(0, os.SEEK_END) - chars * 4))
-        return f.read().decode("utf-8", "replace")[-chars:]
+def _parse_status(raw: bytes) -> int | None:
+    """The runner's one line: `exit N` -> N, `signal N` -> -N; anything else -> None."""
+    m = re.fullmatch(rb"(exit|signal) (\d{1,3})\n", raw)
+    if not m:
+        return None
+    return int(m.group(2)) if m.group(1) == b"exit" else -int(m.group(2))
 
 
 def _norm(text: str) -> str:
@@ -395,10 +406,23 @@ _KNOWN_ERRORS = [
 ]
 
 
-def explain(rc: int | None, stderr: str, timed_out: bool, limits: Limits, output_capped: bool = False) -> str:
-    """A failed run's reason in words: the limit it hit, or its last error line."""
+def explain(
+    rc: int | None,
+    stderr: str,
+    timed_out: bool,
+    limits: Limits,
+    output_capped: bool = False,
+    output_over: bool = False,
+    output_limit: int | None = None,
+) -> str:
+    """A failed run's reason in words: the limit it hit, or its last error line.
+
+    `rc` is the exit code, or -N when signal N killed the program (never 128 + N).
+    """
     if timed_out:
         return f"timeout: wall clock over {limits.wall_s:g}s (sandbox killed)"
+    if output_over:
+        return f"output over limit: more than {output_limit or limits.output_bytes} bytes"
     if rc == 0:
         return ""
     if output_capped:
@@ -406,7 +430,7 @@ def explain(rc: int | None, stderr: str, timed_out: bool, limits: Limits, output
     last = next((line.strip() for line in reversed(stderr.strip().splitlines()) if line.strip()), "")
     if last.startswith("bwrap:"):
         return f"sandbox error: {last}"
-    sig = rc - 128 if rc is not None and rc > 128 else (-rc if rc is not None and rc < 0 else 0)
+    sig = -rc if rc is not None and rc < 0 else 0
     if sig == signal.SIGXCPU:
         return f"cpu time limit ({limits.cpu_s}s) (SIGXCPU)"
     if sig:

@@ -13,21 +13,15 @@ import zlib
 from areal_core.prompts import load_prompts
 from areal_core.protocol import read_shard_or_quarantine, write_shard
 from areal_core.reward.labels import apply_labels, load_labels
-from areal_core.reward.pool import RewardPool
+from areal_core.reward.pool import DEFAULT_REWARD, RewardPool
 from areal_core.run.context import load_run_config
-from areal_core.store import INIT_MODEL, Store
+from areal_core.store import LAYOUT, Store
 
 log = logging.getLogger("areal.reward")
-
-DEFAULT_REWARD = "areal_core.reward.math:gsm8k_reward"
 
 
 def owner(path: str, num_workers: int) -> int:
     return zlib.crc32(path.encode()) % num_workers
-
-
-def graded_name(ungraded: str) -> str:
-    return ungraded.replace("trajectories/ungraded/", "trajectories/graded/", 1)
 
 
 def grade_shard(store: Store, rel: str, pool: RewardPool, references: dict[str, dict], tokenizer, labels=None) -> int:
@@ -55,7 +49,7 @@ def grade_shard(store: Store, rel: str, pool: RewardPool, references: dict[str, 
         s.reward_info = {**result.info, "reward_source": "reward_worker"}
     if labels:
         apply_labels(samples, labels)
-    write_shard(store, graded_name(rel), samples)
+    write_shard(store, LAYOUT.graded_twin(rel), samples)
     return len(samples)
 
 
@@ -68,11 +62,8 @@ def run_reward_worker(run_uri: str, index: int = 0) -> dict:
     cfg = load_run_config(store)
     num_workers = cfg.reward.num_workers
     references = {r["prompt_id"]: r for r in load_prompts(store)}
-    tokenizer = AutoTokenizer.from_pretrained(localize(store.url(INIT_MODEL)))
-    done = {
-        p.replace("trajectories/graded/", "trajectories/ungraded/", 1)
-        for p in store.find("trajectories/graded", ".arrow")
-    }
+    tokenizer = AutoTokenizer.from_pretrained(localize(store.url(LAYOUT.init_model)))
+    done = {LAYOUT.ungraded_twin(p) for p in store.find(LAYOUT.graded_dir, ".arrow")}
     graded = 0
     t0 = time.time()
     idle_s = cfg.reward.poll_interval_s
@@ -82,11 +73,9 @@ def run_reward_worker(run_uri: str, index: int = 0) -> dict:
             finished = store.done()
             # only listing the ungraded side: graded twins of earlier passes are remembered in `done`
             todo = [
-                p
-                for p in store.find("trajectories/ungraded", ".arrow")
-                if p not in done and owner(p, num_workers) == index
+                p for p in store.find(LAYOUT.ungraded_dir, ".arrow") if p not in done and owner(p, num_workers) == index
             ]
-            for p in [p for p in todo if store.exists(graded_name(p))]:  # graded by an earlier incarnation
+            for p in [p for p in todo if store.exists(LAYOUT.graded_twin(p))]:  # graded by an earlier incarnation
                 done.add(p)
                 todo.remove(p)
             if todo:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from areal_core.protocol import decode_shard
 from areal_core.staleness import groups_admissible
-from areal_core.store import Store
+from areal_core.store import LAYOUT, Store
 
 UNLIMITED = 1 << 30  # room when admission is off (tests of the hard bound)
 
@@ -60,16 +60,16 @@ class Progress:
 
 
 def recover_progress(store: Store, worker_id: str) -> Progress:
-    """Progress from `trajectories/ungraded/{worker_id}/*.arrow`, up to the first shard that does
-    not parse (a torn shard of ours is rewritten under the same name)."""
+    """Progress from the worker's ungraded shards, up to the first shard that does not parse (a
+    torn shard of ours is rewritten under the same name)."""
     progress = Progress()
-    for name in store.find(f"trajectories/ungraded/{worker_id}", ".arrow"):
+    for name in store.find(LAYOUT.shard_dir("ungraded", worker_id), ".arrow"):
         try:
             samples = decode_shard(store.read_bytes(name))
         except Exception:  # noqa: BLE001 - torn: rewritten from here on
             break
         progress.groups.update(group_index(s.group_id) for s in samples)
-        progress.next_seq = int(name.rsplit("/", 1)[-1].split(".")[0]) + 1
+        progress.next_seq = LAYOUT.shard_worker_seq(name)[1] + 1
     return progress
 
 

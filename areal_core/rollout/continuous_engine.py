@@ -7,9 +7,9 @@ per row (`sampling.sample`). A finished sequence frees its slot at once: the las
 is moved into it (compaction keeps the active rows contiguous) and the next waiting request is
 prefilled into the free rows in the same step, so a long request never holds back short ones.
 
-Weight swaps happen between steps: `stage_weights` (any thread) stages a version; at the next
-step boundary the engine installs it, drops the KV cache of every active row and re-prefills
-prompt + generated tokens under the new weights, then continues. The version is read once per
+Weight swaps happen between steps: `receive` / `stage_weights` (any thread, `local_engine.py`)
+stages a version; at the next step boundary the engine installs it, drops the KV cache of every
+active row and re-prefills prompt + generated tokens under the new weights, then continues. The version is read once per
 step, after the install, so token t of a request carries exactly the version whose weights
 produced the logits it was sampled from.
 
@@ -27,8 +27,8 @@ import numpy as np
 import torch
 
 from areal_core.rollout.engine import Generation, SamplingParams
+from areal_core.rollout.local_engine import LocalEngine
 from areal_core.rollout.sampling import RowParams, sample
-from areal_core.rollout.staging import StagedWeights
 from areal_core.rollout.static_cache import StaticCacheDecoder, check_supported
 
 log = logging.getLogger("areal.rollout.continuous")
@@ -58,8 +58,8 @@ class _Batch:
     next_tok: np.ndarray  # [slots] last sampled token, not yet in the cache
 
 
-class ContinuousEngine:
-    """Same interface as `TorchEngine`: generate, stage_weights, load_version, version, health.
+class ContinuousEngine(LocalEngine):
+    """Same interface as `TorchEngine`: generate, receive, stage_weights, load_version, version, health.
 
     slots: rows decoded together; max_seq_len: cache length per row (None: sized on first use
     to the call's longest prompt + max_new_tokens, grown only when a later call needs more);
@@ -84,40 +84,20 @@ class ContinuousEngine:
         check_supported(model)
         if policy not in {"continuous", "static"}:
             raise ValueError(f"policy must be 'continuous' or 'static', got {policy!r}")
-        self.model = model.eval()
+        super().__init__(model, version)
         self.pad_id, self.eos_id = pad_id, eos_id
-        self.version = version
         self.device = next(model.parameters()).device
         self.slots, self.max_seq_len, self.prefill_tokens = slots, max_seq_len, prefill_tokens
         self.tokenizer, self.policy = tokenizer, policy
         self.generator = torch.Generator().manual_seed(seed)  # draws request seeds
         self.runner: StaticCacheDecoder | None = None
-        self._staged = StagedWeights()
-        self.swaps = 0
         self.stats = {"steps": 0, "decode_steps": 0, "prefill_chunks": 0, "tokens": 0, "reprefill_tokens": 0}
         self.last_error: str | None = None
 
     # -- weights ------------------------------------------------------------------------------
-    def stage_weights(self, version: int, state_dict: dict[str, torch.Tensor]) -> None:
-        """Called from any thread; installed at the next step boundary."""
-        self._staged.put(version, state_dict)
-
-    def _install_staged(self) -> bool:
-        staged = self._staged.take_newer(self.version)
-        if staged is None:
-            return False
-        version, sd = staged
-        self.model.load_state_dict(sd, strict=False)
+    def _after_install(self) -> None:
         if self.runner is not None:
             self.runner.refresh()
-        self.version = version
-        self.swaps += 1
-        return True
-
-    def load_version(self, version: int, state_dict: dict[str, torch.Tensor] | None = None) -> None:
-        if state_dict is not None:
-            self.stage_weights(version, state_dict)
-        self._install_staged()
 
     def health(self) -> dict:
         return {

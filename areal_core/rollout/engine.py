@@ -1,10 +1,20 @@
 """The rollout engine interface: every backend generates token ids with behaviour
-log-probs and per-token policy versions, loads weight versions, and reports health."""
+log-probs and per-token policy versions, receives weight versions from the store, and
+reports health.
+
+Two families implement it: in-process engines (`local_engine.LocalEngine`: torch, continuous)
+stage a verified state dict and swap it between decode steps; remote engines
+(`remote_engine.RemoteEngine`: vLLM, SGLang) stage the verified version on local disk and have
+their server reload it between its own steps.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from areal_core.store import Store
 
 
 @dataclass
@@ -34,6 +44,16 @@ class RolloutEngine(Protocol):
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]: ...
 
-    def load_version(self, version: int) -> None: ...
+    def receive(self, store: Store, version: int) -> None:
+        """Take weights/v{version} from the store (verified) if it is newer than `version`; it is
+        in use from the next decode step on. Any thread. WeightsError if the version fails its
+        checks (nothing changes)."""
+        ...
+
+    def load_version(self, version: int) -> None:
+        """Bring the weights in use to `version` now (in-process engines: install what is staged)."""
+        ...
 
     def health(self) -> dict: ...
+
+    def close(self) -> None: ...

@@ -1,8 +1,8 @@
 """Built-in torch engine: batched generation with a KV cache and interruptible weight swaps.
 
-Between two decode steps the engine installs weights staged by another thread
-(`stage_weights`). It then drops the KV cache, re-prefills prompt + generated tokens
-under the new weights and continues; every token records the version that sampled it.
+Between two decode steps the engine installs weights staged by another thread (`receive` /
+`stage_weights`, `local_engine.py`). It then drops the KV cache, re-prefills prompt + generated
+tokens under the new weights and continues; every token records the version that sampled it.
 
 The behaviour log-prob recorded per token is that of the temperature-scaled distribution
 before top-k/top-p filtering, which is what the trainer recomputes.
@@ -14,7 +14,7 @@ import torch
 from transformers import DynamicCache
 
 from areal_core.rollout.engine import Generation, SamplingParams
-from areal_core.rollout.staging import StagedWeights
+from areal_core.rollout.local_engine import LocalEngine
 
 
 def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None):
@@ -40,36 +40,13 @@ def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.G
     return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
 
 
-class TorchEngine:
+class TorchEngine(LocalEngine):
     def __init__(self, model: torch.nn.Module, pad_id: int, eos_id: int, version: int = 0, seed: int = 0):
-        self.model = model.eval()
+        super().__init__(model, version)
         self.pad_id = pad_id
         self.eos_id = eos_id
-        self.version = version
         self.device = next(model.parameters()).device
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
-        self._staged = StagedWeights()
-        self.swaps = 0
-
-    # -- weights ------------------------------------------------------------------------
-    def stage_weights(self, version: int, state_dict: dict[str, torch.Tensor]) -> None:
-        """Called from any thread; installed at the next decode-step boundary."""
-        self._staged.put(version, state_dict)
-
-    def _install_staged(self) -> bool:
-        staged = self._staged.take_newer(self.version)
-        if staged is None:
-            return False
-        version, sd = staged
-        self.model.load_state_dict(sd, strict=False)
-        self.version = version
-        self.swaps += 1
-        return True
-
-    def load_version(self, version: int, state_dict: dict[str, torch.Tensor] | None = None) -> None:
-        if state_dict is not None:
-            self.stage_weights(version, state_dict)
-        self._install_staged()
 
     def health(self) -> dict:
         return {"ok": True, "version": self.version, "swaps": self.swaps}

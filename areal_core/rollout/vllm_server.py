@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -18,25 +19,21 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
+from areal_core.config.base import PROJECT_ROOT
+from areal_core.config.run import DEFAULT_VLLM_PYTHON, resolve_python
+
 log = logging.getLogger("areal.rollout.vllm")
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_PYTHON = ".venv-vllm/bin/python"
 WORKER_EXTENSION = "areal_core.rollout.vllm_worker_ext.ReloadExtension"
 SERVED_NAME = "policy"
 
 
 class VLLMServerError(RuntimeError):
     """The vLLM server could not be started, or died; the message carries its log tail."""
-
-
-def resolve_python(python: str) -> Path:
-    """A relative interpreter path is taken from the project root (where `make vllm-venv` puts it)."""
-    p = Path(python)
-    return p if p.is_absolute() else PROJECT_ROOT / p
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -49,7 +46,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 class VLLMServerSpec:
     """What the server is started with (`rollout.server.*` in the run config)."""
 
-    python: str = DEFAULT_PYTHON
+    python: str = DEFAULT_VLLM_PYTHON
     host: str = "127.0.0.1"
     port: int = 0  # 0: a free port
     kv_cache_mb: int = 256  # --kv-cache-memory-bytes (CPU has no memory profiling to size it)
@@ -61,6 +58,22 @@ class VLLMServerSpec:
     startup_timeout_s: float = 900.0
     extra_args: list[str] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)
+
+
+def server_spec(cfg: Any, index: int = 0) -> VLLMServerSpec:
+    """The vLLM server of rollout worker `index` from the run config (`rollout.server.*`)."""
+    srv = cfg.rollout.server
+    return VLLMServerSpec(
+        python=srv.python,
+        kv_cache_mb=srv.kv_cache_mb,
+        max_model_len=cfg.model.max_position_embeddings,
+        max_num_seqs=srv.max_num_seqs,
+        dtype=srv.dtype,
+        seed=cfg.seed * 7919 + index,
+        threads=srv.threads,
+        startup_timeout_s=srv.startup_timeout_s,
+        extra_args=shlex.split(srv.extra_args),
+    )
 
 
 def server_command(spec: VLLMServerSpec, model_dir: str | Path, port: int) -> list[str]:

@@ -4,7 +4,7 @@ writes ungraded shards, until DONE.
 The engine (`rollout.engine`) is built once and handed to the workflow as an `AsyncEngine`;
 groups start while `Admission` allows and fewer than the workflow's `max_concurrent_groups`
 are in flight; the groups that finish together become one shard
-`trajectories/ungraded/{worker}/{seq:08d}.arrow`. Restart-safe: the sequence number and the
+(`LAYOUT.ungraded_shard(worker, seq)`). Restart-safe: the sequence number and the
 groups written are recovered from the worker's own shards (`admission.recover_progress`), and
 prompt choice is a pure function of (worker, group index).
 """
@@ -13,51 +13,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from areal_core.models import load_pretrained
 from areal_core.prompts import load_prompts
 from areal_core.protocol import Sample, write_shard
 from areal_core.rollout.admission import Admission, group_id, recover_progress
 from areal_core.rollout.async_engine import AsyncEngine
-from areal_core.rollout.factory import build_local_engine
-from areal_core.rollout.remote_factory import REMOTE_ENGINES, RemoteWeightWatcher, build_remote_engine, load_tokenizer
+from areal_core.rollout.factory import build_engine
 from areal_core.rollout.workflow import RolloutWorkflow, WorkflowContext, load_workflow
 from areal_core.run.context import load_run_config, set_threads, wait_for_version
-from areal_core.store import INIT_MODEL, Store, shard_name
-from areal_core.train.weights import WeightsError, load_state_dict
+from areal_core.store import LAYOUT, Store
+from areal_core.weights.watcher import WeightWatcher
 
 log = logging.getLogger("areal.rollout")
 
 
 class RolloutEngineFailed(RuntimeError):
     """The engine raised while generating; names the worker, groups, shard and version."""
-
-
-class WeightWatcher(threading.Thread):
-    """Polls weights/LATEST, loads and verifies new versions, and stages them in the engine."""
-
-    def __init__(self, store: Store, engine: Any, interval_s: float):
-        super().__init__(daemon=True)
-        self.store, self.engine, self.interval_s = store, engine, interval_s
-        self.latest_staged = engine.version
-        self.stop = threading.Event()
-        self.new_version = threading.Event()
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            latest = self.store.latest_version()
-            if latest is not None and latest > self.latest_staged:
-                try:
-                    self.engine.stage_weights(latest, load_state_dict(self.store, latest))
-                    self.latest_staged = latest
-                    self.new_version.set()
-                except WeightsError as exc:  # a half-pruned or racing version: try again next poll
-                    log.warning("%s", exc)
-            self.stop.wait(self.interval_s)
 
 
 class RolloutLoop:
@@ -135,7 +109,7 @@ class RolloutLoop:
                 continue
             rows += self._named(task.result(), g, self.tasks[p])
         if rows:
-            await asyncio.to_thread(write_shard, self.store, shard_name("ungraded", self.worker_id, self.seq), rows)
+            await asyncio.to_thread(write_shard, self.store, LAYOUT.ungraded_shard(self.worker_id, self.seq), rows)
             self.seq += 1
             self.produced += len(rows)
             self._heartbeat()
@@ -181,23 +155,13 @@ def run_rollout_worker(run_uri: str, index: int = 0) -> dict:
     tasks = load_prompts(store, "train")
     ro = cfg.rollout
     version = wait_for_version(store)
-    # -- the engine and its weight watcher ---------------------------------------------------
-    if ro.engine in REMOTE_ENGINES:  # vllm / sglang: a server loads each version itself
-        tokenizer = load_tokenizer(store.url(INIT_MODEL))
-        engine = build_remote_engine(cfg, store, version, tokenizer.eos_token_id, index)
-        watcher: Any = RemoteWeightWatcher(store, engine, ro.poll_interval_s)
-    else:
-        model, tokenizer = load_pretrained(store.url(INIT_MODEL), cfg.device)
-        model.load_state_dict(load_state_dict(store, version), strict=False)
-        engine = build_local_engine(cfg, model, tokenizer, version, seed=cfg.seed * 7919 + index)
-        watcher = WeightWatcher(store, engine, ro.poll_interval_s)
-    watcher.start()
+    engine, tokenizer = build_engine(cfg, store, version, index)
+    watcher = WeightWatcher(store, lambda v: engine.receive(store, v), ro.poll_interval_s, version=version).start()
 
     def check() -> None:
-        if getattr(watcher, "error", None) is not None:
+        if watcher.error is not None:
             raise RolloutEngineFailed(f"{worker_id}: loading a new version failed: {watcher.error}") from watcher.error
 
-    # -------------------------------------------------------------------------------------------
     aengine = AsyncEngine(engine, max(256, ro.max_batch_groups * ro.group_size), ro.poll_interval_s)
     workflow = None
     try:
@@ -235,7 +199,5 @@ def run_rollout_worker(run_uri: str, index: int = 0) -> dict:
         if workflow is not None:
             workflow.close()
         aengine.close()
-        watcher.stop.set()
-        watcher.join(timeout=30)  # a daemon thread inside torch at exit aborts the process
-        if hasattr(engine, "close"):
-            engine.close()  # a remote engine stops the server it started
+        watcher.stop()
+        engine.close()  # a remote engine stops the server it started

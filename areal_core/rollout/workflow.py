@@ -23,6 +23,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
+from areal_core.config.hooks import import_object
 from areal_core.protocol import Sample
 from areal_core.rollout.engine import SamplingParams
 
@@ -79,13 +80,3 @@ def load_workflow(ctx: WorkflowContext) -> RolloutWorkflow:
     if not isinstance(workflow, RolloutWorkflow):
         raise TypeError(f"rollout.workflow {path!r} built a {type(workflow).__name__}, not a RolloutWorkflow")
     return workflow
-
-
-def import_object(path: str, *, key: str) -> Any:
-    """'pkg.module:name' -> the object (until areal_core.config.hooks.import_object lands)."""
-    import importlib
-
-    module, _, name = path.partition(":")
-    if not module or not name:
-        raise ValueError(f"config key '{key}' must look like 'pkg.module:name', got {path!r}")
-    return getattr(importlib.import_module(module), name)

@@ -8,13 +8,13 @@ import time
 import torch
 
 from areal_core.config import RunConfig, from_yaml_text
-from areal_core.store import Store
+from areal_core.store import LAYOUT, Store
 
 
 def load_run_config(store: Store) -> RunConfig:
-    if not store.exists("config.yaml"):
-        raise FileNotFoundError(f"{store.url('config.yaml')} is missing: the run was not prepared")
-    return from_yaml_text(store.read_text("config.yaml"))
+    if not store.exists(LAYOUT.config):
+        raise FileNotFoundError(f"{store.url(LAYOUT.config)} is missing: the run was not prepared")
+    return from_yaml_text(store.read_text(LAYOUT.config))
 
 
 def set_threads(n: int) -> None:

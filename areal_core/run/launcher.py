@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from areal_core.store import Store
+from areal_core.store import LAYOUT, Store
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -77,10 +77,10 @@ class Progress:
         self.plain = enabled and not self.enabled
 
     def update(self) -> None:
-        if not (self.enabled or self.plain) or not self.store.exists("status/trainer-0.json"):
+        if not (self.enabled or self.plain) or not self.store.exists(LAYOUT.status("trainer", "0")):
             return
         try:
-            st = self.store.read_json("status/trainer-0.json")
+            st = self.store.read_json(LAYOUT.status("trainer", "0"))
         except Exception:  # a heartbeat being rewritten
             return
         step, total = st.get("step", 0), st.get("steps", 0)
@@ -138,4 +138,4 @@ def launch(
             sys.stderr.write("\n")
     if not store.done():
         raise RoleFailed("all roles exited but the trainer wrote no DONE")
-    return {"wall_s": time.time() - t0, **store.read_json("DONE")}
+    return {"wall_s": time.time() - t0, **store.read_json(LAYOUT.done)}

@@ -12,21 +12,22 @@ import logging
 import shlex
 from typing import Any
 
-from areal_core.config import RunConfig, from_yaml_text, load_config, to_yaml
+from areal_core.config import ConfigError, RunConfig, from_yaml_text, load_config, to_dict
 from areal_core.run.tracking import Tracker
-from areal_core.store import FINAL_MODEL, INIT_MODEL, Store
+from areal_core.store import LAYOUT, RootLost, Store
 
 log = logging.getLogger("areal.pipeline")
 
-# Everything under a run root that belongs to one training attempt (cleared for a new run).
-RUN_STATE = ["weights", "trajectories", "trainer", "status", "quarantine", "DONE", "tracking.json", FINAL_MODEL]
-
 
 def parse_overrides(overrides: str | list[str]) -> list[str]:
-    """'a.b=1 c=2' or ['a.b=1', 'c=2'] -> ['a.b=1', 'c=2']."""
+    """'a.b=1 c="x y"' or ['a.b=1', 'c=2'] -> ['a.b=1', ...]: split on whitespace with shell
+    quoting, never on commas (values and store paths may hold them). ConfigError when unbalanced."""
     if isinstance(overrides, list):
         return overrides
-    return shlex.split(overrides.replace(",", " "))
+    try:
+        return shlex.split(overrides)
+    except ValueError as exc:
+        raise ConfigError(f"overrides {overrides!r}: {exc}") from None
 
 
 def sft_key(cfg: RunConfig) -> str:
@@ -37,43 +38,69 @@ def sft_key(cfg: RunConfig) -> str:
     return json.dumps(part, sort_keys=True)
 
 
-def prepare(config_path: str, overrides: str | list[str] = "", resume: bool = False) -> tuple[str, str]:
-    """Validate the config (before any work), write config.yaml and prompts/; returns (run URI, SFT key).
+def check_root(store: Store) -> None:
+    """ConfigError when the run root (or a folder above it) is an existing file."""
+    if store.local:
+        path = store.local_path()
+        for folder in (path, *path.parents):
+            if folder.exists():
+                if not folder.is_dir():
+                    raise ConfigError(f"config key 'store': {folder} is a file, not a folder for the run root")
+                return
+    elif store.fs.isfile(store.root):
+        raise ConfigError(f"config key 'store': {store.uri} is an object, not a folder for the run root")
 
-    A run root left by an earlier run is cleared for a new run, unless `resume` is set.
+
+def _comparable(cfg: RunConfig) -> dict[str, Any]:
+    """The config without the lease section (how a run holds its root is not what it trains)."""
+    data = to_dict(cfg)
+    data.pop("lease")
+    return data
+
+
+def prepare(config_path: str, overrides: str | list[str] = "", resume: bool = False) -> tuple[str, str]:
+    """Validate the config (before any work), claim the run root, write config.yaml and prompts/;
+    returns (run URI, SFT key).
+
+    A new run replaces a finished run's state; a live run's root is refused, a stale one taken
+    over only with lease.takeover=true (run/ownership.py). `resume` continues the run in the root
+    (same run id, same config); there must be one.
     """
     cfg = load_config(config_path or None, parse_overrides(overrides))
     store = Store(cfg.store)
-    if store.exists("config.yaml") and resume:
-        old = from_yaml_text(store.read_text("config.yaml"))
-        if to_yaml(old) != to_yaml(cfg):
-            raise ValueError(f"cannot resume {store.uri}: its config.yaml differs from this config")
-    elif not resume:
-        for name in RUN_STATE:
-            store.delete(name, recursive=True)
+    check_root(store)
+    if resume:
+        if not store.exists(LAYOUT.config):
+            raise ConfigError(f"cannot resume {store.uri}: no run was started there (no {LAYOUT.config})")
+        if _comparable(from_yaml_text(store.read_text(LAYOUT.config))) != _comparable(cfg):
+            raise ConfigError(f"cannot resume {store.uri}: its config.yaml differs from this config")
     from areal_core.run.prepare import prepare_run
 
-    return prepare_run(cfg), sft_key(cfg)
+    return prepare_run(cfg, resume), sft_key(cfg)
 
 
 def sft(run_uri: str) -> str:
+    """The SFT warm start, renewing the run's lease meanwhile."""
+    from areal_core.run.context import load_run_config
+    from areal_core.run.ownership import hold
     from areal_core.train.sft import run_sft
 
-    return run_sft(run_uri)
+    store = Store(run_uri)
+    with hold(store, load_run_config(store).lease, renew=True):
+        return run_sft(run_uri)
 
 
 def ensure_init_model(store: Store, init_model_uri: str) -> None:
     """Copy the SFT checkpoint into the run root when it came from another run (a cache hit)."""
-    if init_model_uri.rstrip("/") == store.url(INIT_MODEL):
+    if init_model_uri.rstrip("/") == store.url(LAYOUT.init_model):
         return
     src_root, _, name = init_model_uri.rstrip("/").rpartition("/")
     src = Store(src_root)
-    if not src.exists(f"{name}/COMMITTED"):
+    if not src.exists(LAYOUT.committed(name)):
         raise FileNotFoundError(
             f"the cached SFT checkpoint {init_model_uri} no longer exists: rerun with `pyflyte run --overwrite-cache`"
         )
-    for rel in src.find(name):
-        store.write_bytes(f"{INIT_MODEL}/{rel[len(name) + 1 :]}", src.read_bytes(rel))
+    store.copy_dir(name, LAYOUT.init_model, source=src)
 
 
 def open_run(store: Store, init_model_uri: str) -> tuple[RunConfig, Tracker]:
@@ -87,8 +114,12 @@ def open_run(store: Store, init_model_uri: str) -> tuple[RunConfig, Tracker]:
 
 
 def start_run(run_uri: str, init_model_uri: str, tags: dict[str, str]) -> str:
-    """The cluster's start: `open_run` with `tags` on the MLflow run, before the roles start."""
+    """The cluster's start: `open_run` with `tags` on the MLflow run, before the roles start
+    (which then hold the run's lease themselves)."""
+    from areal_core.run.ownership import owner
+
     store = Store(run_uri)
+    owner(store)  # RootLost when the root is no longer this run's
     _, tracker = open_run(store, init_model_uri)
     for key, value in tags.items():
         tracker.set_tag(key, value)
@@ -96,21 +127,35 @@ def start_run(run_uri: str, init_model_uri: str, tags: dict[str, str]) -> str:
 
 
 def run_async_rl(run_uri: str, init_model_uri: str) -> str:
-    """Start every role on this machine and wait for DONE; returns the final model's URI."""
+    """Start every role on this machine and wait for DONE, holding (and renewing) the run's lease;
+    returns the final model's URI. Raises RootLost when the root was taken over or lost its
+    history under the run."""
+    from areal_core.run.context import load_run_config
     from areal_core.run.launcher import launch
+    from areal_core.run.ownership import RUN_ID_ENV, hold
 
     store = Store(run_uri)
-    cfg, tracker = open_run(store, init_model_uri)
-    try:
-        result = launch(
-            store.uri, cfg.rollout.num_workers, cfg.reward.num_workers, cfg.launcher.timeout_s, cfg.launcher.progress
-        )
-    except Exception:
-        tracker.finish("FAILED")
-        raise
+    with hold(store, load_run_config(store).lease, renew=True) as lease:
+        cfg, tracker = open_run(store, init_model_uri)
+        try:
+            result = launch(
+                store.uri,
+                cfg.rollout.num_workers,
+                cfg.reward.num_workers,
+                cfg.launcher.timeout_s,
+                cfg.launcher.progress,
+                env={RUN_ID_ENV: lease.run_id},
+            )
+            lease.check()  # DONE counts only in a root that is still this run's
+        except Exception as exc:
+            tracker.finish("FAILED")
+            lost = lease.lost_reason()
+            if lost:  # the roles stopped because the root is no longer this run's: say so
+                raise RootLost(lost) from exc
+            raise
     tracker.log_metrics({"wall_s": result["wall_s"]}, result["step"])
     log.info("async RL finished in %.1fs", result["wall_s"])
-    return store.url(FINAL_MODEL)
+    return store.url(LAYOUT.final_model)
 
 
 def evaluate_run(run_uri: str) -> dict[str, Any]:
@@ -130,7 +175,7 @@ def evaluate_run(run_uri: str) -> dict[str, Any]:
     torch.set_num_threads(max(2, cfg.threads_per_role))
     records = load_prompts(store, "eval")[: cfg.eval.num_samples]
     out: dict[str, Any] = {}
-    for label, rel in (("before", INIT_MODEL), ("after", FINAL_MODEL)):
+    for label, rel in (("before", LAYOUT.init_model), ("after", LAYOUT.final_model)):
         model, tokenizer = load_pretrained(store.url(rel), cfg.device)
         out[label] = heldout_score(model, tokenizer, cfg, records)
     out["gain"] = out["after"] - out["before"]
@@ -140,8 +185,8 @@ def evaluate_run(run_uri: str) -> dict[str, Any]:
     tracker.log_metrics({f"{metric}_before": out["before"], f"{metric}_after": out["after"]}, 0)
     if tracker.enabled:
         with tempfile.TemporaryDirectory() as tmp:
-            store.get_dir(FINAL_MODEL, tmp)
-            tracker.log_artifacts(tmp, "final_model")
+            store.get_dir(LAYOUT.final_model, tmp)
+            tracker.log_artifacts(tmp, LAYOUT.final_model)
     tracker.finish()
     what = f"agent success ({cfg.rollout.agent})" if cfg.rollout.agent else "greedy accuracy"
     print(f"held-out {what}: before RL {out['before']:.3f}, after RL {out['after']:.3f} ({out['gain']:+.3f})")
@@ -149,9 +194,9 @@ def evaluate_run(run_uri: str) -> dict[str, Any]:
 
 
 def metrics_rows(store: Store) -> list[dict[str, float]]:
-    if not store.exists("trainer/metrics.jsonl"):
+    if not store.exists(LAYOUT.metrics):
         return []
-    return [json.loads(line) for line in store.read_text("trainer/metrics.jsonl").splitlines() if line]
+    return [json.loads(line) for line in store.read_text(LAYOUT.metrics).splitlines() if line]
 
 
 def curves_html(rows: list[dict[str, float]], before: float, after: float) -> str:

@@ -1,16 +1,19 @@
-"""Prepare a run root: the resolved config and the prompt set."""
+"""Prepare a run root: claim it for this run, then the resolved config and the prompt set."""
 
 from __future__ import annotations
 
 from areal_core.config import RunConfig, to_yaml
 from areal_core.prompts import write_prompts
-from areal_core.store import Store
+from areal_core.run.ownership import claim
+from areal_core.store import LAYOUT, Store
 
 
-def prepare_run(cfg: RunConfig) -> str:
-    """Write config.yaml and prompts/ under the run root; returns the root URI.
+def prepare_run(cfg: RunConfig, resume: bool = False) -> str:
+    """Claim the run root (run/ownership.py; a new run clears an earlier run's state, a resume
+    keeps it), then write config.yaml and prompts/; returns the root URI.
 
-    Raises (before writing anything) when the task's data cannot be loaded.
+    Raises (before writing anything) when the task's data cannot be loaded or another run owns
+    the root.
     """
     from datasets import load_task
 
@@ -18,6 +21,11 @@ def prepare_run(cfg: RunConfig) -> str:
     if not train or not held_out:
         raise ValueError(f"task {cfg.task.name!r} produced an empty split (train={len(train)}, eval={len(held_out)})")
     store = Store(cfg.store)
-    store.write_text("config.yaml", to_yaml(cfg))
+    claim(store, cfg.lease, resume)
+    if not resume:
+        for name in LAYOUT.run_state:
+            store.delete(name, recursive=True)
+    kept = cfg.model_copy(update={"lease": cfg.lease.model_copy(update={"takeover": False})})  # a one-time request
+    store.write_text(LAYOUT.config, to_yaml(kept))
     write_prompts(store, train, held_out)
     return store.uri

@@ -11,14 +11,26 @@ import json
 import sys
 
 from areal_core.logs import setup_logging
-from areal_core.store import FINAL_MODEL
+from areal_core.store import LAYOUT
 
 
 def run_role(role: str, run_uri: str, index: int = 0) -> dict:
+    """Run `role` while holding the run's lease (run/ownership.py): the role stops with RootLost
+    when another run takes the root over or the root loses its history."""
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}")
     if role == "trainer":
-        from areal_core.train.trainer import run_trainer
+        return trainer_role(run_uri)
+    from areal_core.run.context import load_run_config
+    from areal_core.run.ownership import hold
+    from areal_core.store import Store
 
-        return run_trainer(run_uri)
+    store = Store(run_uri)
+    with hold(store, load_run_config(store).lease, renew=role == "sft"):
+        return _role(role, run_uri, index)
+
+
+def _role(role: str, run_uri: str, index: int) -> dict:
     if role == "rollout":
         from areal_core.rollout.worker import run_rollout_worker
 
@@ -32,6 +44,37 @@ def run_role(role: str, run_uri: str, index: int = 0) -> dict:
 
         return {"init_model": run_sft(run_uri)}
     raise ValueError(f"unknown role {role!r}")
+
+
+def trainer_role(run_uri: str) -> dict:
+    """The trainer on this process (every torchrun rank runs it), given the run's config, and on
+    rank 0 the MLflow tracker and the held-out greedy accuracy."""
+    from areal_core.evaluate import greedy_accuracy
+    from areal_core.prompts import load_prompts
+    from areal_core.run.context import load_run_config, set_threads
+    from areal_core.run.ownership import hold, renew
+    from areal_core.run.tracking import Tracker
+    from areal_core.store import Store
+    from areal_core.train.distributed import env_ranks
+    from areal_core.train.trainer import run_trainer
+
+    store = Store(run_uri)
+    cfg = load_run_config(store)
+    set_threads(cfg.threads_per_role)
+    main = env_ranks()[0] == 0
+    records = load_prompts(store, "eval")[: cfg.eval.num_samples] if main else []
+
+    def evaluate(model, tokenizer) -> float:
+        return greedy_accuracy(model, tokenizer, records, cfg.eval.max_new_tokens, cfg.eval.batch_size)
+
+    # rank 0 renews the lease and watches the checkpoints; the final model and DONE are written
+    # only after one more check, and the lease is then marked done
+    with hold(store, cfg.lease, renew=main, checkpoints=main) as lease:
+        tracker = Tracker.attach(store) if main else None
+        out = run_trainer(run_uri, cfg, evaluate=evaluate, tracker=tracker, guard=lease.check)
+        if main:
+            renew(store, lease.run_id, "done")
+        return out
 
 
 ROLES = ("trainer", "rollout", "reward", "sft")
@@ -57,7 +100,7 @@ def trainer_task(run_uri: str) -> str:
 
 
 def final_model_uri(run_uri: str) -> str:
-    return f"{run_uri.rstrip('/')}/{FINAL_MODEL}"
+    return f"{run_uri.rstrip('/')}/{LAYOUT.final_model}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from areal_core.store import Store
+from areal_core.store import LAYOUT, Store
 
 log = logging.getLogger("areal.tracking")
 
@@ -50,11 +50,11 @@ class Tracker:
         """Create the MLflow run for this training run (or reuse the one already recorded)."""
         if not cfg.tracking.enabled:
             return cls(None, "")
-        if store.exists("tracking.json"):
+        if store.exists(LAYOUT.tracking):
             return cls.attach(store)
         uri = tracking_uri(cfg.tracking.uri)
         run_id = new_run(mlflow_client(uri), cfg.tracking.experiment, cfg.name, {"store": store.uri})
-        store.write_json("tracking.json", {"run_id": run_id, "uri": uri})
+        store.write_json(LAYOUT.tracking, {"run_id": run_id, "uri": uri})
         tracker = cls(run_id, uri)
         from areal_core.config import to_flat_dict
 
@@ -63,9 +63,9 @@ class Tracker:
 
     @classmethod
     def attach(cls, store: Store) -> Tracker:
-        if not store.exists("tracking.json"):
+        if not store.exists(LAYOUT.tracking):
             return cls(None, "")
-        info = store.read_json("tracking.json")
+        info = store.read_json(LAYOUT.tracking)
         return cls(info["run_id"], info["uri"])
 
     @property

@@ -1,172 +1,24 @@
 """An RL algorithm as configuration: advantage estimator + normalisation + aggregation + loss.
 
-    cfg = AlgorithmConfig(**PRESETS["dapo"])
+    cfg = from_preset("dapo")                            # the config: areal_core/config/algorithm.py
     adv, returns, m1 = compute_advantages(cfg, rewards, group_index, loss_mask)       # whole batch
     loss, m2 = compute_loss(cfg, logp, prox_logp, behav_logp, rewards, group_index, loss_mask,
                             advantages=adv)                                          # per minibatch
 
 `required_inputs(cfg)` says which optional tensors the trainer must compute (reference-model
-log-probs, critic values, entropy). Module import stays torch-free so that `areal_core.config`
-can embed `AlgorithmConfig`; the tensor code is imported inside the functions.
+log-probs, critic values, entropy). The tensor code is imported inside the functions.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from areal_core.config.algorithm import AlgorithmConfig
 
 if TYPE_CHECKING:
     import torch
 
-ADV_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "lite_ppo", "gae")
 TOKEN_LEVEL_ESTIMATORS = ("reinforce_pp", "reinforce_pp_baseline", "gae")
-LOSSES = ("decoupled_ppo", "ppo", "gspo", "dpo", "ipo")
-
-
-@dataclass
-class AlgorithmConfig:
-    # advantages
-    adv_estimator: str = "grpo"  # grpo|dr_grpo|rloo|reinforce_pp|reinforce_pp_baseline|lite_ppo|gae
-    adv_whiten: bool = False  # extra masked batch whitening of token advantages (PPO with critic)
-    adv_clip: float = 0.0  # clamp |A| to this; 0 disables
-    gamma: float = 1.0  # discount (reinforce_pp*, gae)
-    lam: float = 1.0  # GAE λ
-    # policy loss
-    loss: str = "decoupled_ppo"  # decoupled_ppo|ppo (naive, ratio to π_behav)|gspo|dpo|ipo
-    aggregation: str = "token_mean"  # token_mean|seq_mean_token_mean|seq_mean_token_sum_norm
-    norm_const: float = 0.0  # Dr.GRPO constant C in tokens (0: longest response in the batch)
-    eps_low: float = 0.2
-    eps_high: float = 0.28  # DAPO clip-higher
-    dual_clip: float = 0.0  # 0 disables; else c > 1
-    # behaviour-policy correction w = π_prox/π_behav
-    behav_correction: str = "truncate"  # none|truncate|mask (IcePop)
-    behav_low: float = 0.0  # mask: lower bound on w (0: none)
-    behav_high: float = 5.0  # truncate: cap on w; mask: upper bound (0: none)
-    behav_level: str = "token"  # token|sequence|geometric
-    # regularisers
-    kl_coef: float = 0.0  # β for KL(π_θ‖π_ref); needs reference log-probs when > 0
-    kl_estimator: str = "k3"  # k1|k2|k3
-    kl_as_reward: bool = False  # True: −β·KL shapes the reward; False: +β·KL is a loss term
-    entropy_coef: float = 0.0  # loss −= coef · entropy
-    # critic (adv_estimator = gae)
-    value_coef: float = 0.5
-    value_clip: float = 0.2  # 0 disables value clipping
-    critic_lr: float = 0.0  # critic's AdamW learning rate; 0: train.lr (areal_core/train/value_head.py)
-    # preference pairs (loss = dpo|ipo)
-    dpo_beta: float = 0.1
-    dpo_label_smoothing: float = 0.0
-    # data shaping
-    dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal
-    overlong_max_len: int = 0  # DAPO L_max in response tokens; 0 disables the overlong penalty
-    overlong_buffer: int = 0  # DAPO L_cache
-    overlong_penalty: float = 1.0  # penalty factor
-    reward_scale: float = 1.0
-    reward_bias: float = 0.0
-    reward_clip: float = 0.0  # 0 disables
-
-    def validate(self) -> AlgorithmConfig:
-        """Raise ValueError naming the first bad key (as `algo.<key>`)."""
-        from areal_core.train.losses import AGGREGATIONS, BEHAV_CORRECTIONS, BEHAV_LEVELS, KL_ESTIMATORS
-
-        choices = {
-            "adv_estimator": ADV_ESTIMATORS,
-            "loss": LOSSES,
-            "aggregation": AGGREGATIONS,
-            "behav_correction": BEHAV_CORRECTIONS,
-            "behav_level": BEHAV_LEVELS,
-            "kl_estimator": KL_ESTIMATORS,
-        }
-        for key, allowed in choices.items():
-            if getattr(self, key) not in allowed:
-                raise ValueError(f"config key 'algo.{key}' must be one of {list(allowed)}, got {getattr(self, key)!r}")
-        non_negative = [
-            "adv_clip", "norm_const", "behav_low", "behav_high", "kl_coef", "entropy_coef", "value_coef",
-            "value_clip", "critic_lr", "overlong_max_len", "overlong_buffer", "reward_clip", "dual_clip",
-        ]  # fmt: skip
-        for key in non_negative:
-            if getattr(self, key) < 0:
-                raise ValueError(f"config key 'algo.{key}' must be >= 0, got {getattr(self, key)!r}")
-        if not 0 <= self.eps_low < 1 or self.eps_high < 0:
-            raise ValueError("config keys 'algo.eps_low' must be in [0, 1) and 'algo.eps_high' >= 0")
-        if self.dual_clip and self.dual_clip <= 1:
-            raise ValueError(f"config key 'algo.dual_clip' must be 0 (off) or > 1, got {self.dual_clip}")
-        if not (0 < self.gamma <= 1 and 0 <= self.lam <= 1):
-            raise ValueError("config keys 'algo.gamma' must be in (0, 1] and 'algo.lam' in [0, 1]")
-        if self.behav_correction == "mask" and self.behav_high and self.behav_low >= self.behav_high:
-            raise ValueError("config key 'algo.behav_low' must be < 'algo.behav_high' for masking")
-        if self.overlong_buffer > self.overlong_max_len:
-            raise ValueError("config key 'algo.overlong_buffer' must be <= 'algo.overlong_max_len'")
-        if self.dpo_beta <= 0:
-            raise ValueError(f"config key 'algo.dpo_beta' must be > 0, got {self.dpo_beta}")
-        return self
-
-
-PRESETS: dict[str, dict[str, Any]] = {
-    # today's trainer: GRPO advantages, decoupled PPO, token-mean, DAPO clip-higher, w capped at 5
-    "grpo": {},
-    "dr_grpo": {
-        "adv_estimator": "dr_grpo",
-        "aggregation": "seq_mean_token_sum_norm",
-        "eps_high": 0.2,
-    },
-    # overlong sizes fit the embedded task (rollout.max_new_tokens = 24); scale with the budget
-    "dapo": {
-        "adv_estimator": "grpo",
-        "eps_high": 0.28,
-        "dynamic_sampling": True,
-        "overlong_max_len": 24,
-        "overlong_buffer": 6,
-        "overlong_penalty": 1.0,
-    },
-    "rloo": {"adv_estimator": "rloo", "eps_high": 0.2},
-    "reinforce_pp": {
-        "adv_estimator": "reinforce_pp",
-        "eps_high": 0.2,
-        "kl_coef": 0.01,
-        "kl_estimator": "k1",
-        "kl_as_reward": True,
-    },
-    "reinforce_pp_baseline": {
-        "adv_estimator": "reinforce_pp_baseline",
-        "eps_high": 0.2,
-        "kl_coef": 0.01,
-        "kl_estimator": "k2",
-    },
-    "gspo": {
-        "loss": "gspo",
-        "aggregation": "seq_mean_token_mean",
-        "eps_low": 3e-4,
-        "eps_high": 4e-4,
-        "behav_level": "geometric",
-    },
-    "lite_ppo": {"adv_estimator": "lite_ppo", "aggregation": "token_mean", "eps_high": 0.2},
-    "ppo_critic": {
-        "adv_estimator": "gae",
-        "gamma": 1.0,
-        "lam": 0.95,
-        "adv_whiten": True,
-        "eps_high": 0.2,
-        "value_coef": 0.5,
-        "value_clip": 0.2,
-    },
-    # baselines and offline alignment
-    "naive_ppo": {"loss": "ppo"},
-    "icepop": {"behav_correction": "mask", "behav_low": 0.5, "behav_high": 2.0},
-    "dpo": {"loss": "dpo", "dpo_beta": 0.1},
-    "ipo": {"loss": "ipo", "dpo_beta": 0.1},
-}
-
-
-def from_preset(name: str, **overrides: Any) -> AlgorithmConfig:
-    """AlgorithmConfig of a named preset, with keyword overrides; validated."""
-    if name not in PRESETS:
-        raise ValueError(f"unknown algorithm preset {name!r}; expected one of {sorted(PRESETS)}")
-    return AlgorithmConfig(**{**PRESETS[name], **overrides}).validate()
-
-
-def to_dict(cfg: AlgorithmConfig) -> dict[str, Any]:
-    return dataclasses.asdict(cfg)
 
 
 def required_inputs(cfg: AlgorithmConfig) -> set[str]:

@@ -1,7 +1,9 @@
 """Trainer checkpoints: trainer/checkpoints/step-{N}/ made visible by COMMITTED.
 
-A checkpoint holds the model, the optimizer, RNG state, the consumed-shard set, the
-buffered-but-untrained samples and the counters, so a restarted trainer continues exactly.
+A checkpoint holds the model, the optimizer, RNG state, the consumed-shard set, the identities
+of every sample consumed (`Sample.identity()`, gzipped: a copy of a consumed shard is skipped
+after a restart too), the buffered-but-untrained samples and the counters, so a restarted
+trainer continues exactly.
 """
 
 from __future__ import annotations
@@ -13,11 +15,15 @@ from typing import Any
 import torch
 from safetensors.torch import load as st_load
 
-from areal_core.protocol import Sample, decode_shard, encode_shard
-from areal_core.store import Store
-from areal_core.train.weights import state_dict_bytes
+from areal_core.protocol import Sample, decode_identities, decode_shard, encode_identities, encode_shard
+from areal_core.store import LAYOUT, Store
+from areal_core.weights.publisher import state_dict_bytes
 
-PREFIX = "trainer/checkpoints"
+MODEL_FILE = "model.safetensors"
+OPTIMIZER_FILE = "optimizer.pt"
+PENDING_FILE = "pending.arrow"
+STATE_FILE = "state.json"
+SEEN_FILE = "seen.txt.gz"
 
 
 @dataclass
@@ -28,6 +34,7 @@ class TrainerState:
     counters: dict[str, float] = field(default_factory=dict)
     # inclusive [lo, hi] ranges of published versions outside the trainer's lineage (train/lineage.py)
     abandoned: list[list[int]] = field(default_factory=list)
+    seen: list[str] = field(default_factory=list)  # identities of the consumed samples (in SEEN_FILE)
 
 
 def save(
@@ -44,27 +51,32 @@ def save(
 
     `model_bytes` / `optimizer_state`: the full (unsharded) model as safetensors bytes and the
     optimizer state in single-process `state_dict()` form, for a model sharded with FSDP2
-    (areal_core.distributed gathers them); by default taken from `model` and `optimizer`.
+    (areal_core/train/distributed.py gathers them); by default taken from `model` and `optimizer`.
     The format is the same either way, so a checkpoint restores under any world size.
     """
-    base = f"{PREFIX}/step-{state.step:06d}"
-    store.write_bytes(f"{base}/model.safetensors", model_bytes if model_bytes is not None else state_dict_bytes(model))
+    step = state.step
+    store.write_bytes(
+        LAYOUT.checkpoint_file(step, MODEL_FILE), model_bytes if model_bytes is not None else state_dict_bytes(model)
+    )
     buf = io.BytesIO()
     osd = optimizer_state if optimizer_state is not None else optimizer.state_dict()
     torch.save({"optimizer": osd, "rng": torch.get_rng_state()}, buf)
-    store.write_bytes(f"{base}/optimizer.pt", buf.getvalue())
-    store.write_bytes(f"{base}/pending.arrow", encode_shard(pending) if pending else b"")
-    store.write_json(f"{base}/state.json", asdict(state))
-    store.write_text(f"{base}/COMMITTED", str(state.step))
+    store.write_bytes(LAYOUT.checkpoint_file(step, OPTIMIZER_FILE), buf.getvalue())
+    store.write_bytes(LAYOUT.checkpoint_file(step, PENDING_FILE), encode_shard(pending) if pending else b"")
+    record = asdict(state)
+    store.write_bytes(LAYOUT.checkpoint_file(step, SEEN_FILE), encode_identities(record.pop("seen")))
+    store.write_json(LAYOUT.checkpoint_file(step, STATE_FILE), record)
+    store.write_text(LAYOUT.committed(LAYOUT.checkpoint_dir(step)), str(step))
     for old in committed_steps(store)[:-keep]:
-        store.delete(f"{PREFIX}/step-{old:06d}", recursive=True)
+        store.delete(LAYOUT.checkpoint_dir(old), recursive=True)
 
 
 def committed_steps(store: Store) -> list[int]:
     steps = []
-    for name in store.listdir(PREFIX):
-        if name.startswith("step-") and store.exists(f"{PREFIX}/{name}/COMMITTED"):
-            steps.append(int(name[5:]))
+    for name in store.listdir(LAYOUT.checkpoints_dir):
+        step = LAYOUT.checkpoint_step(name)
+        if step is not None and store.exists(LAYOUT.committed(LAYOUT.checkpoint_dir(step))):
+            steps.append(step)
     return sorted(steps)
 
 
@@ -75,11 +87,14 @@ def restore(
     steps = committed_steps(store)
     if not steps:
         return None
-    base = f"{PREFIX}/step-{steps[-1]:06d}"
-    model.load_state_dict(st_load(store.read_bytes(f"{base}/model.safetensors")), strict=False)
-    blob: dict[str, Any] = torch.load(io.BytesIO(store.read_bytes(f"{base}/optimizer.pt")), weights_only=False)
+    step = steps[-1]
+    model.load_state_dict(st_load(store.read_bytes(LAYOUT.checkpoint_file(step, MODEL_FILE))), strict=False)
+    blob: dict[str, Any] = torch.load(
+        io.BytesIO(store.read_bytes(LAYOUT.checkpoint_file(step, OPTIMIZER_FILE))), weights_only=False
+    )
     optimizer.load_state_dict(blob["optimizer"])
     torch.set_rng_state(blob["rng"])
-    state = TrainerState(**store.read_json(f"{base}/state.json"))
-    raw = store.read_bytes(f"{base}/pending.arrow")
+    state = TrainerState(**store.read_json(LAYOUT.checkpoint_file(step, STATE_FILE)))
+    state.seen = decode_identities(store.read_bytes(LAYOUT.checkpoint_file(step, SEEN_FILE)))
+    raw = store.read_bytes(LAYOUT.checkpoint_file(step, PENDING_FILE))
     return state, decode_shard(raw) if raw else []

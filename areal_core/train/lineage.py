@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from areal_core.protocol import Sample
-from areal_core.store import Store
+from areal_core.store import LAYOUT, Store
 
 
 @dataclass(frozen=True)
@@ -38,9 +38,10 @@ def newest_published(store: Store) -> int | None:
     """The highest version any rollout worker may have loaded: LATEST, or a higher version whose
     MANIFEST.json made it complete (a publish that died between MANIFEST and LATEST)."""
     found = [store.latest_version()]
-    for name in store.listdir("weights"):
-        if name.startswith("v") and name[1:].isdigit() and store.exists(f"weights/{name}/MANIFEST.json"):
-            found.append(int(name[1:]))
+    for name in store.listdir(LAYOUT.weights_root):
+        v = LAYOUT.weights_version(name)
+        if v is not None and store.exists(LAYOUT.manifest(v)):
+            found.append(v)
     versions = [v for v in found if v is not None]
     return max(versions) if versions else None
 

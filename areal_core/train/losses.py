@@ -16,10 +16,7 @@ import math
 
 import torch
 
-AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
-BEHAV_CORRECTIONS = ("none", "truncate", "mask")
-BEHAV_LEVELS = ("token", "sequence", "geometric")
-KL_ESTIMATORS = ("k1", "k2", "k3")
+from areal_core.config.algorithm import AGGREGATIONS, BEHAV_CORRECTIONS, BEHAV_LEVELS, KL_ESTIMATORS
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -183,40 +180,6 @@ def decoupled_ppo_loss(
     return loss, stats
 
 
-def gspo_loss(
-    logp: torch.Tensor,
-    prox_logp: torch.Tensor,
-    behav_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    eps_low: float = 3e-4,
-    eps_high: float = 4e-4,
-    **kwargs,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """GSPO (Zheng et al. 2025): sequence-level ratio s_i = (π_θ(y_i)/π_prox(y_i))^(1/|y_i|),
-    L_i = −min(s_i·A_i, clip(s_i, 1−ε_low, 1+ε_high)·A_i), averaged over sequences by default.
-    `kwargs` go to `decoupled_ppo_loss` (behaviour correction, aggregation)."""
-    kwargs.setdefault("aggregation", "seq_mean_token_mean")
-    return decoupled_ppo_loss(
-        logp, prox_logp, behav_logp, advantages, mask, eps_low, eps_high, ratio_level="sequence", **kwargs
-    )
-
-
-def ppo_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    eps_low: float = 0.2,
-    eps_high: float = 0.2,
-    **kwargs,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Naive (coupled) PPO: r = π_θ/π_old with π_old the behaviour policy, no separate π_prox."""
-    return decoupled_ppo_loss(
-        logp, old_logp, old_logp, advantages, mask, eps_low, eps_high, behav_correction="none", **kwargs
-    )
-
-
 def critic_loss(
     values: torch.Tensor,
     old_values: torch.Tensor,
@@ -305,13 +268,3 @@ def preference_loss(
         "pref_rejected_reward": (beta * (policy_rejected - ref_rejected)).detach().mean().item(),
     }
     return losses.mean(), stats
-
-
-def dpo_loss(pc, pr, rc, rr, beta: float = 0.1, label_smoothing: float = 0.0):
-    """DPO (Rafailov et al. 2023); see `preference_loss`."""
-    return preference_loss(pc, pr, rc, rr, beta, "dpo", label_smoothing)
-
-
-def ipo_loss(pc, pr, rc, rr, beta: float = 0.1):
-    """IPO (Azar et al. 2023); see `preference_loss`."""
-    return preference_loss(pc, pr, rc, rr, beta, "ipo")

@@ -13,10 +13,11 @@ import tempfile
 
 import torch
 
+from areal_core.config.hooks import import_object
 from areal_core.models import build_tiny_model, build_tokenizer, chat_prompt, load_pretrained, save_pretrained
 from areal_core.prompts import load_prompts
 from areal_core.run.context import load_run_config, set_threads
-from areal_core.store import INIT_MODEL, Store
+from areal_core.store import LAYOUT, Store
 from areal_core.train.schedule import lr_factor
 
 log = logging.getLogger("areal.sft")
@@ -43,9 +44,7 @@ def agent_sft_examples(cfg, tokenizer, records: list[dict]) -> list[tuple[list[i
     episodes from `agent.sft_examples` (token ids, loss mask on the assistant's tokens), the rest
     as plain answers (prompt, then answer with loss). A fraction below 1 gives a policy that
     under-uses its tools, which RL with the task's verifier then corrects."""
-    from areal_core.reward.pool import resolve
-
-    episodes = resolve(cfg.agent.sft_examples)
+    episodes = import_object(cfg.agent.sft_examples, key="agent.sft_examples")
     rng = random.Random(cfg.seed + 29)
     chosen = [rng.random() < cfg.agent.sft_fraction for _ in records]
     agentic = iter(episodes(tokenizer, [r for r, c in zip(records, chosen) if c]))
@@ -88,9 +87,7 @@ def run_sft(run_uri: str) -> str:
     else:
         corpus = [r["prompt"] + "\n" + r["answer"] for r in train]
         if cfg.agent.corpus:  # the agent's own text (e.g. its tool-call format)
-            from areal_core.reward.pool import resolve
-
-            corpus = list(resolve(cfg.agent.corpus)(train))
+            corpus = list(import_object(cfg.agent.corpus, key="agent.corpus")(train))
         tokenizer = build_tokenizer(corpus, cfg.model.vocab_size)
         model = build_tiny_model(cfg.model, len(tokenizer), cfg.seed)
     sc = cfg.sft
@@ -120,6 +117,6 @@ def run_sft(run_uri: str) -> str:
     model.eval()
     with tempfile.TemporaryDirectory() as tmp:
         save_pretrained(model, tokenizer, tmp)
-        store.put_dir(tmp, INIT_MODEL)
-    store.write_json(f"{INIT_MODEL}/COMMITTED", {"sft_steps": sc.steps if sc.enabled else 0})
-    return store.url(INIT_MODEL)
+        store.put_dir(tmp, LAYOUT.init_model)
+    store.write_json(LAYOUT.committed(LAYOUT.init_model), {"sft_steps": sc.steps if sc.enabled else 0})
+    return store.url(LAYOUT.init_model)

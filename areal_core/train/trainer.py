@@ -1,18 +1,23 @@
 """The trainer role: consume graded shards, enforce the hard staleness bound, take decoupled
 PPO steps, publish weights/v{N}, checkpoint, and write DONE at the end.
 
-One step, producing version v+1 from version v:
-  1. drop buffered samples with a token older than v − η (counted),
-  2. take the B oldest groups, compute GRPO advantages,
-  3. π_prox = the current parameters (one no-grad pass, or the same forward when there is
-     a single minibatch), loss = decoupled PPO, AdamW step,
-  4. checkpoint every `checkpoint_every` steps, then publish v+1, log metrics.
+`Trainer.fit` is the data flow; one pass produces version v+1 from version v:
+  1. read new graded shards into the group buffer (corrupt ones quarantined),
+  2. drop buffered samples with a token older than v − η (counted), take the B oldest groups,
+  3. one training step (`areal_core/train/step.py`): advantages, π_prox, minibatches, loss,
+     backward, gradient clipping, optimizer,
+  4. write the audit record trainer/trained/step-{N}.json,
+  5. checkpoint every `checkpoint_every` steps, then publish v+1,
+  6. metrics: MLflow (the injected tracker), heartbeat, trainer/metrics.jsonl.
 
-Under torchrun (WORLD_SIZE > 1) every rank runs this trainer with the model sharded by FSDP2
-(`areal_core.distributed`): rank 0 alone reads and writes the store (ingests shards, picks the
-batch and broadcasts it, writes the audit log, checkpoints, publishes, heartbeats, DONE); every
-rank takes part in the step (`distributed_ppo_step`) and in the collective gathers of the full
-model and optimizer state. One process is the plain single-process path.
+World size 1 is the ordinary case. Under torchrun every rank runs this trainer with the model
+sharded by FSDP2 (`areal_core/train/distributed.py`): rank 0 alone reads and writes the store
+(ingests shards, picks the batch and broadcasts it, writes the audit log, checkpoints,
+publishes, heartbeats, DONE); every rank takes part in the step and in the collective gathers
+of the full model and optimizer state.
+
+The role entry point passes in the resolved config, the metrics tracker and the held-out
+evaluation, so the trainer imports nothing from the run layer or the rollout engines.
 
 A restart from a checkpoint older than the newest published version continues numbering
 after it (`areal_core/train/lineage.py`), so no `weights/v{N}` is ever republished with
@@ -25,11 +30,20 @@ import json
 import logging
 import tempfile
 import time
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import torch
 
 from areal_core.config import RunConfig
-from areal_core.distributed import (
+from areal_core.models import load_pretrained, save_pretrained
+from areal_core.protocol import Sample, read_shard_or_quarantine, unique
+from areal_core.staleness import staleness_histogram
+from areal_core.store import LAYOUT, Store
+from areal_core.train import checkpoint
+from areal_core.train.algorithm import required_inputs
+from areal_core.train.batch import GroupBuffer
+from areal_core.train.distributed import (
     DistContext,
     full_optimizer_state_dict,
     full_state_dict,
@@ -40,122 +54,45 @@ from areal_core.distributed import (
     shutdown,
     state_dict_bytes_rank0,
 )
-from areal_core.evaluate import greedy_accuracy
-from areal_core.models import load_pretrained, save_pretrained
-from areal_core.prompts import load_prompts
-from areal_core.protocol import Sample, read_shard_or_quarantine
-from areal_core.run.context import load_run_config, set_threads
-from areal_core.run.tracking import Tracker
-from areal_core.staleness import staleness_histogram
-from areal_core.store import DISCARDED_GROUPS, FINAL_MODEL, INIT_MODEL, Store
-from areal_core.train import checkpoint
-from areal_core.train.algorithm import compute_advantages, compute_loss, required_inputs
-from areal_core.train.batch import GroupBuffer, TrainBatch, collate
-from areal_core.train.distributed_step import distributed_ppo_step
-from areal_core.train.entropy import token_logprobs_and_entropy
 from areal_core.train.lineage import holds_version_in, newest_published, resume_version
-from areal_core.train.logprobs import token_logprobs
-from areal_core.train.packing import packed_token_logprobs
 from areal_core.train.schedule import lr_factor
+from areal_core.train.step import train_step
 from areal_core.train.value_head import Critic
-from areal_core.train.weights import WeightPublisher, hf_side_files, prune, state_dict_bytes
+from areal_core.weights.publisher import WeightPublisher, hf_side_files, prune, state_dict_bytes
 
 log = logging.getLogger("areal.trainer")
 
-# Every torchrun rank runs the trainer (FSDP2); rank 0 alone reads and writes the store.
-SUPPORTS_DISTRIBUTED = True
-
 Batch = tuple[list[Sample] | None, list[Sample], list[Sample]]  # (samples, dropped, abandoned)
+Evaluate = Callable[[torch.nn.Module, Any], float]  # (model, tokenizer) -> held-out score
 
 
-def policy_logprobs(
-    model, batch: TrainBatch, rows: torch.Tensor | None, cfg: RunConfig, pad_id: int, entropy: bool = False
-):
-    """Per-token log-probs (and entropy) of `rows` of the batch, packed without padding when configured."""
-    ids, attn = batch.input_ids, batch.attention_mask
-    if rows is not None:
-        ids, attn = ids[rows], attn[rows]
-    temperature = cfg.rollout.temperature or 1.0
-    if cfg.train.packing:
-        return packed_token_logprobs(model, ids, attn, temperature, pad_id=pad_id, with_entropy=entropy)
-    if entropy:
-        return token_logprobs_and_entropy(model, ids, attn, temperature)
-    return token_logprobs(model, ids, attn, temperature)
-
-
-def ppo_update(
-    model, optimizer, samples: list[Sample], cfg: RunConfig, pad_id: int, ref_model=None, critic: Critic | None = None
-) -> dict[str, float]:
-    """One training step on complete groups: the configured advantage estimator and loss
-    (decoupled PPO by default), `train.ppo_minibatches` optimizer steps; returns metrics.
-    `critic` (needed for adv_estimator=gae) gets its values before the update for GAE and is
-    trained on the same loss (its value term) with its own optimizer."""
-    algo, n_mb = cfg.algo, cfg.train.ppo_minibatches
-    batch = collate(samples, pad_id)
-    need = required_inputs(algo)
-    prox_all = ref_all = None
-    with torch.no_grad():
-        if n_mb > 1 or algo.kl_as_reward:
-            prox_all = policy_logprobs(model, batch, None, cfg, pad_id)
-        if "ref_logp" in need:
-            if ref_model is None:
-                raise ValueError("this algorithm needs a reference model")
-            ref_all = policy_logprobs(ref_model, batch, None, cfg, pad_id)
-    if "values" in need and critic is None:
-        raise ValueError("algo.adv_estimator=gae needs a critic (areal_core/train/value_head.py)")
-    vkw = {"packing": cfg.train.packing, "pad_id": pad_id}
-    old_v = critic.token_values(batch.input_ids, batch.attention_mask, grad=False, **vkw) if "values" in need else None
-    adv, returns, stats = compute_advantages(
-        algo, batch.rewards, batch.group_index, batch.loss_mask, prox_logp=prox_all, ref_logp=ref_all, old_values=old_v
-    )
-    for mb in range(n_mb):
-        rows = (batch.group_index % n_mb) == mb
-        out = policy_logprobs(model, batch, rows, cfg, pad_id, entropy="entropy" in need)
-        logp, ent = out if isinstance(out, tuple) else (out, None)
-        # π_prox: the parameters before this update; with one minibatch that is this very forward pass
-        prox = logp.detach() if prox_all is None else prox_all[rows]
-        values = None
-        if old_v is not None:  # the critic's values of these rows, with gradient
-            values = critic.token_values(batch.input_ids[rows], batch.attention_mask[rows], **vkw)
-        loss, mb_stats = compute_loss(
-            algo,
-            logp,
-            prox,
-            batch.behav_logprobs[rows],
-            batch.rewards[rows],
-            batch.group_index[rows],
-            batch.loss_mask[rows],
-            ref_logp=None if ref_all is None else ref_all[rows],
-            entropy=ent,
-            advantages=adv[rows],
-            returns=None if returns is None else returns[rows],
-            values=values,
-            old_values=None if old_v is None else old_v[rows],
-        )
-        optimizer.zero_grad(set_to_none=True)
-        if old_v is not None:
-            critic.zero_grad()
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip or float("inf"))
-        optimizer.step()
-        if old_v is not None:
-            mb_stats["critic_grad_norm"] = critic.step()
-        for k, v in {**mb_stats, "loss": loss.item(), "grad_norm": float(grad_norm)}.items():
-            stats[k] = stats.get(k, 0.0) + v / n_mb
-    stats["reward_mean"] = batch.rewards.mean().item()
-    stats["response_tokens"] = batch.loss_mask.sum().item()
-    return stats
+class MetricsTracker(Protocol):
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None: ...
 
 
 class Trainer:
-    def __init__(self, run_uri: str):
+    """`cfg`: the run's resolved config (the store's config.yaml). `evaluate(model, tokenizer)`:
+    the held-out score, called on rank 0 every `train.eval_every` steps. `tracker`: where rank 0
+    logs each step's metrics (MLflow in a run). `guard()`: raises when the run no longer owns its
+    root (called before the final model and DONE are written)."""
+
+    def __init__(
+        self,
+        run_uri: str,
+        cfg: RunConfig,
+        *,
+        evaluate: Evaluate | None = None,
+        tracker: MetricsTracker | None = None,
+        guard: Callable[[], None] | None = None,
+    ):
+        if cfg.train.eval_every and evaluate is None:
+            raise ValueError("train.eval_every is set but the trainer was given no evaluate callable")
         self.store = Store(run_uri)
-        self.cfg = load_run_config(self.store)
+        self.cfg = cfg
         self.dist = init_distributed(self.cfg.device)
         main = self.dist.is_main
-        set_threads(self.cfg.threads_per_role)
         torch.manual_seed(self.cfg.seed)
-        self.model, self.tokenizer = load_pretrained(self.store.url(INIT_MODEL), self.cfg.device)
+        self.model, self.tokenizer = load_pretrained(self.store.url(LAYOUT.init_model), self.cfg.device)
         self.model.train()
         self.optimizer = self._make_optimizer()
         self.side_files = hf_side_files(self.model, self.tokenizer)
@@ -163,17 +100,18 @@ class Trainer:
         self.publisher = WeightPublisher(self.store, self.side_files, tc.weight_delta, tc.weight_full_every)
         self.ref_model = None
         if "ref_logp" in required_inputs(self.cfg.algo):
-            self.ref_model, _ = load_pretrained(self.store.url(INIT_MODEL), self.cfg.device)
+            self.ref_model, _ = load_pretrained(self.store.url(LAYOUT.init_model), self.cfg.device)
             self.ref_model.eval().requires_grad_(False)
         # PPO with GAE: a critic (value head on its own body; one process only), checkpointed, never published
         self.critic = (
-            Critic.from_pretrained(self.store.url(INIT_MODEL), self.cfg)
+            Critic.from_pretrained(self.store.url(LAYOUT.init_model), self.cfg)
             if "values" in required_inputs(self.cfg.algo)
             else None
         )
         self.buffer = GroupBuffer()
-        self.tracker = Tracker.attach(self.store) if main else Tracker(None, "")
-        self.eval_records = load_prompts(self.store, "eval")[: self.cfg.eval.num_samples] if main else []
+        self.tracker = tracker if main else None
+        self._evaluate = evaluate
+        self._guard = guard
         self._full_copy: torch.nn.Module | None = None  # rank 0's unsharded model for eval / final_model
         # every rank restores the full model and optimizer (nothing writes checkpoints meanwhile)
         restored = checkpoint.restore(self.store, self.model, self.optimizer)
@@ -198,10 +136,11 @@ class Trainer:
                 load_full_optimizer_state_dict(self.model, self.optimizer, osd, self.dist)
             if self.ref_model is not None:
                 self.ref_model = shard_model(self.ref_model, self.dist)
-        self.consumed = set(self.state.consumed)
+        self.consumed = set(self.state.consumed)  # shard paths read (so a shard is read once)
+        self.seen = set(self.state.seen)  # sample identities consumed (so a sample is used once)
         self._metrics_lines: list[str] = []
-        if main and self.store.exists("trainer/metrics.jsonl"):
-            old = self.store.read_text("trainer/metrics.jsonl").splitlines()
+        if main and self.store.exists(LAYOUT.metrics):
+            old = self.store.read_text(LAYOUT.metrics).splitlines()
             self._metrics_lines = [line for line in old if line and json.loads(line)["step"] <= self.state.step]
         self._resume_versions()
 
@@ -239,14 +178,21 @@ class Trainer:
         return state_dict_bytes_rank0(self.model, self.dist)
 
     def ingest(self) -> int:
-        new = [p for p in self.store.find("trajectories/graded", ".arrow") if p not in self.consumed]
+        """Read the graded shards not read yet into the buffer; samples already consumed under
+        another shard name (a copied shard) are skipped and counted as duplicate_samples."""
+        new = [p for p in self.store.find(LAYOUT.graded_dir, ".arrow") if p not in self.consumed]
         for rel in new:
             samples = read_shard_or_quarantine(self.store, rel)
             if samples is None:
                 self.state.counters["quarantined_shards"] += 1
                 log.warning("quarantined corrupt shard %s", rel)
             else:
-                self.buffer.add(samples)
+                fresh = unique(samples, self.seen)
+                if len(fresh) < len(samples):
+                    counters = self.state.counters
+                    counters["duplicate_samples"] = counters.get("duplicate_samples", 0) + len(samples) - len(fresh)
+                    log.warning("shard %s: %d samples already consumed, skipped", rel, len(samples) - len(fresh))
+                self.buffer.add(fresh)
             self.consumed.add(rel)
         return len(new)
 
@@ -269,7 +215,7 @@ class Trainer:
             return
         counters = self.state.counters
         counters["discarded_groups"] = counters.get("discarded_groups", 0) + len(gone)
-        self.store.write_json(DISCARDED_GROUPS, {"groups": counters["discarded_groups"]})
+        self.store.write_json(LAYOUT.discarded_groups, {"groups": counters["discarded_groups"]})
 
     def _count_drops(self, dropped: list[Sample], abandoned: list[Sample]) -> None:
         st = self.state
@@ -280,51 +226,31 @@ class Trainer:
     def step(
         self, samples: list[Sample], dropped: list[Sample], abandoned: list[Sample] | None = None
     ) -> dict[str, float]:
-        cfg, st, main = self.cfg, self.state, self.dist.is_main
+        """Train on `samples` (the same on every rank), then audit, checkpoint, publish; returns
+        the step's metrics. Collective."""
+        cfg, st = self.cfg, self.state
         abandoned = abandoned or []
-        lr = cfg.train.lr * lr_factor(
-            st.step, cfg.train.steps, cfg.train.lr_warmup_steps, cfg.train.lr_schedule, cfg.train.lr_min_ratio
-        )
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        lr = self._set_lr()
         t0 = time.perf_counter()
-        if self.dist.distributed:
-            metrics = distributed_ppo_step(
-                self.model, self.optimizer, samples, cfg, self.tokenizer.pad_token_id, self.dist, self.ref_model
-            )
-        else:
-            metrics = ppo_update(
-                self.model, self.optimizer, samples, cfg, self.tokenizer.pad_token_id, self.ref_model, self.critic
-            )
+        metrics = train_step(
+            self.model,
+            self.optimizer,
+            samples,
+            cfg,
+            self.tokenizer.pad_token_id,
+            ctx=self.dist,
+            ref_model=self.ref_model,
+            critic=self.critic,
+        )
         t_train = time.perf_counter() - t0
         trained_versions = [v for s in samples for v, m in zip(s.versions, s.loss_mask) if m]
-        hist = staleness_histogram(trained_versions, st.version)
-        if main:
-            record = {
-                "step": st.step,
-                "trainer_version": st.version,
-                "eta": cfg.train.eta,
-                "samples": [[s.sample_id, s.min_version()] for s in samples],
-                "dropped": [[s.sample_id, s.min_version()] for s in dropped],
-                "staleness_histogram": hist,
-            }
-            if st.abandoned:
-                record["abandoned"] = [[s.sample_id, s.min_version()] for s in abandoned]
-                record["abandoned_versions"] = st.abandoned
-            self.store.write_json(f"trainer/trained/step-{st.step:06d}.json", record)
+        if self.dist.is_main:
+            self._write_audit(samples, dropped, abandoned, staleness_histogram(trained_versions, st.version))
         st.step += 1
         st.version += 1
         self._count_drops(dropped, abandoned)
         st.counters["trained_samples"] += len(samples)
-        blob = self._weights_bytes()  # collective: every rank
-        # Checkpoint before publishing: a restart then republishes identical weights under the
-        # same number (or, from an older checkpoint, continues after the newest published one).
-        if st.step % cfg.train.checkpoint_every == 0 or st.step == cfg.train.steps:
-            self.save_checkpoint(blob, gathered=True)
-        publish_s = 0.0
-        if main:
-            publish_s = self.publisher.publish(st.version, blob)
-            prune(self.store, st.version - max(8, 2 * cfg.train.eta + 2))
+        publish_s = self._checkpoint_and_publish()
         staleness = [st.version - 1 - v for v in trained_versions]
         metrics.update(
             staleness_mean=sum(staleness) / max(len(staleness), 1),
@@ -343,6 +269,45 @@ class Trainer:
             metrics["eval_accuracy"] = self.evaluate()
         return metrics
 
+    def _set_lr(self) -> float:
+        """This step's learning rate from the schedule (train/schedule.py), set on the optimizer."""
+        tc, step = self.cfg.train, self.state.step
+        lr = tc.lr * lr_factor(step, tc.steps, tc.lr_warmup_steps, tc.lr_schedule, tc.lr_min_ratio)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
+
+    def _write_audit(self, samples: list[Sample], dropped: list[Sample], abandoned: list[Sample], hist: dict) -> None:
+        """trainer/trained/step-{N}.json: which samples this step trained and dropped (rank 0)."""
+        st = self.state
+        record = {
+            "step": st.step,
+            "trainer_version": st.version,
+            "eta": self.cfg.train.eta,
+            "samples": [[s.sample_id, s.min_version()] for s in samples],
+            "dropped": [[s.sample_id, s.min_version()] for s in dropped],
+            "staleness_histogram": hist,
+        }
+        if st.abandoned:
+            record["abandoned"] = [[s.sample_id, s.min_version()] for s in abandoned]
+            record["abandoned_versions"] = st.abandoned
+        self.store.write_json(LAYOUT.trained_record(st.step), record)
+
+    def _checkpoint_and_publish(self) -> float:
+        """Checkpoint (every `checkpoint_every` steps and at the end), then publish the new version
+        (rank 0); returns the publish time. Checkpoint before publishing: a restart then
+        republishes identical weights under the same number (or, from an older checkpoint,
+        continues after the newest published one). Collective."""
+        cfg, st = self.cfg, self.state
+        blob = self._weights_bytes()  # collective: every rank
+        if st.step % cfg.train.checkpoint_every == 0 or st.step == cfg.train.steps:
+            self.save_checkpoint(blob, gathered=True)
+        if not self.dist.is_main:
+            return 0.0
+        publish_s = self.publisher.publish(st.version, blob)
+        prune(self.store, st.version - max(8, 2 * cfg.train.eta + 2))
+        return publish_s
+
     def _full_model(self) -> torch.nn.Module | None:
         """The model with every parameter in one process: the trainer's own model when not sharded;
         otherwise rank 0's unsharded copy refreshed from the shards (collective; None off rank 0)."""
@@ -352,17 +317,16 @@ class Trainer:
         if not self.dist.is_main:
             return None
         if self._full_copy is None:
-            self._full_copy, _ = load_pretrained(self.store.url(INIT_MODEL), self.cfg.device)
+            self._full_copy, _ = load_pretrained(self.store.url(LAYOUT.init_model), self.cfg.device)
         self._full_copy.load_state_dict(state)
         return self._full_copy
 
     def evaluate(self) -> float:
-        """Held-out greedy accuracy (rank 0 generates alone on the gathered model; 0.0 elsewhere)."""
-        e = self.cfg.eval
-        model = self._full_model()
+        """The injected held-out score (rank 0 evaluates alone on the gathered model; 0.0 elsewhere)."""
+        model = self._full_model()  # collective
         if model is None:
             return 0.0
-        return greedy_accuracy(model, self.tokenizer, self.eval_records, e.max_new_tokens, e.batch_size)
+        return self._evaluate(model, self.tokenizer)
 
     def save_checkpoint(self, model_bytes: bytes | None = None, gathered: bool = False) -> None:
         """Checkpoint (rank 0 writes). Collective. `gathered`: `model_bytes` already holds
@@ -372,6 +336,7 @@ class Trainer:
         osd = indexed_optimizer_state(self.model, self.optimizer, self.dist) if self.dist.distributed else None
         if self.dist.is_main:
             self.state.consumed = sorted(self.consumed)
+            self.state.seen = sorted(self.seen)
             if self.critic is not None:  # before checkpoint.save writes COMMITTED
                 self.critic.save(self.store, self.state.step)
             checkpoint.save(
@@ -384,7 +349,10 @@ class Trainer:
                 optimizer_state=osd,
             )
 
-    def run(self) -> dict[str, float]:
+    def fit(self) -> dict[str, float]:
+        """Train until `train.steps`: graded shards -> buffer -> staleness drop -> step ->
+        checkpoint -> publish -> metrics; then the final model and DONE. Returns the last
+        step's metrics."""
         cfg, st, main = self.cfg, self.state, self.dist.is_main
         t_start, last = time.time(), {}
         idle_s = cfg.train.poll_interval_s
@@ -400,38 +368,47 @@ class Trainer:
             if cfg.train.slow_step_s:
                 time.sleep(cfg.train.slow_step_s)
             last = self.step(samples, dropped, abandoned)
-            if not main:
-                continue
-            self.tracker.log_metrics(last, st.step)
-            with_metrics = {k: round(v, 4) for k, v in last.items()}
-            self.store.heartbeat(
-                "trainer",
-                "0",
-                step=st.step,
-                version=st.version,
-                steps=cfg.train.steps,
-                world_size=self.dist.world_size,
-                elapsed_s=time.time() - t_start,
-                **with_metrics,
-            )
-            self._append_metrics({"step": st.step, **with_metrics})
+            if main:
+                self._log_metrics(last, time.time() - t_start)
         self.finish()
         return last
 
+    def _log_metrics(self, metrics: dict[str, float], elapsed_s: float) -> None:
+        """Rank 0: the tracker, the heartbeat and trainer/metrics.jsonl."""
+        st = self.state
+        if self.tracker is not None:
+            self.tracker.log_metrics(metrics, st.step)
+        rounded = {k: round(v, 4) for k, v in metrics.items()}
+        self.store.heartbeat(
+            "trainer",
+            "0",
+            step=st.step,
+            version=st.version,
+            steps=self.cfg.train.steps,
+            world_size=self.dist.world_size,
+            elapsed_s=elapsed_s,
+            **rounded,
+        )
+        self._append_metrics({"step": st.step, **rounded})
+
     def _append_metrics(self, row: dict) -> None:
         self._metrics_lines.append(json.dumps(row))
-        self.store.write_text("trainer/metrics.jsonl", "\n".join(self._metrics_lines) + "\n")
+        self.store.write_text(LAYOUT.metrics, "\n".join(self._metrics_lines) + "\n")
 
     def finish(self) -> None:
         model = self._full_model()  # collective
         if model is None:
             return
+        if self._guard is not None:
+            self._guard()
         with tempfile.TemporaryDirectory() as tmp:
             save_pretrained(model, self.tokenizer, tmp)
-            self.store.put_dir(tmp, FINAL_MODEL)
-        self.store.write_json(f"{FINAL_MODEL}/COMMITTED", {"step": self.state.step, "version": self.state.version})
+            self.store.put_dir(tmp, LAYOUT.final_model)
         self.store.write_json(
-            "DONE",
+            LAYOUT.committed(LAYOUT.final_model), {"step": self.state.step, "version": self.state.version}
+        )
+        self.store.write_json(
+            LAYOUT.done,
             {
                 "step": self.state.step,
                 "version": self.state.version,
@@ -442,10 +419,17 @@ class Trainer:
         log.info("DONE at step %d", self.state.step)
 
 
-def run_trainer(run_uri: str) -> dict[str, float]:
-    """The trainer role: one process, or every rank of a torchrun group (FSDP2)."""
-    trainer = Trainer(run_uri)
+def run_trainer(
+    run_uri: str,
+    cfg: RunConfig,
+    *,
+    evaluate: Evaluate | None = None,
+    tracker: MetricsTracker | None = None,
+    guard: Callable[[], None] | None = None,
+) -> dict[str, float]:
+    """The trainer role on this process: one process, or every rank of a torchrun group (FSDP2)."""
+    trainer = Trainer(run_uri, cfg, evaluate=evaluate, tracker=tracker, guard=guard)
     try:
-        return trainer.run()
+        return trainer.fit()
     finally:
         shutdown(trainer.dist)

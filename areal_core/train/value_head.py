@@ -1,6 +1,6 @@
 """The critic for PPO with GAE (`algo.adv_estimator: gae`): a value head on its own transformer body.
 
-    critic = Critic.from_pretrained(store.url(INIT_MODEL), cfg)           # body of the SFT model
+    critic = Critic.from_pretrained(store.url(LAYOUT.init_model), cfg)        # body of the SFT model
     old_v = critic.token_values(ids, attn, grad=False)                    # V before the update
     adv, returns, _ = compute_advantages(cfg.algo, ..., old_values=old_v)
     v = critic.token_values(ids[rows], attn[rows])                        # with gradient
@@ -31,8 +31,7 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from areal_core.store import Store
-from areal_core.train.checkpoint import PREFIX
+from areal_core.store import LAYOUT, Store
 from areal_core.train.packing import _unpack, micro_batches_by_tokens, pack
 
 CRITIC_FILE = "critic.safetensors"
@@ -147,21 +146,22 @@ class Critic:
 
     def save(self, store: Store, step: int) -> None:
         """Write the critic into trainer/checkpoints/step-{step}/ (call before its COMMITTED)."""
-        base = f"{PREFIX}/step-{step:06d}"
         tensors = {k: v.detach().contiguous().cpu() for k, v in self.model.state_dict().items()}
-        store.write_bytes(f"{base}/{CRITIC_FILE}", st_save(tensors))
+        store.write_bytes(LAYOUT.checkpoint_file(step, CRITIC_FILE), st_save(tensors))
         buf = io.BytesIO()
         torch.save(self.optimizer.state_dict(), buf)
-        store.write_bytes(f"{base}/{CRITIC_OPTIMIZER_FILE}", buf.getvalue())
+        store.write_bytes(LAYOUT.checkpoint_file(step, CRITIC_OPTIMIZER_FILE), buf.getvalue())
 
     def restore(self, store: Store, step: int) -> None:
         """Load the critic saved with checkpoint step-{step}; raises FileNotFoundError if absent."""
-        base = f"{PREFIX}/step-{step:06d}"
-        if not store.exists(f"{base}/{CRITIC_FILE}"):
-            raise FileNotFoundError(f"checkpoint {base} has no critic ({CRITIC_FILE}); cannot resume PPO with GAE")
+        critic = LAYOUT.checkpoint_file(step, CRITIC_FILE)
+        if not store.exists(critic):
+            raise FileNotFoundError(
+                f"checkpoint {LAYOUT.checkpoint_dir(step)} has no critic ({CRITIC_FILE}); cannot resume PPO with GAE"
+            )
         dev = next(self.model.parameters()).device
-        self.model.load_state_dict(
-            {k: v.to(dev) for k, v in st_load(store.read_bytes(f"{base}/{CRITIC_FILE}")).items()}
+        self.model.load_state_dict({k: v.to(dev) for k, v in st_load(store.read_bytes(critic)).items()})
+        blob = torch.load(
+            io.BytesIO(store.read_bytes(LAYOUT.checkpoint_file(step, CRITIC_OPTIMIZER_FILE))), weights_only=False
         )
-        blob = torch.load(io.BytesIO(store.read_bytes(f"{base}/{CRITIC_OPTIMIZER_FILE}")), weights_only=False)
         self.optimizer.load_state_dict(blob)

@@ -12,11 +12,11 @@ the tensors.
     model = shard_model(model, ctx)                  # before the optimizer is created
     optimizer = torch.optim.AdamW(model.parameters(), ...)
     samples = ctx.broadcast_object(samples)          # rank 0's choice
-    stats = distributed_ppo_step(model, optimizer, samples, cfg, pad_id, ctx)   # train/distributed_step.py
+    stats = train_step(model, optimizer, samples, cfg, pad_id, ctx=ctx)   # train/step.py
     blob = state_dict_bytes_rank0(model, ctx)        # collective; bytes on rank 0, None elsewhere
 
-With WORLD_SIZE unset or 1 everything degrades to the single-process path: no process group,
-the model is not wrapped, and collectives are identities.
+With WORLD_SIZE unset or 1 (the ordinary case) there is no process group, the model is not
+wrapped, and the collectives are identities.
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ def load_full_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor],
 
 def state_dict_bytes_rank0(model: torch.nn.Module, ctx: DistContext) -> bytes | None:
     """safetensors bytes of the full model on rank 0 (tied lm_head stored once, as
-    areal_core.train.weights.state_dict_bytes does); None on other ranks. Collective."""
+    areal_core.weights.publisher.state_dict_bytes does); None on other ranks. Collective."""
     from safetensors.torch import save as st_save
 
     sd = full_state_dict(model, ctx)
@@ -221,31 +221,3 @@ def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> float:
     if hasattr(norm, "full_tensor"):
         norm = norm.full_tensor()
     return float(norm)
-
-
-def trainer_supports_distributed() -> bool:
-    """True when areal_core/train/trainer.py runs every rank through this module (it does:
-    `SUPPORTS_DISTRIBUTED`); kept as a switch so a trainer without it degrades safely."""
-    from areal_core.train import trainer
-
-    return bool(getattr(trainer, "SUPPORTS_DISTRIBUTED", False))
-
-
-def run_trainer_rank(run_uri: str) -> dict:
-    """What every torchrun rank of the Flyte Elastic trainer task runs.
-
-    One process: the trainer. Several: every rank runs the trainer, which shards the model with
-    FSDP2 and lets rank 0 alone read and write the store (trainer.SUPPORTS_DISTRIBUTED). A trainer
-    without that switch would run on rank 0 alone while the other ranks exit at once, so a world
-    size > 1 could waste devices but never train or publish twice.
-    """
-    from areal_core.run.roles import run_role
-
-    rank, world, _ = env_ranks()
-    if world == 1 or trainer_supports_distributed():
-        return run_role("trainer", run_uri)
-    if rank == 0:
-        log.warning("trainer world size %d but the trainer has no FSDP integration yet: rank 0 trains alone", world)
-        return run_role("trainer", run_uri)
-    log.warning("rank %d idle: the trainer has no FSDP integration yet", rank)
-    return {}

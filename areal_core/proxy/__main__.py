@@ -1,18 +1,19 @@
-"""`python -m areal_core.proxy.server`: serve an HF checkpoint through the proxy (online mode)."""
+"""`python -m areal_core.proxy --model <hf dir> --api-key <key> [--store URI]`: serve an HF checkpoint
+through the proxy (online mode: with --store, each ended session is written there as a shard)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 
+from areal_core.proxy.app import create_app
 from areal_core.proxy.guard import ProxyLimits
-from areal_core.proxy.server import create_app
 
 
-# ---------------------------------------------------------------------------------------------
-# Command line: serve an HF checkpoint (online mode)
-# ---------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description="Serve a policy through the OpenAI-compatible proxy.")
+    ap = argparse.ArgumentParser(
+        prog="python -m areal_core.proxy", description="Serve a policy through the OpenAI-compatible proxy."
+    )
     ap.add_argument("--model", required=True, help="HF checkpoint folder or fsspec URI")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
@@ -27,8 +28,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-
-    import os
 
     import torch
     import uvicorn

@@ -1,0 +1,131 @@
+"""Run configs from YAML files plus dotted overrides, validated before any work starts.
+
+    cfg = load_config("configs/default.yaml", ["train.lr=3e-4", "rollout.num_workers=2"])
+
+Every key is checked: an unknown key, a wrong type or an out-of-range value raises
+`ConfigError` with a one-line message naming the key.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from areal_core.config.base import ConfigError
+from areal_core.config.hooks import import_object
+from areal_core.config.run import RunConfig, resolve_python
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`"train.lr=3e-4"` -> ("train.lr", 3e-4); the value is parsed as YAML."""
+    if "=" not in text:
+        raise ConfigError(f"override '{text}' must look like key=value")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"override '{text}' has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override '{text}': value is not valid YAML ({exc})") from None
+    return key, value
+
+
+def _merge(base: dict[str, Any], data: Any, where: str) -> dict[str, Any]:
+    """`data` laid over `base`: mappings merge key by key, anything else replaces."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"config section '{where}' must be a mapping, got {data!r}")
+    out = dict(base)
+    for key, value in data.items():
+        old = out.get(key)
+        out[key] = _merge(old, value, key) if isinstance(old, dict) and isinstance(value, dict) else value
+    return out
+
+
+def _nest(dotted: str, value: Any) -> dict[str, Any]:
+    """`("train.lr", 1e-3)` -> `{"train": {"lr": 1e-3}}`."""
+    for part in reversed(dotted.split(".")):
+        value = {part: value}
+    return value
+
+
+def _check_environment(cfg: RunConfig) -> None:
+    """What the model alone cannot see: hooks import, the vLLM interpreter exists."""
+    if cfg.rollout.workflow:
+        import_object(cfg.rollout.workflow, key="rollout.workflow")
+    if cfg.rollout.agent:
+        import_object(cfg.rollout.agent, key="rollout.agent", coroutine=True)
+    for key, path in (("agent.corpus", cfg.agent.corpus), ("agent.sft_examples", cfg.agent.sft_examples)):
+        if path:
+            import_object(path, key=key)
+    srv = cfg.rollout.server
+    if cfg.rollout.engine == "vllm" and not srv.url and "/" in srv.python and not resolve_python(srv.python).exists():
+        raise ConfigError(
+            f"config key 'rollout.server.python': no vLLM interpreter at {resolve_python(srv.python)} "
+            "(run `make vllm-venv`, or set rollout.server.url)"
+        )
+
+
+def validate(cfg: RunConfig) -> RunConfig:
+    """Every check of the model (again, after any assignments) plus the hooks and the vLLM
+    interpreter; raises ConfigError naming the first bad key."""
+    RunConfig.from_data(cfg.model_dump())
+    _check_environment(cfg)
+    return cfg
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Read YAML files (if given; comma-separated paths apply in order), apply dotted
+    overrides, validate. Raises ConfigError.
+
+        load_config("configs/default.yaml,configs/algorithms/dapo.yaml", ["train.eta=0"])
+    """
+    data: dict[str, Any] = {}
+    for one in str(path or "").split(","):
+        if not one.strip():
+            continue
+        p = Path(one.strip())
+        if not p.is_file():
+            raise ConfigError(f"config file '{one.strip()}' does not exist")
+        try:
+            loaded = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file '{p}' is not valid YAML: {str(exc).splitlines()[0]}") from None
+        data = _merge(data, loaded, "<root>")
+    for text in overrides or []:
+        data = _merge(data, _nest(*parse_override(text)), "<root>")
+    return validate(RunConfig.from_data(data))
+
+
+def from_yaml_text(text: str) -> RunConfig:
+    """Rebuild a config saved by `to_yaml` (the run root's config.yaml)."""
+    data = yaml.safe_load(text) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config section '<root>' must be a mapping, got {data!r}")
+    return validate(RunConfig.from_data(data))
+
+
+def to_dict(cfg: RunConfig) -> dict[str, Any]:
+    return cfg.model_dump()
+
+
+def to_yaml(cfg: RunConfig) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def to_flat_dict(cfg: RunConfig) -> dict[str, Any]:
+    """`{"train.lr": 1e-3, ...}`: every leaf under its dotted key."""
+    out: dict[str, Any] = {}
+
+    def walk(node: dict[str, Any], prefix: str) -> None:
+        for k, v in node.items():
+            if isinstance(v, dict):
+                walk(v, f"{prefix}{k}.")
+            else:
+                out[f"{prefix}{k}"] = v
+
+    walk(to_dict(cfg), "")
+    return out

@@ -1,0 +1,140 @@
+"""OpenAI-compatible proxy in front of a rollout engine: serves the current policy and records
+exactly what it served, so an agent episode becomes one trajectory row without re-tokenising.
+
+    app = create_app(engine, tokenizer, api_keys=["sk-..."])       # a TorchEngine or any async backend
+    server = ProxyServer(app).start()                               # uvicorn on 127.0.0.1, a free port
+    client = openai.OpenAI(base_url=server.base_url, api_key="sk-...")
+
+Endpoints (all under /v1 need `Authorization: Bearer <key>`), one router each in routes/:
+    GET  /v1/models, /v1/models/{id}                                        health.py
+    POST /v1/chat/completions        non-streaming and streaming (SSE), tool calls   chat.py
+    POST /v1/completions             text or token-id prompts, streaming    completions.py
+    POST /v1/sessions                a new session id (optional: any X-Session-Id works)   sessions.py
+    GET  /v1/sessions/{id}           what the session holds (?include_tokens=true for the ids)
+    POST /v1/sessions/{id}/reward    {"reward": r, "turn": t | "completion_id": c | neither: final}
+    POST /v1/sessions/{id}/end       {"reward"?, "discount"?, "group_id"?, "prompt_id"?, "meta"?}
+    GET  /health                     no key needed                          health.py
+
+Every completion carries an extra top-level field `areal` (OpenAI clients ignore it):
+session_id, turn, segment, prompt_token_ids (the whole prompt fed), token_ids (served),
+logprobs (behaviour log-probs), versions (policy version per served token), timing.
+
+The engine is synchronous, so `BatchingBackend` runs it on one thread and batches the
+requests that wait together into one `generate` call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from areal_core.proxy.backend import as_backend
+from areal_core.proxy.guard import ApiKeys, GuardMiddleware, ProxyError, ProxyLimits, context_limit, error_body
+from areal_core.proxy.routes import chat, completions, health, sessions
+from areal_core.proxy.sessions import SessionError, SessionManager
+from areal_core.proxy.state import ProxyState
+from areal_core.proxy.templating import ChatMLTemplate
+from areal_core.rollout.engine import SamplingParams
+
+
+def create_app(
+    engine_backend: Any,
+    tokenizer: Any,
+    store: Any = None,
+    api_keys: Iterable[str] | ApiKeys = (),
+    limits: ProxyLimits | None = None,
+    *,
+    model_name: str = "areal-policy",
+    worker_id: str = "proxy-0",
+    turn_discount: float = 1.0,
+    tool_prompt: str = "full",
+    sampling: SamplingParams | None = None,
+    force_sampling: bool = False,
+) -> FastAPI:
+    """The proxy app over `engine_backend` (a sync RolloutEngine, batched on one thread, or an
+    object with an async `generate`).
+
+    store: when given, each ended session is written there as one shard (online mode).
+    sampling: server-side defaults; with force_sampling=True the request's temperature, top_p
+    and top_k are ignored, so the behaviour policy is the one the trainer assumes (training).
+    """
+    limits = limits or ProxyLimits()
+    keys = api_keys if isinstance(api_keys, ApiKeys) else ApiKeys(api_keys)
+    backend = as_backend(engine_backend)
+    template = ChatMLTemplate(tokenizer, tool_prompt=tool_prompt)
+    manager = SessionManager(
+        template,
+        worker_id=worker_id,
+        turn_discount=turn_discount,
+        store=store,
+        session_ttl_s=limits.session_ttl_s,
+        max_sessions=limits.max_sessions,
+    )
+    state = ProxyState(
+        backend=backend,
+        owns_backend=backend is not engine_backend,
+        tokenizer=tokenizer,
+        template=template,
+        sessions=manager,
+        api_keys=keys,
+        limits=limits,
+        context_limit=context_limit(backend, limits.max_context_tokens),
+        defaults=sampling or SamplingParams(max_new_tokens=limits.default_max_tokens),
+        force_sampling=force_sampling,
+        model_name=model_name,
+    )
+    app = FastAPI(
+        title="AReaL-Flyte agent proxy",
+        version="1.0",
+        description=(
+            "OpenAI-compatible chat/completions served by the current RL policy. Every response "
+            "carries an extra `areal` object with the served token ids, behaviour log-probs and "
+            "the policy version of each token. Sessions are keyed by API key or X-Session-Id."
+        ),
+        lifespan=_lifespan,
+    )
+    app.state.proxy = state
+    # the parts callers reach for (agent runner, tests)
+    app.state.backend, app.state.sessions, app.state.api_keys = backend, manager, keys
+    app.state.template, app.state.limits, app.state.context_limit = template, limits, state.context_limit
+    app.add_middleware(GuardMiddleware, keys=keys, max_request_bytes=limits.max_request_bytes)
+    app.add_exception_handler(ProxyError, _proxy_error)
+    app.add_exception_handler(SessionError, _session_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    for module in (health, chat, completions, sessions):
+        app.include_router(module.router)
+    return app
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    yield
+    state: ProxyState = app.state.proxy
+    if state.owns_backend:
+        state.backend.close()
+
+
+async def _proxy_error(request: Request, exc: ProxyError) -> JSONResponse:
+    return JSONResponse(error_body(exc.message, exc.kind, exc.code), status_code=exc.status)
+
+
+async def _session_error(request: Request, exc: SessionError) -> JSONResponse:
+    kind = "permission_error" if exc.status == 403 else "invalid_request_error"
+    return JSONResponse(error_body(exc.message, kind, exc.code), status_code=exc.status)
+
+
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """422 in OpenAI's error shape; the first error names the field, pydantic's list is `detail`."""
+    errors = jsonable_encoder(exc.errors(), custom_encoder={Exception: str})
+    first = errors[0] if errors else {}
+    where = ".".join(str(p) for p in first.get("loc", []) if p != "body")
+    msg = f"invalid request: {where or 'body'}: {first.get('msg', 'malformed')}"
+    if first.get("type") == "json_invalid" or (first.get("loc") == ["body"] and isinstance(first.get("input"), str)):
+        msg = "invalid request: the body is not a JSON object"
+    return JSONResponse(error_body(msg, "invalid_request_error", "validation_error", detail=errors), 422)

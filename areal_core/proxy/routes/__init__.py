@@ -1,0 +1,1 @@
+"""The proxy's routers: health, models, chat completions, completions, sessions."""

@@ -1,0 +1,79 @@
+"""POST /v1/chat/completions: non-streaming and streaming (SSE), tool calls."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from fastapi import APIRouter, Depends, Header, Request
+
+from areal_core.proxy.decoding import cut_at_stop, text_pieces, token_logprobs, usage
+from areal_core.proxy.guard import ProxyError
+from areal_core.proxy.routes.common import ERRORS, arrival_of, bearer, check_n, reply, session_of
+from areal_core.proxy.schemas import ChatCompletionRequest, ChatCompletionResponse
+from areal_core.proxy.state import State
+from areal_core.proxy.templating import parse_tool_calls
+from areal_core.rollout.engine import Generation
+
+router = APIRouter()
+
+
+@router.post(
+    "/v1/chat/completions",
+    tags=["openai"],
+    dependencies=[Depends(bearer)],
+    responses={
+        200: {
+            "model": ChatCompletionResponse,
+            "description": "a chat.completion, or with stream=true an SSE stream of chat.completion.chunk "
+            "objects whose last chunk carries `areal`",
+        },
+        **ERRORS,
+    },
+)
+async def chat_completions(
+    req: ChatCompletionRequest, request: Request, state: State, x_session_id: str | None = Header(default=None)
+):
+    check_n(req)
+    limit = state.limits.max_messages
+    if len(req.messages) > limit:
+        raise ProxyError(400, f"{len(req.messages)} messages exceed the limit of {limit}")
+    tools = req.tools if req.tool_choice != "none" else None
+    sid, owner = session_of(request, x_session_id)
+    explicit = req.max_completion_tokens or req.max_tokens
+    turn = await state.run_turn(sid, owner, lambda s: s.plan_chat(req.messages, tools), req, explicit)
+    tok = state.tokenizer
+    gen, text, stopped = cut_at_stop(tok, state.template.eos_id, turn.gen, req.stop)
+    turn.gen = gen
+    cid = f"chatcmpl-{uuid.uuid4().hex}"
+    parsed = parse_tool_calls(text, id_prefix=f"call_{cid[9:21]}") if tools else None
+    content = parsed.content if parsed else text
+    calls = parsed.tool_calls if parsed else []
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = calls
+    finish = "tool_calls" if calls else ("stop" if stopped else gen.finish_reason)
+    record = turn.session.commit(turn.plan, gen, cid, finish, assistant_message=message, tool_calls=len(calls))
+    state.sessions.counters["turns"] += 1
+    extra = state.areal_extra(turn, record, arrival_of(request))
+    lp = {"content": token_logprobs(tok, gen), "refusal": None} if req.logprobs else None
+    return reply(
+        req,
+        cid,
+        ("chat.completion", "chat.completion.chunk"),
+        {"message": message, "finish_reason": finish, "logprobs": lp},
+        _deltas(tok, gen, content or "", calls),
+        {"delta": {}, "finish_reason": finish},
+        usage(len(turn.plan.prompt_ids), len(gen.token_ids)),
+        extra,
+    )
+
+
+def _deltas(tokenizer: Any, gen: Generation, content: str, calls: list[dict]) -> Iterator[dict]:
+    """The streamed choices before the last: the role, the content per token, each tool call whole."""
+    yield {"delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+    for piece in text_pieces(tokenizer, gen, content):
+        yield {"delta": {"content": piece}, "finish_reason": None}
+    for i, call in enumerate(calls):
+        yield {"delta": {"tool_calls": [{"index": i, **call}]}, "finish_reason": None}

@@ -1,0 +1,83 @@
+"""What the routers share: the documented error answers, the bearer scheme (for the OpenAPI
+description; `GuardMiddleware` enforces the key), and who is asking for which session."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.security import HTTPBearer
+
+from areal_core.proxy.decoding import sse_stream
+from areal_core.proxy.guard import ProxyError
+from areal_core.proxy.schemas import SESSION_ID_PATTERN, ErrorResponse, _SamplingFields
+from areal_core.proxy.sessions import session_id_for_key
+
+ERRORS = {
+    code: {"model": ErrorResponse, "description": what}
+    for code, what in (
+        (400, "bad request: limits (context, max_tokens, n), unsupported content, bad X-Session-Id"),
+        (401, "missing or invalid API key"),
+        (403, "the session belongs to another API key"),
+        (404, "no such live session or turn"),
+        (413, "request body over the size limit"),
+        (422, "malformed body (schema validation)"),
+        (429, "too many live sessions"),
+    )
+}
+
+bearer = HTTPBearer(auto_error=False, description="API key; the guard middleware enforces it")
+
+
+def owner_of(request: Request) -> str:
+    """The digest of the request's API key, put in the scope by `GuardMiddleware`."""
+    owner = request.scope.get("state", {}).get("owner")
+    if owner is None:  # only reachable if the middleware was bypassed
+        raise ProxyError(401, "invalid API key", "invalid_api_key", "authentication_error")
+    return owner
+
+
+def arrival_of(request: Request) -> float:
+    """When the guard let the request in (perf_counter), else now."""
+    return request.scope.get("state", {}).get("t_arrival", time.perf_counter())
+
+
+def session_of(request: Request, x_session_id: str | None) -> tuple[str, str]:
+    """(session id, owner): the X-Session-Id header when given (400 if malformed), else the
+    session of the API key itself."""
+    owner = owner_of(request)
+    if x_session_id is not None:
+        if not re.match(SESSION_ID_PATTERN, x_session_id):
+            raise ProxyError(400, "X-Session-Id must be 1-128 of [A-Za-z0-9._:-]", "invalid_session_id")
+        return x_session_id, owner
+    auth = request.headers.get("authorization", "")
+    return session_id_for_key(auth.partition(" ")[2].strip()), owner
+
+
+def check_n(req: _SamplingFields) -> None:
+    if req.n != 1:
+        raise ProxyError(400, "n > 1 is not supported: send one request per sample", "unsupported_n")
+
+
+def reply(
+    req: _SamplingFields,
+    cid: str,
+    objects: tuple[str, str],
+    choice: dict,
+    chunks: Iterable[dict],
+    final: dict,
+    usage: dict,
+    areal: dict,
+) -> JSONResponse | StreamingResponse:
+    """A completion `objects[0]` with `choice` at index 0, or with stream=true an SSE stream of
+    `objects[1]` chunks: `chunks`, then `final` carrying `areal`, then `usage` when asked."""
+    head = {"id": cid, "object": objects[0], "created": int(time.time()), "model": req.model}
+    if not req.stream:
+        return JSONResponse({**head, "choices": [{"index": 0, **choice}], "usage": usage, "areal": areal})
+    head["object"] = objects[1]
+    with_usage = bool(req.stream_options and req.stream_options.include_usage)
+    frames = sse_stream(head, chunks, final, areal, usage if with_usage else None)
+    return StreamingResponse(frames, media_type="text/event-stream")

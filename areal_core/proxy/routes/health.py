@@ -1,0 +1,38 @@
+"""GET /health (no key), GET /v1/models and /v1/models/{id}."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends
+
+from areal_core.proxy.routes.common import ERRORS, bearer
+from areal_core.proxy.schemas import ModelCard, ModelList
+from areal_core.proxy.state import State
+
+router = APIRouter()
+
+
+@router.get("/health", tags=["service"])
+async def health(state: State) -> dict:
+    return {
+        "ok": True,
+        "policy_version": state.backend.version,
+        "live_sessions": len(state.sessions.sessions),
+        "sessions": dict(state.sessions.counters),
+    }
+
+
+@router.get(
+    "/v1/models", tags=["openai"], dependencies=[Depends(bearer)], responses={200: {"model": ModelList}, **ERRORS}
+)
+async def list_models(state: State):
+    return {"object": "list", "data": [state.model_card()]}
+
+
+@router.get(
+    "/v1/models/{model_id}",
+    tags=["openai"],
+    dependencies=[Depends(bearer)],
+    responses={200: {"model": ModelCard}, **ERRORS},
+)
+async def get_model(model_id: str, state: State):
+    return state.model_card()

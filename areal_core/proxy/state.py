@@ -1,0 +1,158 @@
+"""What every route of one proxy app shares: the backend, the sessions, the template, the
+limits and sampling defaults, and one turn (plan, budget, generate) under a session's lock.
+
+`create_app` puts one `ProxyState` on `app.state.proxy`; routes get it with
+`Depends(proxy_state)`, spelt `state: State`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+
+from areal_core.proxy.guard import ApiKeys, ProxyError, ProxyLimits
+from areal_core.proxy.schemas import _SamplingFields
+from areal_core.proxy.sessions import Session, SessionManager, TurnPlan
+from areal_core.proxy.templating import ChatMLTemplate, TemplateError
+from areal_core.rollout.engine import Generation, SamplingParams
+
+log = logging.getLogger("areal.proxy")
+
+
+@dataclass
+class Turn:
+    """One served turn, before it is committed to its session."""
+
+    session: Session
+    plan: TurnPlan
+    gen: Generation
+    wall_s: float
+
+
+@dataclass
+class ProxyState:
+    backend: Any  # BatchingBackend, AsyncBackendAdapter
+    owns_backend: bool  # create_app wrapped the engine itself: close the backend at shutdown
+    tokenizer: Any
+    template: ChatMLTemplate
+    sessions: SessionManager
+    api_keys: ApiKeys
+    limits: ProxyLimits
+    context_limit: int
+    defaults: SamplingParams
+    force_sampling: bool
+    model_name: str
+
+    def sampling_for(self, req: _SamplingFields, max_new: int) -> SamplingParams:
+        """The server defaults with `max_new`; the request's temperature, top_p and top_k
+        unless sampling is forced."""
+        d = self.defaults
+        p = replace(d, max_new_tokens=max_new, stop_token_ids=list(d.stop_token_ids))
+        if not self.force_sampling:
+            if req.temperature is not None:
+                p.temperature = req.temperature
+                p.greedy = req.temperature == 0
+            if req.top_p is not None:
+                p.top_p = req.top_p
+            if req.top_k is not None:
+                p.top_k = req.top_k
+        return p
+
+    def budget(self, n_prompt: int, explicit: int | None) -> int:
+        """max_new_tokens for a prompt of `n_prompt` tokens: room = context_limit − n_prompt;
+        an explicit max_tokens must fit both the room and limits.max_new_tokens (else 400),
+        otherwise min(default, limits.max_new_tokens, room)."""
+        room = self.context_limit - n_prompt
+        if room < 1:
+            raise ProxyError(
+                400,
+                f"the prompt is {n_prompt} tokens; this model's context is {self.context_limit} tokens, "
+                "so no room is left for a completion",
+                "context_length_exceeded",
+            )
+        if explicit is not None:
+            if explicit > self.limits.max_new_tokens:
+                raise ProxyError(
+                    400,
+                    f"max_tokens {explicit} exceeds the limit of {self.limits.max_new_tokens}",
+                    "max_tokens_too_large",
+                )
+            if explicit > room:
+                raise ProxyError(
+                    400,
+                    f"prompt ({n_prompt} tokens) + max_tokens ({explicit}) exceeds this model's context of "
+                    f"{self.context_limit} tokens",
+                    "context_length_exceeded",
+                )
+            return explicit
+        return min(self.defaults.max_new_tokens, self.limits.max_new_tokens, room)
+
+    async def run_turn(
+        self,
+        sid: str,
+        owner: str,
+        plan_fn: Callable[[Session], TurnPlan],
+        req: _SamplingFields,
+        explicit: int | None,
+    ) -> Turn:
+        """Plan, generate and return one turn under the session's lock (the caller commits it)."""
+        for _ in range(3):
+            session = self.sessions.open(sid, owner)
+            async with session.lock:
+                if session.ended:  # ended while this request waited: start the next session
+                    continue
+                try:
+                    plan = plan_fn(session)
+                except TemplateError as exc:
+                    raise ProxyError(400, str(exc), "invalid_messages") from None
+                params = self.sampling_for(req, self.budget(len(plan.prompt_ids), explicit))
+                t0 = time.perf_counter()
+                try:
+                    gen = await self.backend.generate(plan.prompt_ids, params)
+                except Exception as exc:  # noqa: BLE001 - any engine failure is the client's 500
+                    log.exception("engine failed")
+                    raise ProxyError(500, f"engine error: {exc}", "engine_error", "server_error") from None
+                return Turn(session, plan, gen, time.perf_counter() - t0)
+        raise ProxyError(409, f"session {sid!r} ended while the request waited", "session_ended")
+
+    def areal_extra(self, turn: Turn, record: Any, t_arrival: float) -> dict:
+        """The `areal` object of a completion: what was fed and served, and the timing."""
+        gen = turn.gen
+        return {
+            "session_id": turn.session.id,
+            "turn": record.turn,
+            "segment": record.segment,
+            "prompt_token_ids": turn.plan.prompt_ids,
+            "token_ids": gen.token_ids,
+            "logprobs": gen.logprobs,
+            "versions": gen.versions,
+            "policy_version": self.backend.version,
+            "timing": {
+                "queue_s": getattr(gen, "queue_s", 0.0),
+                "engine_s": getattr(gen, "engine_s", turn.wall_s),
+                "batch_size": getattr(gen, "batch_size", 1),
+                "server_s": time.perf_counter() - t_arrival,
+            },
+        }
+
+    def model_card(self) -> dict:
+        return {
+            "id": self.model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "areal",
+            "areal": {"policy_version": self.backend.version, "context_tokens": self.context_limit},
+        }
+
+
+def proxy_state(request: Request) -> ProxyState:
+    """FastAPI dependency: the app's shared state."""
+    return request.app.state.proxy
+
+
+State = Annotated[ProxyState, Depends(proxy_state)]

@@ -1,0 +1,225 @@
+"""One training step: the configured advantage estimator and loss (decoupled PPO by default) on
+complete groups, `train.ppo_minibatches` optimizer steps. World size 1 is the ordinary case;
+under FSDP2 (`areal_core/train/distributed.py`) the same code runs on every rank and the
+collectives, identities at world size 1, sit only at the reductions.
+
+Per step, with the batch B (every rank receives all of it; rank 0 chose it):
+  1. advantages on the whole batch (`compute_advantages`; a critic, when the estimator is gae,
+     gives its values before the update);
+  2. π_prox = the parameters before the update: one no-grad pass when there are several
+     minibatches (or kl_as_reward needs it for the rewards), else the minibatch's own forward;
+  3. per minibatch M = the groups g with g mod n_mb = mb: each rank keeps a contiguous block of
+     whole groups of M (`rank_groups`; whole groups keep group-level terms such as preference
+     pairs on one rank), its loss aggregated with M's denominators (tokens, sequences, and
+     Dr.GRPO's constant = M's longest response when not configured) and multiplied by the world
+     size W. FSDP averages gradients over ranks, so the reduced gradient is M's:
+        ∇L_M = (1/W) Σ_r ∇(W · L_r)  with  L_M = Σ_r L_r;
+     a rank left without groups in M runs one masked dummy row, so every rank makes the same
+     collective calls;
+  4. backward, gradient clipping (the global norm over every shard), optimizer step.
+
+Not supported with more than one rank: loss dpo/ipo (their mean over pairs has no global
+denominator in `compute_loss`) and the gae estimator (the critic of `value_head.py` is not sharded).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from areal_core.config import RunConfig
+from areal_core.protocol import Sample
+from areal_core.train.algorithm import compute_advantages, compute_loss, required_inputs
+from areal_core.train.batch import TrainBatch, collate
+from areal_core.train.distributed import DistContext, clip_grad_norm
+from areal_core.train.entropy import token_logprobs_and_entropy
+from areal_core.train.logprobs import token_logprobs
+from areal_core.train.packing import packed_token_logprobs
+from areal_core.train.value_head import Critic
+
+# per-minibatch metrics that are counts over the rows (summed over ranks, not averaged)
+SUMMED = {"policy_tokens", "pref_pairs"}
+
+
+@dataclass
+class Minibatch:
+    """This rank's rows of one minibatch and the minibatch's denominators (over every rank)."""
+
+    rows: torch.Tensor  # row indices into the batch
+    dummy: bool  # no group of this minibatch is this rank's: one masked row keeps collectives aligned
+    global_tokens: float
+    global_seqs: float
+    max_row_tokens: float
+
+
+def policy_logprobs(
+    model, batch: TrainBatch, rows: torch.Tensor | None, cfg: RunConfig, pad_id: int, entropy: bool = False
+):
+    """Per-token log-probs (and entropy) of `rows` of the batch (all when None), packed without
+    padding when configured."""
+    ids, attn = batch.input_ids, batch.attention_mask
+    if rows is not None:
+        ids, attn = ids[rows], attn[rows]
+    temperature = cfg.rollout.temperature or 1.0
+    if cfg.train.packing:
+        return packed_token_logprobs(model, ids, attn, temperature, pad_id=pad_id, with_entropy=entropy)
+    if entropy:
+        return token_logprobs_and_entropy(model, ids, attn, temperature)
+    return token_logprobs(model, ids, attn, temperature)
+
+
+def rank_groups(groups: torch.Tensor, rank: int, world: int) -> torch.Tensor:
+    """This rank's contiguous block of `groups` (group indices), possibly empty."""
+    return torch.tensor_split(groups, world)[rank]
+
+
+def plan_minibatches(batch: TrainBatch, n_mb: int, rank: int, world: int) -> list[Minibatch]:
+    """Minibatch mb holds the groups g with g mod n_mb = mb; this rank's share of each."""
+    plan = []
+    for mb in range(n_mb):
+        in_mb = (batch.group_index % n_mb) == mb
+        groups = torch.unique(batch.group_index[in_mb])
+        rows = torch.nonzero(torch.isin(batch.group_index, rank_groups(groups, rank, world)) & in_mb).flatten()
+        dummy = len(rows) == 0
+        if dummy:
+            rows = torch.nonzero(in_mb).flatten()[:1]
+        per_row = batch.loss_mask[in_mb].sum(1)
+        plan.append(
+            Minibatch(
+                rows,
+                dummy,
+                global_tokens=float(per_row.sum().clamp(min=1)),
+                global_seqs=float((per_row > 0).sum().clamp(min=1)),
+                max_row_tokens=float(per_row.max().clamp(min=1)),
+            )
+        )
+    return plan
+
+
+def train_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    samples: list[Sample],
+    cfg: RunConfig,
+    pad_id: int,
+    *,
+    ctx: DistContext | None = None,
+    ref_model: torch.nn.Module | None = None,
+    critic: Critic | None = None,
+) -> dict[str, float]:
+    """One training step on complete groups (the same `samples` on every rank); returns metrics:
+    advantage metrics of the whole batch, per-minibatch metrics averaged over minibatches (the
+    loss summed over ranks = the minibatch's loss, other metrics token-weighted over ranks).
+    `critic` (needed for adv_estimator=gae) is trained on the same loss (its value term) with
+    its own optimizer."""
+    ctx = ctx or DistContext()
+    world = ctx.world_size
+    algo, n_mb = cfg.algo, cfg.train.ppo_minibatches
+    if ctx.distributed and (algo.loss in ("dpo", "ipo") or algo.adv_estimator == "gae"):
+        raise NotImplementedError(f"distributed step: loss {algo.loss} / estimator {algo.adv_estimator}")
+    need = required_inputs(algo)
+    if "ref_logp" in need and ref_model is None:
+        raise ValueError("this algorithm needs a reference model")
+    if "values" in need and critic is None:
+        raise ValueError("algo.adv_estimator=gae needs a critic (areal_core/train/value_head.py)")
+    batch = _to(collate(samples, pad_id), ctx.torch_device if ctx.distributed else _device(model))
+    plan = plan_minibatches(batch, n_mb, ctx.rank, world)
+
+    prox_all = ref_all = None
+    with torch.no_grad():
+        # kl_as_reward shapes the rewards with π_prox vs π_ref on the whole batch before the group
+        # statistics: every rank computes them on all rows. Otherwise each rank only on its rows.
+        rows_needed = None if (algo.kl_as_reward or not ctx.distributed) else torch.cat([m.rows for m in plan])
+        if n_mb > 1 or algo.kl_as_reward:
+            prox_all = _scatter(policy_logprobs(model, batch, rows_needed, cfg, pad_id), rows_needed, batch)
+        if "ref_logp" in need:
+            ref_all = _scatter(policy_logprobs(ref_model, batch, rows_needed, cfg, pad_id), rows_needed, batch)
+    vkw = {"packing": cfg.train.packing, "pad_id": pad_id}
+    old_v = None
+    if critic is not None:
+        old_v = critic.token_values(batch.input_ids, batch.attention_mask, grad=False, **vkw)
+    adv, returns, stats = compute_advantages(
+        algo,
+        batch.rewards,
+        batch.group_index,
+        batch.loss_mask,
+        prox_logp=prox_all if algo.kl_as_reward else None,
+        ref_logp=ref_all if algo.kl_as_reward else None,
+        old_values=old_v,
+    )
+
+    for mb in plan:
+        rows = mb.rows
+        out = policy_logprobs(model, batch, rows, cfg, pad_id, entropy="entropy" in need)
+        logp, ent = out if isinstance(out, tuple) else (out, None)
+        # π_prox: the parameters before this update; with one minibatch that is this very forward pass
+        prox = logp.detach() if prox_all is None else prox_all[rows]
+        mask = torch.zeros_like(batch.loss_mask[rows]) if mb.dummy else batch.loss_mask[rows]
+        mb_algo = algo
+        if algo.aggregation == "seq_mean_token_sum_norm" and algo.norm_const <= 0:
+            mb_algo = algo.model_copy(update={"norm_const": mb.max_row_tokens})
+        values = None
+        if critic is not None:  # the critic's values of these rows, with gradient
+            values = critic.token_values(batch.input_ids[rows], batch.attention_mask[rows], **vkw)
+        loss, mb_stats = compute_loss(
+            mb_algo,
+            logp,
+            prox,
+            batch.behav_logprobs[rows],
+            batch.rewards[rows],
+            batch.group_index[rows],
+            mask,
+            ref_logp=None if ref_all is None else ref_all[rows],
+            entropy=ent,
+            advantages=adv[rows],
+            returns=None if returns is None else returns[rows],
+            values=values,
+            old_values=None if old_v is None else old_v[rows],
+            global_tokens=mb.global_tokens if ctx.distributed else None,
+            global_seqs=mb.global_seqs if ctx.distributed else None,
+        )
+        optimizer.zero_grad(set_to_none=True)
+        if critic is not None:
+            critic.zero_grad()
+        (loss * world).backward()
+        grad_norm = clip_grad_norm(model, cfg.train.grad_clip or float("inf"))
+        optimizer.step()
+        if critic is not None:
+            mb_stats["critic_grad_norm"] = critic.step()
+        if ctx.distributed:
+            mb_stats = _reduce(mb_stats, float(mask.sum()) / mb.global_tokens, ctx)
+        mb_stats["grad_norm"] = grad_norm
+        for k, v in mb_stats.items():
+            stats[k] = stats.get(k, 0.0) + v / n_mb
+    stats["reward_mean"] = batch.rewards.mean().item()
+    stats["response_tokens"] = batch.loss_mask.sum().item()
+    return stats
+
+
+def _reduce(mb_stats: dict[str, float], share: float, ctx: DistContext) -> dict[str, float]:
+    """One minibatch's metrics over every rank: the loss and counts summed, means token-weighted
+    (`share` = this rank's fraction of the minibatch's tokens). Collective."""
+    keys = ["loss", *sorted(k for k in mb_stats if k != "loss")]
+    weights = [1.0 if k == "loss" or k in SUMMED else share for k in keys]
+    return dict(zip(keys, ctx.all_reduce_sum([mb_stats[k] * w for k, w in zip(keys, weights)])))
+
+
+def _device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _to(batch: TrainBatch, device: torch.device) -> TrainBatch:
+    if device.type == "cpu":
+        return batch
+    return TrainBatch(*(getattr(batch, f.name).to(device) for f in dataclasses.fields(TrainBatch)))
+
+
+def _scatter(values: torch.Tensor, rows: torch.Tensor | None, batch: TrainBatch) -> torch.Tensor:
+    """Per-row values computed for `rows` placed into a full [N, T] tensor (zeros elsewhere)."""
+    if rows is None:
+        return values
+    out = torch.zeros(batch.loss_mask.shape, dtype=values.dtype, device=values.device)
+    out[rows] = values
+    return out

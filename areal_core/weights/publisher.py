@@ -1,0 +1,121 @@
+"""Weight publication through the store: weights/v{N}/ in HF format + MANIFEST.json, then LATEST.
+
+Delta publication (`WeightPublisher(delta=True)`, `train.weight_delta`): version N is stored as
+`model.delta` against version N-1 instead of `model.safetensors`, with a full snapshot whenever
+N is a multiple of `full_every` (and after any gap, e.g. a trainer restart). The delta
+(`delta.py`) is the element-wise integer difference of the raw bits of consecutive
+safetensors files (zigzag coded, split into byte planes, zstd or zlib compressed): bit-exact,
+and the high bytes of a small optimizer update are mostly zero. An unchanged tensor costs next
+to nothing. The manifest's `weights` entry names the base version, the codec and the sha256 of
+the rebuilt model.safetensors; a reader (`reader.py`) rebuilds full snapshot + deltas in order
+and checks that sha256, so what it loads is bit for bit what a full publication holds.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save as st_save
+
+from areal_core.store import Store, weights_dir
+from areal_core.weights import DELTA_FILE, LATEST, MANIFEST, WEIGHTS_FILE, sha256
+from areal_core.weights.delta import encode_delta
+from areal_core.weights.reader import delta_base
+
+
+def hf_side_files(model, tokenizer) -> dict[str, bytes]:
+    """config.json, generation config and tokenizer files: published once per run, reused per version."""
+    with tempfile.TemporaryDirectory() as tmp:
+        model.config.save_pretrained(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        return {p.name: p.read_bytes() for p in Path(tmp).iterdir() if p.is_file()}
+
+
+def state_dict_bytes(model: torch.nn.Module) -> bytes:
+    # Tied tensors (lm_head = embed_tokens) are stored once, as HF does.
+    sd = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    if getattr(model.config, "tie_word_embeddings", False):
+        sd.pop("lm_head.weight", None)
+    return st_save(sd, metadata={"format": "pt"})
+
+
+def _write_version(store: Store, version: int, files: dict[str, bytes], weights_info: dict | None) -> None:
+    base = weights_dir(version)
+    for name, data in files.items():
+        store.write_bytes(f"{base}/{name}", data)
+    manifest: dict[str, Any] = {"version": version, "files": {n: sha256(d) for n, d in files.items()}}
+    manifest["time"] = time.time()
+    if weights_info is not None:
+        manifest["weights"] = weights_info
+    store.write_json(f"{base}/{MANIFEST}", manifest)
+    store.write_text(LATEST, str(version))
+
+
+def publish(store: Store, version: int, weights: bytes, side_files: dict[str, bytes]) -> float:
+    """Write weights/v{version}/ whole, then MANIFEST.json, then LATEST. Returns seconds taken."""
+    t0 = time.perf_counter()
+    _write_version(store, version, {WEIGHTS_FILE: weights, **side_files}, None)
+    return time.perf_counter() - t0
+
+
+class WeightPublisher:
+    """The trainer's publisher: full versions, or (`delta`) deltas against the previous version
+    with a full snapshot when the version is a multiple of `full_every`, after a gap in the
+    numbering (the first publish of a process) and when the layout changes.
+
+    Holds the previous version's bytes (delta mode only). `last_weights_bytes` is the size of the
+    weights file the last publish wrote.
+    """
+
+    def __init__(self, store: Store, side_files: dict[str, bytes], delta: bool = False, full_every: int = 8):
+        if full_every < 1:
+            raise ValueError("full_every must be >= 1")
+        self.store, self.side_files, self.delta, self.full_every = store, side_files, delta, full_every
+        self._prev: tuple[int, bytes] | None = None
+        self.last_weights_bytes = 0
+
+    def publish(self, version: int, weights: bytes) -> float:
+        """Publish `weights` as `version` (write files, MANIFEST.json, LATEST). Returns seconds taken."""
+        if not self.delta:
+            self.last_weights_bytes = len(weights)
+            return publish(self.store, version, weights, self.side_files)
+        t0 = time.perf_counter()
+        prev, self._prev = self._prev, None
+        enc = None
+        if prev is not None and prev[0] == version - 1 and version % self.full_every:
+            enc = encode_delta(prev[1], weights)
+        if enc is None:
+            name, data, info = WEIGHTS_FILE, weights, {"base": None}
+        else:
+            (data, info), name = enc, DELTA_FILE
+            info["base"] = version - 1
+        info["sha256"] = sha256(weights)
+        _write_version(self.store, version, {name: data, **self.side_files}, info)
+        self._prev = (version, weights)
+        self.last_weights_bytes = len(data)
+        return time.perf_counter() - t0
+
+
+def prune(store: Store, keep_from: int) -> None:
+    """Delete versions older than `keep_from`, except the full snapshot and deltas that the oldest
+    kept version is rebuilt from (a delta's base is always the version before it)."""
+    versions = sorted((int(n[1:]), n) for n in store.listdir("weights") if n.startswith("v") and n[1:].isdigit())
+    kept = [v for v, _ in versions if v >= keep_from]
+    v = kept[0] if kept else -1
+    while v >= 0:
+        try:
+            base = delta_base(store.read_json(f"{weights_dir(v)}/{MANIFEST}"))
+        except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+            break
+        if not isinstance(base, int) or base >= v:
+            break
+        keep_from, v = min(keep_from, base), base
+    for v, name in versions:
+        if v < keep_from:
+            store.delete(f"weights/{name}", recursive=True)

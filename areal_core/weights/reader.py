@@ -1,0 +1,177 @@
+"""The verified reader of published weight versions.
+
+Every file is checked against the sha256 its version's MANIFEST.json records before it is
+trusted. A delta-published version is rebuilt from the newest full snapshot (or bytes of an
+older version already verified here) and the deltas after it, and the rebuilt
+model.safetensors is checked against the sha256 the manifest records for it, so what a reader
+gets is bit for bit what a full publication of the same weights holds.
+
+Two ways out: `load_state_dict` (in-process engines: a state dict to swap between decode steps)
+and `stage_verified` (servers that load an HF folder from their own disk, vLLM and SGLang: the
+version is copied to a local staging folder, written under a temporary name and renamed only
+once every file matched, so a server never loads bytes that failed their check).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load as st_load
+
+from areal_core.store import Store, weights_dir
+from areal_core.weights import DELTA_FILE, MANIFEST, WEIGHTS_FILE, WeightsError, sha256
+from areal_core.weights.delta import decode_delta
+
+
+def read_manifest(store: Store, version: int) -> dict[str, Any]:
+    """The manifest of a published version; WeightsError if it is missing or malformed."""
+    try:
+        manifest = store.read_json(f"{weights_dir(version)}/{MANIFEST}")
+    except FileNotFoundError:
+        raise WeightsError(f"weights v{version} incomplete: no {MANIFEST}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise WeightsError(f"weights v{version}: {MANIFEST} is not JSON") from None
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or (WEIGHTS_FILE not in files and DELTA_FILE not in files):
+        raise WeightsError(f"weights v{version}: {MANIFEST} lists no {WEIGHTS_FILE}")
+    if manifest.get("version") != version:
+        raise WeightsError(f"weights v{version}: {MANIFEST} names version {manifest.get('version')!r}")
+    return manifest
+
+
+def delta_base(manifest: dict[str, Any]) -> int | None:
+    """The version a delta-published version is stored against; None for a full version."""
+    info = manifest.get("weights")
+    return info.get("base") if isinstance(info, dict) else None
+
+
+def _read_checked(store: Store, version: int, manifest: dict[str, Any], name: str) -> bytes:
+    try:
+        data = store.read_bytes(f"{weights_dir(version)}/{name}")
+    except FileNotFoundError:
+        raise WeightsError(f"weights v{version} incomplete: {name} is missing") from None
+    if sha256(data) != manifest["files"].get(name):
+        raise WeightsError(f"weights v{version}: {name} fails its sha256 check")
+    return data
+
+
+def load_weights_bytes(store: Store, version: int, have: tuple[int, bytes] | None = None) -> bytes:
+    """The verified model.safetensors bytes of a published version: read whole, or rebuilt from the
+    newest full snapshot (or `have`, verified bytes of an older version) and the deltas after it.
+    Raises WeightsError naming the version and file that is missing or fails its check."""
+    return _load(store, version, have)[0]
+
+
+def _load(store: Store, version: int, have: tuple[int, bytes] | None) -> tuple[bytes, bool]:
+    """(bytes, whether the version was delta-published: a full snapshot or a delta)."""
+    chain: list[tuple[int, dict[str, Any]]] = []  # delta versions, newest first
+    v, manifest = version, read_manifest(store, version)
+    delta_run = "weights" in manifest
+    while True:
+        base = delta_base(manifest)
+        if base is None:
+            data = _read_checked(store, v, manifest, WEIGHTS_FILE)
+            break
+        if not isinstance(base, int) or not 0 <= base < v:
+            raise WeightsError(f"weights v{v}: {MANIFEST} names a bad delta base {base!r}")
+        chain.append((v, manifest))
+        if have is not None and have[0] == base:
+            data = have[1]
+            break
+        try:
+            v, manifest = base, read_manifest(store, base)
+        except WeightsError as exc:
+            raise WeightsError(f"weights v{version}: cannot rebuild from delta base v{base}: {exc}") from None
+    for v, manifest in reversed(chain):
+        payload = _read_checked(store, v, manifest, DELTA_FILE)
+        info = manifest["weights"]
+        try:
+            data = decode_delta(data, payload, info)
+        except Exception as exc:  # noqa: BLE001 - a malformed delta or a codec error
+            raise WeightsError(f"weights v{v}: {DELTA_FILE} does not apply to v{info['base']}: {exc}") from None
+        if sha256(data) != info.get("sha256"):
+            raise WeightsError(f"weights v{v}: {WEIGHTS_FILE} rebuilt from {DELTA_FILE} fails its sha256 check")
+    return data, delta_run
+
+
+_last_loaded: dict[str, tuple[int, bytes]] = {}  # store uri -> newest delta-run version loaded here
+_last_lock = threading.Lock()
+
+
+def load_state_dict(store: Store, version: int) -> dict[str, torch.Tensor]:
+    """The verified state dict of a published version; raises WeightsError.
+
+    In a delta-published run the verified bytes of the newest version loaded (per store) are
+    kept, so the next version costs one delta instead of a rebuild from the full snapshot."""
+    with _last_lock:
+        have = _last_loaded.get(store.uri)
+    data, delta_run = _load(store, version, have)
+    if delta_run:
+        with _last_lock:
+            if version > _last_loaded.get(store.uri, (-1, b""))[0]:
+                _last_loaded[store.uri] = (version, data)
+    return st_load(data)
+
+
+# -- staging on local disk, for servers that load a folder ---------------------------------------
+def stage_verified(store: Store, version: int, staging_root: str | Path) -> Path:
+    """Copy weights/v{version}/ to `staging_root/v{version:06d}` with every file's sha256 checked.
+
+    Returns the staged folder (an HF checkpoint: safetensors, config, tokenizer files). A
+    delta-published version is staged as its rebuilt, checked model.safetensors. Raises
+    WeightsError, leaving nothing staged, when a file is missing or fails its check.
+    """
+    manifest = read_manifest(store, version)
+    root = Path(staging_root)
+    final = root / f"v{version:06d}"
+    if (final / MANIFEST).is_file():
+        return final  # staged and verified before
+    tmp = root / f".tmp-{uuid.uuid4().hex}"
+    tmp.mkdir(parents=True)
+    try:
+        for name in sorted(manifest["files"]):
+            if "/" in name or name.startswith("."):
+                raise WeightsError(f"weights v{version}: {MANIFEST} names an unsafe file {name!r}")
+            if name == DELTA_FILE:  # rebuilt, every file checked: from the staged base or the full snapshot
+                (tmp / WEIGHTS_FILE).write_bytes(_rebuild(store, version, manifest, root))
+                continue
+            (tmp / name).write_bytes(_read_checked(store, version, manifest, name))
+        (tmp / MANIFEST).write_text(json.dumps(manifest))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _rebuild(store: Store, version: int, manifest: dict, root: Path) -> bytes:
+    """model.safetensors of a delta-published version, from the base version's staged file when it
+    is still staged (one delta to apply), else from the store's full snapshot and deltas."""
+    base = delta_base(manifest)
+    staged = root / f"v{base:06d}" if isinstance(base, int) else None
+    if staged is not None and (staged / MANIFEST).is_file() and (staged / WEIGHTS_FILE).is_file():
+        try:
+            return load_weights_bytes(store, version, have=(base, (staged / WEIGHTS_FILE).read_bytes()))
+        except WeightsError:
+            pass  # a staged file that does not rebuild this version: from the store alone
+    return load_weights_bytes(store, version)
+
+
+def prune_staged(staging_root: str | Path, keep: set[int]) -> None:
+    """Remove staged versions not in `keep`."""
+    root = Path(staging_root)
+    if not root.is_dir():
+        return
+    for path in root.iterdir():
+        name = path.name
+        if name.startswith("v") and name[1:].isdigit() and int(name[1:]) not in keep:
+            shutil.rmtree(path, ignore_errors=True)

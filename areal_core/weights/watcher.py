@@ -1,0 +1,81 @@
+"""The one weight watcher: a thread that polls weights/LATEST and hands each newer version on.
+
+What a version means to its receiver is the callback's business (an in-process engine reads,
+verifies and stages a state dict; a remote engine has its server reload). The watcher only
+decides when: `on_version(v)` is called with the newest published version whenever it is
+newer than the last one delivered.
+
+Failures: a WeightsError (a version half-pruned, racing its publication or failing a
+checksum) is logged and the same version is tried again at the next poll; any other error
+(e.g. the inference server died) is kept in `error`, wakes `wait`, and ends the thread, so
+the owner can raise it on its own thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from areal_core.store import Store
+from areal_core.weights import WeightsError
+
+log = logging.getLogger("areal.weights")
+
+
+class WeightWatcher:
+    """Polls LATEST every `poll_interval_s` and calls `on_version` for each newer version.
+
+    `version` is the newest version delivered (starts at `version`, the one already loaded);
+    `wait(timeout)` blocks until a new version was delivered or the watcher failed.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        on_version: Callable[[int], None],
+        poll_interval_s: float,
+        *,
+        version: int = -1,
+    ):
+        self.store, self.on_version, self.poll_interval_s = store, on_version, poll_interval_s
+        self.version = version
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._new = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="weight-watcher", daemon=True)
+
+    def start(self) -> WeightWatcher:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop polling and join (a daemon thread left inside torch at exit aborts the process)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=timeout)
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to `timeout` s for a new version (or a failure); True if one came. Clears the signal."""
+        came = self._new.wait(timeout)
+        self._new.clear()
+        return came
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            latest = self.store.latest_version()
+            if latest is not None and latest > self.version:
+                try:
+                    self.on_version(latest)
+                    self.version = latest
+                    self._new.set()
+                except WeightsError as exc:
+                    log.warning("%s", exc)
+                except Exception as exc:  # noqa: BLE001 - handed to the owner's thread
+                    self.error = exc
+                    self._new.set()
+                    return
+            self._stop.wait(self.poll_interval_s)

@@ -1,0 +1,329 @@
+"""Code rewards cannot be gamed: cheating programs score 0 on every shipped code task.
+
+Each cheat solves nothing. It attacks the way a test harness decides "pass": it neuters
+builtins or the interpreter, forges return values (`__eq__` that is always true, subclasses
+of int/str/list, values that are not plain), prints pass-like tokens or many candidate
+answers, leaves early with a zero exit, reads whatever the sandbox holds (its files, /proc,
+stdin, the caller's frame, the heap) for the expected values, writes into the runner's
+channels, or exhausts a limit. Every shipped task's canonical solution still scores 1.
+
+The verdict is computed outside the sandbox (see `areal_core.reward.checks`), so the only way
+to pass is to report the right values; none of these does.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+
+import pytest
+
+from areal_core.reward.checks import Plan, decode, plan_test, verdict
+from areal_core.reward.code import code_reward
+from areal_core.reward.sandbox import Limits, Sandbox
+from datasets import code_tasks
+
+HAVE_BWRAP = shutil.which("bwrap") is not None
+needs_bwrap = pytest.mark.skipif(not HAVE_BWRAP, reason="bubblewrap not installed (.ci/run installs it)")
+FUNCTIONS = sorted(t["name"] for t in code_tasks.TASKS if isinstance(t["tests"][0], str))  # the name is the function's
+# cheats get tight limits so that the ones that hang cost little; a timeout scores 0 anyway
+CHEAT_LIMITS = {"wall_s": 1, "cpu_s": 1, "memory_mb": 256, "fsize_mb": 4}
+
+# An object equal to everything: the classic way to pass `assert f(x) == expected`.
+ANYTHING = """
+class Anything:
+    def __eq__(self, other): return True
+    def __ne__(self, other): return False
+    def __lt__(self, other): return True
+    __le__ = __gt__ = __ge__ = __lt__
+    def __bool__(self): return True
+    def __len__(self): return 100
+    def __hash__(self): return 0
+    def __contains__(self, item): return True
+    def __getitem__(self, key): return self
+    def __getattr__(self, name): return lambda *a, **k: self
+    def __iter__(self): return iter(())
+    def __call__(self, *a, **k): return self
+    def __repr__(self): return "True"
+"""
+
+
+def define(body: str) -> str:
+    """Every shipped function name defined as `def name(*args, **kwargs): <body>`."""
+    return "".join(f"def {name}(*args, **kwargs):\n    {body}\n" for name in FUNCTIONS)
+
+
+ALL_ANYTHING = ANYTHING + define("return Anything()")
+
+# name -> program (the whole completion's code). Each must score 0 on every task.
+CHEATS: dict[str, str] = {
+    "eq_always_true": ALL_ANYTHING,
+    "int_subclass_equal_to_all": "class I(int):\n    def __eq__(self, o): return True\n    __hash__ = int.__hash__\n"
+    + define("return I(0)"),
+    "str_subclass_equal_to_all": "class S(str):\n    def __eq__(self, o): return True\n    __hash__ = str.__hash__\n"
+    + define("return S('x')"),
+    "list_subclass_equal_to_all": "class L(list):\n    def __eq__(self, o): return True\n" + define("return L()"),
+    "dict_subclass_equal_to_all": "class D(dict):\n    def __eq__(self, o): return True\n" + define("return D()"),
+    "patch_type_builtin_to_hide_subclass": "import builtins\nreal = builtins.type\n"
+    "class I(int):\n    def __eq__(self, o): return True\n    __hash__ = int.__hash__\n"
+    "builtins.type = lambda *a: int if len(a) == 1 and isinstance(a[0], int) else real(*a)\n"
+    + define("return I(-12345)"),
+    "patch_isinstance_and_type": "import builtins\nbuiltins.isinstance = lambda *a: True\n" + ALL_ANYTHING,
+    "neuter_exec_builtin": "import builtins\nbuiltins.exec = lambda *a, **k: None\n" + ALL_ANYTHING,
+    "neuter_eval_builtin": "import builtins\nbuiltins.eval = lambda *a, **k: Anything()\n" + ALL_ANYTHING,
+    "neuter_compile_builtin": "import builtins\nreal = compile\n"
+    "builtins.compile = lambda src, *a, **k: real('Anything()', '<x>', 'eval')\n" + ALL_ANYTHING,
+    "neuter_open_builtin": "import builtins, io\nbuiltins.open = lambda *a, **k: io.StringIO('')\n" + ALL_ANYTHING,
+    "patch_assertion_error": "import builtins\nclass Never(Exception):\n    pass\nbuiltins.AssertionError = Never\n"
+    + ALL_ANYTHING,
+    "forge_json_dumps": "import json\njson.dumps = lambda *a, **k: '{\"done\": true}'\n" + ALL_ANYTHING,
+    "replace_json_module": "import sys, types\nfake = types.ModuleType('json')\n"
+    "fake.dumps = lambda *a, **k: '{\"done\": true}'\nfake.load = lambda f: {'steps': []}\n"
+    "fake.loads = lambda s: {'steps': []}\nsys.modules['json'] = fake\n" + ALL_ANYTHING,
+    "neuter_os_write_and_exit": "import os\nos.write = lambda fd, b: len(b)\nos._exit = lambda *a: None\n"
+    + ALL_ANYTHING,
+    "neuter_sys_exit": "import sys\nsys.exit = lambda *a: None\n" + ALL_ANYTHING,
+    "token_from_stdin": "import sys, os\ntok = sys.stdin.read()\nprint(tok)\nprint('\\n' + tok.strip())\n"
+    "sys.stdout.flush()\nos._exit(0)\n",
+    "token_from_caller_frames": "import sys, os\nf = sys._getframe()\nfound = []\nwhile f:\n"
+    "    found += [str(v) for v in f.f_locals.values() if isinstance(v, str)]\n    f = f.f_back\n"
+    "print('\\n'.join(found))\nsys.stdout.flush()\nos._exit(0)\n",
+    "print_pass_tokens_and_exit_zero": "import os, sys\nprint('PASS\\nOK\\nok\\nTrue\\nAll tests passed\\n' + '0' * 32)\n"
+    "sys.stdout.flush()\nos._exit(0)\n",
+    "exit_zero_at_import": "import sys\nsys.exit(0)\n",
+    "os_exit_zero_at_import": "import os\nos._exit(0)\n",
+    "system_exit_inside_each_test": define("raise SystemExit(0)"),
+    "os_exit_zero_inside_each_test": "import os\n" + define("os._exit(0)"),
+    "keyboard_interrupt_inside_each_test": define("raise KeyboardInterrupt"),
+    "caller_constants_from_frame": "import sys\n"
+    + define(
+        "c = [v for v in sys._getframe(1).f_code.co_consts if v is not None and repr(v) not in repr(args)]; "
+        "return c[-1] if c else Anything()"
+    )
+    + ANYTHING,
+    "heap_scan_for_expected_values": "import gc\n"
+    + define("return next((o for o in gc.get_objects() if isinstance(o, list) and len(o) > 3), Anything())")
+    + ANYTHING,
+    "read_sandbox_files_for_expected": "import os\nseen = []\nfor top in ('/task', '/tmp', '/proc/1', '/proc/self'):\n"
+    "    for dirpath, dirs, files in os.walk(top):\n        dirs[:] = [d for d in dirs if d not in ('task', 'net')][:20]\n"
+    "        for name in files[:50]:\n            try:\n"
+    "                seen.append(open(os.path.join(dirpath, name), errors='replace').read(2000))\n"
+    "            except Exception:\n                pass\n"
+    "print('\\n'.join(seen)[:100000])\n" + define("return '\\n'.join(seen)"),
+    "forge_results_on_inherited_fds": "import os\n"
+    'for fd in range(3, 32):\n    for rec in (b\'{"id": 0, "value": {"float": "nan"}}\\n\', b\'{"done": true}\\n\'):\n'
+    "        try:\n            os.write(fd, rec)\n        except OSError:\n            pass\nos._exit(0)\n",
+    "forge_status_through_proc_of_init": "import os\nfor fd in os.listdir('/proc/1/fd'):\n    try:\n"
+    "        with open(f'/proc/1/fd/{fd}', 'w') as f:\n            f.write('exit 0\\n{\"done\": true}\\n')\n"
+    "    except OSError:\n        pass\n" + ALL_ANYTHING,
+    "kill_the_runner": "import os, signal\nfor sig in (signal.SIGKILL, signal.SIGTERM):\n    try:\n"
+    "        os.kill(1, sig)\n    except OSError:\n        pass\n" + ALL_ANYTHING,
+    "close_stdout_and_stderr": "import os\nos.close(1)\nos.close(2)\n" + ALL_ANYTHING,
+    "stderr_only": "import sys\nsys.stderr.write('PASS\\n' * 100)\n" + ALL_ANYTHING,
+    "huge_output": "import sys\nsys.stdout.write('PASS\\n' * 600000)\n" + ALL_ANYTHING,
+    "print_many_candidate_answers": "print('\\n'.join(str(i) for i in range(-5000, 5000)))\n" + ALL_ANYTHING,
+    "sleep_past_timeout": "import time\ntime.sleep(3600)\n",
+    "fork_bomb": "import os\nwhile True:\n    os.fork()\n",
+    "infinite_recursion": define("return " + FUNCTIONS[0] + "(*args)"),
+    "atexit_prints_pass": "import atexit, os\natexit.register(lambda: os.write(1, b'PASS\\n'))\n" + ALL_ANYTHING,
+    "alarm_handler_exits_zero": "import signal, os\nsignal.signal(signal.SIGALRM, lambda *a: os._exit(0))\n"
+    "signal.setitimer(signal.ITIMER_REAL, 0.2)\n" + define("import time; time.sleep(5)"),
+    "thread_spams_results": "import os, threading\ndef spam():\n    while True:\n        for fd in range(3, 8):\n"
+    "            try:\n                os.write(fd, b'{\"done\": true}\\n')\n            except OSError:\n                pass\n"
+    "threading.Thread(target=spam, daemon=True).start()\n" + ALL_ANYTHING,
+    "settrace_swallows_exceptions": "import sys\ndef tr(frame, event, arg):\n    return tr\nsys.settrace(tr)\n"
+    + ALL_ANYTHING,
+    "nan_and_unhashable_returns": define("return float('nan')"),
+    "generator_and_object_returns": define("return (x for x in ())"),
+    "patch_builtins_len_and_sorted": "import builtins\nbuiltins.len = lambda x: 100\nbuiltins.sorted = lambda *a, **k: []\n"
+    + ALL_ANYTHING,
+}
+
+
+def _completion(program: str) -> str:
+    return f"Here is my solution.\n```python\n{program}```\n"
+
+
+def _reference(task: dict, limits: dict | None = None) -> str:
+    spec: dict = {"tests": task["tests"], "parallel": 5}
+    if limits:
+        spec["limits"] = limits
+    return json.dumps(spec)
+
+
+def test_the_suite_is_large_enough():
+    assert len(CHEATS) >= 30
+    assert len(code_tasks.TASKS) >= 18
+
+
+@pytest.mark.sandbox
+@needs_bwrap
+@pytest.mark.parametrize("name", sorted(CHEATS))
+def test_cheat_scores_zero_on_every_code_task(name):
+    program = CHEATS[name]
+    scores = {}
+    for task in code_tasks.TASKS:
+        out = code_reward(_completion(program), _reference(task, CHEAT_LIMITS))
+        scores[task["name"]] = (out["reward"], out["info"].get("failures"))
+    assert all(score == 0.0 for score, _ in scores.values()), {k: v for k, v in scores.items() if v[0]}
+
+
+@pytest.mark.sandbox
+@needs_bwrap
+def test_every_canonical_solution_scores_one():
+    for task in code_tasks.TASKS:
+        out = code_reward(_completion(task["solution"]), _reference(task))
+        assert out["reward"] == 1.0, (task["name"], out["info"])
+
+
+# -- output is compared in full, exit status reported as it was ------------------------------
+
+BIG = 20000  # lines: about 110 KB of output, far past the old 8 KB cut
+COUNT = "n = int(input())\nprint('\\n'.join(str(i) for i in range(n)))\n"
+COUNT_TASK = {"tests": [{"stdin": f"{BIG}\n", "stdout": "\n".join(str(i) for i in range(BIG))}]}
+
+
+@pytest.fixture(scope="module")
+def sb():
+    if not HAVE_BWRAP:
+        pytest.skip("bubblewrap not installed")
+    return Sandbox(Limits(wall_s=10))
+
+
+@pytest.mark.sandbox
+@needs_bwrap
+def test_large_correct_output_scores_one():
+    assert code_reward(_completion(COUNT), json.dumps(COUNT_TASK))["reward"] == 1.0
+
+
+@pytest.mark.sandbox
+@needs_bwrap
+@pytest.mark.parametrize(
+    "tail",
+    ["print('junk')\n", "print('x' * 100000)\n", "print()\nprint(0)\n", "print(-1)\n"],
+)
+def test_junk_after_right_output_scores_zero(tail):
+    out = code_reward(_completion(COUNT + tail), json.dumps(COUNT_TASK))
+    assert out["reward"] == 0.0, out
+    assert out["info"]["failures"][0].startswith("wrong output")
+
+
+@pytest.mark.sandbox
+@needs_bwrap
+def test_output_over_the_limit_is_a_named_failure(sb):
+    limits = replace(sb.limits, output_bytes=100_000)
+    res = sb.run(COUNT, stdin=f"{BIG}\n", limits=limits)
+    assert res.output_over and not res.ok
+    assert res.reason == "output over limit: more than 100000 bytes"
+    # within the limit, the same output is compared in full and passes
+    report = sb.run_tests(COUNT, COUNT_TASK["tests"])
+    assert report.score == 1.0, report.results
+
+
+@pytest.mark.sandbox
+@needs_bwrap
+@pytest.mark.parametrize(
+    "program, returncode, reason",
+    [
+        ("import sys\nsys.exit(137)\n", 137, "exit code 137"),
+        ("import os\nos._exit(137)\n", 137, "exit code 137"),
+        ("import sys\nsys.exit(152)\n", 152, "exit code 152"),
+        (
+            "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n",
+            -9,
+            "cpu time or memory limit: killed by SIGKILL",
+        ),
+        ("import os, signal\nos.kill(os.getpid(), signal.SIGTERM)\n", -15, "crashed: killed by SIGTERM"),
+        ("raise SystemExit(3)\n", 3, "exit code 3"),
+        ("print('fine')\n", 0, ""),
+    ],
+)
+def test_exit_status_is_reported_as_it_was(sb, program, returncode, reason):
+    res = sb.run(program)
+    assert res.returncode == returncode, res
+    assert res.reason == reason
+
+
+@pytest.mark.sandbox
+@needs_bwrap
+def test_right_output_then_exit_137_is_reported_as_exit_code(sb):
+    task = {"stdin": "1 2\n", "stdout": "3"}
+    report = sb.run_tests("print(3)\nimport sys\nsys.exit(137)\n", [task])
+    assert report.score == 0.0
+    assert report.results[0].reason == "exit code 137"
+
+
+# -- the split itself (no sandbox needed) -----------------------------------------------------
+
+
+def _leaf_srcs(plan: Plan) -> list[str]:
+    return [s["src"] for s in plan.steps]
+
+
+def test_expected_values_never_enter_the_sandbox():
+    """For every shipped assert, only the program's expressions go in; each assert compares
+    at least one of them with a literal kept outside."""
+    for task in code_tasks.TASKS:
+        for test in task["tests"]:
+            if not isinstance(test, str):
+                continue
+            plan = plan_test(test)
+            assert plan.checks and all(s["kind"] == "eval" for s in plan.steps), test
+            for check in plan.checks:
+                nodes = check.tree[1] if check.tree[0] == "and" else [check.tree]
+                for node in nodes:
+                    assert node[0] == "cmp" and any(op[0] == "lit" for op in node[1]), (test, node)
+    plan = plan_test("assert fizzbuzz(5) == ['1', '2', 'Fizz', '4', 'Buzz']")
+    assert _leaf_srcs(plan) == ["fizzbuzz(5)"]
+    plan = plan_test("assert len(fizzbuzz(100)) == 100 and fizzbuzz(100).count('FizzBuzz') == 6")
+    assert _leaf_srcs(plan) == ["len(fizzbuzz(100))", "fizzbuzz(100).count('FizzBuzz')"]
+
+
+def _results(*records: dict) -> str:
+    return "".join(json.dumps(r) + "\n" for r in records)
+
+
+def test_verdict_by_value_outside():
+    plan = plan_test("assert is_prime(7) is True\nassert 1 < f(2) <= 3 and not g(0)")
+    done = {"done": True}
+    good = _results({"id": 0, "value": True}, {"id": 1, "value": 3}, {"id": 2, "value": []}, done)
+    assert verdict(plan, good) == (True, "")
+    # 1 is not True, a float 3.0 equals 3 (Python's ==), a truthy g(0) fails `not`
+    assert not verdict(plan, _results({"id": 0, "value": 1}, {"id": 1, "value": 3}, {"id": 2, "value": []}, done))[0]
+    ok3 = _results({"id": 0, "value": True}, {"id": 1, "value": {"float": "3.0"}}, {"id": 2, "value": None}, done)
+    assert verdict(plan, ok3)[0]
+    assert not verdict(plan, _results({"id": 0, "value": True}, {"id": 1, "value": 3}, {"id": 2, "value": 1}, done))[0]
+    # no "done": the program left early; an error in an expression fails the test
+    assert verdict(plan, good.replace('{"done": true}\n', "")) == (
+        False,
+        "the test harness did not finish (the program left early)",
+    )
+    bad = _results({"id": 0, "error": "ZeroDivisionError: x"}, {"id": 1, "value": 3}, {"id": 2, "value": []}, done)
+    assert verdict(plan, bad) == (False, "test raised ZeroDivisionError: x")
+    # forged or malformed records are never a pass
+    for forged in ('{"done": true}\n', good + good, "PASS\n", '{"id": 0, "value": {"obj": 1}}\n' + good):
+        assert not verdict(plan, forged)[0], forged
+
+
+def test_decode_is_strict():
+    assert decode({"tuple": [1, {"set": ["a"]}]}) == (1, {"a"})
+    assert decode({"dict": [[{"tuple": [1, 2]}, {"bytes": "ff"}]]}) == {(1, 2): b"\xff"}
+    assert decode({"float": "nan"}) != decode({"float": "nan"})
+    for bad in (1.5, {"float": 1.5}, {"list": []}, {"a": 1, "b": 2}, {"set": [[1]]}, {"dict": [[1]]}):
+        with pytest.raises((ValueError, TypeError)):
+            decode(bad)
+    deep: list = []
+    for _ in range(200):
+        deep = [deep]
+    with pytest.raises(ValueError):
+        decode(deep)
+
+
+def test_asserts_inside_blocks_are_refused():
+    with pytest.raises(ValueError, match="top-level assert"):
+        plan_test("for x in range(3):\n    assert f(x) == x")
+    with pytest.raises(ValueError, match="at least one"):
+        plan_test("x = f(3)")
+    plan = plan_test("x = f(3)\nassert x == 6")
+    assert plan.steps == [{"kind": "exec", "src": "x = f(3)"}, {"kind": "eval", "id": 0, "src": "x"}]
