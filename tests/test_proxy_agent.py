@@ -370,10 +370,10 @@ def test_agent_rollout_worker_follows_weights_and_stops_at_done(tiny_overrides):
 @pytest.mark.slow
 def test_agent_rollout_worker_on_a_vllm_engine(tiny_overrides, tmp_path):
     """rollout.engine=vllm with rollout.agent: the agent's proxy serves from a vLLM server."""
-    from areal_core.rollout.vllm_server import DEFAULT_PYTHON, resolve_python
+    from areal_core.config.run import DEFAULT_VLLM_PYTHON, resolve_python
     from areal_core.run import pipeline
 
-    if not resolve_python(DEFAULT_PYTHON).exists():
+    if not resolve_python(DEFAULT_VLLM_PYTHON).exists():
         pytest.skip("vLLM venv absent (.venv-vllm/bin/python): run `make vllm-venv` to run this test")
     vllm = ["rollout.engine=vllm", "rollout.server.kv_cache_mb=64", "rollout.server.max_num_seqs=16"]
     vllm += ["model.hidden_size=64", "model.num_heads=2"]  # vLLM's CPU attention needs head_dim >= 32

@@ -29,10 +29,11 @@ from typing import Any
 from areal_core.config.hooks import import_object
 from areal_core.protocol import Sample
 from areal_core.proxy.app import create_app
-from areal_core.proxy.backend import BatchingBackend, as_backend
+from areal_core.proxy.backend import as_backend
 from areal_core.proxy.guard import ApiKeys, ProxyLimits, context_limit
 from areal_core.proxy.runner import ProxyServer
 from areal_core.proxy.sessions import key_digest, session_id_for_key
+from areal_core.rollout.async_engine import AsyncEngine
 from areal_core.rollout.engine import SamplingParams
 from areal_core.rollout.workflow import RolloutWorkflow, WorkflowContext
 
@@ -141,7 +142,7 @@ class AgentWorkflow(RolloutWorkflow):
         if self.server is not None:
             self.server.stop()
             self.server = None
-        if self.backend is not self.engine and isinstance(self.backend, BatchingBackend):
+        if self.backend is not self.engine and isinstance(self.backend, AsyncEngine):
             self.backend.close()
         self.engine = self.backend = None
 

@@ -19,7 +19,7 @@ Every completion carries an extra top-level field `areal` (OpenAI clients ignore
 session_id, turn, segment, prompt_token_ids (the whole prompt fed), token_ids (served),
 logprobs (behaviour log-probs), versions (policy version per served token), timing.
 
-The engine is synchronous, so `BatchingBackend` runs it on one thread and batches the
+The engine is synchronous, so `rollout.async_engine.AsyncEngine` runs it on one thread and batches the
 requests that wait together into one `generate` call.
 """
 

@@ -36,7 +36,7 @@ class Turn:
 
 @dataclass
 class ProxyState:
-    backend: Any  # BatchingBackend, AsyncBackendAdapter
+    backend: Any  # AsyncEngine, AsyncBackendAdapter
     owns_backend: bool  # create_app wrapped the engine itself: close the backend at shutdown
     tokenizer: Any
     template: ChatMLTemplate

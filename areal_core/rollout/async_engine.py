@@ -61,7 +61,7 @@ class AsyncEngine:
         self.engine = engine
         self.max_batch_prompts = max_batch_prompts
         self.idle_poll_s = idle_poll_s
-        self.stats = {"calls": 0, "prompts": 0, "max_batch": 0, "engine_s": 0.0}
+        self.stats = {"calls": 0, "requests": 0, "max_batch": 0, "engine_s": 0.0}  # requests: prompts
         self.remote = inspect.iscoroutinefunction(getattr(engine, "agenerate", None))
         self._q: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
@@ -122,7 +122,12 @@ class AsyncEngine:
             for c in calls:
                 batches.setdefault(_key(c.params), []).append(c)
             for batch in batches.values():
-                self._run(batch)
+                try:
+                    self._run(batch)
+                except Exception as exc:  # noqa: BLE001 - the engine thread must outlive any bug
+                    log.exception("engine thread failed a batch")
+                    for c in batch:
+                        c.loop.call_soon_threadsafe(_settle, [(c.future, exc)])
 
     def _install_staged(self) -> None:
         if hasattr(self.engine, "stage_weights"):
@@ -142,7 +147,7 @@ class AsyncEngine:
         else:
             dt = time.perf_counter() - t0
             self.stats["calls"] += 1
-            self.stats["prompts"] += len(flat)
+            self.stats["requests"] += len(flat)
             self.stats["max_batch"] = max(self.stats["max_batch"], len(flat))
             self.stats["engine_s"] += dt
             outcomes, i = [], 0
