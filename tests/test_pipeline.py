@@ -189,3 +189,35 @@ def test_a_custom_workflow_loaded_by_import_path_produces_shards_that_train(tiny
     assert all((src == "workflow") == (int(k) % 2 == 0) for k, src in sources.items())
     trained = {sid for entry in trained_log(store) for sid, _ in entry["samples"]}
     assert trained <= {s.sample_id for s in graded}
+
+
+def test_groups_started_together_are_one_engine_call_and_one_shard(tmp_path):
+    """Single-turn through the one worker loop: the groups admission lets start at once are
+    batched into one generate call and written as one ungraded shard, named by the worker."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from areal_core.models import build_tokenizer
+    from areal_core.proxy.examples import ScriptedEngine
+    from areal_core.rollout.admission import Admission
+    from areal_core.rollout.async_engine import AsyncEngine
+    from areal_core.rollout.worker import RolloutLoop
+
+    tasks = [{"prompt_id": f"p{i}", "prompt": f"what is {i} plus {i}?", "answer": str(2 * i)} for i in range(6)]
+    tok = build_tokenizer([t["prompt"] + " #### 12" for t in tasks], 300)
+    engine = ScriptedEngine(tok, lambda _: "#### 12")
+    rollout = SimpleNamespace(group_size=3, max_new_tokens=8, temperature=1.0, top_p=1.0, top_k=0)
+    workflow = SingleTurnWorkflow(WorkflowContext(SimpleNamespace(rollout=rollout), tok))
+    store = Store(str(tmp_path / "run"))
+    adm = Admission(num_prompts=len(tasks), seed=0, batch_groups=2, eta=0)
+    aengine = AsyncEngine(engine)
+    try:
+        result = asyncio.run(
+            RolloutLoop(workflow, aengine, tasks, adm, store, "rollout-0", max_in_flight=4).run(num_groups=2)
+        )
+    finally:
+        aengine.close()
+    assert result == {"worker": "rollout-0", "shards": 1, "groups": 2} and engine.calls == [6]
+    rows = decode_shard(store.read_bytes("trajectories/ungraded/rollout-0/00000000.arrow"))
+    assert [s.sample_id for s in rows] == [f"rollout-0-g000000{g}-{k}" for g in range(2) for k in range(3)]
+    assert all(s.reward is None and s.loss_mask[s.prompt_len :] == [1] * len(s.response_ids()) for s in rows)

@@ -2,7 +2,8 @@
 
 A remote engine (vLLM, SGLang) already has `async agenerate` and is called directly (the
 server batches continuously). An in-process engine (torch, continuous) is synchronous and not
-thread-safe, so one thread runs it: the calls waiting together, with the same sampling
+thread-safe, so one thread runs it: the calls made in one step of an event loop (the groups
+a worker starts together) and those waiting while the engine is busy, with the same sampling
 settings apart from max_new_tokens, go into one `generate` call run to the largest
 max_new_tokens and cut back per call; every caller of that batch is woken in the same loop
 step. While idle, the thread installs staged weight versions.
@@ -63,7 +64,9 @@ class AsyncEngine:
         self.idle_poll_s = idle_poll_s
         self.stats = {"calls": 0, "requests": 0, "max_batch": 0, "engine_s": 0.0}  # requests: prompts
         self.remote = inspect.iscoroutinefunction(getattr(engine, "agenerate", None))
-        self._q: queue.Queue = queue.Queue()
+        self._q: queue.Queue = queue.Queue()  # lists of calls, None to stop
+        self._pending: dict[asyncio.AbstractEventLoop, list[_Call]] = {}
+        self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         if not self.remote:
             self._thread = threading.Thread(target=self._loop, name="areal-engine", daemon=True)
@@ -84,8 +87,18 @@ class AsyncEngine:
             raise RuntimeError("the engine is closed")
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        self._q.put(_Call([list(p) for p in prompts], params, loop, fut, time.perf_counter()))
+        with self._lock:  # calls made in one step of a loop reach the engine thread together
+            calls = self._pending.setdefault(loop, [])
+            calls.append(_Call([list(p) for p in prompts], params, loop, fut, time.perf_counter()))
+            if len(calls) == 1:
+                loop.call_soon(self._flush, loop)
         return await fut
+
+    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        with self._lock:
+            calls = self._pending.pop(loop, [])
+        if calls:
+            self._q.put(calls)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         """One prompt (the proxy's backend interface)."""
@@ -107,8 +120,8 @@ class AsyncEngine:
                 continue
             if first is None:
                 return
-            calls, n = [first], len(first.prompts)
-            while n < self.max_batch_prompts:
+            calls = list(first)
+            while sum(len(c.prompts) for c in calls) < self.max_batch_prompts:
                 try:
                     nxt = self._q.get_nowait()
                 except queue.Empty:
@@ -116,8 +129,7 @@ class AsyncEngine:
                 if nxt is None:
                     self._q.put(None)  # stop after this batch
                     break
-                calls.append(nxt)
-                n += len(nxt.prompts)
+                calls += nxt
             batches: dict[tuple, list[_Call]] = {}
             for c in calls:
                 batches.setdefault(_key(c.params), []).append(c)
