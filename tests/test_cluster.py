@@ -280,7 +280,7 @@ def test_cluster_config_comes_from_the_environment(tmp_path, monkeypatch):
 
 def test_prepare_forces_the_cluster_worker_counts_and_device(tmp_path):
     from areal_core.config.cluster import cluster_config_from_dict
-    from areal_core.run.context import load_run_config
+    from areal_core.context import load_run_config
     from areal_core.store import Store
     from tasks.cluster import prepare_for_cluster
 
@@ -365,7 +365,7 @@ def _finished_run(tmp_path, tracking_uri: str):
 
     from areal_core.models import build_tiny_model, build_tokenizer, save_pretrained
     from areal_core.run import pipeline
-    from areal_core.run.context import load_run_config
+    from areal_core.context import load_run_config
     from areal_core.run.tracking import Tracker
     from areal_core.store import Store
     from areal_core.train import checkpoint
@@ -465,7 +465,7 @@ def _pyflyte_role(task: str, run_uri: str, log_path: Path, index: int | None = N
 @pytest.mark.s3
 def test_cluster_topology_as_separate_pyflyte_runs_on_s3(tmp_path, s3_bucket):
     from areal_core.run import pipeline
-    from areal_core.run.context import load_run_config
+    from areal_core.context import load_run_config
     from areal_core.store import Store
 
     overrides = [*TINY, f"store={s3_bucket}/runs/topology", "rollout.num_workers=2", "reward.num_workers=2"]

@@ -1,1 +1,1 @@
-"""The run layer: prepare a run root, launch the roles, the role entry point, run context, tracking."""
+"""The run layer: prepare a run root, launch the roles, the role entry point, tracking."""

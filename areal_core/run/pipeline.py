@@ -81,7 +81,7 @@ def prepare(config_path: str, overrides: str | list[str] = "", resume: bool = Fa
 
 def sft(run_uri: str) -> str:
     """The SFT warm start, renewing the run's lease meanwhile."""
-    from areal_core.run.context import load_run_config
+    from areal_core.context import load_run_config
     from areal_core.run.ownership import hold
     from areal_core.train.sft import run_sft
 
@@ -106,7 +106,7 @@ def ensure_init_model(store: Store, init_model_uri: str) -> None:
 def open_run(store: Store, init_model_uri: str) -> tuple[RunConfig, Tracker]:
     """Put the initial model in the run root and open the run's MLflow run (once: a retry or a
     resumed run reuses the one recorded in tracking.json); returns (config, Tracker)."""
-    from areal_core.run.context import load_run_config
+    from areal_core.context import load_run_config
 
     ensure_init_model(store, init_model_uri)
     cfg = load_run_config(store)
@@ -130,7 +130,7 @@ def run_async_rl(run_uri: str, init_model_uri: str) -> str:
     """Start every role on this machine and wait for DONE, holding (and renewing) the run's lease;
     returns the final model's URI. Raises RootLost when the root was taken over or lost its
     history under the run."""
-    from areal_core.run.context import load_run_config
+    from areal_core.context import load_run_config
     from areal_core.run.launcher import launch
     from areal_core.run.ownership import RUN_ID_ENV, hold
 
@@ -168,7 +168,7 @@ def evaluate_run(run_uri: str) -> dict[str, Any]:
     from areal_core.evaluate import heldout_score
     from areal_core.models import load_pretrained
     from areal_core.prompts import load_prompts
-    from areal_core.run.context import load_run_config
+    from areal_core.context import load_run_config
 
     store = Store(run_uri)
     cfg = load_run_config(store)

@@ -21,7 +21,7 @@ def run_role(role: str, run_uri: str, index: int = 0) -> dict:
         raise ValueError(f"unknown role {role!r}")
     if role == "trainer":
         return trainer_role(run_uri)
-    from areal_core.run.context import load_run_config
+    from areal_core.context import load_run_config
     from areal_core.run.ownership import hold
     from areal_core.store import Store
 
@@ -51,7 +51,7 @@ def trainer_role(run_uri: str) -> dict:
     rank 0 the MLflow tracker and the held-out greedy accuracy."""
     from areal_core.evaluate import greedy_accuracy
     from areal_core.prompts import load_prompts
-    from areal_core.run.context import load_run_config, set_threads
+    from areal_core.context import load_run_config, set_threads
     from areal_core.run.ownership import hold, renew
     from areal_core.run.tracking import Tracker
     from areal_core.store import Store
