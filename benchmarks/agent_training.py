@@ -44,12 +44,12 @@ def main() -> None:
     ap.add_argument("--curve-every", type=int, default=0, help="score every K-th version after the run (0: off)")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    from areal_core.context import load_run_config
     from areal_core.evaluate import heldout_score
     from areal_core.logs import setup_logging
     from areal_core.models import load_pretrained
     from areal_core.prompts import load_prompts
     from areal_core.run import pipeline
-    from areal_core.context import load_run_config
     from areal_core.store import LAYOUT, Store
 
     setup_logging()

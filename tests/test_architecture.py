@@ -165,5 +165,9 @@ def test_core_never_imports_flytekit():
 
 @pytest.mark.parametrize("folder", ["areal_core", "tasks", "workflows", "images", "datasets", "benchmarks", "scripts"])
 def test_no_source_file_over_500_lines(folder):
-    big = {str(p.relative_to(ROOT)): n for p in (ROOT / folder).rglob("*.py") if (n := len(p.read_text().splitlines())) > 500}
+    big = {
+        str(p.relative_to(ROOT)): n
+        for p in (ROOT / folder).rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > 500
+    }
     assert big == {}

@@ -363,9 +363,9 @@ def _finished_run(tmp_path, tracking_uri: str):
     """A run root that looks finished: init/final model (the tiny model), a checkpoint, DONE, MLflow run."""
     import torch
 
+    from areal_core.context import load_run_config
     from areal_core.models import build_tiny_model, build_tokenizer, save_pretrained
     from areal_core.run import pipeline
-    from areal_core.context import load_run_config
     from areal_core.run.tracking import Tracker
     from areal_core.store import Store
     from areal_core.train import checkpoint
@@ -464,8 +464,8 @@ def _pyflyte_role(task: str, run_uri: str, log_path: Path, index: int | None = N
 @pytest.mark.slow
 @pytest.mark.s3
 def test_cluster_topology_as_separate_pyflyte_runs_on_s3(tmp_path, s3_bucket):
-    from areal_core.run import pipeline
     from areal_core.context import load_run_config
+    from areal_core.run import pipeline
     from areal_core.store import Store
 
     overrides = [*TINY, f"store={s3_bucket}/runs/topology", "rollout.num_workers=2", "reward.num_workers=2"]

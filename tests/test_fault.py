@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from areal_core.context import load_run_config
 from areal_core.protocol import decode_shard
 from areal_core.run import pipeline
-from areal_core.context import load_run_config
 from areal_core.run.launcher import start_role
 from areal_core.store import LAYOUT, Store
 from areal_core.train import checkpoint

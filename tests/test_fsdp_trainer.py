@@ -18,9 +18,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from areal_core.context import load_run_config
 from areal_core.protocol import decode_shard
 from areal_core.run import pipeline
-from areal_core.context import load_run_config
 from areal_core.run.launcher import start_role
 from areal_core.run.roles import run_role
 from areal_core.store import LAYOUT, Store

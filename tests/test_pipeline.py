@@ -6,11 +6,11 @@ import hashlib
 
 import pytest
 
+from areal_core.context import load_run_config
 from areal_core.protocol import decode_shard, encode_shard
 from areal_core.rollout.single_turn import SingleTurnWorkflow
 from areal_core.rollout.workflow import RolloutWorkflow, WorkflowContext
 from areal_core.run import pipeline
-from areal_core.context import load_run_config
 from areal_core.run.launcher import RoleFailed, launch
 from areal_core.store import Store
 from tests.conftest import TINY

@@ -12,9 +12,9 @@ import torch
 from safetensors.torch import load as st_load
 
 from areal_core.config.algorithm import from_preset
+from areal_core.context import load_run_config
 from areal_core.models import build_tiny_model
 from areal_core.run import pipeline
-from areal_core.context import load_run_config
 from areal_core.run.launcher import launch
 from areal_core.store import Store
 from areal_core.train import advantages as A

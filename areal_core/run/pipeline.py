@@ -165,10 +165,10 @@ def evaluate_run(run_uri: str) -> dict[str, Any]:
 
     import torch
 
+    from areal_core.context import load_run_config
     from areal_core.evaluate import heldout_score
     from areal_core.models import load_pretrained
     from areal_core.prompts import load_prompts
-    from areal_core.context import load_run_config
 
     store = Store(run_uri)
     cfg = load_run_config(store)

@@ -49,9 +49,9 @@ def _role(role: str, run_uri: str, index: int) -> dict:
 def trainer_role(run_uri: str) -> dict:
     """The trainer on this process (every torchrun rank runs it), given the run's config, and on
     rank 0 the MLflow tracker and the held-out greedy accuracy."""
+    from areal_core.context import load_run_config, set_threads
     from areal_core.evaluate import greedy_accuracy
     from areal_core.prompts import load_prompts
-    from areal_core.context import load_run_config, set_threads
     from areal_core.run.ownership import hold, renew
     from areal_core.run.tracking import Tracker
     from areal_core.store import Store

@@ -14,9 +14,9 @@ import tempfile
 import torch
 
 from areal_core.config.hooks import import_object
+from areal_core.context import load_run_config, set_threads
 from areal_core.models import build_tiny_model, build_tokenizer, chat_prompt, load_pretrained, save_pretrained
 from areal_core.prompts import load_prompts
-from areal_core.context import load_run_config, set_threads
 from areal_core.store import LAYOUT, Store
 from areal_core.train.schedule import lr_factor
 
