@@ -172,14 +172,6 @@ class Layout:
 
 LAYOUT = Layout()
 
-# TODO(final merge): the names below serve train/trainer.py, weights/, rollout/, proxy/
-# and online/retrain.py until they use LAYOUT; delete them then.
-INIT_MODEL = LAYOUT.init_model
-FINAL_MODEL = LAYOUT.final_model
-DISCARDED_GROUPS = LAYOUT.discarded_groups
-weights_dir = LAYOUT.weights_dir
-shard_name = LAYOUT.shard
-
 
 def normalize_uri(uri: str) -> str:
     """Local paths become absolute `file://` URIs; remote URIs are kept as they are."""
