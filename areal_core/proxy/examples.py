@@ -233,6 +233,7 @@ class ScriptedEngine:
         self.tokenizer = tokenizer
         self.reply = reply
         self.version = version
+        self.swaps = 0
         self.eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.calls: list[int] = []  # batch size of each generate call
 
