@@ -3,7 +3,10 @@
 
 Images, resources, accelerators, retries, timeouts and replica counts come from the cluster
 config read at import (areal_core/config/cluster.py: $AREAL_CLUSTER_CONFIG, default
-configs/cluster.yaml), because Flyte fixes them at registration. The pools and the trainer share nothing but the run
+configs/cluster.yaml), because Flyte fixes them at registration. The config travels with the
+registered tasks: every task's environment carries it ($AREAL_CLUSTER_SPEC) with the image name,
+so a pod, which imports this module without the file, rebuilds the registered config (replicas,
+device, nproc_per_node of the Elastic trainer) and tags MLflow with the registered device and image. The pools and the trainer share nothing but the run
 root: each stops when the trainer writes DONE, and each resumes from the store when Flyte
 retries it (rollout workers continue their sequence numbers, reward workers skip shards whose
 graded twin exists, the trainer restores its newest committed checkpoint).
@@ -16,13 +19,14 @@ processes (`pyflyte run tasks/roles.py rollout_worker --run_uri ...`), or use `g
 from __future__ import annotations
 
 import datetime
+import os
 
 from flytekit import task
 from flytekit.core.array_node_map_task import map_task
 from flytekit.core.context_manager import ExecutionState, FlyteContextManager
 from flytekitplugins.kfpytorch import Elastic
 
-from areal_core.config.cluster import ClusterConfig, load_cluster_config
+from areal_core.config.cluster import CLUSTER_SPEC_ENV, ClusterConfig, cluster_spec, load_cluster_config
 from images.specs import image_for
 from tasks.pipeline import Prepared
 from tasks.resources import task_kwargs
@@ -40,9 +44,16 @@ def image_name(spec) -> str:
         return f"{spec.registry}/{spec.name}"
 
 
-IMAGE_NAME = image_name(IMAGE)
-# every cluster task knows the device and image it runs in (the registry tags use them)
-ENV = {"AREAL_DEVICE": DEVICE, "AREAL_IMAGE": IMAGE_NAME, "PYTHONUNBUFFERED": "1"}
+IMAGE_ENV = "AREAL_IMAGE"
+# in a pod (the registered spec is in the environment) the registered image name, not a recomputed one
+IMAGE_NAME = (os.environ.get(IMAGE_ENV, "") if os.environ.get(CLUSTER_SPEC_ENV) else "") or image_name(IMAGE)
+# every cluster task carries the registered config, device and image (the registry tags use them)
+ENV = {
+    CLUSTER_SPEC_ENV: cluster_spec(CLUSTER),
+    "AREAL_DEVICE": DEVICE,
+    IMAGE_ENV: IMAGE_NAME,
+    "PYTHONUNBUFFERED": "1",
+}
 
 
 def cluster_overrides(overrides: str, cluster: ClusterConfig, store_suffix: str = "", config: str = "") -> list[str]:

@@ -1,13 +1,18 @@
 """The cluster topology of `grpo_cluster` (workflows/grpo.py): pods, replicas, accelerators and
 the trainer's parallel layout. tasks/resources.py maps it to Flyte task arguments.
 
-    cluster = load_cluster_config()   # $AREAL_CLUSTER_CONFIG, default configs/cluster.yaml
+    cluster = load_cluster_config()   # $AREAL_CLUSTER_SPEC, else $AREAL_CLUSTER_CONFIG, else configs/cluster.yaml
+
+The config travels with the registered entity: tasks/cluster.py writes `cluster_spec(cluster)`
+into every cluster task's environment ($AREAL_CLUSTER_SPEC), so a pod, which imports the task's
+module without $AREAL_CLUSTER_CONFIG or the file, rebuilds the very config it was registered with.
 
 Every key is checked: an unknown key or a bad value is a one-line ConfigError naming it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Self
@@ -18,6 +23,7 @@ from areal_core.config.base import PROJECT_ROOT, ConfigModel, Int, Invalid, Str,
 from areal_core.config.device import Device
 
 CLUSTER_CONFIG_ENV = "AREAL_CLUSTER_CONFIG"
+CLUSTER_SPEC_ENV = "AREAL_CLUSTER_SPEC"  # the config itself, as JSON: set in the registered task spec
 DEFAULT_CLUSTER_CONFIG = PROJECT_ROOT / "configs" / "cluster.yaml"
 QUANTITIES = ("cpu", "mem", "ephemeral_storage")
 
@@ -116,6 +122,15 @@ def cluster_config_from_dict(data: Any) -> ClusterConfig:
     return ClusterConfig.from_data(data)
 
 
+def cluster_spec(cluster: ClusterConfig) -> str:
+    """The config as the one-line JSON a task spec carries in $AREAL_CLUSTER_SPEC."""
+    return json.dumps(cluster.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+
 def load_cluster_config(path: str | os.PathLike | None = None) -> ClusterConfig:
+    """`path`; else the registered spec ($AREAL_CLUSTER_SPEC, set in a pod by its task spec); else
+    the file named by $AREAL_CLUSTER_CONFIG; else configs/cluster.yaml."""
+    if not path and os.environ.get(CLUSTER_SPEC_ENV):
+        return cluster_config_from_dict(json.loads(os.environ[CLUSTER_SPEC_ENV]))
     p = Path(path) if path else cluster_config_path()
     return cluster_config_from_dict(read_yaml_file(p, "cluster config", f" (set ${CLUSTER_CONFIG_ENV})"))

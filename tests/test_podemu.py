@@ -1,0 +1,150 @@
+"""The workflows executed the way a Flyte cluster runs them (tests/podemu/): serialized with
+`pyflyte package` under a non-default cluster config, then every node as pods: the task's own
+container command in a fresh process whose environment is only what the task spec declares
+(plus what Flyte and the Kubeflow operator inject, and S3 credentials), inputs and outputs as
+literal maps on the moto S3 endpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT, TINY
+from tests.podemu.execute import Execution, to_literals, to_python
+from tests.podemu.package import package
+from tests.podemu.pods import container
+
+# the cluster config the tests register with: nothing here is the default (configs/cluster.yaml)
+CLUSTER = {
+    "device": "cpu",
+    "rollout": {"replicas": 3, "requests": {"cpu": "1", "mem": "3Gi"}, "retries": 1},
+    "reward": {"replicas": 2, "requests": {"cpu": "1", "mem": "1Gi"}, "retries": 1},
+    "trainer": {"nnodes": 1, "nproc_per_node": 2, "requests": {"cpu": "2", "mem": "6Gi"}, "retries": 1},
+    "small": {"requests": {"cpu": "500m", "mem": "1Gi"}},
+    "single": {"requests": {"cpu": "1", "mem": "2Gi"}},
+}
+
+
+def registration_env(cluster_file) -> dict[str, str]:
+    """The registering user's shell: the cluster config file named in $AREAL_CLUSTER_CONFIG."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AREAL_", "PYTEST"))}
+    return env | {"AREAL_CLUSTER_CONFIG": str(cluster_file), "PYTHONPATH": str(ROOT)}
+
+
+@pytest.fixture(scope="module")
+def cluster_package(tmp_path_factory):
+    """Every workflow under workflows/, registered with the non-default cluster config."""
+    tmp = tmp_path_factory.mktemp("registration")
+    path = tmp / "cluster.yaml"
+    path.write_text(yaml.safe_dump(CLUSTER))
+    return package(ROOT, tmp / "pkg", registration_env(path))
+
+
+def _env(template) -> dict[str, str]:
+    return container(template).env
+
+
+def test_the_cluster_config_travels_with_the_registered_tasks(cluster_package, tmp_path):
+    """A pod imports tasks/cluster.py without $AREAL_CLUSTER_CONFIG (or the file): it must rebuild
+    the registered config from its task spec alone, not fall back to configs/cluster.yaml."""
+    tasks = cluster_package.tasks
+    cluster_tasks = [t for name, t in tasks.items() if name.startswith(("tasks.cluster.", "tasks.register."))]
+    assert len(cluster_tasks) >= 6
+    specs = {_env(t)["AREAL_CLUSTER_SPEC"] for t in cluster_tasks}
+    assert len(specs) == 1
+    trainer = tasks["tasks.cluster.trainer_elastic"]
+    assert trainer.type == "python-task"  # nnodes 1: one pod, torchrun inside it
+    wf = cluster_package.workflows["workflows.grpo.grpo_cluster"]
+    assert sorted(n.array_node.parallelism for n in wf.nodes if n.WhichOneof("target") == "array_node") == [2, 3]
+    # the pod's view: a fresh interpreter with nothing but the trainer task's declared environment
+    script = (
+        "import json; from tasks import cluster as c; "
+        "print('RESULT', json.dumps([c.CLUSTER.rollout.replicas, c.CLUSTER.reward.replicas, "
+        "c.ELASTIC.nnodes, c.ELASTIC.nproc_per_node, c.DEVICE, c.IMAGE_NAME, c.ROLLOUT_INDICES]))"
+    )
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), "HOME": str(tmp_path)} | _env(trainer)
+    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.split("RESULT", 1)[1])
+    assert got == [3, 2, 1, 2, "cpu", container(trainer).image, [0, 1, 2]]
+
+
+@pytest.mark.slow
+@pytest.mark.s3
+@pytest.mark.timeout(1200)
+def test_harness_runs_plain_map_and_pytorchjob_pods(tmp_path, s3_bucket, s3_server):
+    """The harness on a small workflow: a task sees only its declared env, a map task's pods
+    their index (as Flyte passes it), a 2-pod PyTorchJob rendezvous with the operator's env."""
+    pkg = package(ROOT, tmp_path / "pkg", registration_env(tmp_path / "none.yaml"), packages="tests.podemu.toy")
+    wf = "tests.podemu.toy.toy"
+    ex = Execution(pkg, wf, s3_bucket, ROOT, tmp_path / "pods", s3_server, timeout_s=900)
+    try:
+        out = ex.run(to_literals(pkg, wf, {"x": 4}))
+    finally:
+        print(ex.report())
+    seen = json.loads(to_python(out["o0"], str))
+    assert seen == {
+        "BATCH_JOB_ARRAY_INDEX_VAR_NAME": None,
+        "PET_NNODES": None,
+        "PET_NPROC_PER_NODE": None,
+        "AREAL_TOY": "declared",
+        "AREAL_CLUSTER_CONFIG": None,  # the registering shell's variable does not reach a pod
+        "x": 4,
+    }
+    assert to_python(out["o1"], list[int]) == [1, 4, 16]
+    ranks = json.loads(to_python(out["o2"], str))
+    assert sorted(r[0] for r in ranks["ranks"]) == [0, 1] and {r[1] for r in ranks["ranks"]} == {2}
+    assert sorted(r[2] for r in ranks["ranks"]) == [0, 1]  # two nodes (pods), one process each
+    assert len([p for p in ex.pods() if "-worker-" in p.name]) == 2
+    assert all(p.env["PET_NNODES"] == "2:2" for p in ex.pods() if "-worker-" in p.name)
+    assert len([p for p in ex.pods() if p.env.get("BATCH_JOB_ARRAY_INDEX_VAR_NAME")]) == 3
+
+
+@pytest.mark.slow
+@pytest.mark.s3
+@pytest.mark.timeout(2700)
+def test_grpo_cluster_runs_as_pods_to_done_and_a_registered_model(cluster_package, tmp_path, s3_bucket, s3_server):
+    """`grpo_cluster` as a cluster runs it: 3 rollout pods, 2 reward pods and a 2-process Elastic
+    trainer (all concurrent), then evaluate and register, to DONE and a registered model."""
+    import mlflow
+
+    from areal_core.context import load_run_config
+    from areal_core.store import Store
+
+    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_uri = f"{s3_bucket}/runs/podemu"
+    overrides = [o for o in TINY if not o.startswith("tracking.")]
+    overrides += [f"store={run_uri}", "tracking.enabled=true", f"tracking.uri={tracking}", "lease.interval_s=2"]
+    wf = "workflows.grpo.grpo_cluster"
+    inputs = {"overrides": " ".join(overrides), "model_name": "podemu-policy"}
+    ex = Execution(cluster_package, wf, s3_bucket, ROOT, tmp_path / "pods", s3_server, timeout_s=2400)
+    out = ex.run(to_literals(cluster_package, wf, inputs))
+    assert to_python(out["o0"], str) == "models:/podemu-policy/1"
+
+    # what ran: one pod per replica, the trainer as one pod of two processes (from the config)
+    by_node = {nid: nr.pods for nid, nr in ex.runs.items()}
+    names = {nid: cluster_package.tasks[ex.runs[nid].template.id.name].id.name for nid in by_node}
+    pools = {n: len(by_node[nid]) for nid, n in names.items() if "map_" in n}
+    assert sorted(pools.values()) == [2, 3] and any("rollout" in n and c == 3 for n, c in pools.items())
+    trainer = next(nid for nid, n in names.items() if n == "tasks.cluster.trainer_elastic")
+    assert len(by_node[trainer]) == 1
+    assert all("AREAL_CLUSTER_CONFIG" not in p.env for p in ex.pods())
+    store = Store(run_uri)
+    assert store.done()
+    cfg = load_run_config(store)
+    assert (cfg.rollout.num_workers, cfg.reward.num_workers, cfg.device) == (3, 2, "cpu")
+    statuses = store.statuses()
+    roles = {k for k in statuses if k.startswith(("rollout-", "reward-", "trainer-"))}
+    assert roles == {"rollout-0", "rollout-1", "rollout-2", "reward-0", "reward-1", "trainer-0"}
+    assert statuses["trainer-0"]["world_size"] == 2  # nproc_per_node 2 of the registered config
+    assert store.exists("final_model/COMMITTED")
+
+    # the registered model, tagged with the device and image the pods ran in
+    image = container(cluster_package.tasks["tasks.register.register"]).image
+    mv = mlflow.MlflowClient(tracking).get_model_version("podemu-policy", "1")
+    assert mv.tags["device"] == "cpu" and mv.tags["image"] == image
