@@ -83,10 +83,7 @@ def test_harness_runs_plain_map_and_pytorchjob_pods(tmp_path, s3_bucket, s3_serv
     pkg = package(ROOT, tmp_path / "pkg", registration_env(tmp_path / "none.yaml"), packages="tests.podemu.toy")
     wf = "tests.podemu.toy.toy"
     ex = Execution(pkg, wf, s3_bucket, ROOT, tmp_path / "pods", s3_server, timeout_s=900)
-    try:
-        out = ex.run(to_literals(pkg, wf, {"x": 4}))
-    finally:
-        print(ex.report())
+    out = ex.run(to_literals(pkg, wf, {"x": 4}))
     seen = json.loads(to_python(out["o0"], str))
     assert seen == {
         "BATCH_JOB_ARRAY_INDEX_VAR_NAME": None,
@@ -101,7 +98,8 @@ def test_harness_runs_plain_map_and_pytorchjob_pods(tmp_path, s3_bucket, s3_serv
     assert sorted(r[0] for r in ranks["ranks"]) == [0, 1] and {r[1] for r in ranks["ranks"]} == {2}
     assert sorted(r[2] for r in ranks["ranks"]) == [0, 1]  # two nodes (pods), one process each
     assert len([p for p in ex.pods() if "-worker-" in p.name]) == 2
-    assert all(p.env["PET_NNODES"] == "2:2" for p in ex.pods() if "-worker-" in p.name)
+    workers = [p.env for p in ex.pods() if "-worker-" in p.name]
+    assert [(e["PET_NNODES"], e["PET_NPROC_PER_NODE"], e["PET_RDZV_BACKEND"]) for e in workers] == [("2:2", "1", "c10d")] * 2
     assert len([p for p in ex.pods() if p.env.get("BATCH_JOB_ARRAY_INDEX_VAR_NAME")]) == 3
 
 

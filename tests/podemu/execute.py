@@ -25,7 +25,7 @@ from tests.podemu.pods import (
     secret_env,
 )
 
-START = "start-node"
+START = "start-node"  # the workflow's inputs: flytekit names the node "", FlyteAdmin's compiler "start-node"
 
 
 class PodFailure(RuntimeError):
@@ -201,9 +201,9 @@ class Execution:
             "PYTHONUNBUFFERED": "0",
             "PET_RDZV_ENDPOINT": f"127.0.0.1:{free_port()}",
             "PET_RDZV_BACKEND": elastic.get("rdzvBackend", "c10d"),
-            "PET_NNODES": f"{elastic['minReplicas']}:{elastic['maxReplicas']}",
-            "PET_MAX_RESTARTS": str(elastic.get("maxRestarts", 0)),
-            "PET_NPROC_PER_NODE": str(elastic["nprocPerNode"]),
+            "PET_NNODES": f"{int(elastic['minReplicas'])}:{int(elastic['maxReplicas'])}",
+            "PET_MAX_RESTARTS": str(int(elastic.get("maxRestarts", 0))),
+            "PET_NPROC_PER_NODE": str(int(elastic["nprocPerNode"])),
         }
         return [self._pod(node_id, template, f"{node_id}-worker-{i}", prefix, env, image) for i in range(replicas)]
 
@@ -218,12 +218,12 @@ class Execution:
         missing = set(wf.interface.inputs.variables) - set(given)
         if missing:
             raise ValueError(f"workflow inputs without a value: {sorted(missing)}")
-        outputs: dict[str, dict[str, literals_pb2.Literal]] = {START: given}
+        outputs: dict[str, dict[str, literals_pb2.Literal]] = {START: given, "": given}
         deps = {n.id: set(n.upstream_node_ids) | set().union(*(_promises(b.binding) for b in n.inputs)) for n in wf.nodes}
         nodes = {n.id: n for n in wf.nodes}
         deadline = time.time() + self.timeout_s
         try:
-            while len(outputs) <= len(nodes):
+            while len(outputs) < len(nodes) + 2:
                 for nid, node in nodes.items():
                     if nid not in self.runs and deps[nid] <= set(outputs):
                         bound = {b.var: resolve(b.binding, outputs) for b in node.inputs}
