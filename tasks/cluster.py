@@ -228,7 +228,8 @@ def trainer_elastic(run_uri: str) -> FlyteDirectory:
     """Every torchrun rank runs this; rank 0's return value is the task's: the final model."""
     from areal_core.run.roles import trainer_task
 
-    return FlyteDirectory(trainer_task(run_uri), remote_directory=False)
+    trainer_task(run_uri)
+    return model_dir(run_uri, LAYOUT.final_model)
 
 
 # The pools: every replica at once (concurrency = replicas), all must succeed (a missing rollout

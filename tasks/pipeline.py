@@ -42,8 +42,9 @@ class Accuracy(NamedTuple):
 
 def model_dir(run_uri: str, name: str) -> FlyteDirectory:
     """The run root's `name` folder (init_model, final_model) as a FlyteDirectory that stays
-    where it is (never uploaded elsewhere)."""
-    return FlyteDirectory(Store(run_uri).url(name), remote_directory=False)
+    where it is (never uploaded elsewhere; a local store as a plain path, which flytekit reads)."""
+    store = Store(run_uri)
+    return FlyteDirectory(str(store.local_path(name)) if store.local else store.url(name), remote_directory=False)
 
 
 @task(container_image=IMAGE, requests=SMALL, secret_requests=SECRETS)

@@ -45,6 +45,7 @@ def _to_click_option(*args: Any, **kwargs: Any) -> click.Option:
     python_type = kwargs.get("python_type", args[4] if len(args) > 4 else None)
     if isinstance(python_type, type) and issubclass(python_type, ConfigModel):
         option.type = ConfigParam(option.type, python_type)
+        option.show_default = False  # the model's defaults, as JSON: too long for --help
         literal_var = kwargs.get("literal_var", args[3] if len(args) > 3 else None)
         option.help = f"{literal_var.description} (JSON)" if literal_var is not None else option.help
     return option
