@@ -67,6 +67,7 @@ def test_cluster_workflow_runs_the_three_roles_concurrently(cluster_wf):
     assert by_name["tasks.cluster.trainer_elastic"].id in by_name["tasks.pipeline.evaluate"].upstream_node_ids
     assert by_name["tasks.pipeline.evaluate"].id in by_name["tasks.register.register"].upstream_node_ids
     assert set(cluster_wf.template.interface.inputs) == {
+        "cfg",
         "config",
         "overrides",
         "resume_run",
