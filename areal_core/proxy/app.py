@@ -75,6 +75,8 @@ def create_app(
         store=store,
         session_ttl_s=limits.session_ttl_s,
         max_sessions=limits.max_sessions,
+        max_sessions_per_key=limits.max_sessions_per_key,
+        reward_range=(limits.reward_min, limits.reward_max),
     )
     state = ProxyState(
         backend=backend,
@@ -103,7 +105,7 @@ def create_app(
     # the parts callers reach for (agent runner, tests)
     app.state.backend, app.state.sessions, app.state.api_keys = backend, manager, keys
     app.state.template, app.state.limits, app.state.context_limit = template, limits, state.context_limit
-    app.add_middleware(GuardMiddleware, keys=keys, max_request_bytes=limits.max_request_bytes)
+    app.add_middleware(GuardMiddleware, keys=keys, limits=limits)
     app.add_exception_handler(ProxyError, _proxy_error)
     app.add_exception_handler(SessionError, _session_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
@@ -125,16 +127,20 @@ async def _proxy_error(request: Request, exc: ProxyError) -> JSONResponse:
 
 
 async def _session_error(request: Request, exc: SessionError) -> JSONResponse:
-    kind = "permission_error" if exc.status == 403 else "invalid_request_error"
+    kind = {403: "permission_error", 429: "rate_limit_error"}.get(exc.status, "invalid_request_error")
     return JSONResponse(error_body(exc.message, kind, exc.code), status_code=exc.status)
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    """422 in OpenAI's error shape; the first error names the field, pydantic's list is `detail`."""
-    errors = jsonable_encoder(exc.errors(), custom_encoder={Exception: str})
+    """422 in OpenAI's error shape; the first error names the field (`param`), pydantic's list is
+    `detail` without the offending input (it may be large, or not JSON at all)."""
+    errors = [{k: v for k, v in e.items() if k not in ("input", "ctx", "url")} for e in exc.errors()]
+    errors = jsonable_encoder(errors, custom_encoder={Exception: str})
     first = errors[0] if errors else {}
     where = ".".join(str(p) for p in first.get("loc", []) if p != "body")
     msg = f"invalid request: {where or 'body'}: {first.get('msg', 'malformed')}"
-    if first.get("type") == "json_invalid" or (first.get("loc") == ["body"] and isinstance(first.get("input"), str)):
+    raw = exc.errors()[0] if exc.errors() else {}
+    if first.get("type") == "json_invalid" or (first.get("loc") == ["body"] and isinstance(raw.get("input"), str)):
         msg = "invalid request: the body is not a JSON object"
-    return JSONResponse(error_body(msg, "invalid_request_error", "validation_error", detail=errors), 422)
+    body = error_body(msg, "invalid_request_error", "validation_error", param=where or None, detail=errors)
+    return JSONResponse(body, 422)
