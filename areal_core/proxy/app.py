@@ -33,6 +33,7 @@ from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from areal_core.proxy.backend import as_backend
 from areal_core.proxy.guard import ApiKeys, GuardMiddleware, ProxyError, ProxyLimits, context_limit, error_body
@@ -109,6 +110,7 @@ def create_app(
     app.add_exception_handler(ProxyError, _proxy_error)
     app.add_exception_handler(SessionError, _session_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
     for module in (health, chat, completions, sessions):
         app.include_router(module.router)
     return app
@@ -124,6 +126,13 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 async def _proxy_error(request: Request, exc: ProxyError) -> JSONResponse:
     return JSONResponse(error_body(exc.message, exc.kind, exc.code), status_code=exc.status)
+
+
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """Routing errors (unknown path 404, wrong method 405) in the error shape too."""
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+    body = error_body(str(exc.detail), code=code)
+    return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
 
 async def _session_error(request: Request, exc: SessionError) -> JSONResponse:
