@@ -46,42 +46,33 @@ from areal_core.protocol import (
     read_shard_or_quarantine,
     unique,
 )
-from areal_core.store import FINAL_MODEL, LAYOUT, Store
+from areal_core.store import LAYOUT, Store
 
 log = logging.getLogger("areal.online")
-
-CURSOR = "online/cursor.json"
-PLAN = "online_plan.json"
 
 
 # ---------------------------------------------------------------------------------------------
 # The cursor
 # ---------------------------------------------------------------------------------------------
-def _worker_seq(rel: str) -> tuple[str, int]:
-    """'trajectories/graded/proxy-0/00000041.arrow' -> ('proxy-0', 41)."""
-    parts = rel.split("/")
-    return parts[-2], int(parts[-1].split(".")[0])
-
-
 def read_cursor(store: Store) -> dict[str, int]:
     """{worker id: last consumed shard sequence number}; empty before the first run."""
-    return dict(store.read_json(CURSOR)["workers"]) if store.exists(CURSOR) else {}
+    return dict(store.read_json(LAYOUT.online_cursor)["workers"]) if store.exists(LAYOUT.online_cursor) else {}
 
 
 def new_shards(store: Store, cursor: dict[str, int]) -> list[str]:
     """Graded session shards past the cursor, oldest first per worker."""
     out = []
-    for rel in store.find("trajectories/graded", ".arrow"):
-        worker, seq = _worker_seq(rel)
+    for rel in store.find(LAYOUT.graded_dir, ".arrow"):
+        worker, seq = LAYOUT.shard_worker_seq(rel)
         if seq > cursor.get(worker, -1):
             out.append(rel)
-    return sorted(out, key=_worker_seq)
+    return sorted(out, key=LAYOUT.shard_worker_seq)
 
 
 def advance(cursor: dict[str, int], shards: list[str]) -> dict[str, int]:
     out = dict(cursor)
     for rel in shards:
-        worker, seq = _worker_seq(rel)
+        worker, seq = LAYOUT.shard_worker_seq(rel)
         out[worker] = max(out.get(worker, -1), seq)
     return out
 
@@ -96,9 +87,9 @@ def consumed_identities(store: Store) -> set[str]:
 
 
 def write_cursor(store: Store, cursor: dict[str, int], run: str) -> None:
-    prev = store.read_json(CURSOR) if store.exists(CURSOR) else {"runs": []}
+    prev = store.read_json(LAYOUT.online_cursor) if store.exists(LAYOUT.online_cursor) else {"runs": []}
     runs = (prev.get("runs") or [])[-99:] + [run]
-    store.write_json(CURSOR, {"workers": cursor, "runs": runs, "updated_at": run_stamp()})
+    store.write_json(LAYOUT.online_cursor, {"workers": cursor, "runs": runs, "updated_at": run_stamp()})
 
 
 def run_stamp(at: datetime.datetime | None = None) -> str:
@@ -207,8 +198,8 @@ def retrain_candidate(
     cfg = load_config(config_path or None, parse_overrides(overrides))
     torch.set_num_threads(max(1, cfg.threads_per_role))
     run_id = run_id or run_stamp()
-    run = Store(f"{Store(cfg.store).uri.rstrip('/')}/online/{run_id}")
-    sessions = Store(sessions_uri or f"{Store(cfg.store).uri.rstrip('/')}/sessions")
+    run = Store(Store(cfg.store).url(LAYOUT.online_run(run_id)))
+    sessions = Store(sessions_uri or Store(cfg.store).url(LAYOUT.sessions_dir))
     cursor = read_cursor(sessions)
     shards = new_shards(sessions, cursor)
     rows = [s for rel in shards for s in (read_shard_or_quarantine(sessions, rel) or []) if s.reward is not None]
@@ -226,11 +217,11 @@ def retrain_candidate(
         "cursor_after": advance(cursor, shards),
         "trained": False,
     }
-    run.write_text("config.yaml", to_yaml(cfg))
+    run.write_text(LAYOUT.config, to_yaml(cfg))
     run.write_bytes(LAYOUT.online_samples, encode_identities([s.identity() for s in samples]))
     if len(samples) < 2:
         log.info("online run %s: %d new session rows, nothing to train", run_id, len(samples))
-        run.write_json(PLAN, plan)
+        run.write_json(LAYOUT.online_plan, plan)
         return run.uri
     start_path, start_label = _start_model(cfg, model_name, uri)
     from datasets import load_task
@@ -243,8 +234,8 @@ def retrain_candidate(
     candidate_score = heldout_score(model, tokenizer, cfg, records)
     with tempfile.TemporaryDirectory() as tmp:
         save_pretrained(model, tokenizer, tmp)
-        run.put_dir(tmp, FINAL_MODEL)
-    run.write_json(f"{FINAL_MODEL}/COMMITTED", {"updates": len(metrics)})
+        run.put_dir(tmp, LAYOUT.final_model)
+    run.write_json(LAYOUT.committed(LAYOUT.final_model), {"updates": len(metrics)})
     plan.update(
         trained=True,
         start_model=start_label,
@@ -253,7 +244,7 @@ def retrain_candidate(
         current_score=current_score,
         candidate_score=candidate_score,
     )
-    run.write_json(PLAN, plan)
+    run.write_json(LAYOUT.online_plan, plan)
     log.info(
         "online run %s: %d rows, %d updates, held-out %.4f -> %.4f",
         run_id,
@@ -268,7 +259,7 @@ def retrain_candidate(
 def publish_candidate(run_uri: str, min_gain: float = 0.0) -> dict[str, Any]:
     """Register the candidate if it beats the current model (step 5), then move the cursor (6)."""
     run = Store(run_uri)
-    plan = run.read_json(PLAN)
+    plan = run.read_json(LAYOUT.online_plan)
     out: dict[str, Any] = {
         "run_uri": run.uri,
         "rows": plan["rows"],
@@ -280,7 +271,7 @@ def publish_candidate(run_uri: str, min_gain: float = 0.0) -> dict[str, Any]:
     }
     if plan["trained"] and plan["tracking_uri"]:
         reg = register_if_better(
-            store_files(run, FINAL_MODEL, drop=("COMMITTED",)),
+            store_files(run, LAYOUT.final_model, drop=(LAYOUT.committed_name,)),
             plan["model_name"],
             plan["tracking_uri"],
             plan["candidate_score"],
@@ -296,7 +287,7 @@ def publish_candidate(run_uri: str, min_gain: float = 0.0) -> dict[str, Any]:
         sessions = Store(plan["sessions"])
         sessions.write_bytes(LAYOUT.online_consumed(plan["run_id"]), run.read_bytes(LAYOUT.online_samples))
         write_cursor(sessions, plan["cursor_after"], plan["run_id"])
-    run.write_json("online_result.json", out)
+    run.write_json(LAYOUT.online_result, out)
     return out
 
 

@@ -1,7 +1,7 @@
 """OpenAI-compatible proxy in front of a rollout engine: serves the current policy and records
 exactly what it served, so an agent episode becomes one trajectory row without re-tokenising.
 
-    app = create_app(engine, tokenizer, api_keys=["sk-..."])       # a TorchEngine or any async backend
+    app = create_app(engine, tokenizer, api_keys=["sk-..."])       # a RolloutEngine, or the worker's AsyncEngine
     server = ProxyServer(app).start()                               # uvicorn on 127.0.0.1, a free port
     client = openai.OpenAI(base_url=server.base_url, api_key="sk-...")
 
@@ -58,8 +58,8 @@ def create_app(
     sampling: SamplingParams | None = None,
     force_sampling: bool = False,
 ) -> FastAPI:
-    """The proxy app over `engine_backend` (a sync RolloutEngine, batched on one thread, or an
-    object with an async `generate`).
+    """The proxy app over `engine_backend`: a RolloutEngine (put behind an AsyncEngine, closed
+    with the app) or an AsyncEngine (the rollout worker's, left open).
 
     store: when given, each ended session is written there as one shard (online mode).
     sampling: server-side defaults; with force_sampling=True the request's temperature, top_p

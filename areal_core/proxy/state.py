@@ -37,7 +37,7 @@ class Turn:
 
 @dataclass
 class ProxyState:
-    backend: Any  # AsyncEngine, AsyncBackendAdapter
+    backend: Any  # an AsyncEngine (proxy/backend.py)
     owns_backend: bool  # create_app wrapped the engine itself: close the backend at shutdown
     tokenizer: Any
     template: ChatMLTemplate
