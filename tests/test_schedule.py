@@ -125,10 +125,11 @@ def admin_errors(lp_idl, wf_interface_idl) -> list[str]:
 
 
 def _launch_plans():
-    import workflows.grpo
-    import workflows.online
     from flytekit import LaunchPlan
     from flytekit.core.workflow import WorkflowBase
+
+    import workflows.grpo
+    import workflows.online
 
     plans = {}
     for module in (workflows.grpo, workflows.online):

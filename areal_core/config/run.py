@@ -155,6 +155,17 @@ class AgentConfig(ConfigModel):
     sft_fraction: Float = Field(
         1.0, ge=0, le=1, description="share of SFT records given as agent episodes; the rest as plain answers"
     )
+    reward_min: Float = Field(
+        -10.0,
+        description="lowest reward accepted from outside (a proxy client, an agent's return value); online retraining drops rows outside [reward_min, reward_max] (docs/proxy.md)",
+    )
+    reward_max: Float = Field(10.0, description="highest reward accepted from outside (must be above reward_min)")
+
+    @model_validator(mode="after")
+    def _reward_range(self) -> Self:
+        if not -1e30 <= self.reward_min < self.reward_max <= 1e30:
+            raise Invalid("reward_max", f"must be above reward_min ({self.reward_min:g}), both within ±1e30")
+        return self
 
 
 class RewardConfig(ConfigModel):
