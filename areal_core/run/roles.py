@@ -23,10 +23,14 @@ def run_role(role: str, run_uri: str, index: int = 0) -> dict:
         return trainer_role(run_uri)
     from areal_core.context import load_run_config
     from areal_core.run.ownership import hold
+    from areal_core.run.tracking import Tracker
     from areal_core.store import Store
 
     store = Store(run_uri)
-    with hold(store, load_run_config(store).lease, renew=role == "sft"):
+    with (
+        hold(store, load_run_config(store).lease, renew=role == "sft"),
+        Tracker.attach(store).system_metrics(f"{role}-{index}"),
+    ):
         return _role(role, run_uri, index)
 
 
@@ -61,7 +65,8 @@ def trainer_role(run_uri: str) -> dict:
     store = Store(run_uri)
     cfg = load_run_config(store)
     set_threads(cfg.threads_per_role)
-    main = env_ranks()[0] == 0
+    rank = env_ranks()[0]
+    main = rank == 0
     records = load_prompts(store, "eval")[: cfg.eval.num_samples] if main else []
 
     def evaluate(model, tokenizer) -> float:
@@ -69,9 +74,9 @@ def trainer_role(run_uri: str) -> dict:
 
     # rank 0 renews the lease and watches the checkpoints; the final model and DONE are written
     # only after one more check, and the lease is then marked done
-    with hold(store, cfg.lease, renew=main, checkpoints=main) as lease:
-        tracker = Tracker.attach(store) if main else None
-        out = run_trainer(run_uri, cfg, evaluate=evaluate, tracker=tracker, guard=lease.check)
+    tracker = Tracker.attach(store)
+    with hold(store, cfg.lease, renew=main, checkpoints=main) as lease, tracker.system_metrics(f"trainer-{rank}"):
+        out = run_trainer(run_uri, cfg, evaluate=evaluate, tracker=tracker if main else None, guard=lease.check)
         if main:
             renew(store, lease.run_id, "done")
         return out
