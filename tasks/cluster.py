@@ -24,6 +24,7 @@ from flytekitplugins.kfpytorch import Elastic
 
 from areal_core.config.cluster import ClusterConfig, load_cluster_config
 from images.specs import image_for
+from tasks.execution import bind_execution, console_env
 from tasks.pipeline import Prepared
 from tasks.resources import task_kwargs
 
@@ -42,7 +43,7 @@ def image_name(spec) -> str:
 
 IMAGE_NAME = image_name(IMAGE)
 # every cluster task knows the device and image it runs in (the registry tags use them)
-ENV = {"AREAL_DEVICE": DEVICE, "AREAL_IMAGE": IMAGE_NAME, "PYTHONUNBUFFERED": "1"}
+ENV = {"AREAL_DEVICE": DEVICE, "AREAL_IMAGE": IMAGE_NAME, "PYTHONUNBUFFERED": "1", **console_env()}
 
 
 def cluster_overrides(overrides: str, cluster: ClusterConfig, store_suffix: str = "", config: str = "") -> list[str]:
@@ -119,6 +120,7 @@ def start_run(run_uri: str, init_model: str) -> str:
     device and image."""
     from areal_core.run import pipeline
 
+    bind_execution()
     return pipeline.start_run(run_uri, init_model, {"device": DEVICE, "image": IMAGE_NAME})
 
 

@@ -7,6 +7,7 @@ from typing import NamedTuple
 from flytekit import Deck, task
 
 from areal_core.run import pipeline
+from tasks.execution import bind_execution
 from tasks.resources import IMAGE, ROLE, SMALL
 
 
@@ -36,6 +37,7 @@ def sft(run_uri: str, sft_key: str) -> str:
 @task(container_image=IMAGE, requests=ROLE, retries=2)
 def run_async_rl(run_uri: str, init_model: str) -> str:
     """All roles as local processes on one machine; returns the final model URI."""
+    bind_execution()
     return pipeline.run_async_rl(run_uri, init_model)
 
 

@@ -167,7 +167,7 @@ def promote(client: Any, name: str, version: str) -> None:
     """Make `version` the champion; its `candidate` alias, if any, is dropped (it no longer waits)."""
     client.set_registered_model_alias(name, CHAMPION, version)
     candidate = aliased(client, name, CANDIDATE)
-    if candidate is not None and candidate.version == version:
+    if candidate is not None and str(candidate.version) == str(version):
         client.delete_registered_model_alias(name, CANDIDATE)
 
 
