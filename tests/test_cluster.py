@@ -584,3 +584,22 @@ def test_tasks_bind_the_flyte_execution_for_areal_core(monkeypatch):
     assert Execution.from_env() == bound == Execution("f3a9", "areal", "production", "https://flyte.example.com")
     assert bound.url == "https://flyte.example.com/console/projects/areal/domains/production/executions/f3a9"
     assert bound.run_name("default") == "f3a9"
+
+
+def test_a_role_logs_its_machines_system_metrics_to_the_run(tmp_path, monkeypatch):
+    import time
+
+    import mlflow
+
+    from areal_core.run.tracking import Tracker, new_run
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_id = new_run(mlflow.MlflowClient(uri), "exp", "sys")
+    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.5")
+    with Tracker(run_id, uri).system_metrics("rollout-1"):
+        time.sleep(2.0)
+    metrics = mlflow.MlflowClient(uri).get_run(run_id).data.metrics
+    assert "system/rollout-1/cpu_utilization_percentage" in metrics
+    assert "system/rollout-1/system_memory_usage_megabytes" in metrics
+    with Tracker(None, "").system_metrics("x"):  # tracking disabled: nothing to do
+        pass
