@@ -55,7 +55,9 @@ COMMON = [
     "zstandard>=0.22",  # delta weight publication (weights/delta.py)
     # the proxy and the remote engines' clients, and the agent examples
     "fastapi>=0.110",
+    "starlette",
     "uvicorn>=0.29",
+    "h11",
     "httpx>=0.27",
     "openai>=1.30",
     "langchain-core>=1.0",
