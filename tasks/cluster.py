@@ -29,6 +29,7 @@ from areal_core.config import RunConfig
 from areal_core.config.cluster import ClusterConfig, load_cluster_config
 from areal_core.store import LAYOUT
 from images.specs import image_for
+from tasks.execution import bind_execution, console_env
 from tasks.pipeline import Prepared, model_dir
 from tasks.resources import SECRETS, scheduled, task_kwargs
 
@@ -54,7 +55,7 @@ FAILURE_NOTIFICATIONS = [
     )
 ]
 # every cluster task knows the device and image it runs in (the registry tags use them)
-ENV = {"AREAL_DEVICE": DEVICE, "AREAL_IMAGE": IMAGE_NAME, "PYTHONUNBUFFERED": "1"}
+ENV = {"AREAL_DEVICE": DEVICE, "AREAL_IMAGE": IMAGE_NAME, "PYTHONUNBUFFERED": "1", **console_env()}
 
 
 def cluster_overrides(
@@ -157,6 +158,7 @@ def start_run(run_uri: str, sft_checkpoint: str) -> Started:
     and open the run's MLflow run, tagged with the device and image."""
     from areal_core.run import pipeline
 
+    bind_execution()
     uri = pipeline.start_run(run_uri, sft_checkpoint, {"device": DEVICE, "image": IMAGE_NAME})
     return Started(run_uri=uri, init_model=model_dir(uri, LAYOUT.init_model))
 

@@ -8,6 +8,7 @@ from typing import NamedTuple
 from flytekit import task
 
 from areal_core.online import retrain
+from tasks.execution import bind_execution
 from tasks.resources import IMAGE, ROLE, SECRETS, SMALL, scheduled
 
 
@@ -30,5 +31,6 @@ def retrain_on_sessions(
 
 @task(container_image=IMAGE, requests=SMALL, retries=2, secret_requests=SECRETS)
 def register_if_better(run_uri: str, min_gain: float) -> OnlineResult:
-    """Register the candidate only when it beats the current version, then move the cursor."""
+    """Register the candidate only when it beats the champion (then promoted), then move the cursor."""
+    bind_execution()
     return OnlineResult(**retrain.publish_task(run_uri, min_gain))

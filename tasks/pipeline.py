@@ -19,6 +19,7 @@ from flytekit.types.directory import FlyteDirectory
 from areal_core.config import RunConfig
 from areal_core.run import pipeline
 from areal_core.store import LAYOUT, Store
+from tasks.execution import bind_execution
 from tasks.resources import IMAGE, ROLE, SECRETS, SMALL
 
 # bump the version when the SFT code changes what it produces for the same key
@@ -64,6 +65,7 @@ def sft(run_uri: str, sft_key: str) -> str:
 @task(container_image=IMAGE, requests=ROLE, retries=2, secret_requests=SECRETS)
 def run_async_rl(run_uri: str, sft_checkpoint: str) -> Models:
     """All roles as local processes on one machine; returns the initial and final models."""
+    bind_execution()
     pipeline.run_async_rl(run_uri, sft_checkpoint)
     return Models(init_model=model_dir(run_uri, LAYOUT.init_model), final_model=model_dir(run_uri, LAYOUT.final_model))
 

@@ -18,33 +18,33 @@ from __future__ import annotations
 
 from typing import Any
 
-import click
 from flytekit.clis.sdk_in_container import run as _pyflyte_run
 from pydantic import ValidationError
 
 from areal_core.config.base import ConfigModel, one_line
 
 
-class ConfigParam(click.ParamType):
-    """A click type around flytekit's JSON type for a config model: validation errors become one line."""
+def _one_line_errors(param_type: Any, model: type[ConfigModel]) -> None:
+    """Make the click type of a config input fail with one line (click's BadParameter, through
+    the type's own `fail`) instead of pydantic's multi-line ValidationError and a traceback."""
+    convert = param_type.convert
 
-    def __init__(self, inner: click.ParamType, model: type[ConfigModel]):
-        self.inner, self.model, self.name = inner, model, inner.name
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+    def checked(value: Any, param: Any, ctx: Any) -> Any:
         try:
-            return self.inner.convert(value, param, ctx)
+            return convert(value, param, ctx)
         except ValidationError as exc:
-            self.fail(str(one_line(exc, self.model.error_label, "", self.model)), param, ctx)
+            param_type.fail(str(one_line(exc, model.error_label, "", model)), param, ctx)
+
+    param_type.convert = checked
 
 
-def _to_click_option(*args: Any, **kwargs: Any) -> click.Option:
+def _to_click_option(*args: Any, **kwargs: Any) -> Any:
     option = _FLYTEKIT_TO_CLICK_OPTION(*args, **kwargs)
     option.opts = list(dict.fromkeys(option.opts))
     option.secondary_opts = list(dict.fromkeys(option.secondary_opts))
     python_type = kwargs.get("python_type", args[4] if len(args) > 4 else None)
     if isinstance(python_type, type) and issubclass(python_type, ConfigModel):
-        option.type = ConfigParam(option.type, python_type)
+        _one_line_errors(option.type, python_type)
         option.show_default = False  # the model's defaults, as JSON: too long for --help
         literal_var = kwargs.get("literal_var", args[3] if len(args) > 3 else None)
         option.help = f"{literal_var.description} (JSON)" if literal_var is not None else option.help
