@@ -30,6 +30,14 @@ CLUSTER = {
 }
 
 
+# what the cluster's Kubernetes secrets hold (tasks/resources.py: SECRETS): the moto endpoint's keys
+SECRETS = {
+    ("areal-s3", "access-key-id"): "testing",
+    ("areal-s3", "secret-access-key"): "testing",
+    ("areal-mlflow", "tracking-token"): "unused-by-this-server",
+}
+
+
 def registration_env(cluster_file) -> dict[str, str]:
     """The registering user's shell: the cluster config file named in $AREAL_CLUSTER_CONFIG."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AREAL_", "PYTEST"))}
@@ -68,7 +76,9 @@ def test_the_cluster_config_travels_with_the_registered_tasks(cluster_package, t
         "c.ELASTIC.nnodes, c.ELASTIC.nproc_per_node, c.DEVICE, c.IMAGE_NAME, c.ROLLOUT_INDICES]))"
     )
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), "HOME": str(tmp_path)} | _env(trainer)
-    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.split("RESULT", 1)[1])
     assert got == [3, 2, 1, 2, "cpu", container(trainer).image, [0, 1, 2]]
@@ -99,14 +109,18 @@ def test_harness_runs_plain_map_and_pytorchjob_pods(tmp_path, s3_bucket, s3_serv
     assert sorted(r[2] for r in ranks["ranks"]) == [0, 1]  # two nodes (pods), one process each
     assert len([p for p in ex.pods() if "-worker-" in p.name]) == 2
     workers = [p.env for p in ex.pods() if "-worker-" in p.name]
-    assert [(e["PET_NNODES"], e["PET_NPROC_PER_NODE"], e["PET_RDZV_BACKEND"]) for e in workers] == [("2:2", "1", "c10d")] * 2
+    assert [(e["PET_NNODES"], e["PET_NPROC_PER_NODE"], e["PET_RDZV_BACKEND"]) for e in workers] == [
+        ("2:2", "1", "c10d")
+    ] * 2
     assert len([p for p in ex.pods() if p.env.get("BATCH_JOB_ARRAY_INDEX_VAR_NAME")]) == 3
 
 
 @pytest.mark.slow
 @pytest.mark.s3
 @pytest.mark.timeout(2700)
-def test_grpo_cluster_runs_as_pods_to_done_and_a_registered_model(cluster_package, tmp_path, s3_bucket, s3_server):
+def test_grpo_cluster_runs_as_pods_to_done_and_a_registered_model(
+    cluster_package, tmp_path, s3_bucket, s3_server, mlflow_server
+):
     """`grpo_cluster` as a cluster runs it: 3 rollout pods, 2 reward pods and a 2-process Elastic
     trainer (all concurrent), then evaluate and register, to DONE and a registered model."""
     import mlflow
@@ -114,13 +128,13 @@ def test_grpo_cluster_runs_as_pods_to_done_and_a_registered_model(cluster_packag
     from areal_core.context import load_run_config
     from areal_core.store import Store
 
-    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracking = mlflow_server
     run_uri = f"{s3_bucket}/runs/podemu"
     overrides = [o for o in TINY if not o.startswith("tracking.")]
     overrides += [f"store={run_uri}", "tracking.enabled=true", f"tracking.uri={tracking}", "lease.interval_s=2"]
     wf = "workflows.grpo.grpo_cluster"
     inputs = {"overrides": " ".join(overrides), "model_name": "podemu-policy"}
-    ex = Execution(cluster_package, wf, s3_bucket, ROOT, tmp_path / "pods", s3_server, timeout_s=2400)
+    ex = Execution(cluster_package, wf, s3_bucket, ROOT, tmp_path / "pods", s3_server, SECRETS, timeout_s=2400)
     out = ex.run(to_literals(cluster_package, wf, inputs))
     assert to_python(out["o0"], str) == "models:/podemu-policy/1"
 
@@ -144,5 +158,11 @@ def test_grpo_cluster_runs_as_pods_to_done_and_a_registered_model(cluster_packag
 
     # the registered model, tagged with the device and image the pods ran in
     image = container(cluster_package.tasks["tasks.register.register"]).image
-    mv = mlflow.MlflowClient(tracking).get_model_version("podemu-policy", "1")
+    client = mlflow.MlflowClient(tracking)
+    mv = client.get_model_version("podemu-policy", "1")
     assert mv.tags["device"] == "cpu" and mv.tags["image"] == image
+    assert str(client.get_model_version_by_alias("podemu-policy", "champion").version) == "1"
+    mlflow.set_tracking_uri(tracking)
+    served = mlflow.pyfunc.load_model("models:/podemu-policy@champion")
+    text = served.predict(["1 + 2 ="], params={"max_new_tokens": 3})
+    assert isinstance(text[0], str) and text[0].startswith("1 + 2 =")

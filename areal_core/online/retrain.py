@@ -1,7 +1,7 @@
 """Online retraining from live traffic: the proxy in front of a serving engine writes every
 finished session to a store (online mode: `python -m areal_core.proxy --store URI`); a
 scheduled run retrains on the sessions collected since the last run and registers the new
-model in MLflow only when it beats the current registered version.
+model in MLflow only when it beats the `champion` version, which it then becomes.
 
 One run (`online_retrain`, or its two halves `retrain_candidate` then `publish_candidate`):
   1. plan: the graded session shards `trajectories/graded/{worker}/{seq}.arrow` of the sessions
@@ -9,7 +9,9 @@ One run (`online_retrain`, or its two halves `retrain_candidate` then `publish_c
      numbers only grow per worker, so the cursor is a high-water mark per worker); of their rows,
      each sample once and none an earlier run trained on (by `Sample.identity()`, recorded per
      run in `online/consumed/{run}.txt.gz`: a shard copied under a new name is not retrained);
-  2. start model: the newest registered version of `model_name`, else `model.path`;
+  2. start model: the `champion` version of `model_name`, else `model.path`;
+     Rows whose reward is not finite or lies outside what agent.reward_{min,max} allow are left
+     out (`admissible`), and every update is checked for non-finite parameters;
   3. train: one pass over the new rows with the run's loss (decoupled PPO by default) in
      min(train.steps, ⌊rows / (train.batch_groups · rollout.group_size)⌋) near-equal updates
      (at least one). Live sessions come
@@ -18,9 +20,9 @@ One run (`online_retrain`, or its two halves `retrain_candidate` then `publish_c
      A_i = (r_i − mean r) / (std r + ε);
   4. evaluate the candidate and the current model on the task's held-out split with the same
      metric (`heldout_score`: agent success when `rollout.agent` is set, else greedy accuracy);
-  5. register the candidate as a new version only if score_candidate > score_current + min_gain
-     (the current model being the registered version the run started from, or before the first
-     registration the base model.path);
+  5. register the candidate as a new version only if score_candidate > score_current + min_gain,
+     and promote it to `champion` (the current model being the champion the run started from, or
+     before the first registration the base model.path);
   6. move the cursor past the consumed shards and record the rows' identities (also when the
      candidate lost: those sessions were used). A run that dies before step 6 leaves the cursor alone, so the next run retrains on
      the same sessions again.
@@ -35,8 +37,15 @@ import tempfile
 from typing import Any
 
 from areal_core.logs import setup_logging
-from areal_core.online.registry import download, latest_version, register_if_better, store_files
-from areal_core.protocol import Sample, decode_identities, encode_identities, read_shard_or_quarantine, unique
+from areal_core.online.registry import aliased, download, register_if_better, store_files
+from areal_core.protocol import (
+    Sample,
+    decode_identities,
+    encode_identities,
+    finite_reward,
+    read_shard_or_quarantine,
+    unique,
+)
 from areal_core.store import LAYOUT, Store
 
 log = logging.getLogger("areal.online")
@@ -104,9 +113,39 @@ def regroup(samples: list[Sample], pool_id: str) -> list[Sample]:
     ]
 
 
-def train_on_sessions(model: Any, tokenizer: Any, samples: list[Sample], cfg: Any) -> list[dict[str, float]]:
-    """One pass of `train_step` over `samples` (see the module docstring); returns per-update metrics."""
+def admissible(sample: Sample, low: float, high: float) -> bool:
+    """Whether a session row may be trained on: its reward and every token reward finite in
+    float32, and within the range its turns can reach, |G| <= (num_turns + 1) * max(|low|, |high|)
+    (a return sums at most one reward per turn plus the final one, each in [low, high], γ <= 1)."""
+    bound = (max(sample.num_turns, 1) + 1) * max(abs(low), abs(high))
+    values = [sample.reward] + list(sample.token_rewards or [])
+    return sample.reward is not None and all(finite_reward(v) and abs(v) <= bound for v in values)
+
+
+def check_parameters(model: Any, update: int) -> None:
+    """Raise when an update left a non-finite parameter (the candidate is then never saved)."""
     import torch
+
+    bad = [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]
+    if bad:
+        raise FloatingPointError(f"online update {update} made {len(bad)} parameters non-finite (first: {bad[0]})")
+
+
+def train_on_sessions(model: Any, tokenizer: Any, samples: list[Sample], cfg: Any) -> list[dict[str, float]]:
+    """One pass of `train_step` over `samples` (see the module docstring); returns per-update metrics.
+    Rows that are not `admissible` under agent.reward_{min,max} are left out; every update is
+    checked for non-finite parameters."""
+    import torch
+
+    low, high = cfg.agent.reward_min, cfg.agent.reward_max
+    kept = [s for s in samples if admissible(s, low, high)]
+    if len(kept) < len(samples):
+        log.warning(
+            "online retraining: %d rows with a reward outside [%g, %g] left out", len(samples) - len(kept), low, high
+        )
+    samples = kept
+    if not samples:
+        return []
 
     from areal_core.train.step import train_step
 
@@ -120,6 +159,7 @@ def train_on_sessions(model: Any, tokenizer: Any, samples: list[Sample], cfg: An
     for i in range(n_updates):
         batch = regroup(samples[bounds[i] : bounds[i + 1]], f"online-{i}")
         metrics.append(train_step(model, opt, batch, cfg, tokenizer.pad_token_id))
+        check_parameters(model, i)
     model.eval()
     return metrics
 
@@ -128,12 +168,12 @@ def train_on_sessions(model: Any, tokenizer: Any, samples: list[Sample], cfg: An
 # The start model and the two halves of a run
 # ---------------------------------------------------------------------------------------------
 def _start_model(cfg: Any, model_name: str, tracking_uri: str) -> tuple[str, str]:
-    """(local or fsspec path of the model to start from, its label): the newest registered version
-    of `model_name`, else model.path."""
+    """(local or fsspec path of the model to start from, its label): the champion of `model_name`
+    (models:/name/N), else model.path."""
     import mlflow
 
     client = mlflow.MlflowClient(tracking_uri)
-    current = latest_version(client, model_name) if cfg.tracking.enabled else None
+    current = aliased(client, model_name) if cfg.tracking.enabled else None
     if current is not None:
         uri = f"models:/{model_name}/{current.version}"
         return download(uri, tracking_uri), uri
@@ -163,7 +203,8 @@ def retrain_candidate(
     cursor = read_cursor(sessions)
     shards = new_shards(sessions, cursor)
     rows = [s for rel in shards for s in (read_shard_or_quarantine(sessions, rel) or []) if s.reward is not None]
-    samples = unique(rows, consumed_identities(sessions))
+    lo, hi = cfg.agent.reward_min, cfg.agent.reward_max
+    samples = [s for s in unique(rows, consumed_identities(sessions)) if admissible(s, lo, hi)]
     uri = resolve_uri(cfg.tracking.uri)
     plan: dict[str, Any] = {
         "run_id": run_id,

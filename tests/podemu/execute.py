@@ -219,7 +219,9 @@ class Execution:
         if missing:
             raise ValueError(f"workflow inputs without a value: {sorted(missing)}")
         outputs: dict[str, dict[str, literals_pb2.Literal]] = {START: given, "": given}
-        deps = {n.id: set(n.upstream_node_ids) | set().union(*(_promises(b.binding) for b in n.inputs)) for n in wf.nodes}
+        deps = {
+            n.id: set(n.upstream_node_ids) | set().union(*(_promises(b.binding) for b in n.inputs)) for n in wf.nodes
+        }
         nodes = {n.id: n for n in wf.nodes}
         deadline = time.time() + self.timeout_s
         try:

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flyteidl.admin import launch_plan_pb2, task_pb2, workflow_pb2
-from flyteidl.core import tasks_pb2, workflow_pb2 as core_workflow_pb2
+from flyteidl.core import tasks_pb2
+from flyteidl.core import workflow_pb2 as core_workflow_pb2
 
 PYFLYTE = str(Path(sys.executable).parent / "pyflyte")
 IMAGE = "areal-flyte:podemu"  # the default image (tasks that name none); cluster tasks name their own
@@ -21,7 +22,9 @@ class Package:
 
     tasks: dict[str, tasks_pb2.TaskTemplate] = field(default_factory=dict)
     workflows: dict[str, core_workflow_pb2.WorkflowTemplate] = field(default_factory=dict)
-    launch_plans: dict[str, launch_plan_pb2.LaunchPlanSpec] = field(default_factory=dict)  # the default one has the workflow's name
+    launch_plans: dict[str, launch_plan_pb2.LaunchPlanSpec] = field(
+        default_factory=dict
+    )  # the default one has the workflow's name
 
 
 def package(root: Path, out_dir: Path, env: dict[str, str], packages: str = "workflows") -> Package:
