@@ -38,6 +38,7 @@ log = logging.getLogger("areal.registry")
 
 CHAMPION, CANDIDATE = "champion", "candidate"
 MODEL_TASK = "text-generation"
+REGISTERED_FINAL = "registered_model"  # the final model's MLflow model, in the run's artifacts
 # the libraries a served version needs, pinned to the versions that wrote it
 SERVING_REQUIREMENTS = ("torch", "transformers", "tokenizers", "safetensors")
 
@@ -237,7 +238,8 @@ def register_run(
     }
     out: dict[str, Any] = {}
     final_files = store_files(store, LAYOUT.final_model, drop=(LAYOUT.committed_name,))
-    items = [("final", model_name, LAYOUT.final_model, final_files, {})]
+    # its own artifact path: evaluation logs the raw final_model/ files into the same MLflow run
+    items = [("final", model_name, REGISTERED_FINAL, final_files, {})]
     steps = checkpoint.committed_steps(store) if include_checkpoint else []
     if steps:
         # a checkpoint holds model.safetensors; config and tokenizer come from init_model so it loads alone
