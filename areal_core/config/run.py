@@ -198,6 +198,7 @@ class LeaseConfig(ConfigModel):
 class RunConfig(ConfigModel):
     name: Str = "default"
     store: Str = "runs/default"  # fsspec URI or local path of the run root
+    store_retry_s: Float = Field(60.0, ge=0)  # how long a role retries transient store errors (areal_core/retry.py)
     seed: Int = 1
     threads_per_role: Int = Field(1, gt=0)
     device: Device = "cpu"
