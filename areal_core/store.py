@@ -199,7 +199,7 @@ def storage_options(uri: str) -> dict[str, Any]:
         opts: dict[str, Any] = {
             "use_listings_cache": False,
             "skip_instance_cache": True,
-            "config_kwargs": {"connect_timeout": 5, "retries": {"max_attempts": 2, "mode": "standard"}},
+            "config_kwargs": {"connect_timeout": 5, "retries": {"total_max_attempts": 1}},
         }
         endpoint = os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3")
         if endpoint:
@@ -435,7 +435,7 @@ class Store:
     def heartbeat(self, role: str, worker_id: str, **counters: Any) -> None:
         self.write_json(
             LAYOUT.status(role, worker_id),
-            {"role": role, "id": worker_id, "time": time.time(), "store_retries": POLICY.retries, **counters},
+            {"role": role, "id": worker_id, "time": time.time(), "store_retries": self.retry.retries, **counters},
         )
 
     def statuses(self) -> dict[str, dict[str, Any]]:
