@@ -129,6 +129,8 @@ class RetryPolicy:
             except Exception as exc:
                 if not is_transient(exc):
                     raise
+                if self.window_s <= 0:  # no retries: the caller handles the failure
+                    raise StoreUnavailable(f"{what}: the store is unreachable: {_short(exc)}") from exc
                 now = time.monotonic()
                 if first is None:
                     first = now
