@@ -102,3 +102,21 @@ def save_pretrained(model: Any, tokenizer: Any, out_dir: str | Path) -> None:
 
 def num_params(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def sft_loss(model, batch: list[tuple[list[int], int | list[int]]], pad_id: int) -> torch.Tensor:
+    """Mean next-token cross-entropy over answer tokens only: those after the prompt length, or
+    those where the example's loss mask is 1."""
+    width = max(len(ids) for ids, _ in batch)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(batch), width), -100, dtype=torch.long)
+    attn = torch.zeros((len(batch), width), dtype=torch.long)
+    for i, (seq, where) in enumerate(batch):
+        ids[i, : len(seq)] = torch.tensor(seq)
+        attn[i, : len(seq)] = 1
+        if isinstance(where, int):
+            labels[i, where : len(seq)] = torch.tensor(seq[where:])
+        else:
+            labels[i, : len(seq)] = torch.tensor([t if m else -100 for t, m in zip(seq, where)])
+    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1))

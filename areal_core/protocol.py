@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
+import numbers
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +41,30 @@ SCHEMA = pa.schema(
     ],
     metadata={"areal.schema_version": SCHEMA_VERSION},
 )
+
+
+FLOAT32_MAX = 3.4028234663852886e38  # rewards are stored as float32: anything larger becomes inf
+
+
+def finite_reward(value: float) -> bool:
+    """True when `value` is a real number that float32 holds finitely: |value| <= FLOAT32_MAX
+    (1e39 passes math.isfinite but is stored as inf)."""
+    if not isinstance(value, numbers.Real):
+        return False
+    return math.isfinite(value) and abs(value) <= FLOAT32_MAX
+
+
+def check_reward(value: Any, low: float, high: float) -> float:
+    """`value` as a float when it is a finite number with low <= value <= high; else ValueError
+    saying why. Every reward that enters from outside (a proxy client, an agent's return value)
+    passes here before it can reach a shard."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"reward must be a number, got {type(value).__name__}")
+    if not finite_reward(value):
+        raise ValueError(f"reward must be finite, got {value!r}")
+    if not low <= value <= high:
+        raise ValueError(f"reward {value:g} is outside the allowed range [{low:g}, {high:g}]")
+    return float(value)
 
 
 class ShardError(ValueError):
@@ -89,6 +115,10 @@ def _check(sample: Sample) -> None:
         raise ShardError(f"sample {sample.sample_id}: prompt_len {sample.prompt_len} outside 0..{n}")
     if sample.token_rewards is not None and len(sample.token_rewards) != n:
         raise ShardError(f"sample {sample.sample_id}: token_rewards length differs from input_ids")
+    if sample.reward is not None and not finite_reward(sample.reward):
+        raise ShardError(f"sample {sample.sample_id}: reward {sample.reward!r} is not finite in float32")
+    if sample.token_rewards is not None and not all(map(finite_reward, sample.token_rewards)):
+        raise ShardError(f"sample {sample.sample_id}: token_rewards hold a value that is not finite in float32")
 
 
 def to_table(samples: list[Sample]) -> pa.Table:

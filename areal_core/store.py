@@ -88,8 +88,17 @@ class Layout:
         return f"{self.prompts_dir}/part-{part:05d}.parquet"
 
     # -- weights ---------------------------------------------------------------------------------
+    version_prefix = "v"  # weights/v000012
+    step_prefix = "step-"  # trainer/checkpoints/step-000012, trainer/trained/step-000012.json
+
+    @staticmethod
+    def _numbered(name: str, prefix: str) -> int | None:
+        """'{prefix}000012' -> 12; None for a name that is not prefix + digits."""
+        rest = name[len(prefix) :]
+        return int(rest) if name.startswith(prefix) and rest.isdigit() else None
+
     def weights_dir(self, version: int) -> str:
-        return f"{self.weights_root}/v{version:06d}"
+        return f"{self.weights_root}/{self.version_prefix}{version:06d}"
 
     def weights_file(self, version: int, name: str) -> str:
         return f"{self.weights_dir(version)}/{name}"
@@ -97,10 +106,9 @@ class Layout:
     def manifest(self, version: int) -> str:
         return self.weights_file(version, self.manifest_name)
 
-    @staticmethod
-    def weights_version(name: str) -> int | None:
+    def weights_version(self, name: str) -> int | None:
         """'v000012' (an entry of weights/) -> 12; None for anything else (LATEST)."""
-        return int(name[1:]) if name.startswith("v") and name[1:].isdigit() else None
+        return self._numbered(name, self.version_prefix)
 
     # -- trajectories ------------------------------------------------------------------------------
     def shard_dir(self, stage: str, worker: str) -> str:
@@ -131,23 +139,22 @@ class Layout:
 
     # -- trainer ---------------------------------------------------------------------------------
     def checkpoint_dir(self, step: int) -> str:
-        return f"{self.checkpoints_dir}/step-{step:06d}"
+        return f"{self.checkpoints_dir}/{self.step_prefix}{step:06d}"
 
     def checkpoint_file(self, step: int, name: str) -> str:
         """A file of checkpoint `step`: model.safetensors, optimizer.pt, pending.arrow, state.json, ..."""
         return f"{self.checkpoint_dir(step)}/{name}"
 
-    @staticmethod
-    def checkpoint_step(name: str) -> int | None:
+    def checkpoint_step(self, name: str) -> int | None:
         """'step-000012' (an entry of trainer/checkpoints/) -> 12; None for anything else."""
-        return int(name[5:]) if name.startswith("step-") and name[5:].isdigit() else None
+        return self._numbered(name, self.step_prefix)
 
     def committed(self, folder: str) -> str:
         """The marker that makes `folder` (a checkpoint, init_model, final_model) visible."""
         return f"{folder}/{self.committed_name}"
 
     def trained_record(self, step: int) -> str:
-        return f"{self.trained_dir}/step-{step:06d}.json"
+        return f"{self.trained_dir}/{self.step_prefix}{step:06d}.json"
 
     # -- status, quarantine, labels, online ------------------------------------------------------
     def status(self, role: str, worker_id: str) -> str:
@@ -173,14 +180,6 @@ class Layout:
 
 
 LAYOUT = Layout()
-
-# TODO(final merge): the names below serve train/trainer.py, weights/, rollout/, proxy/
-# and online/retrain.py until they use LAYOUT; delete them then.
-INIT_MODEL = LAYOUT.init_model
-FINAL_MODEL = LAYOUT.final_model
-DISCARDED_GROUPS = LAYOUT.discarded_groups
-weights_dir = LAYOUT.weights_dir
-shard_name = LAYOUT.shard
 
 
 def normalize_uri(uri: str) -> str:

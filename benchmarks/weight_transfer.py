@@ -46,9 +46,9 @@ import torch
 from safetensors.torch import load as st_load
 
 from areal_core.config import ModelConfig, RolloutConfig, TaskConfig
-from areal_core.models import build_tiny_model, build_tokenizer
+from areal_core.models import build_tiny_model, build_tokenizer, sft_loss
 from areal_core.store import Store
-from areal_core.train.sft import sft_examples, sft_loss
+from areal_core.train.sft import sft_examples
 from areal_core.weights import sha256
 from areal_core.weights.delta import encode_delta
 from areal_core.weights.publisher import WeightPublisher, state_dict_bytes

@@ -19,7 +19,7 @@ from areal_core.proxy.runner import ProxyServer
 from areal_core.proxy.sessions import session_id_for_key
 from areal_core.rollout.engine import SamplingParams
 from areal_core.rollout.torch_engine import TorchEngine
-from areal_core.store import Store
+from areal_core.store import LAYOUT, Store
 from datasets.arithmetic import generate
 from tests.test_flyte import serialize
 
@@ -109,7 +109,7 @@ def test_cursor_advances_and_the_next_run_sees_only_new_sessions(tmp_path, base_
     ov = overrides(tmp_path, base_model)
 
     run1 = retrain.retrain_candidate("", ov, sessions.uri, "policy", "r1")
-    plan1 = Store(run1).read_json(retrain.PLAN)
+    plan1 = Store(run1).read_json(LAYOUT.online_plan)
     assert plan1["rows"] == 5 and plan1["trained"] and plan1["updates"] == 1  # ⌊5 / (2·2)⌋ updates
     assert retrain.read_cursor(sessions) == {}  # moved only when the run completes
     out1 = retrain.publish_candidate(run1)
@@ -122,14 +122,14 @@ def test_cursor_advances_and_the_next_run_sees_only_new_sessions(tmp_path, base_
 
     assert serve_sessions(base_model, sessions, train[5:8], seed=2) == 8
     run3 = retrain.retrain_candidate("", ov, sessions.uri, "policy", "r3")
-    plan3 = Store(run3).read_json(retrain.PLAN)
+    plan3 = Store(run3).read_json(LAYOUT.online_plan)
     assert plan3["rows"] == 3
     assert [rel.rsplit("/", 1)[-1] for rel in plan3["shards"]] == ["00000005.arrow", "00000006.arrow", "00000007.arrow"]
     rows = [s for rel in plan3["shards"] for s in retrain.read_shard_or_quarantine(sessions, rel)]
     assert sorted(s.prompt_id for s in rows) == sorted(t["prompt_id"] for t in train[5:8])
     retrain.publish_candidate(run3)
     assert retrain.read_cursor(sessions) == {"proxy-0": 7}
-    assert sessions.read_json(retrain.CURSOR)["runs"] == ["r1", "r3"]
+    assert sessions.read_json(LAYOUT.online_cursor)["runs"] == ["r1", "r3"]
 
 
 def test_regroup_pools_singletons_and_groups_repeated_prompts():
@@ -194,7 +194,7 @@ def test_online_run_starts_from_the_registered_version_and_compares_against_it(t
     out2 = retrain.online_retrain("", ov, sessions.uri, "policy", "r2")
     assert (out2["current_score"], out2["candidate_score"]) == (0.5, 0.4)
     assert not out2["registered"] and out2["model_uri"] == "models:/policy/1"
-    plan2 = Store(out2["run_uri"]).read_json(retrain.PLAN)
+    plan2 = Store(out2["run_uri"]).read_json(LAYOUT.online_plan)
     assert plan2["start_model"] == "models:/policy/1" and plan2["rows"] == 4
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert [int(v.version) for v in client.search_model_versions("name = 'policy'")] == [1]

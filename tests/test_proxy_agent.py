@@ -32,7 +32,7 @@ from areal_core.reward.worker import grade_shard
 from areal_core.rollout.admission import Admission, recover_progress
 from areal_core.rollout.async_engine import AsyncEngine
 from areal_core.rollout.worker import RolloutLoop
-from areal_core.store import Store
+from areal_core.store import LAYOUT, Store
 from datasets.arithmetic import generate
 
 
@@ -315,10 +315,9 @@ def test_langchain_chat_openai_agent_through_the_proxy(data, tmp_path):
 
 def publish_init_model(store: Store, version: int) -> None:
     from areal_core.models import load_pretrained
-    from areal_core.store import INIT_MODEL
     from areal_core.weights.publisher import hf_side_files, publish, state_dict_bytes
 
-    model, tok = load_pretrained(store.url(INIT_MODEL))
+    model, tok = load_pretrained(store.url(LAYOUT.init_model))
     publish(store, version, state_dict_bytes(model), hf_side_files(model, tok))
 
 

@@ -181,20 +181,25 @@ def test_one_key_cannot_touch_another_keys_session(server):
     a, b = http(server, KEY_A), http(server, KEY_B)
     ra = sdk(server, KEY_A).chat.completions.create(model="m", messages=USER, extra_headers={"X-Session-Id": "alice-1"})
     before = a.get("/sessions/alice-1", params={"include_tokens": True}).json()
-    # Bob can neither read, reward, end nor extend Alice's session
+    # Bob can neither read, reward nor end Alice's session
     for r in (
         b.get("/sessions/alice-1"),
         b.post("/sessions/alice-1/reward", json={"reward": 9.0}),
         b.post("/sessions/alice-1/end", json={"reward": 9.0}),
-        b.post("/chat/completions", json={"model": "m", "messages": USER}, headers={"X-Session-Id": "alice-1"}),
-        b.post("/sessions", json={"session_id": "alice-1"}),
     ):
         assert r.status_code == 403 and error_of(r)["type"] == "permission_error"
-    with pytest.raises(openai.PermissionDeniedError):
-        sdk(server, KEY_B).chat.completions.create(model="m", messages=USER, extra_headers={"X-Session-Id": "alice-1"})
-    # a key-keyed session is invisible to other keys too
+    # nor extend or claim it: sessions are named within their key, the same name is Bob's own session
+    rb1 = b.post("/chat/completions", json={"model": "m", "messages": USER}, headers={"X-Session-Id": "alice-1"})
+    assert rb1.status_code == 200 and rb1.json()["areal"]["turn"] == 0
+    assert b.post("/sessions", json={"session_id": "alice-1"}).json()["session_id"] == "alice-1"
+    assert b.get("/sessions/alice-1").json()["turns"][0]["completion_id"] == rb1.json()["id"]
+    # a key-keyed session is invisible to other keys, and its id is reserved for its key
     rk = sdk(server, KEY_A).chat.completions.create(model="m", messages=USER)
     assert b.post(f"/sessions/{rk.areal['session_id']}/end", json={}).status_code == 403
+    with pytest.raises(openai.PermissionDeniedError):
+        sdk(server, KEY_B).chat.completions.create(
+            model="m", messages=USER, extra_headers={"X-Session-Id": rk.areal["session_id"]}
+        )
     # Bob's own key-keyed session is a different one
     rb = sdk(server, KEY_B).chat.completions.create(model="m", messages=USER)
     assert rb.areal["session_id"] != rk.areal["session_id"]

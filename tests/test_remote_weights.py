@@ -10,7 +10,7 @@ import pytest
 from areal_core.config import ConfigError, load_config
 from areal_core.rollout.vllm_engine import VLLMEngineError, expand_spans
 from areal_core.rollout.vllm_server import VLLMServerSpec, server_command, server_env
-from areal_core.store import Store, weights_dir
+from areal_core.store import LAYOUT, Store
 from areal_core.weights import WEIGHTS_FILE, WeightsError
 from areal_core.weights.publisher import publish
 from areal_core.weights.reader import prune_staged, stage_verified
@@ -36,20 +36,18 @@ def test_stage_verified_copies_every_manifest_file(store, tmp_path):
 @pytest.mark.parametrize(
     "damage, match",
     [
-        (lambda s: s.write_bytes(f"{weights_dir(0)}/{WEIGHTS_FILE}", b"tampered"), "model.safetensors fails"),
-        (lambda s: s.write_bytes(f"{weights_dir(0)}/config.json", b"{}"), "config.json fails"),
-        (lambda s: s.delete(f"{weights_dir(0)}/tokenizer.json"), "tokenizer.json is missing"),
-        (lambda s: s.delete(f"{weights_dir(0)}/MANIFEST.json"), "no MANIFEST.json"),
-        (lambda s: s.write_text(f"{weights_dir(0)}/MANIFEST.json", "{oops"), "not JSON"),
-        (lambda s: s.write_json(f"{weights_dir(0)}/MANIFEST.json", {"version": 0, "files": {}}), "lists no"),
+        (lambda s: s.write_bytes(LAYOUT.weights_file(0, WEIGHTS_FILE), b"tampered"), "model.safetensors fails"),
+        (lambda s: s.write_bytes(LAYOUT.weights_file(0, "config.json"), b"{}"), "config.json fails"),
+        (lambda s: s.delete(LAYOUT.weights_file(0, "tokenizer.json")), "tokenizer.json is missing"),
+        (lambda s: s.delete(LAYOUT.manifest(0)), "no MANIFEST.json"),
+        (lambda s: s.write_text(LAYOUT.manifest(0), "{oops"), "not JSON"),
+        (lambda s: s.write_json(LAYOUT.manifest(0), {"version": 0, "files": {}}), "lists no"),
         (
-            lambda s: s.write_json(f"{weights_dir(0)}/MANIFEST.json", {"version": 3, "files": {WEIGHTS_FILE: "x"}}),
+            lambda s: s.write_json(LAYOUT.manifest(0), {"version": 3, "files": {WEIGHTS_FILE: "x"}}),
             "names version 3",
         ),
         (
-            lambda s: s.write_json(
-                f"{weights_dir(0)}/MANIFEST.json", {"version": 0, "files": {WEIGHTS_FILE: "x", "../evil": "y"}}
-            ),
+            lambda s: s.write_json(LAYOUT.manifest(0), {"version": 0, "files": {WEIGHTS_FILE: "x", "../evil": "y"}}),
             "unsafe",
         ),
     ],

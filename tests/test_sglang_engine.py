@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse, Response
 from areal_core.rollout.engine import SamplingParams
 from areal_core.rollout.sglang_engine import SGLangEngine, SGLangEngineError
 from areal_core.rollout.vllm_server import free_port
-from areal_core.store import Store, weights_dir
+from areal_core.store import LAYOUT, Store
 from areal_core.weights import WEIGHTS_FILE, WeightsError
 from areal_core.weights.publisher import publish
 
@@ -247,7 +247,7 @@ def test_stop_token_and_corrupt_version_refused(setup):
     g = engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=10, stop_token_ids=[free[3]]))[0]
     assert g.finish_reason == "stop" and g.token_ids == free[: free.index(free[3]) + 1]
     publish(store, 2, weights("C"), side)
-    store.write_bytes(f"{weights_dir(2)}/{WEIGHTS_FILE}", weights("tampered"))
+    store.write_bytes(LAYOUT.weights_file(2, WEIGHTS_FILE), weights("tampered"))
     with pytest.raises(WeightsError, match="sha256"):
         engine.receive(store, 2)
     assert "/pause_generation" not in server.calls  # refused before the server was touched

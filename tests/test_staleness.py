@@ -14,7 +14,7 @@ from areal_core.staleness import (
     staleness_histogram,
     worker_share,
 )
-from areal_core.store import Store, shard_name
+from areal_core.store import LAYOUT, Store
 
 
 def test_admission_capacity_is_v_plus_eta_plus_one_batches():
@@ -115,7 +115,7 @@ def _write_groups(store: Store, worker: str, seq: int, groups: list[int]) -> Non
         Sample(f"{group_id(worker, g)}-0", group_id(worker, g), "p", worker, [1, 2], 1, [0, 1], [0.0, -0.1], [-1, 0])
         for g in groups
     ]
-    write_shard(store, shard_name("ungraded", worker, seq), rows)
+    write_shard(store, LAYOUT.shard("ungraded", worker, seq), rows)
 
 
 def test_restart_recovery_gives_the_same_sequence_numbers_and_prompt_order(tmp_path):
@@ -126,7 +126,7 @@ def test_restart_recovery_gives_the_same_sequence_numbers_and_prompt_order(tmp_p
     # a worker wrote groups 0-1 and 3 (2 was in flight when it died), then a torn shard
     _write_groups(store, "rollout-1", 0, [0, 1])
     _write_groups(store, "rollout-1", 1, [3])
-    store.write_bytes(shard_name("ungraded", "rollout-1", 2), b"torn")
+    store.write_bytes(LAYOUT.shard("ungraded", "rollout-1", 2), b"torn")
     progress = recover_progress(store, "rollout-1")
     assert progress.next_seq == 2 and progress.groups == {0, 1, 3}  # the torn shard is rewritten
     restarted = Admission(**kw, progress=progress)

@@ -21,7 +21,7 @@ from areal_core.models import build_tiny_model, build_tokenizer
 from areal_core.rollout.engine import SamplingParams
 from areal_core.rollout.vllm_engine import VLLMEngine
 from areal_core.rollout.vllm_server import VLLMServerSpec
-from areal_core.store import Store, weights_dir
+from areal_core.store import LAYOUT, Store
 from areal_core.weights import WEIGHTS_FILE, WeightsError
 from areal_core.weights.publisher import hf_side_files, publish, state_dict_bytes
 
@@ -266,13 +266,13 @@ def test_corrupt_version_is_refused_and_server_unchanged(vs):
     params = SamplingParams(max_new_tokens=12, greedy=True)
     before = vs.engine.generate(vs.prompts[:2], params)
     vs.publish(4, "B")
-    blob = bytearray(vs.store.read_bytes(f"{weights_dir(4)}/{WEIGHTS_FILE}"))
+    blob = bytearray(vs.store.read_bytes(LAYOUT.weights_file(4, WEIGHTS_FILE)))
     blob[-7] ^= 0xFF
-    vs.store.write_bytes(f"{weights_dir(4)}/{WEIGHTS_FILE}", bytes(blob))
+    vs.store.write_bytes(LAYOUT.weights_file(4, WEIGHTS_FILE), bytes(blob))
     with pytest.raises(WeightsError, match="sha256"):
         vs.engine.receive(vs.store, 4)
     vs.publish(5, "B")
-    vs.store.write_text(f"{weights_dir(5)}/MANIFEST.json", "{not json")
+    vs.store.write_text(LAYOUT.manifest(5), "{not json")
     with pytest.raises(WeightsError, match="not JSON"):
         vs.engine.receive(vs.store, 5)
     assert vs.engine.version == 3 and vs.engine.server_version() == "3"

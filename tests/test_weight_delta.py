@@ -9,7 +9,7 @@ from safetensors.torch import load as st_load
 
 from areal_core.config import ConfigError, ModelConfig, load_config
 from areal_core.models import build_tiny_model
-from areal_core.store import Store, weights_dir
+from areal_core.store import LAYOUT, Store
 from areal_core.weights import DELTA_FILE, WEIGHTS_FILE, WeightsError, sha256
 from areal_core.weights.delta import decode_delta, encode_delta
 from areal_core.weights.publisher import WeightPublisher, prune, state_dict_bytes
@@ -54,7 +54,7 @@ def test_delta_round_trip_is_bit_exact_from_any_starting_point(tmp_path, blobs):
         pub.publish(v, blob)
         sizes.append(pub.last_weights_bytes)
     for v in range(10):
-        files = store.read_json(f"{weights_dir(v)}/MANIFEST.json")["files"]
+        files = store.read_json(LAYOUT.manifest(v))["files"]
         assert (WEIGHTS_FILE in files) == (v % 4 == 0) and (DELTA_FILE in files) == (v % 4 != 0)
         assert set(files) - {WEIGHTS_FILE, DELTA_FILE} == {"config.json"}
     assert all(sizes[v] < 0.9 * len(blobs[v]) for v in range(10) if v % 4)  # the deltas are smaller
@@ -65,8 +65,8 @@ def test_delta_round_trip_is_bit_exact_from_any_starting_point(tmp_path, blobs):
     # from the verified bytes it keeps: v7 needs only v7's delta once v6 is loaded
     assert load_weights_bytes(store, 7, have=(6, blobs[6])) == blobs[7]
     load_state_dict(store, 6)
-    store.delete(weights_dir(4), recursive=True)
-    store.delete(weights_dir(5), recursive=True)
+    store.delete(LAYOUT.weights_dir(4), recursive=True)
+    store.delete(LAYOUT.weights_dir(5), recursive=True)
     with pytest.raises(WeightsError, match="cannot rebuild from delta base v5"):
         load_weights_bytes(store, 7)
     for v in (7, 9):
@@ -82,17 +82,17 @@ def test_publisher_publishes_full_after_a_gap_a_restart_and_for_non_safetensors(
     pub.publish(1, blobs[1])
     pub.publish(2, blobs[2])
     pub.publish(4, blobs[4])  # numbering gap: full
-    assert DELTA_FILE in store.read_json(f"{weights_dir(2)}/MANIFEST.json")["files"]
-    assert WEIGHTS_FILE in store.read_json(f"{weights_dir(4)}/MANIFEST.json")["files"]
+    assert DELTA_FILE in store.read_json(LAYOUT.manifest(2))["files"]
+    assert WEIGHTS_FILE in store.read_json(LAYOUT.manifest(4))["files"]
     WeightPublisher(store, SIDE, delta=True).publish(5, blobs[5])  # a restarted trainer holds no base
-    assert WEIGHTS_FILE in store.read_json(f"{weights_dir(5)}/MANIFEST.json")["files"]
+    assert WEIGHTS_FILE in store.read_json(LAYOUT.manifest(5))["files"]
     pub = WeightPublisher(store, SIDE, delta=True, full_every=100)
     pub.publish(6, b"weights-6" * 50)
     pub.publish(7, b"weights-7" * 50)  # not safetensors: full
     assert load_weights_bytes(store, 7) == b"weights-7" * 50
     assert store.latest_version() == 7
     WeightPublisher(store, SIDE).publish(8, blobs[8])  # delta off: the plain layout, no "weights" entry
-    assert "weights" not in store.read_json(f"{weights_dir(8)}/MANIFEST.json")
+    assert "weights" not in store.read_json(LAYOUT.manifest(8))
 
 
 @pytest.mark.parametrize("codec", ["zstd", "zlib"])
@@ -106,21 +106,21 @@ def test_encode_decode_delta_codecs(blobs, codec):
 def test_corrupt_or_missing_delta_is_refused_naming_the_file(tmp_path, blobs):
     store = Store(str(tmp_path / "run"))
     publish_all(store, blobs[:4])
-    good = store.read_bytes(f"{weights_dir(2)}/{DELTA_FILE}")
-    store.write_bytes(f"{weights_dir(2)}/{DELTA_FILE}", good[:-1] + bytes([good[-1] ^ 1]))
+    good = store.read_bytes(LAYOUT.weights_file(2, DELTA_FILE))
+    store.write_bytes(LAYOUT.weights_file(2, DELTA_FILE), good[:-1] + bytes([good[-1] ^ 1]))
     with pytest.raises(WeightsError, match=r"weights v2: model\.delta fails its sha256 check"):
         load_weights_bytes(store, 3)
     with pytest.raises(WeightsError, match=r"weights v2: model\.delta fails its sha256 check"):
         load_state_dict(store, 2)
     # a delta whose file checksum matches but that does not rebuild the recorded weights
-    manifest = store.read_json(f"{weights_dir(2)}/MANIFEST.json")
+    manifest = store.read_json(LAYOUT.manifest(2))
     other, _ = encode_delta(blobs[0], blobs[3])
-    store.write_bytes(f"{weights_dir(2)}/{DELTA_FILE}", other)
+    store.write_bytes(LAYOUT.weights_file(2, DELTA_FILE), other)
     manifest["files"][DELTA_FILE] = sha256(other)
-    store.write_json(f"{weights_dir(2)}/MANIFEST.json", manifest)
+    store.write_json(LAYOUT.manifest(2), manifest)
     with pytest.raises(WeightsError, match=r"weights v2: model\.safetensors rebuilt from model\.delta fails"):
         load_weights_bytes(store, 2)
-    store.delete(weights_dir(1), recursive=True)
+    store.delete(LAYOUT.weights_dir(1), recursive=True)
     with pytest.raises(WeightsError, match=r"weights v3: cannot rebuild from delta base v1"):
         load_weights_bytes(store, 3)
 
@@ -144,7 +144,7 @@ def test_stage_verified_rebuilds_a_delta_version_for_remote_engines(tmp_path, bl
     assert (path / "config.json").read_bytes() == SIDE["config.json"]
     assert not (path / DELTA_FILE).exists()
     for v in (0, 1, 2):  # v3 is rebuilt from the staged v2 and its own delta
-        store.delete(weights_dir(v), recursive=True)
+        store.delete(LAYOUT.weights_dir(v), recursive=True)
     assert (stage_verified(store, 3, tmp_path / "stage") / WEIGHTS_FILE).read_bytes() == blobs[3]
     with pytest.raises(WeightsError, match="cannot rebuild from delta base v2"):
         stage_verified(store, 3, tmp_path / "other")
@@ -169,7 +169,7 @@ def test_a_run_with_delta_publication_trains_and_its_rollout_workers_follow(tiny
     store = Store(run_uri)
     launch(store.uri, 1, 1, timeout_s=300, progress=False)
     assert store.done() and store.latest_version() == 4
-    kinds = {v: set(store.read_json(f"{weights_dir(v)}/MANIFEST.json")["files"]) for v in range(5)}
+    kinds = {v: set(store.read_json(LAYOUT.manifest(v))["files"]) for v in range(5)}
     assert [WEIGHTS_FILE in kinds[v] for v in range(5)] == [True, False, False, False, True]
     final = st_load(store.read_bytes("final_model/model.safetensors"))
     rebuilt = st_load(load_weights_bytes(store, 4))

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Self
 
+import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Strict, ValidationError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -19,6 +20,17 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 class ConfigError(ValueError):
     """A configuration problem, with a one-line message naming the offending key."""
+
+
+def read_yaml_file(path: Path, label: str, hint: str = "") -> Any:
+    """The YAML document in `path` ({} when empty); ConfigError ("{label} file '...' does not
+    exist{hint}", or "... is not valid YAML: <first line>") when it cannot be read."""
+    if not path.is_file():
+        raise ConfigError(f"{label} file '{path}' does not exist{hint}")
+    try:
+        return yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{label} file '{path}' is not valid YAML: {str(exc).splitlines()[0]}") from None
 
 
 class Invalid(ValueError):

@@ -12,10 +12,9 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Self
 
-import yaml
 from pydantic import BeforeValidator, Field, model_validator
 
-from areal_core.config.base import PROJECT_ROOT, ConfigError, ConfigModel, Int, Invalid, Str
+from areal_core.config.base import PROJECT_ROOT, ConfigModel, Int, Invalid, Str, read_yaml_file
 from areal_core.config.device import Device
 
 CLUSTER_CONFIG_ENV = "AREAL_CLUSTER_CONFIG"
@@ -119,10 +118,4 @@ def cluster_config_from_dict(data: Any) -> ClusterConfig:
 
 def load_cluster_config(path: str | os.PathLike | None = None) -> ClusterConfig:
     p = Path(path) if path else cluster_config_path()
-    if not p.is_file():
-        raise ConfigError(f"cluster config file '{p}' does not exist (set ${CLUSTER_CONFIG_ENV})")
-    try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"cluster config file '{p}' is not valid YAML: {str(exc).splitlines()[0]}") from None
-    return cluster_config_from_dict(data)
+    return cluster_config_from_dict(read_yaml_file(p, "cluster config", f" (set ${CLUSTER_CONFIG_ENV})"))

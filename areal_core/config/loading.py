@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from areal_core.config.base import ConfigError
+from areal_core.config.base import ConfigError, read_yaml_file
 from areal_core.config.hooks import import_object
 from areal_core.config.run import RunConfig, resolve_python
 
@@ -87,14 +87,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
     for one in str(path or "").split(","):
         if not one.strip():
             continue
-        p = Path(one.strip())
-        if not p.is_file():
-            raise ConfigError(f"config file '{one.strip()}' does not exist")
-        try:
-            loaded = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file '{p}' is not valid YAML: {str(exc).splitlines()[0]}") from None
-        data = _merge(data, loaded, "<root>")
+        data = _merge(data, read_yaml_file(Path(one.strip()), "config"), "<root>")
     for text in overrides or []:
         data = _merge(data, _nest(*parse_override(text)), "<root>")
     return validate(RunConfig.from_data(data))

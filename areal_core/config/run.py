@@ -127,6 +127,16 @@ class AgentConfig(ConfigModel):
     corpus: Str = ""  # "pkg.module:fn" (records) -> texts: the tiny tokenizer's training text
     sft_examples: Str = ""  # "pkg.module:fn" (tokenizer, records) -> [(ids, loss_mask)]: warm start episodes
     sft_fraction: Float = Field(1.0, ge=0, le=1)  # share of SFT records given as agent episodes; the rest as answers
+    # every reward from outside (a proxy client, an agent's return value) must be finite and within
+    # [reward_min, reward_max]; online retraining drops rows outside it (docs/proxy.md)
+    reward_min: Float = -10.0
+    reward_max: Float = 10.0
+
+    @model_validator(mode="after")
+    def _reward_range(self) -> Self:
+        if not -1e30 <= self.reward_min < self.reward_max <= 1e30:
+            raise Invalid("reward_max", f"must be above reward_min ({self.reward_min:g}), both within ±1e30")
+        return self
 
 
 class RewardConfig(ConfigModel):

@@ -10,6 +10,8 @@ One run (`online_retrain`, or its two halves `retrain_candidate` then `publish_c
      each sample once and none an earlier run trained on (by `Sample.identity()`, recorded per
      run in `online/consumed/{run}.txt.gz`: a shard copied under a new name is not retrained);
   2. start model: the newest registered version of `model_name`, else `model.path`;
+     Rows whose reward is not finite or lies outside what agent.reward_{min,max} allow are left
+     out (`admissible`), and every update is checked for non-finite parameters;
   3. train: one pass over the new rows with the run's loss (decoupled PPO by default) in
      min(train.steps, ⌊rows / (train.batch_groups · rollout.group_size)⌋) near-equal updates
      (at least one). Live sessions come
@@ -36,43 +38,41 @@ from typing import Any
 
 from areal_core.logs import setup_logging
 from areal_core.online.registry import download, latest_version, register_if_better, store_files
-from areal_core.protocol import Sample, decode_identities, encode_identities, read_shard_or_quarantine, unique
-from areal_core.store import FINAL_MODEL, LAYOUT, Store
+from areal_core.protocol import (
+    Sample,
+    decode_identities,
+    encode_identities,
+    finite_reward,
+    read_shard_or_quarantine,
+    unique,
+)
+from areal_core.store import LAYOUT, Store
 
 log = logging.getLogger("areal.online")
-
-CURSOR = "online/cursor.json"
-PLAN = "online_plan.json"
 
 
 # ---------------------------------------------------------------------------------------------
 # The cursor
 # ---------------------------------------------------------------------------------------------
-def _worker_seq(rel: str) -> tuple[str, int]:
-    """'trajectories/graded/proxy-0/00000041.arrow' -> ('proxy-0', 41)."""
-    parts = rel.split("/")
-    return parts[-2], int(parts[-1].split(".")[0])
-
-
 def read_cursor(store: Store) -> dict[str, int]:
     """{worker id: last consumed shard sequence number}; empty before the first run."""
-    return dict(store.read_json(CURSOR)["workers"]) if store.exists(CURSOR) else {}
+    return dict(store.read_json(LAYOUT.online_cursor)["workers"]) if store.exists(LAYOUT.online_cursor) else {}
 
 
 def new_shards(store: Store, cursor: dict[str, int]) -> list[str]:
     """Graded session shards past the cursor, oldest first per worker."""
     out = []
-    for rel in store.find("trajectories/graded", ".arrow"):
-        worker, seq = _worker_seq(rel)
+    for rel in store.find(LAYOUT.graded_dir, ".arrow"):
+        worker, seq = LAYOUT.shard_worker_seq(rel)
         if seq > cursor.get(worker, -1):
             out.append(rel)
-    return sorted(out, key=_worker_seq)
+    return sorted(out, key=LAYOUT.shard_worker_seq)
 
 
 def advance(cursor: dict[str, int], shards: list[str]) -> dict[str, int]:
     out = dict(cursor)
     for rel in shards:
-        worker, seq = _worker_seq(rel)
+        worker, seq = LAYOUT.shard_worker_seq(rel)
         out[worker] = max(out.get(worker, -1), seq)
     return out
 
@@ -87,9 +87,9 @@ def consumed_identities(store: Store) -> set[str]:
 
 
 def write_cursor(store: Store, cursor: dict[str, int], run: str) -> None:
-    prev = store.read_json(CURSOR) if store.exists(CURSOR) else {"runs": []}
+    prev = store.read_json(LAYOUT.online_cursor) if store.exists(LAYOUT.online_cursor) else {"runs": []}
     runs = (prev.get("runs") or [])[-99:] + [run]
-    store.write_json(CURSOR, {"workers": cursor, "runs": runs, "updated_at": run_stamp()})
+    store.write_json(LAYOUT.online_cursor, {"workers": cursor, "runs": runs, "updated_at": run_stamp()})
 
 
 def run_stamp(at: datetime.datetime | None = None) -> str:
@@ -113,9 +113,39 @@ def regroup(samples: list[Sample], pool_id: str) -> list[Sample]:
     ]
 
 
-def train_on_sessions(model: Any, tokenizer: Any, samples: list[Sample], cfg: Any) -> list[dict[str, float]]:
-    """One pass of `train_step` over `samples` (see the module docstring); returns per-update metrics."""
+def admissible(sample: Sample, low: float, high: float) -> bool:
+    """Whether a session row may be trained on: its reward and every token reward finite in
+    float32, and within the range its turns can reach, |G| <= (num_turns + 1) * max(|low|, |high|)
+    (a return sums at most one reward per turn plus the final one, each in [low, high], γ <= 1)."""
+    bound = (max(sample.num_turns, 1) + 1) * max(abs(low), abs(high))
+    values = [sample.reward] + list(sample.token_rewards or [])
+    return sample.reward is not None and all(finite_reward(v) and abs(v) <= bound for v in values)
+
+
+def check_parameters(model: Any, update: int) -> None:
+    """Raise when an update left a non-finite parameter (the candidate is then never saved)."""
     import torch
+
+    bad = [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]
+    if bad:
+        raise FloatingPointError(f"online update {update} made {len(bad)} parameters non-finite (first: {bad[0]})")
+
+
+def train_on_sessions(model: Any, tokenizer: Any, samples: list[Sample], cfg: Any) -> list[dict[str, float]]:
+    """One pass of `train_step` over `samples` (see the module docstring); returns per-update metrics.
+    Rows that are not `admissible` under agent.reward_{min,max} are left out; every update is
+    checked for non-finite parameters."""
+    import torch
+
+    low, high = cfg.agent.reward_min, cfg.agent.reward_max
+    kept = [s for s in samples if admissible(s, low, high)]
+    if len(kept) < len(samples):
+        log.warning(
+            "online retraining: %d rows with a reward outside [%g, %g] left out", len(samples) - len(kept), low, high
+        )
+    samples = kept
+    if not samples:
+        return []
 
     from areal_core.train.step import train_step
 
@@ -129,6 +159,7 @@ def train_on_sessions(model: Any, tokenizer: Any, samples: list[Sample], cfg: An
     for i in range(n_updates):
         batch = regroup(samples[bounds[i] : bounds[i + 1]], f"online-{i}")
         metrics.append(train_step(model, opt, batch, cfg, tokenizer.pad_token_id))
+        check_parameters(model, i)
     model.eval()
     return metrics
 
@@ -167,12 +198,13 @@ def retrain_candidate(
     cfg = load_config(config_path or None, parse_overrides(overrides))
     torch.set_num_threads(max(1, cfg.threads_per_role))
     run_id = run_id or run_stamp()
-    run = Store(f"{Store(cfg.store).uri.rstrip('/')}/online/{run_id}")
-    sessions = Store(sessions_uri or f"{Store(cfg.store).uri.rstrip('/')}/sessions")
+    run = Store(Store(cfg.store).url(LAYOUT.online_run(run_id)))
+    sessions = Store(sessions_uri or Store(cfg.store).url(LAYOUT.sessions_dir))
     cursor = read_cursor(sessions)
     shards = new_shards(sessions, cursor)
     rows = [s for rel in shards for s in (read_shard_or_quarantine(sessions, rel) or []) if s.reward is not None]
-    samples = unique(rows, consumed_identities(sessions))
+    lo, hi = cfg.agent.reward_min, cfg.agent.reward_max
+    samples = [s for s in unique(rows, consumed_identities(sessions)) if admissible(s, lo, hi)]
     uri = resolve_uri(cfg.tracking.uri)
     plan: dict[str, Any] = {
         "run_id": run_id,
@@ -185,11 +217,11 @@ def retrain_candidate(
         "cursor_after": advance(cursor, shards),
         "trained": False,
     }
-    run.write_text("config.yaml", to_yaml(cfg))
+    run.write_text(LAYOUT.config, to_yaml(cfg))
     run.write_bytes(LAYOUT.online_samples, encode_identities([s.identity() for s in samples]))
     if len(samples) < 2:
         log.info("online run %s: %d new session rows, nothing to train", run_id, len(samples))
-        run.write_json(PLAN, plan)
+        run.write_json(LAYOUT.online_plan, plan)
         return run.uri
     start_path, start_label = _start_model(cfg, model_name, uri)
     from datasets import load_task
@@ -202,8 +234,8 @@ def retrain_candidate(
     candidate_score = heldout_score(model, tokenizer, cfg, records)
     with tempfile.TemporaryDirectory() as tmp:
         save_pretrained(model, tokenizer, tmp)
-        run.put_dir(tmp, FINAL_MODEL)
-    run.write_json(f"{FINAL_MODEL}/COMMITTED", {"updates": len(metrics)})
+        run.put_dir(tmp, LAYOUT.final_model)
+    run.write_json(LAYOUT.committed(LAYOUT.final_model), {"updates": len(metrics)})
     plan.update(
         trained=True,
         start_model=start_label,
@@ -212,7 +244,7 @@ def retrain_candidate(
         current_score=current_score,
         candidate_score=candidate_score,
     )
-    run.write_json(PLAN, plan)
+    run.write_json(LAYOUT.online_plan, plan)
     log.info(
         "online run %s: %d rows, %d updates, held-out %.4f -> %.4f",
         run_id,
@@ -227,7 +259,7 @@ def retrain_candidate(
 def publish_candidate(run_uri: str, min_gain: float = 0.0) -> dict[str, Any]:
     """Register the candidate if it beats the current model (step 5), then move the cursor (6)."""
     run = Store(run_uri)
-    plan = run.read_json(PLAN)
+    plan = run.read_json(LAYOUT.online_plan)
     out: dict[str, Any] = {
         "run_uri": run.uri,
         "rows": plan["rows"],
@@ -239,7 +271,7 @@ def publish_candidate(run_uri: str, min_gain: float = 0.0) -> dict[str, Any]:
     }
     if plan["trained"] and plan["tracking_uri"]:
         reg = register_if_better(
-            store_files(run, FINAL_MODEL, drop=("COMMITTED",)),
+            store_files(run, LAYOUT.final_model, drop=(LAYOUT.committed_name,)),
             plan["model_name"],
             plan["tracking_uri"],
             plan["candidate_score"],
@@ -255,7 +287,7 @@ def publish_candidate(run_uri: str, min_gain: float = 0.0) -> dict[str, Any]:
         sessions = Store(plan["sessions"])
         sessions.write_bytes(LAYOUT.online_consumed(plan["run_id"]), run.read_bytes(LAYOUT.online_samples))
         write_cursor(sessions, plan["cursor_after"], plan["run_id"])
-    run.write_json("online_result.json", out)
+    run.write_json(LAYOUT.online_result, out)
     return out
 
 

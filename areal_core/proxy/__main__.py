@@ -8,6 +8,7 @@ import os
 
 from areal_core.proxy.app import create_app
 from areal_core.proxy.guard import ProxyLimits
+from areal_core.proxy.runner import server_config
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -25,6 +26,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tool-prompt", default="full", choices=["full", "names", "none"])
     ap.add_argument("--max-context-tokens", type=int, default=0)
     ap.add_argument("--default-max-tokens", type=int, default=256)
+    ap.add_argument("--reward-min", type=float, default=-10.0, help="rewards outside [min, max] are a 422")
+    ap.add_argument("--reward-max", type=float, default=10.0)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
@@ -49,13 +52,16 @@ def main(argv: list[str] | None = None) -> None:
         store=Store(args.store) if args.store else None,
         api_keys=keys,
         limits=ProxyLimits(
-            max_context_tokens=args.max_context_tokens or None, default_max_tokens=args.default_max_tokens
+            max_context_tokens=args.max_context_tokens or None,
+            default_max_tokens=args.default_max_tokens,
+            reward_min=args.reward_min,
+            reward_max=args.reward_max,
         ),
         worker_id=args.worker_id,
         turn_discount=args.turn_discount,
         tool_prompt=args.tool_prompt,
     )
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    uvicorn.Server(server_config(app, args.host, args.port)).run()
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from areal_core.config.hooks import import_object
-from areal_core.protocol import Sample
+from areal_core.protocol import Sample, check_reward
 from areal_core.proxy.app import create_app
 from areal_core.proxy.backend import as_backend
 from areal_core.proxy.guard import ApiKeys, ProxyLimits, context_limit
@@ -157,7 +157,8 @@ class AgentWorkflow(RolloutWorkflow):
         error = None
         try:
             value = await asyncio.wait_for(self.agent(task, server.base_url, key), self.episode_timeout_s)
-            reward = None if value is None else float(value)
+            limits = self.limits or ProxyLimits()  # a reward outside the range drops the episode
+            reward = None if value is None else check_reward(float(value), limits.reward_min, limits.reward_max)
         except Exception as exc:  # noqa: BLE001 - an agent's failure drops its episode, not the run
             error = f"{type(exc).__name__}: {exc}"
         finally:
@@ -205,7 +206,9 @@ def from_context(ctx: WorkflowContext) -> AgentWorkflow:
         episode_timeout_s=ac.episode_timeout_s,
         turn_discount=ac.turn_discount,
         sampling=ctx.sampling(),
-        limits=ProxyLimits(max_context_tokens=cfg.model.max_position_embeddings),
+        limits=ProxyLimits(
+            max_context_tokens=cfg.model.max_position_embeddings, reward_min=ac.reward_min, reward_max=ac.reward_max
+        ),
         tool_prompt=ac.tool_prompt,
         worker_id=ctx.worker_id,
     )

@@ -1,7 +1,7 @@
 """OpenAI-compatible proxy in front of a rollout engine: serves the current policy and records
 exactly what it served, so an agent episode becomes one trajectory row without re-tokenising.
 
-    app = create_app(engine, tokenizer, api_keys=["sk-..."])       # a TorchEngine or any async backend
+    app = create_app(engine, tokenizer, api_keys=["sk-..."])       # a RolloutEngine, or the worker's AsyncEngine
     server = ProxyServer(app).start()                               # uvicorn on 127.0.0.1, a free port
     client = openai.OpenAI(base_url=server.base_url, api_key="sk-...")
 
@@ -33,6 +33,7 @@ from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from areal_core.proxy.backend import as_backend
 from areal_core.proxy.guard import ApiKeys, GuardMiddleware, ProxyError, ProxyLimits, context_limit, error_body
@@ -57,8 +58,8 @@ def create_app(
     sampling: SamplingParams | None = None,
     force_sampling: bool = False,
 ) -> FastAPI:
-    """The proxy app over `engine_backend` (a sync RolloutEngine, batched on one thread, or an
-    object with an async `generate`).
+    """The proxy app over `engine_backend`: a RolloutEngine (put behind an AsyncEngine, closed
+    with the app) or an AsyncEngine (the rollout worker's, left open).
 
     store: when given, each ended session is written there as one shard (online mode).
     sampling: server-side defaults; with force_sampling=True the request's temperature, top_p
@@ -75,6 +76,8 @@ def create_app(
         store=store,
         session_ttl_s=limits.session_ttl_s,
         max_sessions=limits.max_sessions,
+        max_sessions_per_key=limits.max_sessions_per_key,
+        reward_range=(limits.reward_min, limits.reward_max),
     )
     state = ProxyState(
         backend=backend,
@@ -103,10 +106,11 @@ def create_app(
     # the parts callers reach for (agent runner, tests)
     app.state.backend, app.state.sessions, app.state.api_keys = backend, manager, keys
     app.state.template, app.state.limits, app.state.context_limit = template, limits, state.context_limit
-    app.add_middleware(GuardMiddleware, keys=keys, max_request_bytes=limits.max_request_bytes)
+    app.add_middleware(GuardMiddleware, keys=keys, limits=limits)
     app.add_exception_handler(ProxyError, _proxy_error)
     app.add_exception_handler(SessionError, _session_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
     for module in (health, chat, completions, sessions):
         app.include_router(module.router)
     return app
@@ -124,17 +128,28 @@ async def _proxy_error(request: Request, exc: ProxyError) -> JSONResponse:
     return JSONResponse(error_body(exc.message, exc.kind, exc.code), status_code=exc.status)
 
 
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """Routing errors (unknown path 404, wrong method 405) in the error shape too."""
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+    body = error_body(str(exc.detail), code=code)
+    return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+
 async def _session_error(request: Request, exc: SessionError) -> JSONResponse:
-    kind = "permission_error" if exc.status == 403 else "invalid_request_error"
+    kind = {403: "permission_error", 429: "rate_limit_error"}.get(exc.status, "invalid_request_error")
     return JSONResponse(error_body(exc.message, kind, exc.code), status_code=exc.status)
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    """422 in OpenAI's error shape; the first error names the field, pydantic's list is `detail`."""
-    errors = jsonable_encoder(exc.errors(), custom_encoder={Exception: str})
+    """422 in OpenAI's error shape; the first error names the field (`param`), pydantic's list is
+    `detail` without the offending input (it may be large, or not JSON at all)."""
+    errors = [{k: v for k, v in e.items() if k not in ("input", "ctx", "url")} for e in exc.errors()]
+    errors = jsonable_encoder(errors, custom_encoder={Exception: str})
     first = errors[0] if errors else {}
     where = ".".join(str(p) for p in first.get("loc", []) if p != "body")
     msg = f"invalid request: {where or 'body'}: {first.get('msg', 'malformed')}"
-    if first.get("type") == "json_invalid" or (first.get("loc") == ["body"] and isinstance(first.get("input"), str)):
+    raw = exc.errors()[0] if exc.errors() else {}
+    if first.get("type") == "json_invalid" or (first.get("loc") == ["body"] and isinstance(raw.get("input"), str)):
         msg = "invalid request: the body is not a JSON object"
-    return JSONResponse(error_body(msg, "invalid_request_error", "validation_error", detail=errors), 422)
+    body = error_body(msg, "invalid_request_error", "validation_error", param=where or None, detail=errors)
+    return JSONResponse(body, 422)

@@ -233,6 +233,7 @@ class ScriptedEngine:
         self.tokenizer = tokenizer
         self.reply = reply
         self.version = version
+        self.swaps = 0
         self.eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.calls: list[int] = []  # batch size of each generate call
 
@@ -293,6 +294,8 @@ def sft_calculator(
     """
     import torch
 
+    from areal_core.models import sft_loss
+
     examples = calculator_sft_examples(tokenizer, records)
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
@@ -301,18 +304,7 @@ def sft_calculator(
     model.train()
     for _ in range(steps):
         batch = rng.sample(examples, min(batch_size, len(examples)))
-        width = max(len(ids) for ids, _ in batch)
-        ids = torch.full((len(batch), width), pad, dtype=torch.long)
-        labels = torch.full((len(batch), width), -100, dtype=torch.long)
-        attn = torch.zeros((len(batch), width), dtype=torch.long)
-        for i, (seq, mask) in enumerate(batch):
-            ids[i, : len(seq)] = torch.tensor(seq)
-            attn[i, : len(seq)] = 1
-            labels[i, : len(seq)] = torch.tensor([t if m else -100 for t, m in zip(seq, mask)])
-        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
-        loss = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1)
-        )
+        loss = sft_loss(model, batch, pad)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

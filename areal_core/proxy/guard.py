@@ -1,9 +1,12 @@
-"""The proxy's front door: API keys (401), the request-size guard (413) and the error shape
-every 4xx/5xx response shares."""
+"""The proxy's front door: API keys (401), per-key concurrency (429), the request-size guard
+(413), content type (415), strict JSON (422), the limits, and the error shape every 4xx/5xx
+response shares."""
 
 from __future__ import annotations
 
 import json
+import logging
+import math
 import secrets
 import threading
 import time
@@ -12,6 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from areal_core.proxy.sessions import key_digest
+
+log = logging.getLogger("areal.proxy")
 
 
 class ApiKeys:
@@ -43,8 +48,11 @@ class ApiKeys:
         return len(self._digests)
 
 
-def error_body(message: str, kind: str = "invalid_request_error", code: str | None = None, **extra: Any) -> dict:
-    return {"error": {"message": message, "type": kind, "param": None, "code": code}, **extra}
+def error_body(
+    message: str, kind: str = "invalid_request_error", code: str | None = None, param: str | None = None, **extra: Any
+) -> dict:
+    """OpenAI's error shape: {"error": {"message", "type", "param", "code"}} (+ `extra` beside it)."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}, **extra}
 
 
 async def _send_json(send: Any, status: int, body: dict, headers: list | None = None) -> None:
@@ -60,19 +68,87 @@ async def _send_json(send: Any, status: int, body: dict, headers: list | None = 
     await send({"type": "http.response.body", "body": data})
 
 
-class GuardMiddleware:
-    """ASGI middleware run before routing and body parsing: API key (401), body size (413).
+_INT64 = 2**63 - 1
 
-    The authenticated key's digest goes into scope["state"]["owner"] for the handlers.
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:40]} is out of range")
+    return value
+
+
+def _bounded_int(text: str) -> int:
+    if len(text) > 20 or abs(value := int(text)) > _INT64:
+        raise ValueError(f"integer {text[:40]} is out of the 64-bit range")
+    return value
+
+
+def parse_json(body: bytes) -> Any:
+    """The body as strict JSON (RFC 8259), else ValueError with the reason: UTF-8 only; no
+    NaN/Infinity literals; numbers that a float64 or int64 holds; strings of valid Unicode (no
+    lone surrogate such as "\\ud800", which json.loads lets through); nesting that fits the stack."""
+    try:
+        obj = json.loads(body, parse_constant=_no_constant, parse_float=_finite_float, parse_int=_bounded_int)
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")  # raises on a lone surrogate anywhere
+    except UnicodeEncodeError:
+        raise ValueError("a string holds a lone surrogate (\\ud800-\\udfff): not valid Unicode") from None
+    except UnicodeDecodeError:
+        raise ValueError("the body is not UTF-8") from None
+    except RecursionError:
+        raise ValueError("the body is nested too deeply") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"the body is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+    return obj
+
+
+def _json_media(content_type: str) -> bool:
+    """True for no content type (clients that omit it get JSON parsing), application/json, */*+json."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media in ("", "application/json") or media.endswith("+json")
+
+
+class GuardMiddleware:
+    """ASGI middleware run before routing and body parsing.
+
+    On /v1: the API key (401, before the body is read), the key's concurrent requests (429), the
+    body size (413), its content type (415) and strict JSON (422: see `parse_json`), so that no
+    malformed body reaches a handler. On every route: an unexpected exception is a 500 in the
+    error shape (the connection stays open) instead of a reset. The authenticated key's digest
+    goes into scope["state"]["owner"] for the handlers.
     """
 
-    def __init__(self, app: Any, keys: ApiKeys, max_request_bytes: int):
-        self.app, self.keys, self.max_request_bytes = app, keys, max_request_bytes
+    def __init__(self, app: Any, keys: ApiKeys, limits: ProxyLimits):
+        self.app, self.keys, self.limits = app, keys, limits
+        self.in_flight: dict[str, int] = {}  # key digest -> requests being served (one event loop: no lock)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith("/v1"):
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        started = False
+
+        async def tracked(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            if scope["path"].startswith("/v1"):
+                await self._v1(scope, receive, tracked)
+            else:
+                await self.app(scope, receive, tracked)
+        except Exception:
+            log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
+            if started:  # the response is half sent: nothing to do but let the server drop it
+                raise
+            await _send_json(send, 500, error_body("internal server error", "server_error", "internal_error"))
+
+    async def _v1(self, scope: dict, receive: Any, send: Any) -> None:
         headers = dict(scope["headers"])
         auth = headers.get(b"authorization", b"").decode("latin-1")
         scheme, _, token = auth.partition(" ")
@@ -86,43 +162,74 @@ class GuardMiddleware:
                 [(b"www-authenticate", b"Bearer")],
             )
             return
-        state = scope.setdefault("state", {})
-        state["owner"], state["t_arrival"] = owner, time.perf_counter()
-        limit = self.max_request_bytes
+        limit = self.limits.max_concurrent_per_key
+        if self.in_flight.get(owner, 0) >= limit:
+            msg = f"too many concurrent requests for this API key (limit {limit})"
+            await _send_json(
+                send, 429, error_body(msg, "rate_limit_error", "too_many_requests"), [(b"retry-after", b"1")]
+            )
+            return
+        self.in_flight[owner] = self.in_flight.get(owner, 0) + 1
+        try:
+            state = scope.setdefault("state", {})
+            state["owner"], state["t_arrival"] = owner, time.perf_counter()
+            if scope["method"] in ("POST", "PUT", "PATCH"):
+                body = await self._read_body(headers, receive, send)
+                if body is None:
+                    return
+                sent = False
+
+                async def replay() -> dict:
+                    nonlocal sent
+                    if not sent:
+                        sent = True
+                        return {"type": "http.request", "body": body, "more_body": False}
+                    return await receive()
+
+                await self.app(scope, replay, send)
+                return
+            await self.app(scope, receive, send)
+        finally:
+            self.in_flight[owner] -= 1
+            if not self.in_flight[owner]:
+                del self.in_flight[owner]
+
+    async def _read_body(self, headers: dict, receive: Any, send: Any) -> bytes | None:
+        """The whole body when it passes the size, content-type and JSON checks; else None after
+        answering 413, 415 or 422 (or on a client disconnect)."""
+        limit = self.limits.max_request_bytes
         declared = headers.get(b"content-length")
-        too_big = error_body(
-            f"request body exceeds the limit of {limit} bytes", "invalid_request_error", "request_too_large"
-        )
+        too_big = error_body(f"request body exceeds the limit of {limit} bytes", code="request_too_large")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             await _send_json(send, 413, too_big)
-            return
-        if scope["method"] in ("POST", "PUT", "PATCH"):
-            chunks, size = [], 0
-            while True:
-                msg = await receive()
-                if msg["type"] == "http.disconnect":
-                    return
-                chunk = msg.get("body", b"")
-                size += len(chunk)
-                if size > limit:
-                    await _send_json(send, 413, too_big)
-                    return
-                chunks.append(chunk)
-                if not msg.get("more_body"):
-                    break
-            body = b"".join(chunks)
-            sent = False
-
-            async def replay() -> dict:
-                nonlocal sent
-                if not sent:
-                    sent = True
-                    return {"type": "http.request", "body": body, "more_body": False}
-                return await receive()
-
-            await self.app(scope, replay, send)
-            return
-        await self.app(scope, receive, send)
+            return None
+        chunks, size = [], 0
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                return None
+            chunk = msg.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                await _send_json(send, 413, too_big)
+                return None
+            chunks.append(chunk)
+            if not msg.get("more_body"):
+                break
+        body = b"".join(chunks)
+        if not body.strip():
+            return body
+        content_type = headers.get(b"content-type", b"").decode("latin-1")
+        if not _json_media(content_type):
+            msg = f"unsupported content type {content_type[:100]!r}: send application/json"
+            await _send_json(send, 415, error_body(msg, code="unsupported_media_type"))
+            return None
+        try:
+            parse_json(body)
+        except ValueError as exc:
+            await _send_json(send, 422, error_body(f"invalid request: {exc}", code="validation_error"))
+            return None
+        return body
 
 
 class ProxyError(Exception):
@@ -138,8 +245,15 @@ class ProxyLimits:
     max_new_tokens: int = 1024  # an explicit max_tokens above this is a 400
     default_max_tokens: int = 256  # when the request gives none (cut to the room left in the context)
     max_messages: int = 512
-    max_sessions: int = 100_000
+    max_sessions: int = 100_000  # live sessions of all keys together (429 above)
+    max_sessions_per_key: int = 1_000  # live sessions of one key (429 above): one key cannot fill the table
+    max_concurrent_per_key: int = 64  # requests of one key being served at once (429 above)
     session_ttl_s: float = 3600.0
+    reward_min: float = -10.0  # every reward a client gives must be finite and within [reward_min, reward_max]
+    reward_max: float = 10.0
+    header_timeout_s: float = 10.0  # a request's line and headers must arrive within this (else 408, closed)
+    body_timeout_s: float = 30.0  # its body within this after the headers (else 408, closed)
+    keep_alive_s: float = 60.0  # an idle keep-alive connection is closed after this
 
 
 def context_limit(engine_backend: Any, configured: int | None) -> int:

@@ -15,19 +15,37 @@ from typing import Any
 
 
 class _NoEngine:
-    version = 0
+    """A RolloutEngine that never serves: the app is built for its description only."""
 
-    async def generate(self, prompt_ids, params):  # pragma: no cover - never served
+    version = swaps = 0
+
+    def generate(self, prompts, params):  # pragma: no cover - never served
         raise RuntimeError("documentation-only app")
+
+    def receive(self, store, version) -> None:  # pragma: no cover
+        pass
+
+    def load_version(self, version) -> None:
+        pass
+
+    def health(self) -> dict:  # pragma: no cover
+        return {"ok": False}
+
+    def close(self) -> None:  # pragma: no cover
+        pass
 
 
 def build_openapi() -> dict[str, Any]:
     """The OpenAPI 3 document of `create_app` (built without a model)."""
     from areal_core.models import build_tokenizer
     from areal_core.proxy.app import create_app
+    from areal_core.rollout.async_engine import AsyncEngine
 
-    app = create_app(_NoEngine(), build_tokenizer(["a"], 260))
-    spec = app.openapi()
+    backend = AsyncEngine(_NoEngine())
+    try:
+        spec = create_app(backend, build_tokenizer(["a"], 260)).openapi()
+    finally:
+        backend.close()
     spec.setdefault("components", {}).setdefault("securitySchemes", {})
     spec["security"] = [{"HTTPBearer": []}]
     spec["paths"]["/health"]["get"]["security"] = []  # the only route without a key

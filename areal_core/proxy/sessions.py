@@ -10,7 +10,9 @@ history continues that segment; one that does not (the agent rewrote its history
 two conversations in one session) opens a new segment. Each segment becomes one row of
 the trajectory protocol when the session ends; an episode that only ever appends is one row.
 
-Rewards: per turn (`turn` index or `completion_id`) or final; at the end the turn rewards
+Sessions are named within their key: `SessionManager` keys its table by (owner, id).
+
+Rewards (finite, within the manager's `reward_range`, else 422): per turn (`turn` index or `completion_id`) or final; at the end the turn rewards
 of a segment are discounted backwards, G_t = r_t + γ·G_{t+1} (the final reward is added to
 the segment's last turn), and the row's reward is G_0. When per-turn rewards were set,
 token_rewards carries G_t on the tokens of turn t.
@@ -20,16 +22,17 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from areal_core.protocol import Sample, write_shard
+from areal_core.protocol import Sample, check_reward
+from areal_core.proxy.shards import ShardWriter
 from areal_core.proxy.templating import ChatMLTemplate, canonical
 from areal_core.rollout.engine import Generation
-from areal_core.store import LAYOUT, Store
+from areal_core.store import Store
 
 
 class SessionError(Exception):
@@ -44,9 +47,18 @@ def key_digest(api_key: str) -> str:
     return hashlib.sha256(api_key.encode()).hexdigest()
 
 
+KEY_SESSION_PREFIX = "key-"
+
+
+def key_session_id(owner: str) -> str:
+    """The id of the session keyed by an API key alone (no X-Session-Id header), from the key's
+    digest: "key-" + its first 24 hex digits. Ids with this prefix are reserved: only that key
+    may open one."""
+    return KEY_SESSION_PREFIX + owner[:24]
+
+
 def session_id_for_key(api_key: str) -> str:
-    """The id of the session keyed by an API key alone (no X-Session-Id header)."""
-    return "key-" + key_digest(api_key)[:24]
+    return key_session_id(key_digest(api_key))
 
 
 @dataclass
@@ -102,6 +114,7 @@ class TurnPlan:
 class Session:
     def __init__(self, session_id: str, owner: str, template: ChatMLTemplate):
         self.id = session_id
+        self.uid = uuid.uuid4().hex[:12]  # this session among all that ever carried its id (any key)
         self.owner = owner
         self.template = template
         self.created = self.updated = time.time()
@@ -269,8 +282,8 @@ class Session:
             prompt_len = turns[0].response_start
             out.append(
                 Sample(
-                    sample_id=f"{sample_prefix or self.id}-s{seg.index}",
-                    group_id=group_id or self.id,
+                    sample_id=f"{sample_prefix or self.id + '-' + self.uid}-s{seg.index}",
+                    group_id=group_id or f"{self.id}-{self.uid}",
                     prompt_id=prompt_id,
                     worker_id=worker_id,
                     input_ids=list(seg.tokens),
@@ -305,41 +318,15 @@ class Session:
         return out
 
 
-class ShardWriter:
-    """Writes each finished session as one shard under the proxy's worker id (online mode).
-
-    Rows with a reward go to the graded stage, others to the ungraded stage for the
-    reward workers. Sequence numbers continue after the worker's existing shards.
-    """
-
-    def __init__(self, store: Store, worker_id: str):
-        self.store, self.worker_id = store, worker_id
-        self._lock = threading.Lock()
-        seqs = [
-            LAYOUT.shard_worker_seq(p)[1]
-            for stage in ("graded", "ungraded")
-            for p in store.find(LAYOUT.shard_dir(stage, worker_id), ".arrow")
-        ]
-        self.seq = max(seqs) + 1 if seqs else 0
-
-    def write(self, samples: list[Sample]) -> list[str]:
-        if not samples:
-            return []
-        graded = [s for s in samples if s.reward is not None]
-        ungraded = [s for s in samples if s.reward is None]
-        names = []
-        with self._lock:
-            for stage, rows in (("graded", graded), ("ungraded", ungraded)):
-                if rows:
-                    name = LAYOUT.shard(stage, self.worker_id, self.seq)
-                    self.seq += 1
-                    write_shard(self.store, name, rows)
-                    names.append(name)
-        return names
-
-
 class SessionManager:
-    """All live sessions of one proxy. Used from the server's event loop only."""
+    """All live sessions of one proxy. Used from the server's event loop only.
+
+    Sessions are owned by the key that created them and named within it: the table is keyed by
+    (owner, session id), so two keys may use the same X-Session-Id without meeting, and no key
+    can claim, read, reward or end another key's session, live or ended. Key-derived ids
+    ("key-...") can only be opened by their own key. Quotas: `max_sessions` live sessions in all,
+    `max_sessions_per_key` per key (429 above either), so one key cannot fill the table.
+    """
 
     def __init__(
         self,
@@ -349,49 +336,85 @@ class SessionManager:
         store: Store | None = None,
         session_ttl_s: float = 3600.0,
         max_sessions: int = 100_000,
+        max_sessions_per_key: int = 1_000,
+        reward_range: tuple[float, float] = (-10.0, 10.0),
     ):
         self.template = template
         self.worker_id = worker_id
         self.turn_discount = turn_discount
         self.writer = ShardWriter(store, worker_id) if store is not None else None
         self.session_ttl_s = session_ttl_s
-        self.max_sessions = max_sessions
-        self.sessions: dict[str, Session] = {}
+        self.max_sessions, self.max_sessions_per_key = max_sessions, max_sessions_per_key
+        self.reward_range = reward_range
+        self.sessions: dict[tuple[str, str], Session] = {}  # (owner, session id) -> live session
+        self.per_key: dict[str, int] = {}  # owner -> live sessions
+        self.per_id: dict[str, int] = {}  # session id -> live sessions of that name (all keys)
         self.on_finish: list[Callable[[Session, list[Sample]], None]] = []
         self.counters = {"created": 0, "ended": 0, "expired": 0, "turns": 0, "rows_written": 0}
         self._last_sweep = time.time()
+
+    def _drop(self, s: Session) -> None:
+        if self.sessions.pop((s.owner, s.id), None) is s:
+            for counts, k in ((self.per_key, s.owner), (self.per_id, s.id)):
+                counts[k] -= 1
+                if not counts[k]:
+                    del counts[k]
 
     def _sweep(self) -> None:
         """Drop sessions idle for longer than the TTL (never written: an abandoned episode)."""
         self._last_sweep = time.time()
         cutoff = time.time() - self.session_ttl_s
-        for sid in [sid for sid, s in self.sessions.items() if s.updated < cutoff and not s.lock.locked()]:
-            self.sessions.pop(sid).ended = True
+        for s in [s for s in self.sessions.values() if s.updated < cutoff and not s.lock.locked()]:
+            self._drop(s)
+            s.ended = True
             self.counters["expired"] += 1
 
+    def check_reward(self, reward: float | None) -> float | None:
+        """`reward` when it is None or finite within `reward_range`, else 422 saying why."""
+        if reward is None:
+            return None
+        try:
+            return check_reward(reward, *self.reward_range)
+        except ValueError as exc:
+            raise SessionError(422, f"invalid request: {exc}", "invalid_reward") from None
+
     def open(self, session_id: str, owner: str) -> Session:
-        """The live session `session_id`, created for `owner` if absent; 403 if another key owns it."""
-        s = self.sessions.get(session_id)
+        """The live session `session_id` of `owner`, created if absent; 403 for another key's
+        key-derived id, 429 over a quota."""
+        s = self.sessions.get((owner, session_id))
         if s is not None:
-            if s.owner != owner:
-                raise SessionError(403, f"session {session_id!r} belongs to another API key", "forbidden")
             return s
+        if session_id.startswith(KEY_SESSION_PREFIX) and session_id != key_session_id(owner):
+            raise SessionError(403, f"session id {session_id!r} is reserved for another API key", "forbidden")
         if len(self.sessions) >= self.max_sessions or time.time() - self._last_sweep > min(60.0, self.session_ttl_s):
             self._sweep()
-            if len(self.sessions) >= self.max_sessions:
-                raise SessionError(429, f"too many live sessions (limit {self.max_sessions})", "too_many_sessions")
+        if self.per_key.get(owner, 0) >= self.max_sessions_per_key:
+            raise SessionError(
+                429, f"too many live sessions for this API key (limit {self.max_sessions_per_key})", "too_many_sessions"
+            )
+        if len(self.sessions) >= self.max_sessions:
+            raise SessionError(429, f"too many live sessions (limit {self.max_sessions})", "too_many_sessions")
         s = Session(session_id, owner, self.template)
-        self.sessions[session_id] = s
+        self.sessions[(owner, session_id)] = s
+        self.per_key[owner] = self.per_key.get(owner, 0) + 1
+        self.per_id[session_id] = self.per_id.get(session_id, 0) + 1
         self.counters["created"] += 1
         return s
 
     def get(self, session_id: str, owner: str) -> Session:
-        s = self.sessions.get(session_id)
-        if s is None:
-            raise SessionError(404, f"no live session {session_id!r}", "unknown_session")
-        if s.owner != owner:
+        """The live session `session_id` of `owner`; 403 when only another key has one by that
+        name, else 404."""
+        s = self.sessions.get((owner, session_id))
+        if s is not None:
+            return s
+        reserved = session_id.startswith(KEY_SESSION_PREFIX) and session_id != key_session_id(owner)
+        if reserved or session_id in self.per_id:
             raise SessionError(403, f"session {session_id!r} belongs to another API key", "forbidden")
-        return s
+        raise SessionError(404, f"no live session {session_id!r}", "unknown_session")
+
+    def of_owner(self, owner: str) -> list[Session]:
+        """The live sessions of one key, in the order they were created."""
+        return [s for (o, _), s in self.sessions.items() if o == owner]
 
     async def end(
         self,
@@ -406,6 +429,7 @@ class SessionManager:
         write: bool = True,
     ) -> tuple[Session, list[Sample], list[str]]:
         """End a session: its rows (one per segment), and the shard names written (online mode)."""
+        reward = self.check_reward(reward)
         s = self.get(session_id, owner)
         async with s.lock:
             if s.ended:
@@ -413,7 +437,7 @@ class SessionManager:
             if reward is not None:
                 s.final_reward = reward
             s.ended = True
-            self.sessions.pop(session_id, None)
+            self._drop(s)
         samples = s.to_samples(
             self.worker_id,
             self.turn_discount if discount is None else discount,
@@ -434,13 +458,15 @@ class SessionManager:
     async def end_all(self, owner: str, sample_prefix: str | None = None, **kwargs: Any) -> list[Sample]:
         """End every live session of one key (an episode's key: its own session and any
         X-Session-Id sessions it opened); rows of all of them, in the order they were created."""
-        sids = [sid for sid, s in self.sessions.items() if s.owner == owner]
+        sids = [s.id for s in self.of_owner(owner)]
         rows: list[Sample] = []
         for k, sid in enumerate(sids):
             prefix = sample_prefix if len(sids) == 1 or sample_prefix is None else f"{sample_prefix}-{k}"
             try:
                 _, samples, _ = await self.end(sid, owner, sample_prefix=prefix, **kwargs)
-            except SessionError:  # ended meanwhile
+            except SessionError as exc:  # ended meanwhile
+                if exc.status != 404:
+                    raise
                 continue
             rows.extend(samples)
         return rows

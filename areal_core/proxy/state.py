@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
+from starlette.concurrency import run_in_threadpool
 
 from areal_core.proxy.guard import ApiKeys, ProxyError, ProxyLimits
 from areal_core.proxy.schemas import _SamplingFields
@@ -36,7 +37,7 @@ class Turn:
 
 @dataclass
 class ProxyState:
-    backend: Any  # AsyncEngine, AsyncBackendAdapter
+    backend: Any  # an AsyncEngine (proxy/backend.py)
     owns_backend: bool  # create_app wrapped the engine itself: close the backend at shutdown
     tokenizer: Any
     template: ChatMLTemplate
@@ -106,8 +107,8 @@ class ProxyState:
             async with session.lock:
                 if session.ended:  # ended while this request waited: start the next session
                     continue
-                try:
-                    plan = plan_fn(session)
+                try:  # tokenising and templating are CPU work: off the event loop, /health stays live
+                    plan = await run_in_threadpool(plan_fn, session)
                 except TemplateError as exc:
                     raise ProxyError(400, str(exc), "invalid_messages") from None
                 params = self.sampling_for(req, self.budget(len(plan.prompt_ids), explicit))

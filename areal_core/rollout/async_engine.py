@@ -12,7 +12,6 @@ step. While idle, the thread installs staged weight versions.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import queue
 import threading
@@ -20,7 +19,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from areal_core.rollout.engine import Generation, SamplingParams
+from areal_core.rollout.engine import Generation, RolloutEngine, SamplingParams
+from areal_core.rollout.remote_engine import RemoteEngine
 
 log = logging.getLogger("areal.rollout")
 
@@ -58,12 +58,12 @@ def _settle(outcomes: list[tuple[asyncio.Future, Any]]) -> None:
 class AsyncEngine:
     """`await agenerate(prompts, params)` / `await generate(prompt_ids, params)` over `engine`."""
 
-    def __init__(self, engine: Any, max_batch_prompts: int = 256, idle_poll_s: float = 0.02):
+    def __init__(self, engine: RolloutEngine, max_batch_prompts: int = 256, idle_poll_s: float = 0.02):
         self.engine = engine
         self.max_batch_prompts = max_batch_prompts
         self.idle_poll_s = idle_poll_s
         self.stats = {"calls": 0, "requests": 0, "max_batch": 0, "engine_s": 0.0}  # requests: prompts
-        self.remote = inspect.iscoroutinefunction(getattr(engine, "agenerate", None))
+        self.remote = isinstance(engine, RemoteEngine)  # batches on its server: called directly
         self._q: queue.Queue = queue.Queue()  # lists of calls, None to stop
         self._pending: dict[asyncio.AbstractEventLoop, list[_Call]] = {}
         self._lock = threading.Lock()
@@ -74,11 +74,10 @@ class AsyncEngine:
 
     @property
     def version(self) -> int:
-        return int(getattr(self.engine, "version", 0))
+        return self.engine.version
 
     def health(self) -> dict:
-        h = self.engine.health() if hasattr(self.engine, "health") else {"ok": True}
-        return {**h, "batching": dict(self.stats)}
+        return {**self.engine.health(), "batching": dict(self.stats)}
 
     async def agenerate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         if self.remote:
@@ -142,11 +141,10 @@ class AsyncEngine:
                         c.loop.call_soon_threadsafe(_settle, [(c.future, exc)])
 
     def _install_staged(self) -> None:
-        if hasattr(self.engine, "stage_weights"):
-            try:
-                self.engine.load_version(self.engine.version)
-            except Exception:  # noqa: BLE001 - a bad staged version must not stop the engine thread
-                log.exception("installing staged weights failed")
+        try:
+            self.engine.load_version(self.engine.version)  # an in-process engine installs what is staged
+        except Exception:  # noqa: BLE001 - a bad staged version must not stop the engine thread
+            log.exception("installing staged weights failed")
 
     def _run(self, batch: list[_Call]) -> None:
         params = replace(batch[0].params, max_new_tokens=max(c.params.max_new_tokens for c in batch))

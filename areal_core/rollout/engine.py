@@ -40,7 +40,8 @@ class Generation:
 
 
 class RolloutEngine(Protocol):
-    version: int
+    version: int  # the policy version in use
+    swaps: int  # weight versions installed since the engine started
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]: ...
 

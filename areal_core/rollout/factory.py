@@ -12,7 +12,7 @@ from typing import Any
 
 from areal_core.config import RunConfig
 from areal_core.models import load_pretrained
-from areal_core.store import INIT_MODEL, Store
+from areal_core.store import LAYOUT, Store
 from areal_core.weights.reader import load_state_dict
 
 REMOTE_ENGINES = ("vllm", "sglang")
@@ -32,9 +32,9 @@ def load_tokenizer(path: str) -> Any:
 def build_engine(cfg: RunConfig, store: Store, version: int, index: int = 0) -> tuple[Any, Any]:
     """(engine, tokenizer): the engine of rollout worker `index` serving weights/v{version}."""
     if cfg.rollout.engine in REMOTE_ENGINES:
-        tokenizer = load_tokenizer(store.url(INIT_MODEL))
+        tokenizer = load_tokenizer(store.url(LAYOUT.init_model))
         return build_remote_engine(cfg, store, version, tokenizer.eos_token_id, index), tokenizer
-    model, tokenizer = load_pretrained(store.url(INIT_MODEL), cfg.device)
+    model, tokenizer = load_pretrained(store.url(LAYOUT.init_model), cfg.device)
     model.load_state_dict(load_state_dict(store, version), strict=False)
     return build_local_engine(cfg, model, tokenizer, version, seed=cfg.seed * 7919 + index), tokenizer
 

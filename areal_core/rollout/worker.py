@@ -40,7 +40,7 @@ class RolloutLoop:
     def __init__(
         self,
         workflow: RolloutWorkflow,
-        engine: Any,
+        engine: AsyncEngine,
         tasks: list[dict[str, Any]],
         admission: Admission,
         store: Store,
@@ -134,14 +134,13 @@ class RolloutLoop:
     def _heartbeat(self) -> None:
         if self.status_id is None:
             return
-        inner = getattr(self.engine, "engine", self.engine)
         self.store.heartbeat(
             "rollout",
             self.status_id,
             seq=self.seq,
             groups_started=self.admission.started,
             version=self.engine.version,
-            swaps=getattr(inner, "swaps", 0),
+            swaps=self.engine.engine.swaps,
             samples_per_s=self.produced / max(time.time() - self.t0, 1e-9),
             **self.workflow.stats(),
         )

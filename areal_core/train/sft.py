@@ -15,7 +15,14 @@ import torch
 
 from areal_core.config.hooks import import_object
 from areal_core.context import load_run_config, set_threads
-from areal_core.models import build_tiny_model, build_tokenizer, chat_prompt, load_pretrained, save_pretrained
+from areal_core.models import (
+    build_tiny_model,
+    build_tokenizer,
+    chat_prompt,
+    load_pretrained,
+    save_pretrained,
+    sft_loss,
+)
 from areal_core.prompts import load_prompts
 from areal_core.store import LAYOUT, Store
 from areal_core.train.schedule import lr_factor
@@ -57,24 +64,6 @@ def agent_sft_examples(cfg, tokenizer, records: list[dict]) -> list[tuple[list[i
             ids, plen = next(plain)
             out.append((ids, [0] * plen + [1] * (len(ids) - plen)))
     return out
-
-
-def sft_loss(model, batch: list[tuple[list[int], int | list[int]]], pad_id: int) -> torch.Tensor:
-    """Mean next-token cross-entropy over answer tokens only: those after the prompt length, or
-    those where the example's loss mask is 1."""
-    width = max(len(ids) for ids, _ in batch)
-    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-    labels = torch.full((len(batch), width), -100, dtype=torch.long)
-    attn = torch.zeros((len(batch), width), dtype=torch.long)
-    for i, (seq, where) in enumerate(batch):
-        ids[i, : len(seq)] = torch.tensor(seq)
-        attn[i, : len(seq)] = 1
-        if isinstance(where, int):
-            labels[i, where : len(seq)] = torch.tensor(seq[where:])
-        else:
-            labels[i, : len(seq)] = torch.tensor([t if m else -100 for t, m in zip(seq, where)])
-    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1))
 
 
 def run_sft(run_uri: str) -> str:

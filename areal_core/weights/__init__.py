@@ -16,8 +16,6 @@ import hashlib
 
 WEIGHTS_FILE = "model.safetensors"
 DELTA_FILE = "model.delta"  # delta publication: the change against the previous version
-MANIFEST = "MANIFEST.json"
-LATEST = "weights/LATEST"  # the newest complete version number (read by Store.latest_version)
 
 
 class WeightsError(RuntimeError):

@@ -22,8 +22,8 @@ from typing import Any
 import torch
 from safetensors.torch import save as st_save
 
-from areal_core.store import Store, weights_dir
-from areal_core.weights import DELTA_FILE, LATEST, MANIFEST, WEIGHTS_FILE, sha256
+from areal_core.store import LAYOUT, Store
+from areal_core.weights import DELTA_FILE, WEIGHTS_FILE, sha256
 from areal_core.weights.delta import encode_delta
 from areal_core.weights.reader import delta_base
 
@@ -46,15 +46,14 @@ def state_dict_bytes(model: torch.nn.Module) -> bytes:
 
 
 def _write_version(store: Store, version: int, files: dict[str, bytes], weights_info: dict | None) -> None:
-    base = weights_dir(version)
     for name, data in files.items():
-        store.write_bytes(f"{base}/{name}", data)
+        store.write_bytes(LAYOUT.weights_file(version, name), data)
     manifest: dict[str, Any] = {"version": version, "files": {n: sha256(d) for n, d in files.items()}}
     manifest["time"] = time.time()
     if weights_info is not None:
         manifest["weights"] = weights_info
-    store.write_json(f"{base}/{MANIFEST}", manifest)
-    store.write_text(LATEST, str(version))
+    store.write_json(LAYOUT.manifest(version), manifest)
+    store.write_text(LAYOUT.latest, str(version))
 
 
 def publish(store: Store, version: int, weights: bytes, side_files: dict[str, bytes]) -> float:
@@ -105,17 +104,17 @@ class WeightPublisher:
 def prune(store: Store, keep_from: int) -> None:
     """Delete versions older than `keep_from`, except the full snapshot and deltas that the oldest
     kept version is rebuilt from (a delta's base is always the version before it)."""
-    versions = sorted((int(n[1:]), n) for n in store.listdir("weights") if n.startswith("v") and n[1:].isdigit())
-    kept = [v for v, _ in versions if v >= keep_from]
+    versions = sorted(v for n in store.listdir(LAYOUT.weights_root) if (v := LAYOUT.weights_version(n)) is not None)
+    kept = [v for v in versions if v >= keep_from]
     v = kept[0] if kept else -1
     while v >= 0:
         try:
-            base = delta_base(store.read_json(f"{weights_dir(v)}/{MANIFEST}"))
+            base = delta_base(store.read_json(LAYOUT.manifest(v)))
         except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError, AttributeError):
             break
         if not isinstance(base, int) or base >= v:
             break
         keep_from, v = min(keep_from, base), base
-    for v, name in versions:
+    for v in versions:
         if v < keep_from:
-            store.delete(f"weights/{name}", recursive=True)
+            store.delete(LAYOUT.weights_dir(v), recursive=True)

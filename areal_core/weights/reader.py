@@ -25,24 +25,24 @@ from typing import Any
 import torch
 from safetensors.torch import load as st_load
 
-from areal_core.store import Store, weights_dir
-from areal_core.weights import DELTA_FILE, MANIFEST, WEIGHTS_FILE, WeightsError, sha256
+from areal_core.store import LAYOUT, Store
+from areal_core.weights import DELTA_FILE, WEIGHTS_FILE, WeightsError, sha256
 from areal_core.weights.delta import decode_delta
 
 
 def read_manifest(store: Store, version: int) -> dict[str, Any]:
     """The manifest of a published version; WeightsError if it is missing or malformed."""
     try:
-        manifest = store.read_json(f"{weights_dir(version)}/{MANIFEST}")
+        manifest = store.read_json(LAYOUT.manifest(version))
     except FileNotFoundError:
-        raise WeightsError(f"weights v{version} incomplete: no {MANIFEST}") from None
+        raise WeightsError(f"weights v{version} incomplete: no {LAYOUT.manifest_name}") from None
     except (json.JSONDecodeError, UnicodeDecodeError):
-        raise WeightsError(f"weights v{version}: {MANIFEST} is not JSON") from None
+        raise WeightsError(f"weights v{version}: {LAYOUT.manifest_name} is not JSON") from None
     files = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(files, dict) or (WEIGHTS_FILE not in files and DELTA_FILE not in files):
-        raise WeightsError(f"weights v{version}: {MANIFEST} lists no {WEIGHTS_FILE}")
+        raise WeightsError(f"weights v{version}: {LAYOUT.manifest_name} lists no {WEIGHTS_FILE}")
     if manifest.get("version") != version:
-        raise WeightsError(f"weights v{version}: {MANIFEST} names version {manifest.get('version')!r}")
+        raise WeightsError(f"weights v{version}: {LAYOUT.manifest_name} names version {manifest.get('version')!r}")
     return manifest
 
 
@@ -54,7 +54,7 @@ def delta_base(manifest: dict[str, Any]) -> int | None:
 
 def _read_checked(store: Store, version: int, manifest: dict[str, Any], name: str) -> bytes:
     try:
-        data = store.read_bytes(f"{weights_dir(version)}/{name}")
+        data = store.read_bytes(LAYOUT.weights_file(version, name))
     except FileNotFoundError:
         raise WeightsError(f"weights v{version} incomplete: {name} is missing") from None
     if sha256(data) != manifest["files"].get(name):
@@ -80,7 +80,7 @@ def _load(store: Store, version: int, have: tuple[int, bytes] | None) -> tuple[b
             data = _read_checked(store, v, manifest, WEIGHTS_FILE)
             break
         if not isinstance(base, int) or not 0 <= base < v:
-            raise WeightsError(f"weights v{v}: {MANIFEST} names a bad delta base {base!r}")
+            raise WeightsError(f"weights v{v}: {LAYOUT.manifest_name} names a bad delta base {base!r}")
         chain.append((v, manifest))
         if have is not None and have[0] == base:
             data = have[1]
@@ -131,19 +131,19 @@ def stage_verified(store: Store, version: int, staging_root: str | Path) -> Path
     manifest = read_manifest(store, version)
     root = Path(staging_root)
     final = root / f"v{version:06d}"
-    if (final / MANIFEST).is_file():
+    if (final / LAYOUT.manifest_name).is_file():
         return final  # staged and verified before
     tmp = root / f".tmp-{uuid.uuid4().hex}"
     tmp.mkdir(parents=True)
     try:
         for name in sorted(manifest["files"]):
             if "/" in name or name.startswith("."):
-                raise WeightsError(f"weights v{version}: {MANIFEST} names an unsafe file {name!r}")
+                raise WeightsError(f"weights v{version}: {LAYOUT.manifest_name} names an unsafe file {name!r}")
             if name == DELTA_FILE:  # rebuilt, every file checked: from the staged base or the full snapshot
                 (tmp / WEIGHTS_FILE).write_bytes(_rebuild(store, version, manifest, root))
                 continue
             (tmp / name).write_bytes(_read_checked(store, version, manifest, name))
-        (tmp / MANIFEST).write_text(json.dumps(manifest))
+        (tmp / LAYOUT.manifest_name).write_text(json.dumps(manifest))
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -158,7 +158,7 @@ def _rebuild(store: Store, version: int, manifest: dict, root: Path) -> bytes:
     is still staged (one delta to apply), else from the store's full snapshot and deltas."""
     base = delta_base(manifest)
     staged = root / f"v{base:06d}" if isinstance(base, int) else None
-    if staged is not None and (staged / MANIFEST).is_file() and (staged / WEIGHTS_FILE).is_file():
+    if staged is not None and (staged / LAYOUT.manifest_name).is_file() and (staged / WEIGHTS_FILE).is_file():
         try:
             return load_weights_bytes(store, version, have=(base, (staged / WEIGHTS_FILE).read_bytes()))
         except WeightsError:

@@ -21,11 +21,13 @@ ERRORS = {
     for code, what in (
         (400, "bad request: limits (context, max_tokens, n), unsupported content, bad X-Session-Id"),
         (401, "missing or invalid API key"),
-        (403, "the session belongs to another API key"),
+        (403, "the session belongs to another API key, or its id is reserved for another key"),
         (404, "no such live session or turn"),
+        (408, "the request's headers or body did not arrive in time (the connection is closed)"),
         (413, "request body over the size limit"),
-        (422, "malformed body (schema validation)"),
-        (429, "too many live sessions"),
+        (415, "a body that is not application/json"),
+        (422, "malformed body: not strict JSON (NaN/Infinity, lone surrogates), schema, reward range"),
+        (429, "too many live sessions (in all, or of this key) or concurrent requests of this key"),
     )
 }
 

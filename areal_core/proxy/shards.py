@@ -1,0 +1,41 @@
+"""Online mode: each ended proxy session is written as one shard under the proxy's worker id."""
+
+from __future__ import annotations
+
+import threading
+
+from areal_core.protocol import Sample, write_shard
+from areal_core.store import LAYOUT, Store
+
+
+class ShardWriter:
+    """Writes each finished session as one shard under the proxy's worker id (online mode).
+
+    Rows with a reward go to the graded stage, others to the ungraded stage for the
+    reward workers. Sequence numbers continue after the worker's existing shards.
+    """
+
+    def __init__(self, store: Store, worker_id: str):
+        self.store, self.worker_id = store, worker_id
+        self._lock = threading.Lock()
+        seqs = [
+            LAYOUT.shard_worker_seq(p)[1]
+            for stage in ("graded", "ungraded")
+            for p in store.find(LAYOUT.shard_dir(stage, worker_id), ".arrow")
+        ]
+        self.seq = max(seqs) + 1 if seqs else 0
+
+    def write(self, samples: list[Sample]) -> list[str]:
+        if not samples:
+            return []
+        graded = [s for s in samples if s.reward is not None]
+        ungraded = [s for s in samples if s.reward is None]
+        names = []
+        with self._lock:
+            for stage, rows in (("graded", graded), ("ungraded", ungraded)):
+                if rows:
+                    name = LAYOUT.shard(stage, self.worker_id, self.seq)
+                    self.seq += 1
+                    write_shard(self.store, name, rows)
+                    names.append(name)
+        return names
