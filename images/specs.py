@@ -4,13 +4,19 @@
 Environment (read at import, i.e. at registration time):
   AREAL_IMAGE_REGISTRY     registry to push to (default: localhost:30000, the Flyte sandbox's)
   AREAL_CUDA_ENGINE        inference engine baked into the cuda image: vllm (default) or sglang
+  AREAL_CUDA_BASE_IMAGE    the CUDA base image of the cuda image (its toolkit is there in case
+                           flash-attn has no prebuilt wheel for the torch/CUDA/Python in use)
   AREAL_CANN_BASE_IMAGE    the prebuilt Ascend CANN base image the npu image starts from
   AREAL_CANN_PYTHON        the python interpreter inside that base image
 
 The version pins are not verified here (no GPU, NPU or Docker on the development machine):
 treat them as a starting point and check them against each engine's release notes.
 The cuda image pins torch to the version its inference engine was built against; megatron-core
-and flash-attn are installed on top (flash-attn from its prebuilt wheels, no compilation). The
+is installed with it, flash-attn in a separate layer after it (`commands`, which the builder runs
+once the packages are installed): flash-attn's build imports torch, so it cannot be in torch's
+own install step; without build isolation it finds the installed torch and fetches the prebuilt
+wheel that matches it. Every image lists every distribution the code imports directly
+(tests/test_images.py checks it against the imports). The
 npu image starts from a CANN base that already holds the Ascend driver user space, toolkit and
 kernels; torch-npu must match its torch exactly, vllm-ascend must match vllm.
 """
@@ -27,20 +33,35 @@ REGISTRY = os.environ.get("AREAL_IMAGE_REGISTRY", "localhost:30000")
 CUDA_ENGINES = ("vllm", "sglang")
 
 COMMON = [
+    "flytekit>=1.14",
+    "flytekitplugins-kfpytorch",
+    "kubernetes",  # pod templates (tasks/resources.py)
     "transformers>=4.50",
     "tokenizers>=0.20",
     "safetensors>=0.4",
+    "numpy",
     "pyarrow",
     "fsspec",
     "s3fs",
     "mlflow",
+    "psutil",  # MLflow system metrics
     "boto3",
     "psycopg2-binary",  # MLflow server mode with a Postgres backend
     "math-verify",
     "pyyaml",
     "pydantic>=2.6",
     "matplotlib",
-    "flytekitplugins-kfpytorch",
+    "peft>=0.13",  # LoRA (train/lora.py)
+    "zstandard>=0.22",  # delta weight publication (weights/delta.py)
+    # the proxy and the remote engines' clients, and the agent examples
+    "fastapi>=0.110",
+    "starlette",
+    "uvicorn>=0.29",
+    "h11",
+    "httpx>=0.27",
+    "openai>=1.30",
+    "langchain-core>=1.0",
+    "langchain-openai>=1.0",
 ]
 
 # Versions that are known to go together (each engine release pins its torch).
@@ -51,7 +72,13 @@ CUDA_STACK = {
     "vllm": ["torch==2.13.0", "vllm==0.32.0"],
     "sglang": ["torch==2.8.0", "sglang[all]==0.5.3"],
 }
-CUDA_TRAINING = ["megatron-core>=0.13", "flash-attn>=2.8"]
+CUDA_TRAINING = ["megatron-core>=0.13"]
+CUDA_BASE = os.environ.get("AREAL_CUDA_BASE_IMAGE", f"nvidia/cuda:{CUDA_VERSION}.1-cudnn-devel-ubuntu22.04")
+# a layer of its own, after torch is installed (see the module docstring)
+FLASH_ATTN_COMMANDS = [
+    "uv pip install setuptools wheel packaging ninja",  # what flash-attn's setup.py imports
+    "uv pip install --no-build-isolation flash-attn==2.8.3",
+]
 
 # vllm-ascend 0.11.0 goes with torch/torch-npu 2.7.1 and CANN >= 8.3.RC1. vLLM itself is built
 # without CUDA kernels (VLLM_TARGET_DEVICE=empty) before vllm-ascend is installed on top.
@@ -82,12 +109,11 @@ def cuda_image(registry: str | None = None, engine: str | None = None) -> ImageS
     return ImageSpec(
         name=f"areal-flyte-cuda-{engine}",
         registry=registry or REGISTRY,
+        base_image=CUDA_BASE,
         python_version="3.11",
-        cuda=CUDA_VERSION,
         apt_packages=["git", "build-essential"],
         packages=[*CUDA_STACK[engine], *CUDA_TRAINING, *COMMON],
-        # flash-attn compiles against the installed torch without an isolated build env
-        pip_extra_args="--no-build-isolation",
+        commands=FLASH_ATTN_COMMANDS,
         env={"AREAL_DEVICE": "cuda", "NCCL_DEBUG": "WARN"},
     )
 

@@ -16,16 +16,22 @@ processes (`pyflyte run tasks/roles.py rollout_worker --run_uri ...`), or use `g
 from __future__ import annotations
 
 import datetime
+from typing import NamedTuple
 
-from flytekit import task
+from flytekit import Email, WorkflowExecutionPhase, task
 from flytekit.core.array_node_map_task import map_task
 from flytekit.core.context_manager import ExecutionState, FlyteContextManager
+from flytekit.types.directory import FlyteDirectory
+from flytekit.types.error import FlyteError
 from flytekitplugins.kfpytorch import Elastic
 
+from areal_core.config import RunConfig
 from areal_core.config.cluster import ClusterConfig, load_cluster_config
+from areal_core.store import LAYOUT
 from images.specs import image_for
-from tasks.pipeline import Prepared
-from tasks.resources import task_kwargs
+from tasks.execution import bind_execution, console_env
+from tasks.pipeline import Prepared, model_dir
+from tasks.resources import SECRETS, scheduled, task_kwargs
 
 CLUSTER: ClusterConfig = load_cluster_config()
 DEVICE = CLUSTER.device
@@ -41,11 +47,20 @@ def image_name(spec) -> str:
 
 
 IMAGE_NAME = image_name(IMAGE)
+# the scheduled launch plans e-mail `schedule.notify` when a run fails, times out or is aborted
+FAILURE_NOTIFICATIONS = [
+    Email(
+        phases=[WorkflowExecutionPhase.FAILED, WorkflowExecutionPhase.TIMED_OUT, WorkflowExecutionPhase.ABORTED],
+        recipients_email=list(CLUSTER.schedule.notify),
+    )
+]
 # every cluster task knows the device and image it runs in (the registry tags use them)
-ENV = {"AREAL_DEVICE": DEVICE, "AREAL_IMAGE": IMAGE_NAME, "PYTHONUNBUFFERED": "1"}
+ENV = {"AREAL_DEVICE": DEVICE, "AREAL_IMAGE": IMAGE_NAME, "PYTHONUNBUFFERED": "1", **console_env()}
 
 
-def cluster_overrides(overrides: str, cluster: ClusterConfig, store_suffix: str = "", config: str = "") -> list[str]:
+def cluster_overrides(
+    overrides: str, cluster: ClusterConfig, store_suffix: str = "", config: str = "", typed: RunConfig | None = None
+) -> list[str]:
     """The user's overrides plus what the cluster fixes: worker counts (admission shares and reward
     shard ownership must match the pods) and the device; `store_suffix` gives each scheduled run
     its own run root under the configured one."""
@@ -59,7 +74,7 @@ def cluster_overrides(overrides: str, cluster: ClusterConfig, store_suffix: str 
         f"device={cluster.device}",
     ]
     if store_suffix:
-        base = load_config(config or None, out).store.rstrip("/")
+        base = load_config(config or None, out, typed).store.rstrip("/")
         out.append(f"store={base}/{store_suffix}")
     return out
 
@@ -79,15 +94,35 @@ def check_backend(run_cfg, cluster: ClusterConfig) -> None:
         )
 
 
-def prepare_for_cluster(
-    config: str, overrides: str, resume: bool, cluster: ClusterConfig, store_suffix: str = ""
-) -> tuple[str, str]:
+def cluster_config(
+    config: str, overrides: str, cluster: ClusterConfig, store_suffix: str = "", typed: RunConfig | None = None
+) -> tuple[RunConfig, list[str]]:
+    """The run config a cluster run trains with, and the overrides that give it."""
     from areal_core.config import load_config
+
+    full = cluster_overrides(overrides, cluster, store_suffix, config, typed)
+    return load_config(config or None, full, typed), full
+
+
+def prepare_for_cluster(
+    config: str,
+    overrides: str,
+    resume: bool,
+    cluster: ClusterConfig,
+    store_suffix: str = "",
+    typed: RunConfig | None = None,
+) -> tuple[str, str]:
     from areal_core.run import pipeline
 
-    full = cluster_overrides(overrides, cluster, store_suffix, config)
-    check_backend(load_config(config or None, full), cluster)
-    return pipeline.prepare(config, full, resume)
+    cfg, full = cluster_config(config, overrides, cluster, store_suffix, typed)
+    check_backend(cfg, cluster)
+    return pipeline.prepare(config, full, resume, typed)
+
+
+def kickoff_suffix(kickoff_time: datetime.datetime) -> str:
+    """A scheduled run's own run root under the configured store: <kickoff time>; '' for a manual run."""
+    at = scheduled(kickoff_time)
+    return at.strftime("%Y%m%dT%H%M%SZ") if at else ""
 
 
 def _refuse_local_workflow() -> None:
@@ -101,28 +136,60 @@ def _refuse_local_workflow() -> None:
         )
 
 
-@task(container_image=IMAGE, environment=ENV, **task_kwargs(CLUSTER.small, DEVICE))
+@task(container_image=IMAGE, environment=ENV, secret_requests=SECRETS, **task_kwargs(CLUSTER.small, DEVICE))
 def prepare_cluster(
-    config: str, overrides: str, resume_run: bool, kickoff_time: datetime.datetime | None = None
+    cfg: RunConfig, config: str, overrides: str, resume_run: bool, kickoff_time: datetime.datetime
 ) -> Prepared:
     """Validate the config with the cluster's worker counts and device, then write the run root.
-    A scheduled execution (kickoff_time set) gets its own run root: <store>/<kickoff time>."""
+    A scheduled execution gets its own run root: <store>/<kickoff time>."""
     _refuse_local_workflow()
-    suffix = kickoff_time.strftime("%Y%m%dT%H%M%SZ") if kickoff_time else ""
-    run_uri, key = prepare_for_cluster(config, overrides, resume_run, CLUSTER, suffix)
+    run_uri, key = prepare_for_cluster(config, overrides, resume_run, CLUSTER, kickoff_suffix(kickoff_time), cfg)
     return Prepared(run_uri=run_uri, sft_key=key)
 
 
-@task(container_image=IMAGE, environment=ENV, **task_kwargs(CLUSTER.small, DEVICE))
-def start_run(run_uri: str, init_model: str) -> str:
-    """Copy a cached SFT result into the run root and open the run's MLflow run, tagged with the
-    device and image."""
+class Started(NamedTuple):
+    run_uri: str
+    init_model: FlyteDirectory
+
+
+@task(container_image=IMAGE, environment=ENV, secret_requests=SECRETS, **task_kwargs(CLUSTER.small, DEVICE))
+def start_run(run_uri: str, sft_checkpoint: str) -> Started:
+    """Put the SFT checkpoint in the run root (a cache hit is copied, a vanished one recomputed)
+    and open the run's MLflow run, tagged with the device and image."""
     from areal_core.run import pipeline
 
-    return pipeline.start_run(run_uri, init_model, {"device": DEVICE, "image": IMAGE_NAME})
+    bind_execution()
+    uri = pipeline.start_run(run_uri, sft_checkpoint, {"device": DEVICE, "image": IMAGE_NAME})
+    return Started(run_uri=uri, init_model=model_dir(uri, LAYOUT.init_model))
 
 
-@task(container_image=IMAGE, environment=ENV, **task_kwargs(CLUSTER.rollout, DEVICE))
+@task(container_image=IMAGE, environment=ENV, secret_requests=SECRETS, **task_kwargs(CLUSTER.small, DEVICE))
+def mark_failed(
+    cfg: RunConfig,
+    config: str,
+    overrides: str,
+    resume_run: bool,
+    model_name: str,
+    kickoff_time: datetime.datetime,
+    err: FlyteError | None = None,
+) -> None:
+    """grpo_cluster's failure node: the run's MLflow run (if one was opened) is marked FAILED.
+    Its inputs are the workflow's, so it finds the run root the way prepare_cluster chose it."""
+    from areal_core.run import pipeline
+
+    run_cfg, _ = cluster_config(config, overrides, CLUSTER, kickoff_suffix(kickoff_time), cfg)
+    pipeline.mark_failed(run_cfg.store)
+
+
+# Rollout and reward workers resume after a SIGKILL (sequence numbers, graded twins in the
+# store), so they may run on preemptible capacity.
+@task(
+    container_image=IMAGE,
+    environment=ENV,
+    interruptible=True,
+    secret_requests=SECRETS,
+    **task_kwargs(CLUSTER.rollout, DEVICE),
+)
 def rollout_pool_worker(run_uri: str, index: int) -> int:
     """Rollout worker `index` of the pool; returns the groups it started."""
     from areal_core.run.roles import rollout_task
@@ -130,7 +197,13 @@ def rollout_pool_worker(run_uri: str, index: int) -> int:
     return rollout_task(run_uri, index)
 
 
-@task(container_image=IMAGE, environment=ENV, **task_kwargs(CLUSTER.reward, DEVICE))
+@task(
+    container_image=IMAGE,
+    environment=ENV,
+    interruptible=True,
+    secret_requests=SECRETS,
+    **task_kwargs(CLUSTER.reward, DEVICE),
+)
 def reward_pool_worker(run_uri: str, index: int) -> int:
     """Reward worker `index` of the pool; returns the samples it graded."""
     from areal_core.run.roles import reward_task
@@ -152,12 +225,13 @@ if CLUSTER.trainer.shared_memory:
     _trainer_kwargs["shared_memory"] = CLUSTER.trainer.shared_memory
 
 
-@task(task_config=ELASTIC, container_image=IMAGE, environment=ENV, **_trainer_kwargs)
-def trainer_elastic(run_uri: str) -> str:
-    """Every torchrun rank runs this; rank 0's return value is the task's: the final model's URI."""
+@task(task_config=ELASTIC, container_image=IMAGE, environment=ENV, secret_requests=SECRETS, **_trainer_kwargs)
+def trainer_elastic(run_uri: str) -> FlyteDirectory:
+    """Every torchrun rank runs this; rank 0's return value is the task's: the final model."""
     from areal_core.run.roles import trainer_task
 
-    return trainer_task(run_uri)
+    trainer_task(run_uri)
+    return model_dir(run_uri, LAYOUT.final_model)
 
 
 # The pools: every replica at once (concurrency = replicas), all must succeed (a missing rollout

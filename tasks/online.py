@@ -8,7 +8,8 @@ from typing import NamedTuple
 from flytekit import task
 
 from areal_core.online import retrain
-from tasks.resources import IMAGE, ROLE, SMALL
+from tasks.execution import bind_execution
+from tasks.resources import IMAGE, ROLE, SECRETS, SMALL, scheduled
 
 
 class OnlineResult(NamedTuple):
@@ -19,16 +20,17 @@ class OnlineResult(NamedTuple):
     candidate_score: float
 
 
-@task(container_image=IMAGE, requests=ROLE, retries=1)
+@task(container_image=IMAGE, requests=ROLE, retries=1, secret_requests=SECRETS)
 def retrain_on_sessions(
-    config: str, overrides: str, sessions: str, model_name: str, kickoff_time: datetime.datetime | None
+    config: str, overrides: str, sessions: str, model_name: str, kickoff_time: datetime.datetime
 ) -> str:
     """Train a candidate on the sessions past the cursor and score it against the current model;
     returns the online run root."""
-    return retrain.retrain_task(config, overrides, sessions, model_name, kickoff_time)
+    return retrain.retrain_task(config, overrides, sessions, model_name, scheduled(kickoff_time))
 
 
-@task(container_image=IMAGE, requests=SMALL, retries=2)
+@task(container_image=IMAGE, requests=SMALL, retries=2, secret_requests=SECRETS)
 def register_if_better(run_uri: str, min_gain: float) -> OnlineResult:
-    """Register the candidate only when it beats the current version, then move the cursor."""
+    """Register the candidate only when it beats the champion (then promoted), then move the cursor."""
+    bind_execution()
     return OnlineResult(**retrain.publish_task(run_uri, min_gain))

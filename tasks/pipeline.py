@@ -1,13 +1,29 @@
-"""prepare -> SFT (cached) -> run_async_rl -> evaluate (with a Deck)."""
+"""prepare -> SFT (cached) -> run_async_rl -> evaluate (with a Deck).
+
+The models are FlyteDirectory values (the console's lineage: which run root's initial model a
+final model came from). The SFT cache is keyed on what determines the model (`sft_key`: seed,
+task, model and SFT settings), not on the run root, so another run (a scheduled one, a new
+store) hits it; its value is the checkpoint's URI as a string, because a cached checkpoint can
+vanish (`make clean`, a deleted run root) and a dangling FlyteDirectory would fail in flytekit's
+input conversion before our code runs: the next task copies a hit into its run root, or runs SFT
+again when the folder is gone (areal_core/run/pipeline.py: ensure_init_model).
+"""
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from flytekit import Deck, task
+from flytekit import Cache, Deck, task
+from flytekit.types.directory import FlyteDirectory
 
+from areal_core.config import RunConfig
 from areal_core.run import pipeline
-from tasks.resources import IMAGE, ROLE, SMALL
+from areal_core.store import LAYOUT, Store
+from tasks.execution import bind_execution
+from tasks.resources import IMAGE, ROLE, SECRETS, SMALL
+
+# bump the version when the SFT code changes what it produces for the same key
+SFT_CACHE = Cache(version="2", ignored_inputs=("run_uri",))
 
 
 class Prepared(NamedTuple):
@@ -15,32 +31,47 @@ class Prepared(NamedTuple):
     sft_key: str
 
 
+class Models(NamedTuple):
+    init_model: FlyteDirectory
+    final_model: FlyteDirectory
+
+
 class Accuracy(NamedTuple):
     before: float
     after: float
 
 
-@task(container_image=IMAGE, requests=SMALL)
-def prepare(config: str, overrides: str, resume: bool) -> Prepared:
-    """Validate the config, then write config.yaml and the prompt set to the run root."""
-    run_uri, key = pipeline.prepare(config, overrides, resume)
+def model_dir(run_uri: str, name: str) -> FlyteDirectory:
+    """The run root's `name` folder (init_model, final_model) as a FlyteDirectory that stays
+    where it is (never uploaded elsewhere; a local store as a plain path, which flytekit reads)."""
+    store = Store(run_uri)
+    return FlyteDirectory(str(store.local_path(name)) if store.local else store.url(name), remote_directory=False)
+
+
+@task(container_image=IMAGE, requests=SMALL, secret_requests=SECRETS)
+def prepare(cfg: RunConfig, config: str, overrides: str, resume: bool) -> Prepared:
+    """Validate the config (YAML files < the typed config's changes < overrides), then write
+    config.yaml and the prompt set to the run root."""
+    run_uri, key = pipeline.prepare(config, overrides, resume, typed=cfg)
     return Prepared(run_uri=run_uri, sft_key=key)
 
 
-@task(container_image=IMAGE, requests=ROLE, cache=True, cache_version="1")
+@task(container_image=IMAGE, requests=ROLE, cache=SFT_CACHE, secret_requests=SECRETS)
 def sft(run_uri: str, sft_key: str) -> str:
-    """SFT warm start; cached on (run root, SFT key) so a rerun skips it. Returns the checkpoint URI."""
+    """SFT warm start, cached on `sft_key` alone; returns the checkpoint's URI."""
     return pipeline.sft(run_uri)
 
 
-@task(container_image=IMAGE, requests=ROLE, retries=2)
-def run_async_rl(run_uri: str, init_model: str) -> str:
-    """All roles as local processes on one machine; returns the final model URI."""
-    return pipeline.run_async_rl(run_uri, init_model)
+@task(container_image=IMAGE, requests=ROLE, retries=2, secret_requests=SECRETS)
+def run_async_rl(run_uri: str, sft_checkpoint: str) -> Models:
+    """All roles as local processes on one machine; returns the initial and final models."""
+    bind_execution()
+    pipeline.run_async_rl(run_uri, sft_checkpoint)
+    return Models(init_model=model_dir(run_uri, LAYOUT.init_model), final_model=model_dir(run_uri, LAYOUT.final_model))
 
 
-@task(container_image=IMAGE, requests=ROLE, enable_deck=True)
-def evaluate(run_uri: str, final_model: str) -> Accuracy:
+@task(container_image=IMAGE, requests=ROLE, enable_deck=True, secret_requests=SECRETS)
+def evaluate(run_uri: str, init_model: FlyteDirectory, final_model: FlyteDirectory) -> Accuracy:
     """Held-out greedy accuracy before and after RL, logged to MLflow, with a Deck of the curves."""
     result = pipeline.evaluate_run(run_uri)
     Deck("curves", pipeline.curves_html(result["curves"], result["before"], result["after"]))

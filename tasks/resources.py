@@ -7,7 +7,9 @@ replica counts when a workflow is registered:
 
     AREAL_CLUSTER_CONFIG=configs/my-cluster.yaml pyflyte run --remote workflows/grpo.py grpo_cluster
 
-`task_kwargs` maps one validated PodSpec to `@task(...)` arguments.
+`task_kwargs` maps one validated PodSpec to `@task(...)` arguments. SECRETS are the
+credentials every task that touches the store or MLflow asks Flyte to inject (Kubernetes secrets
+`areal-s3` and `areal-mlflow`, as environment variables; docs/cluster.md).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from flytekit import PodTemplate, Resources
+from flytekit import PodTemplate, Resources, Secret
 
 from areal_core.config.cluster import PodSpec
 from areal_core.config.device import Device
@@ -24,6 +26,25 @@ from images.specs import cpu_image
 IMAGE = cpu_image()
 SMALL = Resources(cpu="1", mem="2Gi")
 ROLE = Resources(cpu="2", mem="8Gi")
+
+# The kickoff_time default of a workflow that a schedule also launches: a manual run. FlyteAdmin
+# accepts a schedule only when its kickoff input is a plain datetime (not Optional), so "not
+# scheduled" is this value rather than None.
+UNSCHEDULED = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+
+
+def scheduled(kickoff_time: datetime.datetime) -> datetime.datetime | None:
+    """The schedule's kickoff time, or None for a manual run (UNSCHEDULED)."""
+    same = kickoff_time.replace(tzinfo=kickoff_time.tzinfo or datetime.UTC) == UNSCHEDULED
+    return None if same else kickoff_time
+
+
+_ENV = Secret.MountType.ENV_VAR
+SECRETS = [
+    Secret(group="areal-s3", key="access-key-id", mount_requirement=_ENV, env_var="AWS_ACCESS_KEY_ID"),
+    Secret(group="areal-s3", key="secret-access-key", mount_requirement=_ENV, env_var="AWS_SECRET_ACCESS_KEY"),
+    Secret(group="areal-mlflow", key="tracking-token", mount_requirement=_ENV, env_var="MLFLOW_TRACKING_TOKEN"),
+]
 
 # Kubernetes extended-resource names of the accelerators (the device plugins' names).
 ACCELERATOR_RESOURCE = {"cuda": "nvidia.com/gpu", "npu": "huawei.com/Ascend910"}

@@ -67,6 +67,7 @@ def test_cluster_workflow_runs_the_three_roles_concurrently(cluster_wf):
     assert by_name["tasks.cluster.trainer_elastic"].id in by_name["tasks.pipeline.evaluate"].upstream_node_ids
     assert by_name["tasks.pipeline.evaluate"].id in by_name["tasks.register.register"].upstream_node_ids
     assert set(cluster_wf.template.interface.inputs) == {
+        "cfg",
         "config",
         "overrides",
         "resume_run",
@@ -192,9 +193,10 @@ def test_images_per_device():
 
     cpu, cuda, npu = image_for("cpu"), image_for("cuda"), image_for("npu")
     assert cpu.name == "areal-flyte-cpu" and any(p.startswith("torch==") for p in cpu.packages)
-    assert cuda.cuda and {"megatron-core", "flash-attn", "vllm"} <= {
+    assert cuda.base_image.startswith("nvidia/cuda:12.8") and {"megatron-core", "vllm"} <= {
         p.split("=")[0].split(">")[0] for p in cuda.packages
     }
+    assert any("flash-attn" in c for c in cuda.commands)  # its own layer: tests/test_images.py
     assert cuda.env["AREAL_DEVICE"] == "cuda"
     assert npu.base_image.startswith("quay.io/ascend/cann:") and "torch-npu==2.7.1" in npu.packages
     assert any("vllm-ascend" in c for c in npu.commands)
@@ -406,11 +408,25 @@ def _check_registry(tmp_path, tracking_uri: str):
     ck = client.get_model_version("policy-checkpoints", "1")
     assert ck.tags["checkpoint_step"] == "4" and ck.tags["device"] == "cuda"
     # trained on "cuda", loaded here on cpu: same weights
-    for uri in out.values():
+    for uri in [*out.values(), "models:/policy@champion"]:
         loaded, tok = load_registered(uri, "cpu", tracking_uri)
         assert next(loaded.parameters()).device.type == "cpu" and tok.eos_token
         for name, tensor in model.state_dict().items():
             torch.testing.assert_close(loaded.state_dict()[name], tensor)
+    # the first final model of a name is its champion and its candidate
+    assert str(client.get_model_version_by_alias("policy", "champion").version) == "1"
+    assert str(client.get_model_version_by_alias("policy", "candidate").version) == "1"
+    # every version is an MLflow transformers model that generates text as it is
+    served = mlflow.pyfunc.load_model("models:/policy@champion")
+    assert served.metadata.flavors["transformers"]["task"] == "text-generation"
+    assert [p.name for p in served.metadata.signature.params.params] == ["max_new_tokens", "do_sample"]
+    text = served.predict(["1 + 2 ="], params={"max_new_tokens": 3})
+    assert isinstance(text[0], str) and text[0].startswith("1 + 2 =")
+    # a second run's final model waits as candidate; the champion stays
+    store2, _ = _finished_run(tmp_path / "second", tracking_uri)
+    assert register_run(store2.uri, "policy", "cpu", "x", include_checkpoint=False) == {"final": "models:/policy/2"}
+    assert str(client.get_model_version_by_alias("policy", "candidate").version) == "2"
+    assert str(client.get_model_version_by_alias("policy", "champion").version) == "1"
 
 
 def test_register_final_model_and_checkpoint_with_device_and_image_tags(tmp_path):
@@ -548,3 +564,44 @@ def test_the_module_reads_its_topology_from_the_env_at_import(tmp_path):
     assert got["custom"]["workerReplicas"]["replicas"] == 4 and got["custom"]["elasticConfig"]["nprocPerNode"] == 8
     assert got["image"].startswith("localhost:30000/areal-flyte-cuda-vllm:")
     assert got["pools"] == [8, 2] and got["gpu"] == ["1"] and got["accel"] == "nvidia-h100"
+
+
+# -- the Flyte execution, handed to areal_core -------------------------------------------------
+def test_tasks_bind_the_flyte_execution_for_areal_core(monkeypatch):
+    from types import SimpleNamespace
+
+    import flytekit
+
+    from areal_core.run.tracking import EXECUTION_ENV, Execution
+    from tasks.execution import bind_execution, console_env
+
+    for var in EXECUTION_ENV.values():
+        monkeypatch.setenv(var, "")  # restored (unset) after the test, whatever bind_execution sets
+    assert bind_execution() == Execution() and Execution.from_env() == Execution()  # a local run
+    monkeypatch.setenv("FLYTE_PLATFORM_URL", "flyte.example.com")
+    assert console_env() == {"AREAL_FLYTE_CONSOLE": "https://flyte.example.com"}
+    ex = SimpleNamespace(name="f3a9", project="areal", domain="production")
+    monkeypatch.setattr(flytekit, "current_context", lambda: SimpleNamespace(execution_id=ex))
+    bound = bind_execution()
+    assert Execution.from_env() == bound == Execution("f3a9", "areal", "production", "https://flyte.example.com")
+    assert bound.url == "https://flyte.example.com/console/projects/areal/domains/production/executions/f3a9"
+    assert bound.run_name("default") == "f3a9"
+
+
+def test_a_role_logs_its_machines_system_metrics_to_the_run(tmp_path, monkeypatch):
+    import time
+
+    import mlflow
+
+    from areal_core.run.tracking import Tracker, new_run
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_id = new_run(mlflow.MlflowClient(uri), "exp", "sys")
+    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.5")
+    with Tracker(run_id, uri).system_metrics("rollout-1"):
+        time.sleep(2.0)
+    metrics = mlflow.MlflowClient(uri).get_run(run_id).data.metrics
+    assert "system/rollout-1/cpu_utilization_percentage" in metrics
+    assert "system/rollout-1/system_memory_usage_megabytes" in metrics
+    with Tracker(None, "").system_metrics("x"):  # tracking disabled: nothing to do
+        pass

@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import shutil
 import subprocess
 import sys
+import uuid
 from collections import OrderedDict
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import ROOT, TINY
+
+PYFLYTE = str(Path(sys.executable).parent / "pyflyte")
+
+
+def pyflyte(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": "300"}  # rich wraps help and errors at the terminal width
+    return subprocess.run([PYFLYTE, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def serialize(entity):
@@ -33,12 +44,80 @@ def test_areal_core_never_imports_flytekit():
 
 
 def test_grpo_workflow_serializes_with_its_four_nodes():
+    from flytekit.models.types import SimpleType
+
     from workflows.grpo import grpo
 
     wf = serialize(grpo)
     nodes = [n.id for n in wf.template.nodes]
     assert len(nodes) == 4
-    assert set(wf.template.interface.inputs) == {"config", "overrides", "resume_run"}
+    inputs = wf.template.interface.inputs
+    assert set(inputs) == {"cfg", "config", "overrides", "resume_run"}
+    # the typed run config: a struct whose JSON schema (the console's form) is the pydantic model's
+    assert inputs["cfg"].type.simple == SimpleType.STRUCT
+    schema = inputs["cfg"].type.metadata
+    assert schema["title"] == "RunConfig" and "TrainConfig" in schema["$defs"]
+    eta = schema["$defs"]["TrainConfig"]["properties"]["eta"]
+    assert eta["minimum"] == 0 and eta["description"].startswith("staleness bound")
+
+
+def test_every_workflow_input_has_a_description():
+    from workflows.grpo import grpo, grpo_cluster
+    from workflows.online import online_retrain
+
+    for wf in (grpo, grpo_cluster, online_retrain):
+        inputs = serialize(wf).template.interface.inputs
+        assert {k: v.description for k, v in inputs.items() if not v.description or v.description == k} == {}
+
+
+def test_models_are_flyte_directories_and_the_sft_cache_ignores_the_run_root():
+    from flytekit.models.core.types import BlobType
+
+    from tasks.cluster import start_run, trainer_elastic
+    from tasks.pipeline import evaluate, run_async_rl
+
+    multipart = BlobType.BlobDimensionality.MULTIPART
+    outputs = serialize(run_async_rl).template.interface.outputs
+    assert {k: v.type.blob.dimensionality for k, v in outputs.items()} == {
+        "init_model": multipart,
+        "final_model": multipart,
+    }
+    assert serialize(trainer_elastic).template.interface.outputs["o0"].type.blob.dimensionality == multipart
+    assert serialize(start_run).template.interface.outputs["init_model"].type.blob.dimensionality == multipart
+    ins = serialize(evaluate).template.interface.inputs
+    assert ins["init_model"].type.blob.dimensionality == ins["final_model"].type.blob.dimensionality == multipart
+
+
+def test_cluster_habits_interruptible_pools_secrets_and_a_failure_node():
+    from tasks.cluster import prepare_cluster, reward_pool_worker, rollout_pool_worker, trainer_elastic
+    from workflows.grpo import grpo_cluster
+
+    for task in (rollout_pool_worker, reward_pool_worker):
+        assert serialize(task).template.metadata.interruptible is True
+    assert not serialize(trainer_elastic).template.metadata.interruptible  # its restarts are torchrun's
+    for task in (prepare_cluster, rollout_pool_worker, trainer_elastic):
+        secrets = serialize(task).template.security_context.secrets
+        assert {(s.group, s.env_var) for s in secrets} == {
+            ("areal-s3", "AWS_ACCESS_KEY_ID"),
+            ("areal-s3", "AWS_SECRET_ACCESS_KEY"),
+            ("areal-mlflow", "MLFLOW_TRACKING_TOKEN"),
+        }
+    failure = serialize(grpo_cluster).template.failure_node
+    assert failure is not None and failure.task_node.reference_id.name == "tasks.cluster.mark_failed"
+
+
+def test_config_layers_compose_yaml_then_typed_then_overrides():
+    from areal_core.config import RunConfig, changed, load_config
+    from areal_core.run.pipeline import parse_overrides
+
+    typed = RunConfig.model_validate({"train": {"eta": 0, "steps": 800}, "sft": {"steps": 5}})
+    assert changed(typed) == {"train": {"eta": 0, "steps": 800}, "sft": {"steps": 5}}
+    cfg = load_config("configs/default.yaml", parse_overrides("sft.steps=7 store=runs/a,b"), typed)
+    assert cfg.train.eta == 0  # typed over YAML
+    assert cfg.sft.steps == 7  # overrides over typed
+    assert cfg.store == "runs/a,b"  # a value with a comma is one value
+    assert cfg.train.lr_schedule == "cosine"  # from the YAML, untouched by the typed defaults
+    assert load_config("configs/default.yaml", [], RunConfig()) == load_config("configs/default.yaml")
 
 
 def test_tasks_carry_cache_retries_and_resources():
@@ -46,7 +125,8 @@ def test_tasks_carry_cache_retries_and_resources():
     from tasks.roles import reward_worker, rollout_worker, trainer
 
     sft_t = serialize(sft).template
-    assert sft_t.metadata.discoverable and sft_t.metadata.discovery_version == "1"
+    assert sft_t.metadata.discoverable and sft_t.metadata.discovery_version == "2"
+    assert list(sft_t.metadata.cache_ignore_input_vars) == ["run_uri"]  # scheduled runs hit it
     assert serialize(run_async_rl).template.metadata.retries.retries == 2
     for task in (rollout_worker, reward_worker, trainer):
         t = serialize(task).template
@@ -56,38 +136,125 @@ def test_tasks_carry_cache_retries_and_resources():
     assert serialize(evaluate).template.metadata is not None
 
 
+def test_sft_cache_hit_is_shared_across_run_roots_and_recomputed_when_gone(tmp_path):
+    """The sft task (flytekit's local cache) keyed on sft_key alone: a second run root hits it
+    and gets a copy; after the cached folder is deleted (`make clean`), the next run trains SFT
+    again instead of failing on the missing folder."""
+    from areal_core.run import pipeline
+    from areal_core.store import LAYOUT, Store
+    from tasks.pipeline import sft
+
+    key = f"test-{uuid.uuid4().hex}"  # a fresh cache entry
+
+    def prepared(name: str) -> str:
+        return pipeline.prepare("", [*TINY, f"store={tmp_path / name}"])[0]
+
+    first = prepared("a")
+    cached = sft(run_uri=first, sft_key=key)
+    assert cached == Store(first).url(LAYOUT.init_model)
+    second = prepared("b")
+    assert sft(run_uri=second, sft_key=key) == cached  # a hit: SFT did not run in b
+    assert not Store(second).exists(LAYOUT.committed(LAYOUT.init_model))
+    pipeline.ensure_init_model(Store(second), cached)  # what the next task does with a hit
+    assert Store(second).exists(LAYOUT.committed(LAYOUT.init_model))
+    shutil.rmtree(tmp_path / "a")  # make clean
+    third = prepared("c")
+    gone = sft(run_uri=third, sft_key=key)
+    assert gone == cached  # still the (dangling) hit
+    pipeline.ensure_init_model(Store(third), gone)
+    assert Store(third).exists(LAYOUT.committed(LAYOUT.init_model))  # trained again
+    assert (tmp_path / "c" / "init_model" / "model.safetensors").exists()
+
+
+def test_failure_handler_marks_the_mlflow_run_failed(tmp_path, mlflow_server):
+    """The failure node's task, called directly: it finds the run root from the workflow's inputs
+    (as prepare_cluster does) and sets the run's MLflow run to FAILED."""
+    import mlflow
+
+    from areal_core.run import pipeline
+    from areal_core.run.tracking import Tracker
+    from areal_core.store import Store
+    from tasks.cluster import CLUSTER, cluster_config, mark_failed
+    from tasks.resources import UNSCHEDULED
+
+    overrides = " ".join(
+        [
+            *[o for o in TINY if not o.startswith("tracking.")],
+            f"store={tmp_path / 'run'}",
+            f"tracking.uri={mlflow_server}",
+        ]
+    )
+    cfg, full = cluster_config("", overrides, CLUSTER)
+    run_uri, _ = pipeline.prepare("", full)
+    tracker = Tracker.create(Store(run_uri), cfg)
+    assert mlflow.MlflowClient(mlflow_server).get_run(tracker.run_id).info.status == "RUNNING"
+    from areal_core.config import RunConfig
+
+    mark_failed(
+        cfg=RunConfig(),
+        config="",
+        overrides=overrides,
+        resume_run=False,
+        model_name="m",
+        kickoff_time=UNSCHEDULED,
+    )
+    assert mlflow.MlflowClient(mlflow_server).get_run(tracker.run_id).info.status == "FAILED"
+
+
+def test_pyflyte_help_describes_every_input_without_warnings():
+    out = pyflyte("run", "workflows/grpo.py", "grpo", "--help")
+    assert out.returncode == 0, out.stderr[-2000:]
+    text = " ".join(out.stdout.split())
+    for phrase in ("the run config as JSON", "YAML config files", "dotted key=value overrides", "a flag: continue"):
+        assert phrase in text
+    assert "--resume_run/--no_resume_run" in text and "--resume_run," not in text
+    assert "used more than once" not in out.stderr and "Warning" not in out.stderr, out.stderr[-2000:]
+
+
+def test_pyflyte_run_rejects_a_bad_typed_config_in_one_line_before_any_task(tmp_path):
+    cfg = {"store": str(tmp_path / "r"), "train": {"eta": -1}}
+    out = pyflyte("run", "workflows/grpo.py", "grpo", "--cfg", json.dumps(cfg))
+    assert out.returncode != 0
+    both = out.stdout + out.stderr
+    lines = [line for line in both.splitlines() if "train.eta" in line]
+    assert len(lines) == 1 and "config key 'train.eta' must be >= 0, got -1" in lines[0], both[-2000:]
+    assert "Running Execution" not in both and "Traceback" not in both
+    assert not (tmp_path / "r").exists()
+
+
 @pytest.mark.slow
 def test_pyflyte_run_of_the_workflow_end_to_end(tmp_path):
-    overrides = " ".join([*TINY, f"store={tmp_path / 'run'}"])
-    out = subprocess.run(
-        [str(Path(sys.executable).parent / "pyflyte"), "run", "workflows/grpo.py", "grpo", "--overrides", overrides],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+    """`make run` with small overrides: typed config, YAML, overrides with a comma, no warnings."""
+    store = tmp_path / "run,1"
+    out = pyflyte(
+        "run",
+        "workflows/grpo.py",
+        "grpo",
+        "--cfg",
+        json.dumps({"train": {"eta": 1}}),
+        "--overrides",
+        " ".join([*TINY, f"store={store}"]),
         timeout=600,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "held-out greedy accuracy: before RL" in out.stdout + out.stderr
-    assert (tmp_path / "run" / "DONE").exists()
-    assert (tmp_path / "run" / "final_model" / "model.safetensors").exists()
+    assert (store / "DONE").exists()
+    assert (store / "final_model" / "model.safetensors").exists()
+    assert "eta: 1" in (store / "config.yaml").read_text()
+    noise = [line for line in out.stderr.splitlines() if re.search(r"warn|deprecat", line, re.I)]
+    assert noise == [] or all("cached SFT checkpoint" in line for line in noise), noise
 
 
 @pytest.mark.slow
-def test_pyflyte_run_rejects_a_bad_config_before_any_work(tmp_path):
-    out = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "pyflyte"),
-            "run",
-            "workflows/grpo.py",
-            "grpo",
-            "--overrides",
-            f"store={tmp_path}/r train.etaa=1",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+def test_pyflyte_run_rejects_a_bad_override_before_any_work(tmp_path):
+    out = pyflyte("run", "workflows/grpo.py", "grpo", "--overrides", f"store={tmp_path}/r train.etaa=1")
     assert out.returncode != 0
     assert "unknown config key 'train.etaa'" in out.stdout + out.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_readme_config_table_is_generated_from_the_descriptions():
+    out = subprocess.run(
+        [sys.executable, "scripts/config_table.py", "--check"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stdout + out.stderr

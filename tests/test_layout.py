@@ -211,6 +211,4 @@ def test_ensure_init_model_copies_a_cached_sft_checkpoint(tmp_path):
     cache.put_dir(tmp_path / "src", LAYOUT.init_model)
     ensure_init_model(run, cache.url(LAYOUT.init_model))
     assert read_folder(run.local_path(LAYOUT.init_model)) == files
-    cache.delete(LAYOUT.committed(LAYOUT.init_model))
-    with pytest.raises(FileNotFoundError, match="no longer exists"):
-        ensure_init_model(Store(str(tmp_path / "run2")), cache.url(LAYOUT.init_model))
+    # a cached checkpoint whose folder is gone is recomputed: tests/test_flyte.py

@@ -142,38 +142,79 @@ def test_regroup_pools_singletons_and_groups_repeated_prompts():
     assert [s.group_id for s in out] == ["pool-a", "pool", "pool-a", "pool"]
 
 
-def _register_checks(tmp_path, uri: str) -> None:
+def _register_checks(tmp_path, uri: str, model_dir: str) -> None:
     import mlflow
 
     name = f"online-{tmp_path.name}"  # the MLflow server is shared by the whole session
 
-    model_dir = tmp_path / "candidate"
-    model_dir.mkdir()
-    (model_dir / "weights.txt").write_text("w")
     first = registry.register_if_better(model_dir, name, uri, 0.30, None, run_name="r1")
     assert first["registered"] and first["model_uri"] == f"models:/{name}/1"
+    client = mlflow.MlflowClient(uri)
+    assert str(registry.aliased(client, name).version) == "1"
     worse = registry.register_if_better(model_dir, name, uri, 0.25, 0.30, run_name="r2")
     assert not worse["registered"] and worse["model_uri"] == f"models:/{name}/1"
     tie = registry.register_if_better(model_dir, name, uri, 0.32, 0.30, min_gain=0.05, run_name="r3")
     assert not tie["registered"]
     better = registry.register_if_better(model_dir, name, uri, 0.40, 0.30, run_name="r4")
     assert better["registered"] and better["model_uri"] == f"models:/{name}/2"
-    client = mlflow.MlflowClient(uri)
     versions = client.search_model_versions(f"name = '{name}'")
     assert sorted(int(v.version) for v in versions) == [1, 2]
     assert client.get_model_version(name, "2").tags["heldout_score"] == "0.4000"
     assert client.get_run(worse["run_id"]).data.tags["registered"] == "false"
     assert client.get_run(worse["run_id"]).data.metrics == {"candidate_score": 0.25, "current_score": 0.30}
+    # the candidate was promoted: champion moved to it, no version waits as candidate
+    assert str(client.get_model_version_by_alias(name, "champion").version) == "2"
+    assert registry.aliased(client, name, "candidate") is None
+    # the champion is an MLflow transformers model: it serves as it is
+    served = mlflow.pyfunc.load_model(f"models:/{name}@champion")
+    out = served.predict(["3 + 4 ="], params={"max_new_tokens": 4})
+    assert isinstance(out[0], str) and out[0].startswith("3 + 4 =")
+    # run names: the Flyte execution's inside Flyte, else generated from the fallback
+    assert client.get_run(first["run_id"]).info.run_name.startswith("r1-")
 
 
 @pytest.mark.slow
-def test_register_if_better_registers_only_when_better(tmp_path):
-    _register_checks(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}")
+def test_register_if_better_registers_only_when_better(tmp_path, base_model):
+    _register_checks(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}", base_model)
 
 
 @pytest.mark.slow
-def test_register_if_better_against_an_mlflow_server(tmp_path, mlflow_server):
-    _register_checks(tmp_path, mlflow_server)
+def test_register_if_better_against_an_mlflow_server(tmp_path, mlflow_server, base_model):
+    _register_checks(tmp_path, mlflow_server, base_model)
+
+
+def test_runs_are_named_and_tagged_after_their_flyte_execution(monkeypatch):
+    from types import SimpleNamespace
+
+    from areal_core.run.tracking import Execution, new_run
+
+    class Client:  # records what MlflowClient.create_run is given
+        def get_experiment_by_name(self, name):
+            return SimpleNamespace(experiment_id="7")
+
+        def create_run(self, exp_id, run_name, tags):
+            self.created = (exp_id, run_name, tags)
+            return SimpleNamespace(info=SimpleNamespace(run_id="run-1"))
+
+    client = Client()
+    assert new_run(client, "exp", "online-r1") == "run-1"  # outside Flyte: a generated name
+    assert client.created[1].startswith("online-r1-") and client.created[2] == {}
+    ex = Execution("a1b2c3", "areal", "development", "https://flyte.example.com/console")
+    for key, value in ex.env().items():
+        monkeypatch.setenv(key, value)
+    assert Execution.from_env() == ex
+    new_run(client, "exp", "online-r1", {"k": "v"})
+    assert client.created == (
+        "7",
+        "a1b2c3",
+        {
+            "k": "v",
+            "flyte.execution_id": "a1b2c3",
+            "flyte.project": "areal",
+            "flyte.domain": "development",
+            "flyte.console_url": "https://flyte.example.com/console/projects/areal/domains/development/executions/a1b2c3",
+        },
+    )
 
 
 @pytest.mark.slow

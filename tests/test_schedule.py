@@ -1,6 +1,8 @@
-"""Learning-rate schedules: hand-computed values."""
+"""Schedules: learning-rate schedules (hand-computed values), and the launch plans' Flyte
+schedules checked with FlyteAdmin's launch-plan validation rules."""
 
 import math
+import re
 
 import pytest
 
@@ -30,3 +32,147 @@ def test_bad_schedule_is_a_config_error():
         load_config("configs/default.yaml", ["train.lr_min_ratio=2.0"])
     with pytest.raises(ValueError, match="unknown lr schedule"):
         lr_factor(0, 10, schedule="exp")
+
+
+# -- launch plans: FlyteAdmin's rules ---------------------------------------------------------
+# flyteadmin pkg/manager/impl/validation/launch_plan_validator.go (ValidateLaunchPlan,
+# checkAndFetchExpectedInputForLaunchPlan, validateSchedule), the identifier checks, the native
+# scheduler's cron parser (5 fields or a descriptor) and the notification message's own checks.
+_DESCRIPTORS = {"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly"}
+_FIELD_RANGES = [(0, 59), (0, 23), (1, 31), (1, 12), (0, 7)]
+_NAMES = {3: "JAN|FEB|MAR|APR|MAY|JUN|JUL|AUG|SEP|OCT|NOV|DEC", 4: "SUN|MON|TUE|WED|THU|FRI|SAT"}
+
+
+def _cron_field_ok(text: str, index: int) -> bool:
+    lo, hi = _FIELD_RANGES[index]
+    for part in text.split(","):
+        m = re.fullmatch(r"(\*|\?|(\w+)(?:-(\w+))?)(?:/(\d+))?", part.upper())
+        if not m or (m.group(4) is not None and int(m.group(4)) == 0):
+            return False
+        for value in (m.group(2), m.group(3)):
+            if value is None:
+                continue
+            if value.isdigit():
+                if not lo <= int(value) <= hi:
+                    return False
+            elif value not in _NAMES.get(index, "").split("|"):
+                return False
+    return True
+
+
+def cron_ok(expr: str) -> bool:
+    """A cron expression FlyteAdmin's scheduler accepts: a descriptor or 5 valid fields."""
+    expr = expr.strip()
+    if expr in _DESCRIPTORS or re.fullmatch(r"@every \d+[smh]", expr):
+        return True
+    fields = expr.split()
+    return len(fields) == 5 and all(_cron_field_ok(f, i) for i, f in enumerate(fields))
+
+
+def admin_errors(lp_idl, wf_interface_idl) -> list[str]:
+    """Every rule of ValidateLaunchPlan the launch plan (admin LaunchPlan proto) breaks, given
+    its workflow's interface (core TypedInterface proto)."""
+    from flyteidl.core import types_pb2
+
+    errors: list[str] = []
+    spec = lp_idl.spec
+    for what, ident in (("id", lp_idl.id), ("spec.workflow_id", spec.workflow_id)):
+        for part in ("project", "domain", "name", "version"):
+            if not getattr(ident, part):
+                errors.append(f"{what}.{part} is missing")
+    wf_inputs = dict(wf_interface_idl.inputs.variables)
+    defaults = dict(spec.default_inputs.parameters)
+    fixed = dict(spec.fixed_inputs.literals)
+    if not wf_inputs and (defaults or fixed):
+        errors.append("launch plan inputs for a workflow without inputs")
+    for name in defaults:
+        if name not in wf_inputs:
+            errors.append(f"unexpected default_input {name}")
+        elif defaults[name].var.type != wf_inputs[name].type:
+            errors.append(f"invalid default_input wrong type {name}")
+    for name in fixed:
+        if name not in wf_inputs:
+            errors.append(f"unexpected fixed_input {name}")
+    expected = {}
+    for name, var in wf_inputs.items():
+        if name in defaults:
+            expected[name] = (defaults[name].required, defaults[name].var.type)
+        elif name not in fixed:
+            expected[name] = (True, var.type)
+    sched = spec.entity_metadata.schedule
+    cron = sched.cron_schedule.schedule or sched.cron_expression
+    if cron or sched.HasField("rate"):
+        kickoff = sched.kickoff_time_input_arg
+        for name, (required, _) in expected.items():
+            if required and name != kickoff:
+                errors.append(f"schedule with an unbound required input {name}")
+        if kickoff:
+            if kickoff not in expected:
+                errors.append(f"KickoffTimeInputArg {kickoff} is not free or does not exist")
+            elif expected[kickoff][1].simple != types_pb2.SimpleType.DATETIME:
+                errors.append(f"KickoffTimeInputArg {kickoff} must reference a datetime input")
+        if cron and not cron_ok(cron):
+            errors.append(f"invalid cron expression {cron!r}")
+        if sched.HasField("rate") and sched.rate.value <= 0:
+            errors.append("a fixed rate must be positive")
+    for note in spec.entity_metadata.notifications:
+        if not note.phases:
+            errors.append("a notification without phases")
+        kind = note.WhichOneof("type")
+        if kind == "email" and not all("@" in r for r in note.email.recipients_email or [""]):
+            errors.append("an e-mail notification needs recipients")
+    return errors
+
+
+def _launch_plans():
+    from flytekit import LaunchPlan
+    from flytekit.core.workflow import WorkflowBase
+
+    import workflows.grpo
+    import workflows.online
+
+    plans = {}
+    for module in (workflows.grpo, workflows.online):
+        for value in vars(module).values():
+            if isinstance(value, LaunchPlan):
+                plans[value.name] = value
+            elif isinstance(value, WorkflowBase):  # registering a workflow creates its default launch plan
+                plans[value.name] = LaunchPlan.get_or_create(value)
+    return plans
+
+
+def test_rule_checker_catches_what_flyteadmin_rejects():
+    assert cron_ok("0 3 * * 1") and cron_ok("*/15 0-6 1,15 JAN-JUN MON") and cron_ok("@weekly")
+    assert not cron_ok("0 3 * *") and not cron_ok("61 * * * *") and not cron_ok("0 3 * * 1 2026")
+    import datetime
+
+    from flytekit import CronSchedule, LaunchPlan, workflow
+
+    from tests.test_flyte import serialize
+
+    @workflow
+    def wf(kickoff_time: datetime.datetime | None = None, a: int = 1) -> int:
+        return a
+
+    lp = LaunchPlan.get_or_create(
+        wf, "bad", schedule=CronSchedule(schedule="0 3 * * 1", kickoff_time_input_arg="kickoff_time")
+    )
+    errors = admin_errors(serialize(lp).to_flyte_idl(), serialize(wf).template.interface.to_flyte_idl())
+    assert errors == ["KickoffTimeInputArg kickoff_time must reference a datetime input"]
+
+
+def test_every_launch_plan_passes_flyteadmin_validation():
+    from tests.test_flyte import serialize
+
+    plans = _launch_plans()
+    assert {"grpo_cluster_weekly", "online_retrain_nightly", "workflows.grpo.grpo"} <= set(plans)
+    scheduled = 0
+    for name, lp in plans.items():
+        lp_idl = serialize(lp).to_flyte_idl()
+        wf_idl = serialize(lp.workflow).template.interface.to_flyte_idl()
+        assert admin_errors(lp_idl, wf_idl) == [], name
+        if lp_idl.spec.entity_metadata.schedule.kickoff_time_input_arg:
+            scheduled += 1
+            notes = lp_idl.spec.entity_metadata.notifications
+            assert notes and notes[0].email.recipients_email, f"{name}: no failure notification"
+    assert scheduled == 2

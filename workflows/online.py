@@ -22,7 +22,9 @@ import datetime
 
 from flytekit import CronSchedule, LaunchPlan, workflow
 
+from tasks.cluster import FAILURE_NOTIFICATIONS
 from tasks.online import OnlineResult, register_if_better, retrain_on_sessions
+from tasks.resources import UNSCHEDULED
 
 NIGHTLY_CRON = "0 3 * * *"
 
@@ -34,8 +36,17 @@ def online_retrain(
     overrides: str = "",
     model_name: str = "areal-online-policy",
     min_gain: float = 0.0,
-    kickoff_time: datetime.datetime | None = None,
+    kickoff_time: datetime.datetime = UNSCHEDULED,
 ) -> OnlineResult:
+    """Retrain on the sessions the proxy collected since the last run; register the candidate only when it is better.
+
+    :param sessions: the proxy's session store; empty: <store>/sessions
+    :param config: YAML config files, comma-separated, applied in order over the defaults
+    :param overrides: dotted key=value overrides, whitespace-separated with shell quoting, applied last
+    :param model_name: the MLflow registered model to compare with and register under
+    :param min_gain: how much better (held-out score) the candidate must be to be registered
+    :param kickoff_time: set by the schedule: names the run; the 1970-01-01 default is a manual run (named by the current time)
+    """
     run_uri = retrain_on_sessions(
         config=config, overrides=overrides, sessions=sessions, model_name=model_name, kickoff_time=kickoff_time
     )
@@ -47,4 +58,5 @@ online_retrain_nightly = LaunchPlan.get_or_create(
     name="online_retrain_nightly",
     default_inputs={"config": "configs/agent_calculator.yaml", "model_name": "areal-online-policy"},
     schedule=CronSchedule(schedule=NIGHTLY_CRON, kickoff_time_input_arg="kickoff_time"),
+    notifications=FAILURE_NOTIFICATIONS,
 )

@@ -11,6 +11,7 @@ from areal_core.config.base import ConfigError
 from areal_core.config.device import DEVICES, Device
 from areal_core.config.hooks import import_object
 from areal_core.config.loading import (
+    changed,
     from_yaml_text,
     load_config,
     parse_override,
@@ -49,6 +50,7 @@ __all__ = [
     "RolloutConfig",
     "RunConfig",
     "SFTConfig",
+    "changed",
     "ServerConfig",
     "TaskConfig",
     "TrackingConfig",

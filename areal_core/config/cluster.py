@@ -78,6 +78,8 @@ class ScheduleSpec(ConfigModel):
     config: Str = "configs/default.yaml"
     overrides: Str = ""
     model_name: Str = "areal-flyte-policy"
+    # e-mailed when a scheduled run fails, times out or is aborted (a launch-plan notification)
+    notify: list[Str] = Field(default_factory=lambda: ["areal-oncall@example.com"], min_length=1)
 
 
 class ClusterConfig(ConfigModel):

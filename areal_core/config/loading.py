@@ -77,17 +77,43 @@ def validate(cfg: RunConfig) -> RunConfig:
     return cfg
 
 
-def load_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Read YAML files (if given; comma-separated paths apply in order), apply dotted
-    overrides, validate. Raises ConfigError.
+def changed(cfg: RunConfig) -> dict[str, Any]:
+    """The leaves of `cfg` that differ from the model's defaults, nested:
+    `changed(RunConfig(train={"eta": 0}))` -> `{"train": {"eta": 0}}`."""
+
+    def diff(value: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, v in value.items():
+            d = default.get(key)
+            if isinstance(v, dict) and isinstance(d, dict):
+                sub = diff(v, d)
+                if sub:
+                    out[key] = sub
+            elif v != d:
+                out[key] = v
+        return out
+
+    return diff(cfg.model_dump(), RunConfig().model_dump())
+
+
+def load_config(
+    path: str | os.PathLike | None = None, overrides: list[str] | None = None, typed: RunConfig | None = None
+) -> RunConfig:
+    """Read YAML files (if given; comma-separated paths apply in order), lay the typed config's
+    changes from the model defaults (`changed(typed)`) over them, apply dotted overrides,
+    validate. Raises ConfigError.
 
         load_config("configs/default.yaml,configs/algorithms/dapo.yaml", ["train.eta=0"])
+
+    Precedence, lowest first: model defaults < YAML files < `typed` < overrides.
     """
     data: dict[str, Any] = {}
     for one in str(path or "").split(","):
         if not one.strip():
             continue
         data = _merge(data, read_yaml_file(Path(one.strip()), "config"), "<root>")
+    if typed is not None:
+        data = _merge(data, changed(typed), "<root>")
     for text in overrides or []:
         data = _merge(data, _nest(*parse_override(text)), "<root>")
     return validate(RunConfig.from_data(data))

@@ -26,14 +26,17 @@ def resolve_python(python: str) -> Path:
 
 
 class TaskConfig(ConfigModel):
-    name: Literal["arithmetic", "gsm8k", "code"] = "arithmetic"
-    path: Str = ""  # gsm8k: folder or URI holding train.jsonl / test.jsonl
-    num_train: Int = Field(20000, gt=0)
-    num_eval: Int = Field(500, gt=0)
-    min_value: Int = 10
-    max_value: Int = 99
-    max_steps: Int = 1  # arithmetic: number of worked steps (1..3)
-    ops: Str = "+-"
+    name: Literal["arithmetic", "gsm8k", "code"] = Field(
+        "arithmetic",
+        description="the task: `arithmetic` (embedded, seeded word problems), `gsm8k` (from task.path) or `code` (datasets/code_tasks.py)",
+    )
+    path: Str = Field("", description="gsm8k: folder or URI holding train.jsonl and test.jsonl")
+    num_train: Int = Field(20000, gt=0, description="training prompts generated or read")
+    num_eval: Int = Field(500, gt=0, description="held-out prompts")
+    min_value: Int = Field(10, description="arithmetic: smallest operand")
+    max_value: Int = Field(99, description="arithmetic: largest operand")
+    max_steps: Int = Field(1, description="arithmetic: number of worked steps (1..3)")
+    ops: Str = Field("+-", description="arithmetic: the operators used, from '+-*'")
 
     @model_validator(mode="after")
     def _task_checks(self) -> Self:
@@ -50,14 +53,14 @@ class TaskConfig(ConfigModel):
 
 
 class ModelConfig(ConfigModel):
-    path: Str = ""  # an HF checkpoint folder/URI; empty: the tiny model built from this config
-    hidden_size: Int = Field(128, gt=0)
-    num_layers: Int = Field(4, gt=0)
-    num_heads: Int = Field(4, gt=0)
-    num_kv_heads: Int = Field(2, gt=0)
-    intermediate_size: Int = 384
-    max_position_embeddings: Int = 256
-    vocab_size: Int = 384  # tokenizer BPE size for the embedded task
+    path: Str = Field("", description="an HF checkpoint folder or URI; empty: the tiny Qwen2 built from model.*")
+    hidden_size: Int = Field(128, gt=0, description="tiny model: hidden size")
+    num_layers: Int = Field(4, gt=0, description="tiny model: transformer layers")
+    num_heads: Int = Field(4, gt=0, description="tiny model: attention heads (divides hidden_size)")
+    num_kv_heads: Int = Field(2, gt=0, description="tiny model: key/value heads (divides num_heads)")
+    intermediate_size: Int = Field(384, description="tiny model: MLP width")
+    max_position_embeddings: Int = Field(256, description="tiny model: longest sequence")
+    vocab_size: Int = Field(384, description="tokenizer BPE size for the embedded task")
 
     @model_validator(mode="after")
     def _heads_fit(self) -> Self:
@@ -67,48 +70,69 @@ class ModelConfig(ConfigModel):
 
 
 class SFTConfig(ConfigModel):
-    enabled: Bool = True
-    steps: Int = Field(300, ge=0)
-    batch_size: Int = Field(64, gt=0)
-    lr: Float = 3e-3
-    warmup_steps: Int = 20
-    schedule: Literal["cosine", "constant"] = "cosine"  # constant: after warmup
-    # Share of multi-step problems kept in the SFT set (1.0 keeps all). The default job
-    # under-represents them, as demonstrations often do, and RL with the verifier closes the gap.
-    multi_step_fraction: Float = Field(1.0, ge=0, le=1)
+    enabled: Bool = Field(
+        True, description="run the SFT warm start; false: RL starts from model.path (or the untrained tiny model)"
+    )
+    steps: Int = Field(300, ge=0, description="SFT optimizer steps")
+    batch_size: Int = Field(64, gt=0, description="SFT examples per step")
+    lr: Float = Field(3e-3, description="SFT learning rate")
+    warmup_steps: Int = Field(20, description="SFT linear warmup steps")
+    schedule: Literal["cosine", "constant"] = Field("cosine", description="SFT learning-rate schedule after warmup")
+    multi_step_fraction: Float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="share of multi-step problems kept in the SFT set (1.0 keeps all); demonstrations often under-represent them and RL with the verifier closes the gap",
+    )
 
 
 class ServerConfig(ConfigModel):
     """The inference server of a remote engine (rollout.engine vllm | sglang); docs/vllm.md."""
 
-    url: Str = ""  # a running server; empty: each vLLM rollout worker starts its own (sglang needs a URL)
-    python: Str = DEFAULT_VLLM_PYTHON  # the vLLM server's interpreter (relative: from the project root)
-    interrupt: Literal["keep", "abort"] = "keep"  # keep: pause, keep requests, re-prefill; abort: re-submit
-    kv_cache_mb: Int = Field(256, gt=0)
-    max_num_seqs: Int = Field(256, gt=0)
-    threads: Int = Field(1, gt=0)
-    dtype: Str = "float32"
-    startup_timeout_s: Float = 900.0
-    extra_args: Str = ""  # extra server flags, shell-quoted
+    url: Str = Field(
+        "",
+        description="a running inference server; empty: each vLLM rollout worker starts its own (sglang needs a URL)",
+    )
+    python: Str = Field(
+        DEFAULT_VLLM_PYTHON,
+        description="the vLLM server's interpreter (relative: from the project root; `make vllm-venv`)",
+    )
+    interrupt: Literal["keep", "abort"] = Field(
+        "keep", description="on a new weight version: keep (pause, keep requests, re-prefill) or abort (re-submit)"
+    )
+    kv_cache_mb: Int = Field(256, gt=0, description="vLLM KV cache size in MiB")
+    max_num_seqs: Int = Field(256, gt=0, description="vLLM concurrent sequences")
+    threads: Int = Field(1, gt=0, description="server CPU threads")
+    dtype: Str = Field("float32", description="server weight dtype")
+    startup_timeout_s: Float = Field(900.0, description="seconds to wait for a started server to answer")
+    extra_args: Str = Field("", description="extra server flags, shell-quoted")
 
 
 class RolloutConfig(ConfigModel):
-    # torch (static batches) | continuous (continuous batching) | vllm | sglang (servers)
-    engine: Literal["torch", "continuous", "vllm", "sglang"] = "torch"
-    num_workers: Int = Field(1, gt=0)
-    group_size: Int = Field(8, ge=2)  # n samples per prompt (>= 2 for group-relative advantages)
-    max_batch_groups: Int = Field(8, gt=0)  # groups generated together in one engine batch
-    max_new_tokens: Int = Field(24, gt=0)
-    temperature: Float = Field(1.0, ge=0)
-    top_p: Float = Field(1.0, gt=0, le=1)
-    top_k: Int = 0
-    poll_interval_s: Float = 0.02
-    admission: Bool = True  # AReaL's admission rule; off only for tests of the hard bound
-    agent: Str = ""  # "pkg.module:run" (async run(task, base_url, api_key) -> reward): agent rollouts through the proxy
-    workflow: Str = (
-        ""  # "pkg.module:Name" (ctx) -> RolloutWorkflow; empty: single-turn, or the agent's when agent is set
+    engine: Literal["torch", "continuous", "vllm", "sglang"] = Field(
+        "torch",
+        description="torch (static batches), continuous (continuous batching), vllm or sglang (servers; docs/vllm.md)",
     )
-    server: ServerConfig = Field(default_factory=ServerConfig)
+    num_workers: Int = Field(1, gt=0, description="rollout worker processes (cluster: the pool's replicas)")
+    group_size: Int = Field(8, ge=2, description="samples per prompt (>= 2 for group-relative advantages)")
+    max_batch_groups: Int = Field(8, gt=0, description="groups generated together in one engine batch")
+    max_new_tokens: Int = Field(24, gt=0, description="longest response (per turn for agents)")
+    temperature: Float = Field(1.0, ge=0, description="sampling temperature (the trainer's log-probs use the same)")
+    top_p: Float = Field(1.0, gt=0, le=1, description="nucleus sampling threshold")
+    top_k: Int = Field(0, description="top-k sampling (0: off)")
+    poll_interval_s: Float = Field(0.02, description="seconds between checks for new weights and admission")
+    admission: Bool = Field(
+        True, description="AReaL's admission rule (staleness bound at generation); off only for tests of the hard bound"
+    )
+    agent: Str = Field(
+        "",
+        description="'pkg.module:run' (async run(task, base_url, api_key) -> reward): agent rollouts through the proxy",
+    )
+    workflow: Str = Field(
+        "",
+        description="'pkg.module:Name' (ctx) -> RolloutWorkflow; empty: single-turn, or the agent's when rollout.agent is set",
+    )
+    server: ServerConfig = Field(default_factory=ServerConfig, description="the inference server of a remote engine")
 
     @model_validator(mode="after")
     def _server_reachable(self) -> Self:
@@ -120,17 +144,22 @@ class RolloutConfig(ConfigModel):
 class AgentConfig(ConfigModel):
     """Agent rollouts, used when rollout.agent is set (docs/proxy.md)."""
 
-    max_concurrent_episodes: Int = Field(32, gt=0)
-    episode_timeout_s: Float = Field(300.0, gt=0)
-    turn_discount: Float = Field(1.0, ge=0, le=1)  # γ for per-turn rewards
-    tool_prompt: Literal["none", "names", "full"] = "none"  # how tools are announced to the model
-    corpus: Str = ""  # "pkg.module:fn" (records) -> texts: the tiny tokenizer's training text
-    sft_examples: Str = ""  # "pkg.module:fn" (tokenizer, records) -> [(ids, loss_mask)]: warm start episodes
-    sft_fraction: Float = Field(1.0, ge=0, le=1)  # share of SFT records given as agent episodes; the rest as answers
-    # every reward from outside (a proxy client, an agent's return value) must be finite and within
-    # [reward_min, reward_max]; online retraining drops rows outside it (docs/proxy.md)
-    reward_min: Float = -10.0
-    reward_max: Float = 10.0
+    max_concurrent_episodes: Int = Field(32, gt=0, description="agent episodes run at once per rollout worker")
+    episode_timeout_s: Float = Field(300.0, gt=0, description="seconds before an episode is abandoned")
+    turn_discount: Float = Field(1.0, ge=0, le=1, description="γ for per-turn rewards")
+    tool_prompt: Literal["none", "names", "full"] = Field("none", description="how tools are announced to the model")
+    corpus: Str = Field("", description="'pkg.module:fn' (records) -> texts: the tiny tokenizer's training text")
+    sft_examples: Str = Field(
+        "", description="'pkg.module:fn' (tokenizer, records) -> [(ids, loss_mask)]: warm-start episodes"
+    )
+    sft_fraction: Float = Field(
+        1.0, ge=0, le=1, description="share of SFT records given as agent episodes; the rest as plain answers"
+    )
+    reward_min: Float = Field(
+        -10.0,
+        description="lowest reward accepted from outside (a proxy client, an agent's return value); online retraining drops rows outside [reward_min, reward_max] (docs/proxy.md)",
+    )
+    reward_max: Float = Field(10.0, description="highest reward accepted from outside (must be above reward_min)")
 
     @model_validator(mode="after")
     def _reward_range(self) -> Self:
@@ -140,32 +169,36 @@ class AgentConfig(ConfigModel):
 
 
 class RewardConfig(ConfigModel):
-    num_workers: Int = Field(1, gt=0)
-    function: Str = ""  # "pkg.module:function"; empty: the task's verifier
-    pool_size: Int = Field(1, gt=0)
-    timeout_s: Float = Field(5.0, gt=0)
-    retries: Int = Field(1, ge=0)
-    poll_interval_s: Float = 0.02
+    num_workers: Int = Field(1, gt=0, description="reward worker processes (cluster: the pool's replicas)")
+    function: Str = Field("", description="'pkg.module:function'; empty: the task's verifier")
+    pool_size: Int = Field(1, gt=0, description="grading processes per reward worker")
+    timeout_s: Float = Field(5.0, gt=0, description="per-sample timeout that kills the call")
+    retries: Int = Field(1, ge=0, description="retries of a failed grading call")
+    poll_interval_s: Float = Field(0.02, description="seconds between checks for ungraded shards")
 
 
 class TrainConfig(ConfigModel):
-    steps: Int = Field(200, gt=0)
-    batch_groups: Int = Field(8, gt=0)  # B: groups per training step
-    eta: Int = Field(2, ge=0)  # staleness bound η
-    lr: Float = Field(1e-3, gt=0)
-    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"  # decay over train.steps, after warmup
-    lr_warmup_steps: Int = Field(0, ge=0)
-    lr_min_ratio: Float = Field(0.0, ge=0, le=1)  # the decayed rate's floor, as a fraction of train.lr
-    weight_decay: Float = 0.0
-    grad_clip: Float = 1.0
-    packing: Bool = True  # pack sequences without padding for the forward passes
-    ppo_minibatches: Int = Field(1, gt=0)
-    checkpoint_every: Int = Field(10, gt=0)
-    poll_interval_s: Float = 0.01
-    slow_step_s: Float = 0.0  # tests: sleep per step to make training the bottleneck
-    eval_every: Int = 0  # 0: only before/after
-    weight_delta: Bool = False  # publish each version as a compressed delta against the previous one
-    weight_full_every: Int = Field(8, gt=0)  # with weight_delta: a full snapshot when the version is a multiple
+    steps: Int = Field(200, gt=0, description="RL training steps")
+    batch_groups: Int = Field(8, gt=0, description="B: groups per training step")
+    eta: Int = Field(2, ge=0, description="staleness bound η (0: synchronous on-policy)")
+    lr: Float = Field(1e-3, gt=0, description="RL learning rate")
+    lr_schedule: Literal["constant", "cosine", "linear"] = Field(
+        "constant", description="decay over train.steps, after warmup"
+    )
+    lr_warmup_steps: Int = Field(0, ge=0, description="linear warmup steps")
+    lr_min_ratio: Float = Field(0.0, ge=0, le=1, description="the decayed rate's floor, as a fraction of train.lr")
+    weight_decay: Float = Field(0.0, description="AdamW weight decay")
+    grad_clip: Float = Field(1.0, description="gradient-norm clip")
+    packing: Bool = Field(True, description="pack sequences without padding for the forward passes")
+    ppo_minibatches: Int = Field(1, gt=0, description="optimizer minibatches per step (divides batch_groups)")
+    checkpoint_every: Int = Field(10, gt=0, description="steps between trainer checkpoints")
+    poll_interval_s: Float = Field(0.01, description="seconds between checks for graded shards")
+    slow_step_s: Float = Field(0.0, description="tests: sleep per step to make training the bottleneck")
+    eval_every: Int = Field(0, description="steps between held-out evaluations (0: only before and after)")
+    weight_delta: Bool = Field(False, description="publish each version as a compressed delta against the previous one")
+    weight_full_every: Int = Field(
+        8, gt=0, description="with weight_delta: a full snapshot when the version is a multiple of this"
+    )
 
     @model_validator(mode="after")
     def _minibatches_divide(self) -> Self:
@@ -175,28 +208,30 @@ class TrainConfig(ConfigModel):
 
 
 class EvalConfig(ConfigModel):
-    num_samples: Int = Field(500, gt=0)
-    batch_size: Int = Field(250, gt=0)
-    max_new_tokens: Int = 24
+    num_samples: Int = Field(500, gt=0, description="held-out prompts evaluated")
+    batch_size: Int = Field(250, gt=0, description="prompts per evaluation batch")
+    max_new_tokens: Int = Field(24, description="longest greedy answer")
 
 
 class TrackingConfig(ConfigModel):
-    enabled: Bool = True
-    uri: Str = ""  # empty: $MLFLOW_TRACKING_URI, else sqlite:///<cwd>/mlruns.db
-    experiment: Str = "areal-flyte"
+    enabled: Bool = Field(True, description="log to MLflow")
+    uri: Str = Field("", description="MLflow tracking URI; empty: $MLFLOW_TRACKING_URI, else sqlite:///<cwd>/mlruns.db")
+    experiment: Str = Field("areal-flyte", description="MLflow experiment name")
 
 
 class LauncherConfig(ConfigModel):
-    timeout_s: Float = 1800.0
-    progress: Bool = True
+    timeout_s: Float = Field(1800.0, description="single machine: seconds before the roles are stopped")
+    progress: Bool = Field(True, description="single machine: print a progress line")
 
 
 class LeaseConfig(ConfigModel):
     """The run root's ownership lease (areal_core/run/ownership.py)."""
 
-    timeout_s: Float = Field(300.0, gt=0)  # a lease not renewed for this long is stale
-    interval_s: Float = Field(5.0, gt=0)  # how often the roles check it (and the trainer renews it)
-    takeover: Bool = False  # take over a stale lease of another run (never a live one); not kept in config.yaml
+    timeout_s: Float = Field(300.0, gt=0, description="a lease not renewed for this long is stale")
+    interval_s: Float = Field(5.0, gt=0, description="how often the roles check the lease (and the trainer renews it)")
+    takeover: Bool = Field(
+        False, description="take over a stale lease of another run (never a live one); not kept in config.yaml"
+    )
 
     @model_validator(mode="after")
     def _renewed_in_time(self) -> Self:
@@ -206,24 +241,33 @@ class LeaseConfig(ConfigModel):
 
 
 class RunConfig(ConfigModel):
-    name: Str = "default"
-    store: Str = "runs/default"  # fsspec URI or local path of the run root
-    store_retry_s: Float = Field(60.0, ge=0)  # how long a role retries transient store errors (areal_core/retry.py)
-    seed: Int = 1
-    threads_per_role: Int = Field(1, gt=0)
-    device: Device = "cpu"
-    task: TaskConfig = Field(default_factory=TaskConfig)
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    sft: SFTConfig = Field(default_factory=SFTConfig)
-    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
-    reward: RewardConfig = Field(default_factory=RewardConfig)
-    train: TrainConfig = Field(default_factory=TrainConfig)
-    eval: EvalConfig = Field(default_factory=EvalConfig)
-    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
-    launcher: LauncherConfig = Field(default_factory=LauncherConfig)
-    algo: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
-    agent: AgentConfig = Field(default_factory=AgentConfig)
-    lease: LeaseConfig = Field(default_factory=LeaseConfig)
+    name: Str = Field("default", description="the run's name")
+    store: Str = Field(
+        "runs/default", description="run root: a local path or an fsspec URI (s3://…, endpoint from AWS_ENDPOINT_URL)"
+    )
+    store_retry_s: Float = Field(
+        60.0, ge=0, description="how long every role and the launcher retry transient store errors, with backoff"
+    )
+    seed: Int = Field(1, description="seed of the data, the model and sampling")
+    threads_per_role: Int = Field(1, gt=0, description="torch threads per role process")
+    device: Device = Field("cpu", description="cpu, cuda or npu")
+    task: TaskConfig = Field(default_factory=TaskConfig, description="the task and its data")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="the policy model")
+    sft: SFTConfig = Field(default_factory=SFTConfig, description="the SFT warm start (a cached Flyte task)")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="rollout workers and their engine")
+    reward: RewardConfig = Field(default_factory=RewardConfig, description="reward workers")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="the trainer")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="held-out evaluation")
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow tracking")
+    launcher: LauncherConfig = Field(default_factory=LauncherConfig, description="the single-machine launcher")
+    algo: AlgorithmConfig = Field(
+        default_factory=AlgorithmConfig,
+        description="the RL algorithm: advantage estimator, loss, aggregation, regularisers (configs/algorithms/*.yaml, docs/algorithms.md)",
+    )
+    agent: AgentConfig = Field(
+        default_factory=AgentConfig, description="agent rollouts, used when rollout.agent is set (docs/proxy.md)"
+    )
+    lease: LeaseConfig = Field(default_factory=LeaseConfig, description="the run root's ownership lease")
 
     @model_validator(mode="after")
     def _agent_runs(self) -> Self:

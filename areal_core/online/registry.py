@@ -1,12 +1,21 @@
 """MLflow model registry: register a finished run's models, register an online candidate only when
-it beats the current version, and load any registered version on any device.
+it beats the champion, and load any registered version on any device.
 
-A run's registration (`register_run`): final_model/ becomes a version of `model_name` and the
-newest committed trainer checkpoint a version of `<model_name>-checkpoints`. Every version carries
-tags for the device and the container image that produced it, the run root, the trainer step and
-the held-out accuracy. The registered files are plain Hugging Face safetensors (float32) plus
-config and tokenizer, so a version trained on cuda or npu loads on any device:
-`load_registered("models:/areal-flyte-policy/3", device="cpu")`.
+Every registered version is an MLflow model of the `transformers` flavor (task text-generation,
+a string-in string-out signature with `max_new_tokens` and `do_sample` parameters, fp32 weights
+as safetensors), so it serves as it is:
+`mlflow.pyfunc.load_model("models:/areal-flyte-policy@champion").predict(["1 + 2 ="])`.
+A version trained on cuda or npu loads on any device:
+`load_registered("models:/areal-flyte-policy@champion", device="cpu")`.
+
+Aliases: `champion` is the version in service (the one online retraining starts from and must
+beat); `candidate` is the newest version that waits for promotion. A run's registration
+(`register_run`): final_model/ becomes a version of `model_name` with alias `candidate` (and
+`champion` when the model has none yet), the newest committed trainer checkpoint a version of
+`<model_name>-checkpoints`; every version carries tags for the device and the container image
+that produced it, the run root, the trainer step and the held-out accuracy. An online candidate
+(`register_if_better`) is registered only when it beats the champion, then promoted: `champion`
+moves to it. Promote by hand with `MlflowClient().set_registered_model_alias(name, "champion", N)`.
 
 Works with any tracking URI: a sqlite file, or an MLflow server (sqlite or Postgres backend,
 artifacts on S3: docs/cluster.md). Idempotent: a retried task finds the version it already
@@ -26,6 +35,11 @@ from areal_core.run.tracking import Tracker, mlflow_client, new_run
 from areal_core.store import LAYOUT, Store
 
 log = logging.getLogger("areal.registry")
+
+CHAMPION, CANDIDATE = "champion", "candidate"
+MODEL_TASK = "text-generation"
+# the libraries a served version needs, pinned to the versions that wrote it
+SERVING_REQUIREMENTS = ("torch", "transformers", "tokenizers", "safetensors")
 
 # The files of a model: a local folder, or a function that writes them into an empty folder.
 ModelFiles = str | Path | Callable[[str], None]
@@ -49,6 +63,56 @@ def log_model_files(client: Any, run_id: str, artifact_path: str, files: ModelFi
         client.log_artifacts(run_id, tmp, artifact_path)
 
 
+def signature() -> Any:
+    """The served model's signature: a string prompt in, the generated string out; parameters
+    max_new_tokens (default 64) and do_sample (default false: greedy)."""
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
+
+    params = ParamSchema([ParamSpec("max_new_tokens", "long", 64), ParamSpec("do_sample", "boolean", False)])
+    return ModelSignature(Schema([ColSpec("string")]), Schema([ColSpec("string")]), params)
+
+
+def _requirements() -> list[str]:
+    from importlib.metadata import version
+
+    return [f"{name}=={version(name).split('+')[0]}" for name in SERVING_REQUIREMENTS]
+
+
+def transformers_model(hf_files: ModelFiles) -> Callable[[str], None]:
+    """A function writing the MLflow `transformers` model (task text-generation) of an HF folder
+    (`hf_files`: a folder, or a function writing one) into an empty folder. The model is loaded on
+    cpu to write it, in float32."""
+
+    def write(folder: str) -> None:
+        import tempfile
+
+        import mlflow.transformers
+
+        from areal_core.models import load_pretrained
+
+        with tempfile.TemporaryDirectory() as tmp:
+            src = str(hf_files) if not callable(hf_files) else tmp
+            if callable(hf_files):
+                hf_files(tmp)
+            model, tokenizer = load_pretrained(src, "cpu")
+            quiet = logging.getLogger("mlflow.transformers")
+            level = quiet.level
+            quiet.setLevel(logging.ERROR)  # no model card or license on a local checkpoint: not a problem
+            try:
+                mlflow.transformers.save_model(
+                    {"model": model, "tokenizer": tokenizer},
+                    folder,
+                    task=MODEL_TASK,
+                    signature=signature(),
+                    pip_requirements=_requirements(),
+                )
+            finally:
+                quiet.setLevel(level)
+
+    return write
+
+
 def create_version(
     client: Any,
     name: str,
@@ -59,15 +123,16 @@ def create_version(
     description: str,
     model_description: str,
 ) -> Any:
-    """Register the model files (uploaded once) as a new version of `name`, creating the registered
-    model (with `model_description`) on first use; returns the ModelVersion."""
+    """Register the model files (an HF folder, or a function writing one) as a new version of
+    `name`, logged once as an MLflow transformers model; creates the registered model (with
+    `model_description`) on first use; returns the ModelVersion."""
     from mlflow.exceptions import MlflowException
 
     try:
         client.get_registered_model(name)
     except MlflowException:
         client.create_registered_model(name, description=model_description)
-    log_model_files(client, run_id, artifact_path, files)
+    log_model_files(client, run_id, artifact_path, transformers_model(files))
     return client.create_model_version(
         name, f"runs:/{run_id}/{artifact_path}", run_id, tags=tags, description=description
     )
@@ -88,24 +153,38 @@ def store_files(
     return write
 
 
-def latest_version(client: Any, name: str) -> Any | None:
-    """The newest version of registered model `name`, or None."""
+def aliased(client: Any, name: str, alias: str = CHAMPION) -> Any | None:
+    """The version of registered model `name` that carries `alias`, or None."""
     from mlflow.exceptions import MlflowException
 
     try:
-        versions = client.search_model_versions(f"name = '{name}'")
+        return client.get_model_version_by_alias(name, alias)
     except MlflowException:
         return None
-    return max(versions, key=lambda mv: int(mv.version), default=None)
+
+
+def promote(client: Any, name: str, version: str) -> None:
+    """Make `version` the champion; its `candidate` alias, if any, is dropped (it no longer waits)."""
+    client.set_registered_model_alias(name, CHAMPION, version)
+    candidate = aliased(client, name, CANDIDATE)
+    if candidate is not None and str(candidate.version) == str(version):
+        client.delete_registered_model_alias(name, CANDIDATE)
 
 
 def download(model_uri: str, tracking_uri: str = "") -> str:
-    """A local folder holding the files of `model_uri` (models:/name/N)."""
+    """A local HF folder (weights, config, tokenizer) of `model_uri` (models:/name/N or
+    models:/name@alias): the MLflow transformers model's model/ with its tokenizer merged in."""
+    import shutil
+
     import mlflow
 
     if tracking_uri:
         mlflow.set_tracking_uri(tracking_uri)
-    return mlflow.artifacts.download_artifacts(model_uri)
+    root = Path(mlflow.artifacts.download_artifacts(model_uri))
+    model_dir = root / "model"
+    for src in (root / "components" / "tokenizer").glob("*"):
+        shutil.copy2(src, model_dir / src.name)
+    return str(model_dir)
 
 
 def load_registered(model_uri: str, device: str = "cpu", tracking_uri: str = "") -> tuple[Any, Any]:
@@ -153,11 +232,12 @@ def register_run(
         "image": image,
         "run_uri": store.uri,
         "step": str(done.get("step", "")),
-        "format": "hf-safetensors-fp32",
+        "format": "mlflow-transformers",
         **{k: f"{v:.4f}" for k, v in (metrics or {}).items()},
     }
     out: dict[str, Any] = {}
-    items = [("final", model_name, LAYOUT.final_model, store_files(store, LAYOUT.final_model), {})]
+    final_files = store_files(store, LAYOUT.final_model, drop=(LAYOUT.committed_name,))
+    items = [("final", model_name, LAYOUT.final_model, final_files, {})]
     steps = checkpoint.committed_steps(store) if include_checkpoint else []
     if steps:
         # a checkpoint holds model.safetensors; config and tokenizer come from init_model so it loads alone
@@ -191,6 +271,10 @@ def register_run(
                 f"AReaL-Flyte {kind} models",
             )
         out[kind] = f"models:/{name}/{mv.version}"
+    final = out["final"].rsplit("/", 1)[-1]
+    client.set_registered_model_alias(model_name, CANDIDATE, final)
+    if aliased(client, model_name) is None:
+        promote(client, model_name, final)
     tracker.set_tag("registered_model", out["final"])
     log.info("registered %s", out)
     return out
@@ -225,11 +309,12 @@ def register_if_better(
     params: dict[str, Any] | None = None,
     tags: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Log an MLflow run with both scores; register `model` (a folder, or a function writing the
-    files) as a new version of `model_name` only when there is no current version or
-    candidate_score > current_score + min_gain.
+    """Log an MLflow run with both scores; register `model` (an HF folder, or a function writing
+    one) as a new version of `model_name` and promote it to champion only when there is no current
+    score or candidate_score > current_score + min_gain.
 
-    Returns {"registered": bool, "model_uri": "models:/name/N" or the current one, "run_id"}.
+    Returns {"registered": bool, "model_uri": "models:/name/N" of the champion after the call
+    ('' when there is none), "run_id"}.
     """
     client = mlflow_client(tracking_uri)
     run_id = new_run(client, experiment, run_name)
@@ -239,7 +324,7 @@ def register_if_better(
     if current_score is not None:
         client.log_metric(run_id, "current_score", current_score)
     better = current_score is None or candidate_score > current_score + min_gain
-    current = latest_version(client, model_name)
+    current = aliased(client, model_name)
     out: dict[str, Any] = {
         "registered": False,
         "run_id": run_id,
@@ -256,6 +341,8 @@ def register_if_better(
             f"online retrain {run_name}",
             "AReaL-Flyte online retraining",
         )
+        client.set_registered_model_alias(model_name, CANDIDATE, mv.version)
+        promote(client, model_name, mv.version)
         out.update(registered=True, model_uri=f"models:/{model_name}/{mv.version}")
     client.set_tag(run_id, "registered", str(out["registered"]).lower())
     client.set_terminated(run_id)

@@ -1,7 +1,7 @@
 """Online retraining from live traffic: the proxy in front of a serving engine writes every
 finished session to a store (online mode: `python -m areal_core.proxy --store URI`); a
 scheduled run retrains on the sessions collected since the last run and registers the new
-model in MLflow only when it beats the current registered version.
+model in MLflow only when it beats the `champion` version, which it then becomes.
 
 One run (`online_retrain`, or its two halves `retrain_candidate` then `publish_candidate`):
   1. plan: the graded session shards `trajectories/graded/{worker}/{seq}.arrow` of the sessions
@@ -9,7 +9,7 @@ One run (`online_retrain`, or its two halves `retrain_candidate` then `publish_c
      numbers only grow per worker, so the cursor is a high-water mark per worker); of their rows,
      each sample once and none an earlier run trained on (by `Sample.identity()`, recorded per
      run in `online/consumed/{run}.txt.gz`: a shard copied under a new name is not retrained);
-  2. start model: the newest registered version of `model_name`, else `model.path`;
+  2. start model: the `champion` version of `model_name`, else `model.path`;
      Rows whose reward is not finite or lies outside what agent.reward_{min,max} allow are left
      out (`admissible`), and every update is checked for non-finite parameters;
   3. train: one pass over the new rows with the run's loss (decoupled PPO by default) in
@@ -20,9 +20,9 @@ One run (`online_retrain`, or its two halves `retrain_candidate` then `publish_c
      A_i = (r_i − mean r) / (std r + ε);
   4. evaluate the candidate and the current model on the task's held-out split with the same
      metric (`heldout_score`: agent success when `rollout.agent` is set, else greedy accuracy);
-  5. register the candidate as a new version only if score_candidate > score_current + min_gain
-     (the current model being the registered version the run started from, or before the first
-     registration the base model.path);
+  5. register the candidate as a new version only if score_candidate > score_current + min_gain,
+     and promote it to `champion` (the current model being the champion the run started from, or
+     before the first registration the base model.path);
   6. move the cursor past the consumed shards and record the rows' identities (also when the
      candidate lost: those sessions were used). A run that dies before step 6 leaves the cursor alone, so the next run retrains on
      the same sessions again.
@@ -37,7 +37,7 @@ import tempfile
 from typing import Any
 
 from areal_core.logs import setup_logging
-from areal_core.online.registry import download, latest_version, register_if_better, store_files
+from areal_core.online.registry import aliased, download, register_if_better, store_files
 from areal_core.protocol import (
     Sample,
     decode_identities,
@@ -168,12 +168,12 @@ def train_on_sessions(model: Any, tokenizer: Any, samples: list[Sample], cfg: An
 # The start model and the two halves of a run
 # ---------------------------------------------------------------------------------------------
 def _start_model(cfg: Any, model_name: str, tracking_uri: str) -> tuple[str, str]:
-    """(local or fsspec path of the model to start from, its label): the newest registered version
-    of `model_name`, else model.path."""
+    """(local or fsspec path of the model to start from, its label): the champion of `model_name`
+    (models:/name/N), else model.path."""
     import mlflow
 
     client = mlflow.MlflowClient(tracking_uri)
-    current = latest_version(client, model_name) if cfg.tracking.enabled else None
+    current = aliased(client, model_name) if cfg.tracking.enabled else None
     if current is not None:
         uri = f"models:/{model_name}/{current.version}"
         return download(uri, tracking_uri), uri

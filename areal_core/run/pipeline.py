@@ -58,15 +58,18 @@ def _comparable(cfg: RunConfig) -> dict[str, Any]:
     return data
 
 
-def prepare(config_path: str, overrides: str | list[str] = "", resume: bool = False) -> tuple[str, str]:
+def prepare(
+    config_path: str, overrides: str | list[str] = "", resume: bool = False, typed: RunConfig | None = None
+) -> tuple[str, str]:
     """Validate the config (before any work), claim the run root, write config.yaml and prompts/;
-    returns (run URI, SFT key).
+    returns (run URI, SFT key). The config is `load_config(config_path, overrides, typed)`:
+    YAML files < the typed config's changes from the defaults < dotted overrides.
 
     A new run replaces a finished run's state; a live run's root is refused, a stale one taken
     over only with lease.takeover=true (run/ownership.py). `resume` continues the run in the root
     (same run id, same config); there must be one.
     """
-    cfg = load_config(config_path or None, parse_overrides(overrides))
+    cfg = load_config(config_path or None, parse_overrides(overrides), typed)
     store = Store(cfg.store)
     check_root(store)
     if resume:
@@ -90,43 +93,57 @@ def sft(run_uri: str) -> str:
         return run_sft(run_uri)
 
 
-def ensure_init_model(store: Store, init_model_uri: str) -> None:
-    """Copy the SFT checkpoint into the run root when it came from another run (a cache hit)."""
-    if init_model_uri.rstrip("/") == store.url(LAYOUT.init_model):
+def ensure_init_model(store: Store, sft_checkpoint: str) -> None:
+    """Put the SFT checkpoint in the run root: nothing to do when it is there (SFT ran here),
+    a copy when it came from another run (a cache hit), and SFT again when the cached
+    checkpoint's folder is gone (a hit after `make clean` or a deleted run root)."""
+    here = store.url(LAYOUT.init_model)
+    if sft_checkpoint.rstrip("/") == here and store.exists(LAYOUT.committed(LAYOUT.init_model)):
         return
-    src_root, _, name = init_model_uri.rstrip("/").rpartition("/")
+    src_root, _, name = sft_checkpoint.rstrip("/").rpartition("/")
     src = Store(src_root)
-    if not src.exists(LAYOUT.committed(name)):
-        raise FileNotFoundError(
-            f"the cached SFT checkpoint {init_model_uri} no longer exists: rerun with `pyflyte run --overwrite-cache`"
-        )
-    store.copy_dir(name, LAYOUT.init_model, source=src)
+    if sft_checkpoint.rstrip("/") != here and src.exists(LAYOUT.committed(name)):
+        store.copy_dir(name, LAYOUT.init_model, source=src)
+        return
+    from areal_core.train.sft import run_sft
+
+    log.warning("the cached SFT checkpoint %s is gone: running SFT again in %s", sft_checkpoint, store.uri)
+    run_sft(store.uri)
 
 
-def open_run(store: Store, init_model_uri: str) -> tuple[RunConfig, Tracker]:
+def mark_failed(run_uri: str) -> bool:
+    """The failure handler's step: set the run's MLflow run (if one was opened) to FAILED;
+    returns whether there was one."""
+    store = Store(run_uri)
+    tracker = Tracker.attach(store)
+    tracker.finish("FAILED")
+    return tracker.enabled
+
+
+def open_run(store: Store, sft_checkpoint: str) -> tuple[RunConfig, Tracker]:
     """Put the initial model in the run root and open the run's MLflow run (once: a retry or a
     resumed run reuses the one recorded in tracking.json); returns (config, Tracker)."""
     from areal_core.context import load_run_config
 
-    ensure_init_model(store, init_model_uri)
+    ensure_init_model(store, sft_checkpoint)
     cfg = load_run_config(store)
     return cfg, Tracker.create(store, cfg)
 
 
-def start_run(run_uri: str, init_model_uri: str, tags: dict[str, str]) -> str:
+def start_run(run_uri: str, sft_checkpoint: str, tags: dict[str, str]) -> str:
     """The cluster's start: `open_run` with `tags` on the MLflow run, before the roles start
     (which then hold the run's lease themselves)."""
     from areal_core.run.ownership import owner
 
     store = Store(run_uri)
     owner(store)  # RootLost when the root is no longer this run's
-    _, tracker = open_run(store, init_model_uri)
+    _, tracker = open_run(store, sft_checkpoint)
     for key, value in tags.items():
         tracker.set_tag(key, value)
     return store.uri
 
 
-def run_async_rl(run_uri: str, init_model_uri: str) -> str:
+def run_async_rl(run_uri: str, sft_checkpoint: str) -> str:
     """Start every role on this machine and wait for DONE, holding (and renewing) the run's lease;
     returns the final model's URI. Raises RootLost when the root was taken over or lost its
     history under the run."""
@@ -136,7 +153,7 @@ def run_async_rl(run_uri: str, init_model_uri: str) -> str:
 
     store = Store(run_uri)
     with hold(store, load_run_config(store).lease, renew=True) as lease:
-        cfg, tracker = open_run(store, init_model_uri)
+        cfg, tracker = open_run(store, sft_checkpoint)
         try:
             result = launch(
                 store.uri,

@@ -7,8 +7,11 @@ python -m areal_core.run.roles rollout --run-uri runs/default --index 1
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
+from collections.abc import Iterator
 
 from areal_core.logs import setup_logging
 from areal_core.procs import exit_on_sigterm
@@ -70,9 +73,12 @@ def trainer_role(run_uri: str) -> dict:
 
     # rank 0 renews the lease and watches the checkpoints; the final model and DONE are written
     # only after one more check, and the lease is then marked done
-    with hold(store, cfg.lease, renew=main, checkpoints=main) as lease:
-        tracker = Tracker.attach(store) if main else None
-        out = run_trainer(run_uri, cfg, evaluate=evaluate, tracker=tracker, guard=lease.check)
+    # one process per machine (local rank 0) logs the machine's system metrics
+    tracker = Tracker.attach(store)
+    node = f"trainer-{os.environ.get('GROUP_RANK', '0')}"
+    machine = tracker.system_metrics(node) if env_ranks()[2] == 0 else contextlib.nullcontext()
+    with hold(store, cfg.lease, renew=main, checkpoints=main) as lease, machine:
+        out = run_trainer(run_uri, cfg, evaluate=evaluate, tracker=tracker if main else None, guard=lease.check)
         if main:
             renew(store, lease.run_id, "done")
         return out
@@ -81,16 +87,28 @@ def trainer_role(run_uri: str) -> dict:
 ROLES = ("trainer", "rollout", "reward", "sft")
 
 
+@contextlib.contextmanager
+def pod_metrics(run_uri: str, node: str) -> Iterator[None]:
+    """The system metrics of this machine (a worker's own pod) on the run's MLflow run, as `node`."""
+    from areal_core.run.tracking import Tracker
+    from areal_core.store import Store
+
+    with Tracker.attach(Store(run_uri)).system_metrics(node):
+        yield
+
+
 def rollout_task(run_uri: str, index: int = 0) -> int:
     """What a Flyte task of rollout worker `index` returns: the groups it started."""
     setup_logging()
-    return int(run_role("rollout", run_uri, index)["groups"])
+    with pod_metrics(run_uri, f"rollout-{index}"):
+        return int(run_role("rollout", run_uri, index)["groups"])
 
 
 def reward_task(run_uri: str, index: int = 0) -> int:
     """What a Flyte task of reward worker `index` returns: the samples it graded."""
     setup_logging()
-    return int(run_role("reward", run_uri, index)["graded"])
+    with pod_metrics(run_uri, f"reward-{index}"):
+        return int(run_role("reward", run_uri, index)["graded"])
 
 
 def trainer_task(run_uri: str) -> str:

@@ -3,12 +3,22 @@
 The launcher creates the run and records its id in `tracking.json` on the store; the
 trainer and the evaluator attach to it. Tracking URI: config, else $MLFLOW_TRACKING_URI,
 else a sqlite file in the working directory.
+
+A run started inside a Flyte execution is named after it and tagged with its id, project,
+domain and console link (`Execution`: the tasks layer puts them in the environment, since
+areal_core never imports flytekit); elsewhere it gets a generated name. Every role that attaches
+logs system metrics (CPU, memory, disk, network, GPU when pynvml is present) under
+`system/<role>/...` while it runs (`Tracker.system_metrics`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import datetime
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +39,63 @@ def mlflow_client(uri: str) -> Any:
     return mlflow.MlflowClient(uri)
 
 
-def new_run(client: Any, experiment: str, run_name: str, tags: dict[str, str] | None = None) -> str:
-    """Create an MLflow run in `experiment` (created when missing); returns its run id."""
+EXECUTION_ENV = {
+    "id": "AREAL_FLYTE_EXECUTION_ID",
+    "project": "AREAL_FLYTE_EXECUTION_PROJECT",
+    "domain": "AREAL_FLYTE_EXECUTION_DOMAIN",
+    "console": "AREAL_FLYTE_CONSOLE",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Execution:
+    """The Flyte execution this process runs in: its name (the execution id), project and domain,
+    and the Flyte console's address; all empty outside Flyte. Passed down as environment
+    variables ($AREAL_FLYTE_EXECUTION_ID, ..._PROJECT, ..._DOMAIN, $AREAL_FLYTE_CONSOLE), which
+    also reach the role processes a task starts."""
+
+    id: str = ""
+    project: str = ""
+    domain: str = ""
+    console: str = ""
+
+    @classmethod
+    def from_env(cls) -> Execution:
+        return cls(**{field: os.environ.get(var, "") for field, var in EXECUTION_ENV.items()})
+
+    def env(self) -> dict[str, str]:
+        """The environment variables that `from_env` reads back."""
+        return {var: getattr(self, field) for field, var in EXECUTION_ENV.items()}
+
+    @property
+    def url(self) -> str:
+        """The execution's page: <console>/console/projects/<project>/domains/<domain>/executions/<id>."""
+        if not (self.id and self.project and self.domain and self.console):
+            return ""
+        base = self.console.rstrip("/").removesuffix("/console")
+        return f"{base}/console/projects/{self.project}/domains/{self.domain}/executions/{self.id}"
+
+    def run_name(self, fallback: str) -> str:
+        """The execution id inside Flyte, else `<fallback>-<UTC time YYYYmmdd-HHMMSS>`."""
+        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M%S")
+        return self.id or f"{fallback}-{stamp}"
+
+    def tags(self) -> dict[str, str]:
+        """flyte.execution_id, flyte.project, flyte.domain and flyte.console_url ({} outside Flyte)."""
+        if not self.id:
+            return {}
+        tags = {"flyte.execution_id": self.id, "flyte.project": self.project, "flyte.domain": self.domain}
+        return {**tags, "flyte.console_url": self.url} if self.url else tags
+
+
+def new_run(client: Any, experiment: str, fallback_name: str, tags: dict[str, str] | None = None) -> str:
+    """Create an MLflow run in `experiment` (created when missing), named and tagged after this
+    process's Flyte execution (`Execution.run_name(fallback_name)`); returns its run id."""
+    execution = Execution.from_env()
     exp = client.get_experiment_by_name(experiment)
     exp_id = exp.experiment_id if exp else client.create_experiment(experiment)
-    return client.create_run(exp_id, run_name=run_name, tags=tags).info.run_id
+    all_tags = {**(tags or {}), **execution.tags()}
+    return client.create_run(exp_id, run_name=execution.run_name(fallback_name), tags=all_tags).info.run_id
 
 
 class Tracker:
@@ -102,6 +164,22 @@ class Tracker:
     def set_tag(self, key: str, value: str) -> None:
         if self._client:
             self._client.set_tag(self.run_id, key, value)
+
+    @contextlib.contextmanager
+    def system_metrics(self, node: str) -> Iterator[None]:
+        """Log this machine's system metrics to the run as `system/<node>/...` while the block runs
+        (every $MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL seconds, default 10)."""
+        if not self._client:
+            yield
+            return
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        monitor = SystemMetricsMonitor(self.run_id, node_id=node, resume_logging=True, tracking_uri=self.uri)
+        monitor.start()
+        try:
+            yield
+        finally:
+            monitor.finish()
 
     def finish(self, status: str = "FINISHED") -> None:
         if self._client:
