@@ -19,6 +19,8 @@ from typing import Any
 
 import fsspec
 
+from areal_core.retry import POLICY, RetryPolicy, retried
+
 
 class Layout:
     """Every path under a run root, relative to it (DESIGN.md, "Store layout").
@@ -192,7 +194,12 @@ def normalize_uri(uri: str) -> str:
 def storage_options(uri: str) -> dict[str, Any]:
     if uri.startswith("s3://"):
         # Polling needs fresh listings; the endpoint comes from AWS_ENDPOINT_URL when set.
-        opts: dict[str, Any] = {"use_listings_cache": False, "skip_instance_cache": True}
+        # A refused connection fails fast; the Store's retry window (areal_core/retry.py) waits.
+        opts: dict[str, Any] = {
+            "use_listings_cache": False,
+            "skip_instance_cache": True,
+            "config_kwargs": {"connect_timeout": 5, "retries": {"total_max_attempts": 1}},
+        }
         endpoint = os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3")
         if endpoint:
             opts["client_kwargs"] = {"endpoint_url": endpoint}
@@ -214,10 +221,12 @@ class Store:
 
     _fenced: dict[str, str] = {}  # root URI -> why this process may no longer touch it
 
-    def __init__(self, uri: str):
+    def __init__(self, uri: str, retry_s: float | None = None):
+        """`retry_s`: how long a call retries transient errors (default: the process's, retry.py)."""
         self.uri = normalize_uri(uri)
         self.fs, self.root = fsspec.core.url_to_fs(self.uri, **storage_options(self.uri))
         self.local = self.uri.startswith("file://")
+        self.retry = POLICY if retry_s is None else RetryPolicy(retry_s)
 
     def __repr__(self) -> str:
         return f"Store({self.uri!r})"
@@ -244,6 +253,7 @@ class Store:
         return Path(self.path(rel))
 
     # -- objects -------------------------------------------------------------------------
+    @retried
     def write_bytes(self, rel: str, data: bytes) -> None:
         """Write an object whole: readers see the old object, or the new one, never a part."""
         full = self.path(rel)
@@ -256,12 +266,14 @@ class Store:
         else:
             self.fs.pipe_file(full, data)
 
+    @retried
     def read_bytes(self, rel: str) -> bytes:
         if self.local:
             with open(self.path(rel), "rb") as f:
                 return f.read()
         return self.fs.cat_file(self.path(rel))
 
+    @retried
     def read_versioned(self, rel: str) -> tuple[bytes, str] | None:
         """The object and a version token for `write_if`; None when it does not exist."""
         full = self.path(rel)
@@ -274,6 +286,7 @@ class Store:
         except FileNotFoundError:
             return None
 
+    @retried
     def write_if(self, rel: str, data: bytes, token: str | None) -> bool:
         """Write `rel` only if it is still the version `token` (None: only if it does not exist);
         False when another writer got there first. Local: under an O_EXCL lock file, then rename;
@@ -313,15 +326,18 @@ class Store:
     def read_json(self, rel: str) -> Any:
         return json.loads(self.read_bytes(rel))
 
+    @retried
     def exists(self, rel: str) -> bool:
         if self.local:
             return os.path.exists(self.path(rel))
         return self.fs.exists(self.path(rel))
 
+    @retried
     def delete(self, rel: str, recursive: bool = False) -> None:
         if self.exists(rel):
             self.fs.rm(self.path(rel), recursive=recursive)
 
+    @retried
     def move(self, src: str, dst: str) -> None:
         if self.local:
             os.makedirs(os.path.dirname(self.path(dst)), exist_ok=True)
@@ -329,6 +345,7 @@ class Store:
         else:
             self.fs.mv(self.path(src), self.path(dst))
 
+    @retried
     def find(self, prefix: str, suffix: str = "") -> list[str]:
         """All object paths under `prefix` (relative to the root), sorted; hidden temp files skipped."""
         base = self.path(prefix)
@@ -348,6 +365,7 @@ class Store:
         n = len(self.root) + 1
         return sorted(p[n:] for p in found if p.endswith(suffix) and not p.rsplit("/", 1)[-1].startswith("."))
 
+    @retried
     def listdir(self, prefix: str) -> list[str]:
         """Names directly under `prefix` (files and folders), sorted."""
         base = self.path(prefix)
@@ -359,6 +377,7 @@ class Store:
             return []
 
     # -- folders -------------------------------------------------------------------------------
+    @retried
     def put_dir(self, local_dir: str | Path, rel: str) -> None:
         """Upload every file under `local_dir` to `rel` in one batched fsspec put (concurrent on S3)."""
         base = Path(local_dir)
@@ -368,6 +387,7 @@ class Store:
             _makedirs(dsts)
         _markers_last(self.fs.put, [str(base / n) for n in names], dsts, names)
 
+    @retried
     def get_dir(self, rel: str, local_dir: str | Path) -> None:
         """Download every object under `rel` ("" = the whole root) into `local_dir` in one batched get."""
         found = self.find(rel)
@@ -376,6 +396,7 @@ class Store:
         _makedirs(dsts)
         _markers_last(self.fs.get, [self.path(p) for p in found], dsts, names)
 
+    @retried
     def copy_dir(self, src: str, dst: str, source: Store | None = None) -> None:
         """Copy the folder `src` of `source` (default: this store) to `dst` here without passing
         the bytes through this process: fsspec's batched copy, server-side on S3. Between stores
@@ -412,7 +433,8 @@ class Store:
 
     def heartbeat(self, role: str, worker_id: str, **counters: Any) -> None:
         self.write_json(
-            LAYOUT.status(role, worker_id), {"role": role, "id": worker_id, "time": time.time(), **counters}
+            LAYOUT.status(role, worker_id),
+            {"role": role, "id": worker_id, "time": time.time(), "store_retries": self.retry.retries, **counters},
         )
 
     def statuses(self) -> dict[str, dict[str, Any]]:

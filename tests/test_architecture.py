@@ -21,6 +21,8 @@ LAYERS: dict[str, int] = {
     "areal_core.config": 0,
     "areal_core.store": 1,
     "areal_core.logs": 1,
+    "areal_core.retry": 1,
+    "areal_core.procs": 1,
     "areal_core.protocol": 2,
     "areal_core.staleness": 2,
     "areal_core.prompts": 2,

@@ -51,6 +51,41 @@ def samples_in(store: Store, prefix: str) -> dict[str, list]:
     return {rel: decode_shard(store.read_bytes(rel)) for rel in store.find(prefix, ".arrow")}
 
 
+def assert_every_sample_accounted(store: Store, cfg) -> tuple[dict[str, list], int, set[str]]:
+    """Every step trained once, no sample twice, the hard bound after every resume; and no sample
+    lost: graded = trained + dropped + still pending + not yet consumed (+ the idle drops, which
+    are only counted). Returns (graded shards, idle drops, recorded drops)."""
+    # -- the trained set: every step once, no sample twice, the hard bound after every resume
+    steps = [store.read_json(p) for p in store.find("trainer/trained", ".json")]
+    assert [s["step"] for s in steps] == list(range(cfg.train.steps))
+    trained = [sid for s in steps for sid, _ in s["samples"]]
+    assert len(trained) == len(set(trained)), [k for k, v in Counter(trained).items() if v > 1]
+    assert len(trained) == cfg.train.steps * cfg.train.batch_groups * cfg.rollout.group_size
+    for s in steps:
+        for _, min_version in s["samples"]:
+            assert min_version >= s["trainer_version"] - cfg.train.eta, s["step"]
+        assert all(min_v < s["trainer_version"] - cfg.train.eta for _, min_v in s["dropped"])
+    recorded_drops = {sid for s in steps for sid, _ in s["dropped"]}
+    assert not recorded_drops & set(trained)
+
+    # -- no sample lost: graded = trained + dropped + still pending + not yet consumed
+    graded = samples_in(store, "trajectories/graded")
+    graded_ids = {s.sample_id for shard in graded.values() for s in shard}
+    assert set(trained) <= graded_ids
+    final = checkpoint.committed_steps(store)[-1]
+    assert final == cfg.train.steps
+    base = LAYOUT.checkpoint_dir(final)
+    state = store.read_json(f"{base}/state.json")
+    raw = store.read_bytes(f"{base}/pending.arrow")
+    pending = {s.sample_id for s in decode_shard(raw)} if raw else set()
+    unconsumed = {s.sample_id for rel, shard in graded.items() if rel not in set(state["consumed"]) for s in shard}
+    unaccounted = graded_ids - set(trained) - recorded_drops - pending - unconsumed
+    # the trainer's idle loop drops stale samples without a step record; they are only counted
+    idle_drops = state["counters"]["dropped_samples"] - len(recorded_drops)
+    assert len(unaccounted) == idle_drops, (len(unaccounted), idle_drops)
+    return graded, idle_drops, recorded_drops
+
+
 @pytest.mark.slow
 def test_roles_killed_at_random_points_and_restarted(tiny_overrides, tmp_path):
     rng = random.Random(int(os.environ.get("AREAL_FAULT_SEED", "7")))
@@ -112,34 +147,7 @@ def test_roles_killed_at_random_points_and_restarted(tiny_overrides, tmp_path):
     assert store.done(), text[-4000:]
     assert "resumed at step" in text  # the trainer restored a checkpoint at least once
 
-    # -- the trained set: every step once, no sample twice, the hard bound after every resume
-    steps = [store.read_json(p) for p in store.find("trainer/trained", ".json")]
-    assert [s["step"] for s in steps] == list(range(cfg.train.steps))
-    trained = [sid for s in steps for sid, _ in s["samples"]]
-    assert len(trained) == len(set(trained)), [k for k, v in Counter(trained).items() if v > 1]
-    assert len(trained) == cfg.train.steps * cfg.train.batch_groups * cfg.rollout.group_size
-    for s in steps:
-        for _, min_version in s["samples"]:
-            assert min_version >= s["trainer_version"] - cfg.train.eta, s["step"]
-        assert all(min_v < s["trainer_version"] - cfg.train.eta for _, min_v in s["dropped"])
-    recorded_drops = {sid for s in steps for sid, _ in s["dropped"]}
-    assert not recorded_drops & set(trained)
-
-    # -- no sample lost: graded = trained + dropped + still pending + not yet consumed
-    graded = samples_in(store, "trajectories/graded")
-    graded_ids = {s.sample_id for shard in graded.values() for s in shard}
-    assert set(trained) <= graded_ids
-    final = checkpoint.committed_steps(store)[-1]
-    assert final == cfg.train.steps
-    base = LAYOUT.checkpoint_dir(final)
-    state = store.read_json(f"{base}/state.json")
-    raw = store.read_bytes(f"{base}/pending.arrow")
-    pending = {s.sample_id for s in decode_shard(raw)} if raw else set()
-    unconsumed = {s.sample_id for rel, shard in graded.items() if rel not in set(state["consumed"]) for s in shard}
-    unaccounted = graded_ids - set(trained) - recorded_drops - pending - unconsumed
-    # the trainer's idle loop drops stale samples without a step record; they are only counted
-    idle_drops = state["counters"]["dropped_samples"] - len(recorded_drops)
-    assert len(unaccounted) == idle_drops, (len(unaccounted), idle_drops)
+    graded, idle_drops, recorded_drops = assert_every_sample_accounted(store, cfg)
 
     # -- rollout: sequence numbers and group indices continue across restarts (no gap, no repeat)
     ungraded = samples_in(store, "trajectories/ungraded/rollout-0")

@@ -245,6 +245,9 @@ class RunConfig(ConfigModel):
     store: Str = Field(
         "runs/default", description="run root: a local path or an fsspec URI (s3://…, endpoint from AWS_ENDPOINT_URL)"
     )
+    store_retry_s: Float = Field(
+        60.0, ge=0, description="how long every role and the launcher retry transient store errors, with backoff"
+    )
     seed: Int = Field(1, description="seed of the data, the model and sampling")
     threads_per_role: Int = Field(1, gt=0, description="torch threads per role process")
     device: Device = Field("cpu", description="cpu, cuda or npu")

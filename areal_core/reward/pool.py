@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import multiprocessing as mp
+import os
+import signal
 import time
 import traceback
 from collections import deque
@@ -19,6 +21,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from areal_core.config.hooks import import_object
+from areal_core.procs import die_with_parent
 
 DEFAULT_REWARD = "areal_core.reward.math:gsm8k_reward"
 
@@ -60,7 +63,8 @@ async def _await(awaitable: Any) -> Any:
     return await awaitable
 
 
-def _worker_main(conn: Connection, fn_path: str) -> None:
+def _worker_main(conn: Connection, fn_path: str, parent: int) -> None:
+    die_with_parent(signal.SIGKILL, parent)  # a grader never outlives the process that owns the pool
     fn = import_object(fn_path, key="reward.function")
     while True:
         try:
@@ -79,7 +83,7 @@ def _worker_main(conn: Connection, fn_path: str) -> None:
 class _Proc:
     def __init__(self, ctx: Any, fn_path: str):
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child, fn_path), daemon=True)
+        self.proc = ctx.Process(target=_worker_main, args=(child, fn_path, os.getpid()), daemon=True)
         self.proc.start()
         child.close()
 
@@ -151,6 +155,7 @@ class RewardPool:
         return fresh
 
     def close(self) -> None:
+        """Ask every grader to exit (2 s each), then kill the rest."""
         for p in self._procs:
             try:
                 p.conn.send(None)
@@ -163,5 +168,9 @@ class RewardPool:
     def __enter__(self) -> RewardPool:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:  # an error or a stop signal (SystemExit): the graders go now
+            for p in self._procs:
+                p.kill()

@@ -14,7 +14,6 @@ import shlex
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ import httpx
 
 from areal_core.config.base import PROJECT_ROOT
 from areal_core.config.run import DEFAULT_VLLM_PYTHON, resolve_python
+from areal_core.procs import own_group_dying_with_parent
 
 log = logging.getLogger("areal.rollout.vllm")
 
@@ -133,15 +133,6 @@ def server_env(spec: VLLMServerSpec) -> dict[str, str]:
     return env
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child
-    """Linux: the server gets SIGTERM if the worker that started it dies (even by SIGKILL)."""
-    os.setsid()
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 class VLLMServer:
     """One server subprocess: `start()` blocks until `/health` answers, `stop()` ends its process group."""
 
@@ -172,7 +163,7 @@ class VLLMServer:
                 stdin=subprocess.DEVNULL,
                 env=server_env(self.spec),
                 cwd=str(PROJECT_ROOT),
-                preexec_fn=_die_with_parent,
+                preexec_fn=own_group_dying_with_parent(signal.SIGTERM),  # SIGTERM if the worker dies
             )
         deadline = t0 + self.spec.startup_timeout_s
         while True:

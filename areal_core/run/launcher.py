@@ -1,10 +1,16 @@
 """Single-machine supervisor: starts N rollout, K reward and one trainer process on one run
 root, forwards their logs with the role's name, shows progress, and stops everything when
-any role fails, naming it."""
+any role fails, naming it.
+
+Each role leads its own process group and gets SIGKILL when the launcher dies (areal_core/procs.py);
+stopping a role signals its whole group, so no grandchild (reward pool, vLLM server) outlives it.
+A store outage never stops the launcher: a progress tick that cannot read the store is skipped.
+"""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -12,6 +18,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from areal_core.procs import descendants, kill_group, own_group_dying_with_parent
+from areal_core.retry import POLICY
 from areal_core.store import LAYOUT, Store
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -49,6 +57,7 @@ def start_role(
         text=True,
         env=full_env,
         cwd=str(PROJECT_ROOT),
+        preexec_fn=own_group_dying_with_parent(signal.SIGKILL),
     )
     pump = threading.Thread(target=_pump, args=(name, proc.stdout, log_sink or sys.stderr), daemon=True)
     pump.start()
@@ -56,9 +65,11 @@ def start_role(
 
 
 def stop_all(procs: list[RoleProcess], grace_s: float = 10.0) -> None:
+    """SIGTERM to every role's process group, SIGKILL to what is left after `grace_s`, then to
+    any descendant that left its group (e.g. a server in its own session)."""
+    strays = {pid for p in procs for pid in descendants(p.proc.pid)}
     for p in procs:
-        if p.proc.poll() is None:
-            p.proc.terminate()
+        kill_group(p.proc.pid, signal.SIGTERM)
     deadline = time.time() + grace_s
     for p in procs:
         try:
@@ -66,22 +77,34 @@ def stop_all(procs: list[RoleProcess], grace_s: float = 10.0) -> None:
         except subprocess.TimeoutExpired:
             p.proc.kill()
             p.proc.wait()
+    for p in procs:
+        kill_group(p.proc.pid, signal.SIGKILL)
+    for pid in strays:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 class Progress:
-    """A one-line progress display of the trainer's heartbeat."""
+    """A one-line progress display of the trainer's heartbeat; a tick the store cannot answer
+    at once is skipped (its store does not retry)."""
 
     def __init__(self, store: Store, enabled: bool):
-        self.store, self.enabled = store, enabled and sys.stderr.isatty()
+        self.store, self.enabled = Store(store.uri, retry_s=0), enabled and sys.stderr.isatty()
         self.last_step = -1
+        self.skipped = 0  # ticks skipped on a store error
         self.plain = enabled and not self.enabled
 
     def update(self) -> None:
-        if not (self.enabled or self.plain) or not self.store.exists(LAYOUT.status("trainer", "0")):
+        if not (self.enabled or self.plain):
             return
         try:
             st = self.store.read_json(LAYOUT.status("trainer", "0"))
-        except Exception:  # a heartbeat being rewritten
+        except FileNotFoundError:  # no heartbeat yet
+            return
+        except Exception:  # a heartbeat being rewritten, or the store is unreachable now
+            self.skipped += 1
             return
         step, total = st.get("step", 0), st.get("steps", 0)
         if step == self.last_step:
@@ -138,4 +161,9 @@ def launch(
             sys.stderr.write("\n")
     if not store.done():
         raise RoleFailed("all roles exited but the trainer wrote no DONE")
-    return {"wall_s": time.time() - t0, **store.read_json(LAYOUT.done)}
+    return {
+        "wall_s": time.time() - t0,
+        "launcher_store_retries": POLICY.retries,
+        "progress_skipped": bar.skipped,
+        **store.read_json(LAYOUT.done),
+    }

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Iterator
 
 from areal_core.logs import setup_logging
+from areal_core.procs import exit_on_sigterm
 from areal_core.store import LAYOUT
 
 
@@ -127,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-uri", required=True)
     parser.add_argument("--index", type=int, default=0)
     args = parser.parse_args(argv)
+    exit_on_sigterm()  # a stopped role stops its own children (reward pool, vLLM server) first
     setup_logging()
     result = run_role(args.role, args.run_uri, args.index)
     print(json.dumps({"role": args.role, "index": args.index, "result": result}, default=str))

@@ -66,16 +66,16 @@ class WeightWatcher:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            latest = self.store.latest_version()
-            if latest is not None and latest > self.version:
-                try:
+            try:  # the store retries transient errors itself; what still fails stops the owner
+                latest = self.store.latest_version()
+                if latest is not None and latest > self.version:
                     self.on_version(latest)
                     self.version = latest
                     self._new.set()
-                except WeightsError as exc:
-                    log.warning("%s", exc)
-                except Exception as exc:  # noqa: BLE001 - handed to the owner's thread
-                    self.error = exc
-                    self._new.set()
-                    return
+            except WeightsError as exc:
+                log.warning("%s", exc)
+            except Exception as exc:  # noqa: BLE001 - handed to the owner's thread
+                self.error = exc
+                self._new.set()
+                return
             self._stop.wait(self.poll_interval_s)
