@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, TINY
-from tests.podemu.execute import Execution, to_literals, to_python
+from tests.podemu.execute import Execution, PodFailure, to_literals, to_python
 from tests.podemu.package import package
 from tests.podemu.pods import container
 
@@ -115,6 +115,11 @@ def test_harness_runs_plain_map_and_pytorchjob_pods(tmp_path, s3_bucket, s3_serv
     assert len([p for p in ex.pods() if p.env.get("BATCH_JOB_ARRAY_INDEX_VAR_NAME")]) == 3
 
 
+def tracked_overrides(run_uri: str, tracking: str, *extra: str) -> list[str]:
+    overrides = [o for o in TINY if not o.startswith("tracking.")]
+    return [*overrides, f"store={run_uri}", "tracking.enabled=true", f"tracking.uri={tracking}", *extra]
+
+
 @pytest.mark.slow
 @pytest.mark.s3
 @pytest.mark.timeout(2700)
@@ -130,10 +135,8 @@ def test_grpo_cluster_runs_as_pods_to_done_and_a_registered_model(
 
     tracking = mlflow_server
     run_uri = f"{s3_bucket}/runs/podemu"
-    overrides = [o for o in TINY if not o.startswith("tracking.")]
-    overrides += [f"store={run_uri}", "tracking.enabled=true", f"tracking.uri={tracking}", "lease.interval_s=2"]
     wf = "workflows.grpo.grpo_cluster"
-    inputs = {"overrides": " ".join(overrides), "model_name": "podemu-policy"}
+    inputs = {"overrides": " ".join(tracked_overrides(run_uri, tracking)), "model_name": "podemu-policy"}
     ex = Execution(cluster_package, wf, s3_bucket, ROOT, tmp_path / "pods", s3_server, SECRETS, timeout_s=2400)
     out = ex.run(to_literals(cluster_package, wf, inputs))
     assert to_python(out["o0"], str) == "models:/podemu-policy/1"
@@ -166,3 +169,32 @@ def test_grpo_cluster_runs_as_pods_to_done_and_a_registered_model(
     served = mlflow.pyfunc.load_model("models:/podemu-policy@champion")
     text = served.predict(["1 + 2 ="], params={"max_new_tokens": 3})
     assert isinstance(text[0], str) and text[0].startswith("1 + 2 =")
+
+
+@pytest.mark.slow
+@pytest.mark.s3
+@pytest.mark.timeout(1800)
+def test_a_failed_cluster_run_runs_the_failure_node(cluster_package, tmp_path, s3_bucket, s3_server, mlflow_server):
+    """The trainer's pod is evicted with its retries spent: the node fails, the other pods stop,
+    and the workflow's failure node marks the run's MLflow run FAILED."""
+    import mlflow
+
+    from areal_core.run.tracking import Tracker
+    from areal_core.store import Store
+
+    run_uri = f"{s3_bucket}/runs/failed"
+    overrides = tracked_overrides(run_uri, mlflow_server, "train.steps=200", "tracking.experiment=podemu-failed")
+    wf = "workflows.grpo.grpo_cluster"
+    trainer = "tasks.cluster.trainer_elastic"
+    ex = Execution(
+        cluster_package, wf, s3_bucket, ROOT, tmp_path / "pods", s3_server, SECRETS, timeout_s=1200, evict={trainer: 15}
+    )
+    with pytest.raises(PodFailure) as failure:
+        ex.run(to_literals(cluster_package, wf, {"overrides": " ".join(overrides)}))
+    failed = ex.runs[failure.value.node_id]
+    assert failed.template.id.name == trainer, str(failure.value)[-5000:]
+    fn = cluster_package.workflows[wf].failure_node.id
+    assert [p.poll() for p in ex.runs[fn].pods] == [0], str(failure.value)[-5000:]
+    assert all(p.poll() is not None for p in ex.pods())  # nothing left running
+    run_id = Tracker.attach(Store(run_uri)).run_id
+    assert mlflow.MlflowClient(mlflow_server).get_run(run_id).info.status == "FAILED"

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
-from flyteidl.core import literals_pb2, tasks_pb2, workflow_pb2
+from flyteidl.core import literals_pb2, tasks_pb2, types_pb2, workflow_pb2
 from google.protobuf.json_format import MessageToDict
 
 from tests.podemu.package import Package
@@ -30,6 +30,10 @@ START = "start-node"  # the workflow's inputs: flytekit names the node "", Flyte
 
 class PodFailure(RuntimeError):
     """A pod failed or the execution ran out of time: the message has every pod's log tail."""
+
+    def __init__(self, message: str, node_id: str = ""):
+        super().__init__(message)
+        self.node_id = node_id
 
 
 def free_port() -> int:
@@ -90,7 +94,6 @@ class NodeRun:
     pods: list[Pod]
     parallelism: int = 0  # array nodes: pods at once (0: all)
     array: bool = False
-    started: float = field(default_factory=time.time)
 
     def step(self) -> bool:
         """Start what may start; True when every pod has exited 0."""
@@ -134,6 +137,9 @@ class Execution:
     endpoint: str
     secrets: dict[tuple[str, str], str] = field(default_factory=dict)
     timeout_s: float = 1800.0
+    # task name -> seconds: its pods are killed that long after they start, as an eviction with
+    # the retries spent (the node fails; the workflow's failure node runs)
+    evict: dict[str, float] = field(default_factory=dict)
     project: str = "areal"
     domain: str = "development"
     name: str = field(default_factory=lambda: "podemu" + uuid.uuid4().hex[:10])
@@ -209,7 +215,8 @@ class Execution:
 
     # -- the graph ------------------------------------------------------------------------------
     def run(self, inputs: dict[str, literals_pb2.Literal]) -> dict[str, literals_pb2.Literal]:
-        """Run to the end; the workflow's outputs. Raises PodFailure with every pod's log tail."""
+        """Run to the end; the workflow's outputs. Raises PodFailure with every pod's log tail,
+        after running the workflow's failure node (if it has one) as Flyte does."""
         wf = self.pkg.workflows[self.workflow]
         lp = self.pkg.launch_plans.get(self.workflow)
         given = {k: p.default for k, p in lp.default_inputs.parameters.items() if p.HasField("default")} if lp else {}
@@ -219,32 +226,68 @@ class Execution:
         if missing:
             raise ValueError(f"workflow inputs without a value: {sorted(missing)}")
         outputs: dict[str, dict[str, literals_pb2.Literal]] = {START: given, "": given}
+        try:
+            self._walk(wf, outputs)
+        except PodFailure as exc:
+            self._kill()
+            if wf.failure_node.id:
+                self._failure_node(wf.failure_node, outputs, exc)
+            raise
+        finally:
+            self._kill()
+        return {b.var: resolve(b.binding, outputs) for b in wf.outputs}
+
+    def _walk(self, wf: workflow_pb2.WorkflowTemplate, outputs: dict) -> None:
+        nodes = {n.id: n for n in wf.nodes}
         deps = {
             n.id: set(n.upstream_node_ids) | set().union(*(_promises(b.binding) for b in n.inputs)) for n in wf.nodes
         }
-        nodes = {n.id: n for n in wf.nodes}
         deadline = time.time() + self.timeout_s
-        try:
-            while len(outputs) < len(nodes) + 2:
-                for nid, node in nodes.items():
-                    if nid not in self.runs and deps[nid] <= set(outputs):
-                        bound = {b.var: resolve(b.binding, outputs) for b in node.inputs}
-                        self.runs[nid] = self._node_run(node, bound)
-                for nid, nr in self.runs.items():
-                    if nid in outputs:
-                        continue
-                    if nr.failed():
-                        raise PodFailure(f"node {nid} failed in execution {self.name}\n{self.report()}")
-                    if nr.step():
-                        outputs[nid] = nr.outputs()
-                if time.time() > deadline:
-                    raise PodFailure(f"execution {self.name} ran past {self.timeout_s}s\n{self.report()}")
-                time.sleep(0.5)
-        finally:
-            for nr in self.runs.values():
-                for pod in nr.pods:
-                    pod.kill()
-        return {b.var: resolve(b.binding, outputs) for b in wf.outputs}
+        while len(outputs) < len(nodes) + 2:
+            for nid, node in nodes.items():
+                if nid not in self.runs and deps[nid] <= set(outputs):
+                    self.runs[nid] = self._node_run(node, {b.var: resolve(b.binding, outputs) for b in node.inputs})
+            for nid, nr in list(self.runs.items()):
+                if nid in outputs:
+                    continue
+                self._evictions(nr)
+                if nr.failed():
+                    raise PodFailure(f"node {nid} failed in execution {self.name}\n{self.report()}", nid)
+                if nr.step():
+                    outputs[nid] = nr.outputs()
+            if time.time() > deadline:
+                raise PodFailure(f"execution {self.name} ran past {self.timeout_s}s\n{self.report()}")
+            time.sleep(0.5)
+
+    def _evictions(self, nr: NodeRun) -> None:
+        after = self.evict.get(nr.template.id.name)
+        for pod in nr.pods:
+            if after is not None and pod.poll() is None and pod.proc and time.time() - pod.started_at > after:
+                pod.kill()
+
+    def _failure_node(self, node: workflow_pb2.Node, outputs: dict, exc: PodFailure) -> None:
+        """Flyte's failure node: the workflow's inputs, and `err` holding the failed node and message."""
+        template = self.pkg.tasks[node.task_node.reference_id.name]
+        bound = {b.var: resolve(b.binding, outputs) for b in node.inputs}
+        if "err" in bound:
+            error = literals_pb2.Literal(
+                scalar=literals_pb2.Scalar(error=types_pb2.Error(failed_node_id=exc.node_id, message=str(exc)[:2000]))
+            )
+            variants = template.interface.inputs.variables["err"].type.union_type.variants
+            kind = next((v for v in variants if v.WhichOneof("type") != "simple" or v.simple != types_pb2.NONE), None)
+            union = literals_pb2.Union(value=error, type=kind)
+            bound["err"] = literals_pb2.Literal(scalar=literals_pb2.Scalar(union=union)) if kind else error
+        nr = self.runs[node.id] = self._node_run(node, bound)
+        deadline = time.time() + 600
+        while not nr.step():
+            if nr.failed() or time.time() > deadline:
+                exc.args = (f"{exc.args[0]}\nand the failure node {node.id} failed:\n{nr.report()}",)
+                return
+            time.sleep(0.5)
+
+    def _kill(self) -> None:
+        for pod in self.pods():
+            pod.kill()
 
     def pods(self) -> list[Pod]:
         return [p for nr in self.runs.values() for p in nr.pods]

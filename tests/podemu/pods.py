@@ -14,6 +14,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
@@ -168,6 +169,7 @@ class Pod:
     cwd: Path
     image: str = ""
     proc: subprocess.Popen | None = field(default=None, repr=False)
+    started_at: float = 0.0
 
     @property
     def command(self) -> list[str]:
@@ -188,6 +190,7 @@ class Pod:
         Path(self.env["TMPDIR"]).mkdir(parents=True, exist_ok=True)
         with self.log.open("w") as f:
             f.write(f"# pod {self.name} image={self.image}\n# {' '.join(self.command)}\n")
+        self.started_at = time.time()
         self.proc = subprocess.Popen(
             self.command,
             cwd=self.cwd,
