@@ -74,6 +74,18 @@ def test_pool_kills_hung_and_crashed_calls_and_keeps_serving():
         assert [r.reward for r in pool.grade([{"completion": "ok", "reference": ""}] * 4)] == [1.0] * 4
 
 
+def unbounded(completion: str) -> object:
+    return {"nan": float("nan"), "inf": float("inf"), "1e39": 1e39, "-1e39": -1e39}.get(completion, 2.5)
+
+
+def test_a_non_finite_reward_is_an_error_of_the_function_and_scores_zero():
+    """NaN, ±inf and 1e39 (inf once stored as float32) never leave the pool as a reward."""
+    with RewardPool("tests.test_reward:unbounded", size=1, timeout_s=5.0, retries=0) as pool:
+        results = pool.grade([{"completion": c} for c in ["nan", "inf", "1e39", "-1e39", "fine"]])
+    assert [r.reward for r in results] == [0.0, 0.0, 0.0, 0.0, 2.5]
+    assert all("non-finite reward" in r.info["error"] for r in results[:4])
+
+
 def test_pool_rejects_unknown_function():
     with pytest.raises(ConfigError, match="config key 'reward.function': cannot import 'tests.nope:fn'"):
         RewardPool("tests.nope:fn")

@@ -22,6 +22,7 @@ from typing import Any
 
 from areal_core.config.hooks import import_object
 from areal_core.procs import die_with_parent
+from areal_core.protocol import finite_reward
 
 DEFAULT_REWARD = "areal_core.reward.math:gsm8k_reward"
 
@@ -34,14 +35,22 @@ class RewardResult:
 
 
 def normalize(value: Any) -> RewardResult:
-    """float | (float, info) | {"reward", "token_rewards"?, "info"?} -> RewardResult."""
+    """float | (float, info) | {"reward", "token_rewards"?, "info"?} -> RewardResult.
+
+    A reward that is not finite in float32 (NaN, ±inf, 1e39) is an error of the reward
+    function, never a training signal: the call fails and the pool scores it 0 with the reason.
+    """
     if isinstance(value, RewardResult):
-        return value
-    if isinstance(value, dict):
-        return RewardResult(float(value["reward"]), value.get("token_rewards"), dict(value.get("info", {})))
-    if isinstance(value, tuple):
-        return RewardResult(float(value[0]), None, dict(value[1]) if len(value) > 1 else {})
-    return RewardResult(float(value))
+        result = value
+    elif isinstance(value, dict):
+        result = RewardResult(float(value["reward"]), value.get("token_rewards"), dict(value.get("info", {})))
+    elif isinstance(value, tuple):
+        result = RewardResult(float(value[0]), None, dict(value[1]) if len(value) > 1 else {})
+    else:
+        result = RewardResult(float(value))
+    if not finite_reward(result.reward) or not all(map(finite_reward, result.token_rewards or [])):
+        raise ValueError(f"reward function returned a non-finite reward ({result.reward!r})")
+    return result
 
 
 def accepted_kwargs(fn: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str, Any]:
