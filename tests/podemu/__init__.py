@@ -10,5 +10,7 @@ would run it, so that what a cluster would execute is executed here. It is not a
 - execute.py: walks the workflow's node graph in dependency order, resolving bindings from
   upstream outputs; nodes whose upstreams are done run concurrently; array nodes get one pod per
   element (the index in the environment, as Flyte passes it); a PyTorchJob gets one pod per
-  worker replica with the operator's PET_* environment.
+  worker replica with the operator's PET_* environment. When a node fails, the other pods are
+  stopped and the workflow's failure node runs (its `err` input holds the failed node and the
+  message); `evict` kills a task's pods a given time after they start (retries spent).
 """
