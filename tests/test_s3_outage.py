@@ -19,17 +19,10 @@ from areal_core.run.launcher import launch
 from areal_core.store import LAYOUT, Store
 from tests.conftest import TINY
 from tests.test_fault import assert_every_sample_accounted, samples_in
+from tests.test_store_retry import alive
 
 OUTAGE_S = 10.0
 STEPS = 6
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 @pytest.mark.slow
