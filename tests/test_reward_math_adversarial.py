@@ -53,6 +53,23 @@ HEDGED = [
     "Maybe 18, maybe 3",
     "18 or 3",
     "somewhere between 17 and 19 ducks",
+    # one value made a range or an estimate (review12)
+    "#### 18 or more",
+    "#### at least 18",
+    "#### 18+",
+    "#### ≈18",
+    "#### ~18",
+    "#### about 18",
+    "#### eighteen or 18",
+    "#### 18 or nineteen",
+    "The answer is approximately 18.",
+    "The answer is roughly 18 ducks.",
+    "\\boxed{\\approx 18}",
+    "\\boxed{18 \\text{ or more}}",
+    "\\boxed{18} or more",
+    "\\boxed{\\geq 18}",
+    "So she has at least 18 eggs.",
+    "It is 18 or so.",
 ]
 
 MALFORMED = [
@@ -108,6 +125,9 @@ ACCEPTED = [
     ("The answer is 1. \\boxed{2}\n#### 18\nthen 4", REF),  # #### decides, on its own line
     ("\\boxed{18}\n####", REF),  # a #### without a number falls through
     ("The answer is 18 = 18.", REF),  # the same value twice is one value
+    ("She has 16 - 3 - 4 = 9 eggs, so she makes 9 * 2 = 18 dollars.\nThe answer is 18.", REF),
+    ("16 + 2 = 18 ducks, more than the 15 she had.\n#### 18", REF),  # working may qualify, the answer not
+    ("It is 18 apples.", REF),
 ]
 
 

@@ -15,7 +15,10 @@ The answer is *hedged*, and scores 0, when the deciding text names more than one
 two numbers in one span (`#### 18, 3`, `The answer is either 18 or 3.`, `#### 18 or 19`,
 `\\boxed{18} or 3`, `answer is 7 apples and 3 pears`), occurrences of the same marker that
 disagree (`\\boxed{3} ... \\boxed{5}`, two `####` lines), or, without a marker, a last line
-that hedges with or/either/maybe/between (`It is 3 or 18.`). The same value written twice
+that hedges with or/either/maybe/between (`It is 3 or 18.`). One value made a range or an estimate
+hedges too: a deciding span with `or more`, `at least`, `about`, `≈`, `~`, `\\geq`, `18+`, or a
+number word next to `or` (`#### 18 or more`, `\\boxed{\\approx 18}`); a last line without a
+marker only with `approximately`, `roughly`, `at least/most`, `or more/less/so`, `≈`. The same value written twice
 (`\\boxed{18} ... \\boxed{18.0}`) is one value.
 
 A number tolerates a sign (`-`, `−`), currency (`$ € £ ¥`, before or after the sign),
@@ -51,6 +54,19 @@ _ANSWER_PHRASE = re.compile(
     re.IGNORECASE,
 )
 _HEDGE = re.compile(r"\b(?:or|either|maybe|perhaps|possibly|probably|between)\b|\\(?:lor|vee|pm)\b|±", re.IGNORECASE)
+# Words and signs that make one number a range or an estimate ("18 or more", "at least 18", "≈18",
+# "18+"): a deciding span with one of them is hedged even when it names a single value.
+# _ESTIMATE hedges even a last line without a marker; _QUALIFIER_WORDS also an expression for
+# math-verify (where `\\geq`, `<`, `+` can be the answer); _QUALIFIER any marked number.
+_ESTIMATE = r"\b(?:approx(?:imately)?|roughly|at[ \t]+(?:least|most)|or[ \t]+(?:more|less|so))\b|≈|\\approx\b"
+_WORDS = r"\b(?:about|around|nearly|almost|maybe|perhaps|possibly|probably|(?:more|less|fewer)[ \t]+than|up[ \t]+to)\b"
+_ESTIMATE_RE = re.compile(_ESTIMATE, re.IGNORECASE)
+_QUALIFIER_WORDS = re.compile(_ESTIMATE + "|" + _WORDS, re.IGNORECASE)
+_QUALIFIER = re.compile(
+    _ESTIMATE + "|" + _WORDS + r"|\b(?:or|either|between)\b|[~≥≤±]|\\(?:pm|lor|vee|geq?|leq?)\b"
+    r"|\d[ \t]*\+(?![ \t]*[\d.$(])",
+    re.IGNORECASE,
+)
 _LATEX_FRAC = re.compile(r"\\[dt]?frac[ \t]*\{([^{}]*)\}[ \t]*\{([^{}]*)\}")
 _LATEX_TEXT = re.compile(r"\\(?:text|textbf|mathrm|mbox)[ \t]*\{([^{}]*)\}")
 _PAREN_FRAC = re.compile(r"\(( ?-?\d+(?:\.\d+)? ?)\)/\(( ?\d+ ?)\)")  # (a)/(b) from \frac
@@ -163,12 +179,15 @@ class Answer:
         return self.values[0] if len(self.values) == 1 and not self.hedged else None
 
 
-def _decide(kind: str, spans: list[str]) -> Answer | None:
-    """The Answer from the spans of one marker kind; None when no span names a value."""
+def _decide(kind: str, spans: list[str], tail: str = "") -> Answer | None:
+    """The Answer from the spans of one marker kind; None when no span names a value. A span
+    with a value (or the `tail` after the last box) that qualifies it (`_QUALIFIER`) hedges."""
     values: list[Fraction] = []
+    qualified = bool(tail and _QUALIFIER.search(_clean(tail)))
     for span in spans:
         if not _DIGIT.search(span):
             continue
+        qualified = qualified or bool(_QUALIFIER.search(_clean(span)))
         for v in distinct_values(span):
             if v not in values:
                 values.append(v)
@@ -176,7 +195,7 @@ def _decide(kind: str, spans: list[str]) -> Answer | None:
             break
     if not values:
         return None
-    return Answer(kind, spans, values, hedged=len(values) > 1)
+    return Answer(kind, spans, values, hedged=len(values) > 1 or qualified)
 
 
 def final_answer(completion: str) -> Answer | None:
@@ -191,13 +210,13 @@ def final_answer(completion: str) -> Answer | None:
                 spans.append(_line_rest(completion, boxes[-1][1] + 1))  # "\boxed{18} or 3"
         else:
             spans = _marker_spans(completion, _ANSWER_PHRASE)
-        answer = _decide(kind, spans)
+        answer = _decide(kind, spans, spans[-1] if kind == "boxed" and spans else "")
         if answer is not None:
             return answer
     for line in reversed(completion.splitlines()):
         value = last_number(line)
         if value is not None:
-            hedged = bool(_HEDGE.search(line)) and len(distinct_values(line)) > 1
+            hedged = bool(_HEDGE.search(line)) and len(distinct_values(line)) > 1 or bool(_ESTIMATE_RE.search(line))
             return Answer("last number", [line], [value], hedged)
     return None
 
@@ -246,6 +265,11 @@ def math_reward(completion: str, reference: str) -> float:
     answer = final_answer(completion)
     if answer is None:
         return 0.0
+    # One number is asked for (a numeric reference, or the GSM8K `####` format): a hedged
+    # answer ("#### 18+", "\\boxed{\\geq 18}") scores 0 even where math-verify would accept it.
+    numeric = _NUMBER.fullmatch(_clean(reference).strip().strip("$").strip()) is not None
+    if answer.hedged and (numeric or answer.kind == "####"):
+        return 0.0
     spans = answer.spans
     if answer.kind == "boxed":  # the boxes' contents; the rest of the last box's line may only not hedge
         spans, after = spans[:-1], spans[-1]
@@ -255,6 +279,9 @@ def math_reward(completion: str, reference: str) -> float:
     if not candidates or len(candidates) > 4:
         return 0.0
     for text in candidates:
+        qualifier = _ESTIMATE_RE if answer.kind == "last number" else _QUALIFIER_WORDS
+        if qualifier.search(_LATEX_TEXT.sub(r" \1 ", text)):  # "\\approx 18", "18 \\text{ or more}"
+            return 0.0
         plain_values = distinct_values(text)
         if len(plain_values) > 1 and (
             _HEDGE.search(_LATEX_TEXT.sub(r" \1 ", text)) or not _NOT_PLAIN.search(_clean(text).replace("$", ""))
