@@ -117,6 +117,8 @@ def _check(sample: Sample) -> None:
         raise ShardError(f"sample {sample.sample_id}: token_rewards length differs from input_ids")
     if sample.reward is not None and not finite_reward(sample.reward):
         raise ShardError(f"sample {sample.sample_id}: reward {sample.reward!r} is not finite in float32")
+    if not all(map(math.isfinite, sample.behav_logprobs)):
+        raise ShardError(f"sample {sample.sample_id}: behav_logprobs hold a NaN or infinite value")
     if sample.token_rewards is not None and not all(map(finite_reward, sample.token_rewards)):
         raise ShardError(f"sample {sample.sample_id}: token_rewards hold a value that is not finite in float32")
 

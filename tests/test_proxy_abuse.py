@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import socket
 import threading
 import time
@@ -28,6 +29,9 @@ from areal_core.proxy.examples import ScriptedEngine
 from areal_core.proxy.guard import GuardMiddleware, ProxyLimits
 from areal_core.proxy.runner import ProxyServer
 from areal_core.proxy.sessions import key_digest, session_id_for_key
+from areal_core.rollout.continuous_engine import ContinuousEngine
+from areal_core.rollout.engine import SamplingParams
+from areal_core.rollout.torch_engine import TorchEngine
 from areal_core.store import Store
 
 KEY_A, KEY_B = "sk-tenant-a", "sk-tenant-b"
@@ -334,3 +338,27 @@ def test_non_finite_rewards_never_reach_a_shard_or_a_loss(tok, tmp_path):
     finally:
         torch.set_num_threads(before)
     assert metrics and all(torch.isfinite(p).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize("engine_cls", [TorchEngine, ContinuousEngine])
+def test_a_tiny_temperature_never_yields_a_nan_logprob(tok, tmp_path, engine_cls):
+    """`temperature: 1e-45` passes validation (>= 0) but float32 holds it as 0: logits / τ would
+    be NaN, and so every behaviour log-prob the trainer divides by. Below MIN_TEMPERATURE the
+    engines sample greedily (as vLLM does), so the response and the shard hold finite values."""
+    cfg = load_config(None, ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1"])
+    engine = engine_cls(build_tiny_model(cfg.model, len(tok), seed=0), tok.pad_token_id, tok.eos_token_id)
+    store = Store(str(tmp_path / "s"))
+    app = create_app(engine, tok, store=store, api_keys=[KEY_A])
+    with ProxyServer(app) as s, httpx.Client(base_url=s.base_url, headers=A, timeout=60) as c:
+        for i, temperature in enumerate((1e-45, 1e-39, 1e-8)):
+            body = {"model": "m", "messages": USER, "temperature": temperature, "logprobs": True, "max_tokens": 4}
+            r = c.post("/chat/completions", json=body, headers={"X-Session-Id": f"t{i}"})
+            assert r.status_code == 200, r.text
+            lps = [t["logprob"] for t in r.json()["choices"][0]["logprobs"]["content"]]
+            assert lps and all(isinstance(v, float) and math.isfinite(v) for v in lps), lps
+            assert c.post(f"/sessions/t{i}/end", json={"reward": 1.0}).status_code == 200
+    rows = [x for rel in store.find("trajectories/graded", ".arrow") for x in read_shard_or_quarantine(store, rel)]
+    assert len(rows) == 3 and all(math.isfinite(v) for r in rows for v in r.behav_logprobs)
+    assert SamplingParams(temperature=1e-45).is_greedy and not SamplingParams(temperature=0.7).is_greedy
+    with pytest.raises(ShardError):  # a NaN log-prob from anywhere cannot be written to a shard
+        encode_shard([replace(rows[0], behav_logprobs=[float("nan")] * len(rows[0].behav_logprobs))])

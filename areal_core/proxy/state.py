@@ -20,7 +20,7 @@ from areal_core.proxy.guard import ApiKeys, ProxyError, ProxyLimits
 from areal_core.proxy.schemas import _SamplingFields
 from areal_core.proxy.sessions import Session, SessionManager, TurnPlan
 from areal_core.proxy.templating import ChatMLTemplate, TemplateError
-from areal_core.rollout.engine import Generation, SamplingParams
+from areal_core.rollout.engine import MIN_TEMPERATURE, Generation, SamplingParams
 
 log = logging.getLogger("areal.proxy")
 
@@ -57,7 +57,7 @@ class ProxyState:
         if not self.force_sampling:
             if req.temperature is not None:
                 p.temperature = req.temperature
-                p.greedy = req.temperature == 0
+                p.greedy = req.temperature < MIN_TEMPERATURE
             if req.top_p is not None:
                 p.top_p = req.top_p
             if req.top_k is not None:

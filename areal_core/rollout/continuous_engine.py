@@ -260,7 +260,7 @@ class ContinuousEngine(LocalEngine):
         if getattr(self, "_rp_key", None) == (id(b), key):
             return self._rp
         ps = [b.params[r] for r in req]
-        greedy = np.array([p.greedy or p.temperature == 0 for p in ps])
+        greedy = np.array([p.is_greedy for p in ps])
         vocab = self.runner.lm_head.shape[0]
         dev = self.device
         rp = RowParams(

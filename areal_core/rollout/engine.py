@@ -17,6 +17,9 @@ if TYPE_CHECKING:
     from areal_core.store import Store
 
 
+MIN_TEMPERATURE = 1e-5  # below it sampling is greedy (as in vLLM)
+
+
 @dataclass
 class SamplingParams:
     max_new_tokens: int = 24
@@ -27,6 +30,12 @@ class SamplingParams:
     greedy: bool = False
     stop: list[str] = field(default_factory=list)  # stop strings (engines given a tokenizer)
     seed: int | None = None  # per-request sampling seed (engines that support it)
+
+    @property
+    def is_greedy(self) -> bool:
+        """Greedy when asked, or when the temperature is below MIN_TEMPERATURE: logits / τ for a
+        τ that float32 cannot hold (1e-45 rounds to 0) would make every log-prob NaN."""
+        return self.greedy or self.temperature < MIN_TEMPERATURE
 
 
 @dataclass

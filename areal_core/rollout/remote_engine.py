@@ -202,7 +202,7 @@ class RemoteEngine:
             "ignore_eos": self.eos_id is None,
             "skip_special_tokens": False,
         }
-        if params.greedy or params.temperature == 0:
+        if params.is_greedy:
             sp["temperature"] = 0.0
         else:
             sp["temperature"] = params.temperature

@@ -20,7 +20,7 @@ from areal_core.rollout.local_engine import LocalEngine
 def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None):
     """(token ids [B], log-probs [B]) from last-position logits [B, V]."""
     logits = logits.float()
-    if params.greedy or params.temperature == 0:
+    if params.is_greedy:
         logp = torch.log_softmax(logits, dim=-1)
         tok = logits.argmax(-1)
         return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
