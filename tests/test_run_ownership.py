@@ -363,3 +363,27 @@ def test_a_run_whose_root_is_wiped_stops_instead_of_reporting_done(tiny_override
     thread.join()
     Store.fence(store.uri, None)
     assert not store.done()
+
+
+def test_a_run_resumed_elsewhere_fences_the_old_run_that_only_looked_stale(owned):
+    """A run whose heartbeat lapsed (a long store outage) but whose roles live on is resumed by
+    another process: the resume keeps the run id, so only the claim token tells them apart. The
+    old roles stop, and cannot mark the resumed run's lease done."""
+    store, run_id = owned
+    holder = Holder(store, run_id, interval_s=0.1, renew=True).start()
+    old_claim = holder.claim
+    holder.stop()  # the old run's heartbeat stalls ...
+    rewrite_lease(store, heartbeat=time.time() - 301)
+    assert claim(store, LeaseConfig(), resume=True) == run_id  # ... and another process resumes it
+    new_claim = read_lease(store)[0].claim
+    assert new_claim and new_claim != old_claim
+    with pytest.raises(RootLost, match="resumed by another process"):
+        holder.check()  # the old run's next check (its thread is back after the outage)
+    with pytest.raises(RootLost):
+        renew(store, run_id, "done", old_claim)
+    lease = read_lease(store)[0]
+    assert lease.state == "running" and lease.claim == new_claim
+    resumed = Holder(store, run_id, interval_s=0.1, renew=True).start()  # the resumed run holds it
+    resumed.stop()
+    renew(store, run_id, "done", resumed.claim)
+    assert read_lease(store)[0].state == "done"

@@ -11,7 +11,9 @@
   (config.yaml; for the trainer, its newest committed checkpoint). The trainer (and the SFT
   step, and the single-machine launcher) also renew the heartbeat. When the check fails, the
   process is fenced out of the root (`Store.fence`): its next store operation raises RootLost
-  with the reason, and the role stops with that error.
+  with the reason, and the role stops with that error. Each claim writes a new claim token, a
+  resume's too: the roles of a run that only looked stale (a long store outage) and is resumed
+  elsewhere see the token change and stop, instead of training on beside the resumed run.
 """
 
 from __future__ import annotations
@@ -47,11 +49,12 @@ class Lease:
     started: float
     heartbeat: float
     state: str = "running"  # running | done
+    claim: str = ""  # new at every claim, a resume's too: the old run's roles, still alive, see it change
 
     @classmethod
-    def new(cls, run_id: str, started: float | None = None) -> Lease:
+    def new(cls, run_id: str, started: float | None = None, claim: str = "") -> Lease:
         now = time.time()
-        return cls(run_id, socket.gethostname(), os.getpid(), started or now, now)
+        return cls(run_id, socket.gethostname(), os.getpid(), started or now, now, claim=claim)
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -95,7 +98,7 @@ def claim(store: Store, lease_cfg: LeaseConfig, resume: bool) -> str:
     RootInUse with a one-line message when the root is someone else's."""
     current = read_lease(store)
     if current is None:
-        lease = Lease.new(uuid.uuid4().hex[:12])
+        lease = Lease.new(uuid.uuid4().hex[:12], claim=uuid.uuid4().hex[:12])
     else:
         old, _ = current
         status = old.status(lease_cfg.timeout_s)
@@ -111,7 +114,8 @@ def claim(store: Store, lease_cfg: LeaseConfig, resume: bool) -> str:
                 f"{store.uri} belongs to {old.describe()}, which stopped without finishing: resume it "
                 "with resume_run, or start a new run there with lease.takeover=true (its state is cleared)"
             )
-        lease = Lease.new(old.run_id, old.started) if resume else Lease.new(uuid.uuid4().hex[:12])
+        run_id, started = (old.run_id, old.started) if resume else (uuid.uuid4().hex[:12], None)
+        lease = Lease.new(run_id, started, claim=uuid.uuid4().hex[:12])
     if not store.write_if(LAYOUT.lease, lease.encode(), current[1] if current else None):
         winner = read_lease(store)
         who = winner[0].describe() if winner else "another run"
@@ -132,13 +136,14 @@ def owner(store: Store) -> str:
     return expected
 
 
-def renew(store: Store, run_id: str, state: str = "running") -> None:
-    """Move the heartbeat of our lease to now (state 'done': the run finished); RootLost if not ours."""
+def renew(store: Store, run_id: str, state: str = "running", claim: str | None = None) -> None:
+    """Move the heartbeat of our lease to now (state 'done': the run finished); RootLost if not
+    ours: another run id, or (given `claim`) the same run resumed by another process since."""
     for _ in range(20):
         current = read_lease(store)
-        if current is None or current[0].run_id != run_id:
+        if current is None or current[0].run_id != run_id or (claim is not None and current[0].claim != claim):
             raise RootLost(lost_reason(store, run_id, current[0] if current else None))
-        lease = Lease.new(run_id, current[0].started)
+        lease = Lease.new(run_id, current[0].started, claim=current[0].claim)
         lease.state = "done" if "done" in (state, current[0].state) else "running"  # only claim reopens a run
         if store.write_if(LAYOUT.lease, lease.encode(), current[1]):
             return
@@ -148,6 +153,8 @@ def renew(store: Store, run_id: str, state: str = "running") -> None:
 def lost_reason(store: Store, run_id: str, lease: Lease | None) -> str:
     if lease is None:
         return f"{store.uri} lost its {LAYOUT.lease} under run {run_id}: the run root was wiped; stopping"
+    if lease.run_id == run_id:
+        return f"{store.uri}: run {run_id} was resumed by another process ({lease.describe()}); this one stops"
     return f"{store.uri} was taken over by {lease.describe()}; run {run_id} stops"
 
 
@@ -159,6 +166,7 @@ class Holder:
         self.store, self.run_id, self.interval_s, self.renew = store, run_id, interval_s, renew
         self.checkpoints = checkpoints
         self.newest_checkpoint = -1
+        self.claim: str | None = None  # the lease's claim when this holder started (see Lease.claim)
         self.lost: str | None = None  # why the root is no longer this run's, once the thread found out
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="lease", daemon=True)
@@ -166,7 +174,9 @@ class Holder:
     def check(self) -> None:
         """RootLost when the lease no longer names this run or the run's history is gone."""
         current = read_lease(self.store)
-        if current is None or current[0].run_id != self.run_id:
+        if current is not None and self.claim is None:
+            self.claim = current[0].claim
+        if current is None or current[0].run_id != self.run_id or current[0].claim != self.claim:
             raise RootLost(lost_reason(self.store, self.run_id, current[0] if current else None))
         if not self.store.exists(LAYOUT.config):
             raise RootLost(f"{self.store.uri} lost its {LAYOUT.config} under run {self.run_id}; stopping")
@@ -181,7 +191,7 @@ class Holder:
                 )
             self.newest_checkpoint = newest
         if self.renew:
-            renew(self.store, self.run_id)
+            renew(self.store, self.run_id, claim=self.claim)
 
     def lost_reason(self) -> str | None:
         """Why the root is no longer this run's (the thread's finding, else a check now); None if it is."""

@@ -80,7 +80,7 @@ def trainer_role(run_uri: str) -> dict:
     with hold(store, cfg.lease, renew=main, checkpoints=main) as lease, machine:
         out = run_trainer(run_uri, cfg, evaluate=evaluate, tracker=tracker if main else None, guard=lease.check)
         if main:
-            renew(store, lease.run_id, "done")
+            renew(store, lease.run_id, "done", lease.claim)
         return out
 
 
