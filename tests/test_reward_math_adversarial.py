@@ -70,6 +70,8 @@ HEDGED = [
     "\\boxed{\\geq 18}",
     "So she has at least 18 eggs.",
     "It is 18 or so.",
+    "She will have about $18 left.",
+    "In total she earns 18+ dollars.",
 ]
 
 MALFORMED = [
@@ -128,6 +130,8 @@ ACCEPTED = [
     ("She has 16 - 3 - 4 = 9 eggs, so she makes 9 * 2 = 18 dollars.\nThe answer is 18.", REF),
     ("16 + 2 = 18 ducks, more than the 15 she had.\n#### 18", REF),  # working may qualify, the answer not
     ("It is 18 apples.", REF),
+    ("She needs at least 3 trips, so 18 minutes.", REF),  # a qualifier far from the last number
+    ("About half of 36 is 18", REF),
 ]
 
 

@@ -18,7 +18,7 @@ disagree (`\\boxed{3} ... \\boxed{5}`, two `####` lines), or, without a marker, 
 that hedges with or/either/maybe/between (`It is 3 or 18.`). One value made a range or an estimate
 hedges too: a deciding span with `or more`, `at least`, `about`, `≈`, `~`, `\\geq`, `18+`, or a
 number word next to `or` (`#### 18 or more`, `\\boxed{\\approx 18}`); a last line without a
-marker only with `approximately`, `roughly`, `at least/most`, `or more/less/so`, `≈`. The same value written twice
+marker only when its last number is so qualified (`at least 18`, `about 18`, `18 or more`). The same value written twice
 (`\\boxed{18} ... \\boxed{18.0}`) is one value.
 
 A number tolerates a sign (`-`, `−`), currency (`$ € £ ¥`, before or after the sign),
@@ -60,7 +60,9 @@ _HEDGE = re.compile(r"\b(?:or|either|maybe|perhaps|possibly|probably|between)\b|
 # math-verify (where `\\geq`, `<`, `+` can be the answer); _QUALIFIER any marked number.
 _ESTIMATE = r"\b(?:approx(?:imately)?|roughly|at[ \t]+(?:least|most)|or[ \t]+(?:more|less|so))\b|≈|\\approx\b"
 _WORDS = r"\b(?:about|around|nearly|almost|maybe|perhaps|possibly|probably|(?:more|less|fewer)[ \t]+than|up[ \t]+to)\b"
-_ESTIMATE_RE = re.compile(_ESTIMATE, re.IGNORECASE)
+# Around the last number of a line without a marker (only there: "at least 3 trips, so 18" is fine).
+_ESTIMATE_BEFORE = re.compile(r"(?:" + _ESTIMATE + r"|\b(?:about|around|nearly|almost)\b|~)[ \t]*$", re.IGNORECASE)
+_ESTIMATE_AFTER = re.compile(r"[ \t]*(?:\+(?![ \t]*[\d.$(])|or[ \t]+(?:more|less|so)\b)", re.IGNORECASE)
 _QUALIFIER_WORDS = re.compile(_ESTIMATE + "|" + _WORDS, re.IGNORECASE)
 _QUALIFIER = re.compile(
     _ESTIMATE + "|" + _WORDS + r"|\b(?:or|either|between)\b|[~≥≤±]|\\(?:pm|lor|vee|geq?|leq?)\b"
@@ -119,6 +121,19 @@ def parse_number(text: str) -> Fraction | None:
 def last_number(text: str) -> Fraction | None:
     last = deque(_NUMBER.finditer(_clean(text)), maxlen=1)
     return _to_fraction(last[0]) if last else None
+
+
+def _estimated_last(text: str) -> bool:
+    """True when the last number of `text` is qualified as an estimate or a bound: "at least 18",
+    "≈ 18", "about $18", "18+", "18 or more" (the qualifier right next to the number)."""
+    clean = _clean(text)
+    last = deque(_NUMBER.finditer(clean), maxlen=1)
+    if not last:
+        return False
+    m = last[0]
+    return bool(_ESTIMATE_BEFORE.search(clean, max(0, m.start() - 40), m.start())) or bool(
+        _ESTIMATE_AFTER.match(clean, m.end())
+    )
 
 
 def boxed_spans(text: str) -> list[tuple[int, int]]:
@@ -216,7 +231,7 @@ def final_answer(completion: str) -> Answer | None:
     for line in reversed(completion.splitlines()):
         value = last_number(line)
         if value is not None:
-            hedged = bool(_HEDGE.search(line)) and len(distinct_values(line)) > 1 or bool(_ESTIMATE_RE.search(line))
+            hedged = bool(_HEDGE.search(line)) and len(distinct_values(line)) > 1 or _estimated_last(line)
             return Answer("last number", [line], [value], hedged)
     return None
 
@@ -279,8 +294,8 @@ def math_reward(completion: str, reference: str) -> float:
     if not candidates or len(candidates) > 4:
         return 0.0
     for text in candidates:
-        qualifier = _ESTIMATE_RE if answer.kind == "last number" else _QUALIFIER_WORDS
-        if qualifier.search(_LATEX_TEXT.sub(r" \1 ", text)):  # "\\approx 18", "18 \\text{ or more}"
+        plain = _LATEX_TEXT.sub(r" \1 ", text)  # "\\approx 18", "18 \\text{ or more}"
+        if _estimated_last(plain) if answer.kind == "last number" else _QUALIFIER_WORDS.search(plain):
             return 0.0
         plain_values = distinct_values(text)
         if len(plain_values) > 1 and (
