@@ -142,7 +142,7 @@ def _refuse_local_workflow() -> None:
     if state is not None and state.mode == ExecutionState.Mode.LOCAL_WORKFLOW_EXECUTION:
         raise RuntimeError(
             "grpo_cluster runs its rollout pool, reward pool and trainer concurrently, which flytekit's local "
-            "executor cannot do (it runs nodes one at a time). Use `pyflyte run --remote workflows/grpo.py "
+            "executor cannot do (it runs nodes one at a time). Use `pyflyte run --remote --copy all workflows/grpo.py "
             "grpo_cluster`, or `workflows/grpo.py grpo` on one machine, or start each role with "
             "`pyflyte run tasks/roles.py <role> --run_uri ...` as separate processes."
         )

@@ -258,3 +258,70 @@ def test_readme_config_table_is_generated_from_the_descriptions():
         [sys.executable, "scripts/config_table.py", "--check"], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_every_task_of_the_cluster_workflows_requests_the_store_and_mlflow_secrets():
+    """On a cluster the S3 and MLflow credentials come only from the secret requests: a task
+    without them (register once had none) fails in its pod, reaching neither the store nor MLflow."""
+    from flytekit.core.python_function_task import PythonFunctionTask
+
+    import tasks.cluster
+    import tasks.online
+    import tasks.pipeline
+    import tasks.register
+
+    found = {}
+    for module in (tasks.cluster, tasks.pipeline, tasks.register, tasks.online):
+        for value in vars(module).values():
+            if isinstance(value, PythonFunctionTask) and value.name.startswith(module.__name__ + "."):
+                secrets = serialize(value).template.security_context.secrets
+                found[value.name] = {(s.group, s.key, s.env_var) for s in secrets}
+    assert "tasks.register.register" in found and len(found) >= 12
+    want = {(s.group, s.key, s.env_var) for s in __import__("tasks.resources").resources.SECRETS}
+    assert {name: got for name, got in found.items() if got != want} == {}
+
+
+# every documented `pyflyte ... run --remote` command line (a line naming a workflow file or continued with `\`)
+_REMOTE_RUN = re.compile(r"run --remote.*(workflows/|\\\\?$)")
+
+
+def test_fast_registration_ships_the_code_and_configs_the_pods_need():
+    """The images hold dependencies, not the code: pods get it by fast registration. pyflyte run
+    --remote's default (`--copy auto`) ships only the modules imported at registration, which
+    leaves out the roles' code and configs/*.yaml; so every documented command says `--copy all`,
+    and `--copy all` ships them."""
+    script = (
+        "import json, workflows.grpo, workflows.online\n"
+        "from flytekit.constants import CopyFileDetection as C\n"
+        "from flytekit.tools.ignore import DockerIgnore, FlyteIgnore, GitIgnore, IgnoreGroup, StandardIgnore\n"
+        "from flytekit.tools.script_mode import ls_files\n"
+        "root = '.'; import os; root = os.getcwd()\n"
+        "ignore = IgnoreGroup(root, [GitIgnore, DockerIgnore, StandardIgnore, FlyteIgnore])\n"
+        "out = {k: [os.path.relpath(f, root) for f in ls_files(root, c, False, ignore)[0]]\n"
+        "       for k, c in (('auto', C.LOADED_MODULES), ('all', C.ALL))}\n"
+        "print('RESULT' + json.dumps(out))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")} | {"PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    shipped = {k: set(v) for k, v in json.loads(proc.stdout.split("RESULT", 1)[1]).items()}
+    needed = {"configs/default.yaml", "configs/cluster.yaml", "areal_core/run/roles.py", "areal_core/train/trainer.py"}
+    assert needed <= shipped["all"]
+    assert not needed <= shipped["auto"]  # why the commands need --copy all
+    assert not any(f.startswith((".venv", "runs/", "mlruns")) for f in shipped["all"])
+    lines = [
+        (p, line)
+        for p in [
+            ROOT / "README.md",
+            ROOT / "flyte.yaml",
+            *(ROOT / "docs").glob("*.md"),
+            *ROOT.glob("[!t]*/*.py"),
+            *ROOT.glob("tasks/*.py"),
+        ]
+        for line in p.read_text().splitlines()
+        if _REMOTE_RUN.search(line.strip().rstrip('"'))
+    ]
+    assert len(lines) >= 5
+    assert [(str(p.relative_to(ROOT)), line) for p, line in lines if "--copy all" not in line] == []
