@@ -75,12 +75,21 @@ def cluster_overrides(
 ) -> list[str]:
     """The user's overrides plus what the cluster fixes: worker counts (admission shares and reward
     shard ownership must match the pods) and the device; `store_suffix` gives each scheduled run
-    its own run root under the configured one."""
+    its own run root under the configured one. The vLLM server's interpreter defaults to the
+    image's own python (the pods run in one image; the local default, the project's .venv-vllm,
+    is in no image); an override or a typed value of `rollout.server.python` wins."""
+    import sys
+
     from areal_core.config import load_config
+    from areal_core.config.run import DEFAULT_VLLM_PYTHON
     from areal_core.run.pipeline import parse_overrides
 
+    user = parse_overrides(overrides)
+    typed_python = typed is not None and typed.rollout.server.python != DEFAULT_VLLM_PYTHON
+    image_python = [] if typed_python else [f"rollout.server.python={sys.executable}"]
     out = [
-        *parse_overrides(overrides),
+        *image_python,
+        *user,
         f"rollout.num_workers={cluster.rollout.replicas}",
         f"reward.num_workers={cluster.reward.replicas}",
         f"device={cluster.device}",

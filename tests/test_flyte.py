@@ -325,3 +325,19 @@ def test_fast_registration_ships_the_code_and_configs_the_pods_need():
     ]
     assert len(lines) >= 5
     assert [(str(p.relative_to(ROOT)), line) for p, line in lines if "--copy all" not in line] == []
+
+
+def test_a_cluster_run_with_vllm_uses_the_images_python_not_the_local_venv():
+    """No image holds the project's .venv-vllm: on the cluster the vLLM server runs on the pod's
+    own python (the image's); the run config's check of the interpreter must not fail there."""
+    from areal_core.config import RunConfig
+    from tasks.cluster import CLUSTER, cluster_config
+
+    cfg, full = cluster_config("configs/default.yaml", "rollout.engine=vllm", CLUSTER)
+    assert cfg.rollout.server.python == sys.executable and full[0] == f"rollout.server.python={sys.executable}"
+    own = "/usr/bin/python3"
+    assert (
+        cluster_config("", f"rollout.engine=vllm rollout.server.python={own}", CLUSTER)[0].rollout.server.python == own
+    )
+    typed = RunConfig.model_validate({"rollout": {"engine": "vllm", "server": {"python": own}}})
+    assert cluster_config("", "", CLUSTER, typed=typed)[0].rollout.server.python == own
