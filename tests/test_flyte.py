@@ -341,3 +341,27 @@ def test_a_cluster_run_with_vllm_uses_the_images_python_not_the_local_venv():
     )
     typed = RunConfig.model_validate({"rollout": {"engine": "vllm", "server": {"python": own}}})
     assert cluster_config("", "", CLUSTER, typed=typed)[0].rollout.server.python == own
+
+
+def test_a_role_that_fails_locally_marks_the_mlflow_run_failed(tmp_path, mlflow_server, monkeypatch):
+    """`grpo` on one machine: when a role dies (here the trainer), run_async_rl raises and the
+    run's MLflow run is FAILED, not left RUNNING."""
+    import mlflow
+
+    from areal_core.run import launcher, pipeline
+    from areal_core.run.tracking import Tracker
+    from areal_core.store import Store
+
+    overrides = [o for o in TINY if not o.startswith("tracking.")]
+    overrides += [f"store={tmp_path / 'run'}", "tracking.enabled=true", f"tracking.uri={mlflow_server}"]
+    run_uri, _ = pipeline.prepare("", overrides)
+    checkpoint = pipeline.sft(run_uri)
+
+    def trainer_dies(*args, **kwargs):
+        raise launcher.RoleFailed("role trainer-0 exited with code 1; stopping the run")
+
+    monkeypatch.setattr(launcher, "launch", trainer_dies)
+    with pytest.raises(launcher.RoleFailed, match="trainer-0"):
+        pipeline.run_async_rl(run_uri, checkpoint)
+    run_id = Tracker.attach(Store(run_uri)).run_id
+    assert run_id and mlflow.MlflowClient(mlflow_server).get_run(run_id).info.status == "FAILED"
