@@ -75,12 +75,21 @@ def cluster_overrides(
 ) -> list[str]:
     """The user's overrides plus what the cluster fixes: worker counts (admission shares and reward
     shard ownership must match the pods) and the device; `store_suffix` gives each scheduled run
-    its own run root under the configured one."""
+    its own run root under the configured one. The vLLM server's interpreter defaults to the
+    image's own python (the pods run in one image; the local default, the project's .venv-vllm,
+    is in no image); an override or a typed value of `rollout.server.python` wins."""
+    import sys
+
     from areal_core.config import load_config
+    from areal_core.config.run import DEFAULT_VLLM_PYTHON
     from areal_core.run.pipeline import parse_overrides
 
+    user = parse_overrides(overrides)
+    typed_python = typed is not None and typed.rollout.server.python != DEFAULT_VLLM_PYTHON
+    image_python = [] if typed_python else [f"rollout.server.python={sys.executable}"]
     out = [
-        *parse_overrides(overrides),
+        *image_python,
+        *user,
         f"rollout.num_workers={cluster.rollout.replicas}",
         f"reward.num_workers={cluster.reward.replicas}",
         f"device={cluster.device}",
@@ -142,7 +151,7 @@ def _refuse_local_workflow() -> None:
     if state is not None and state.mode == ExecutionState.Mode.LOCAL_WORKFLOW_EXECUTION:
         raise RuntimeError(
             "grpo_cluster runs its rollout pool, reward pool and trainer concurrently, which flytekit's local "
-            "executor cannot do (it runs nodes one at a time). Use `pyflyte run --remote workflows/grpo.py "
+            "executor cannot do (it runs nodes one at a time). Use `pyflyte run --remote --copy all workflows/grpo.py "
             "grpo_cluster`, or `workflows/grpo.py grpo` on one machine, or start each role with "
             "`pyflyte run tasks/roles.py <role> --run_uri ...` as separate processes."
         )

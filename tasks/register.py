@@ -7,10 +7,10 @@ from flytekit import task
 
 from areal_core.online.registry import register_final_model
 from tasks.cluster import CLUSTER, DEVICE, ENV, IMAGE, IMAGE_NAME
-from tasks.resources import task_kwargs
+from tasks.resources import SECRETS, task_kwargs
 
 
-@task(container_image=IMAGE, environment=ENV, **task_kwargs(CLUSTER.small, DEVICE))
+@task(container_image=IMAGE, environment=ENV, secret_requests=SECRETS, **task_kwargs(CLUSTER.small, DEVICE))
 def register(run_uri: str, model_name: str, before: float, after: float) -> str:
     """Register the final model and the newest checkpoint; returns the final model's models:/ URI
     ('' when the run has tracking disabled)."""

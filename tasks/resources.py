@@ -5,7 +5,7 @@ workflow (tasks/cluster.py, workflows/grpo.py: grpo_cluster) reads its topology 
 `areal_core.config.cluster.load_cluster_config`, because Flyte fixes resources, images and
 replica counts when a workflow is registered:
 
-    AREAL_CLUSTER_CONFIG=configs/my-cluster.yaml pyflyte run --remote workflows/grpo.py grpo_cluster
+    AREAL_CLUSTER_CONFIG=configs/my-cluster.yaml pyflyte run --remote --copy all workflows/grpo.py grpo_cluster
 
 `task_kwargs` maps one validated PodSpec to `@task(...)` arguments. SECRETS are the
 credentials every task that touches the store or MLflow asks Flyte to inject (Kubernetes secrets

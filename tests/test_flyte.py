@@ -258,3 +258,110 @@ def test_readme_config_table_is_generated_from_the_descriptions():
         [sys.executable, "scripts/config_table.py", "--check"], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_every_task_of_the_cluster_workflows_requests_the_store_and_mlflow_secrets():
+    """On a cluster the S3 and MLflow credentials come only from the secret requests: a task
+    without them (register once had none) fails in its pod, reaching neither the store nor MLflow."""
+    from flytekit.core.python_function_task import PythonFunctionTask
+
+    import tasks.cluster
+    import tasks.online
+    import tasks.pipeline
+    import tasks.register
+
+    found = {}
+    for module in (tasks.cluster, tasks.pipeline, tasks.register, tasks.online):
+        for value in vars(module).values():
+            if isinstance(value, PythonFunctionTask) and value.name.startswith(module.__name__ + "."):
+                secrets = serialize(value).template.security_context.secrets
+                found[value.name] = {(s.group, s.key, s.env_var) for s in secrets}
+    assert "tasks.register.register" in found and len(found) >= 12
+    want = {(s.group, s.key, s.env_var) for s in __import__("tasks.resources").resources.SECRETS}
+    assert {name: got for name, got in found.items() if got != want} == {}
+
+
+# every documented `pyflyte ... run --remote` command line (a line naming a workflow file or continued with `\`)
+_REMOTE_RUN = re.compile(r"run --remote.*(workflows/|\\\\?$)")
+
+
+def test_fast_registration_ships_the_code_and_configs_the_pods_need():
+    """The images hold dependencies, not the code: pods get it by fast registration. pyflyte run
+    --remote's default (`--copy auto`) ships only the modules imported at registration, which
+    leaves out the roles' code and configs/*.yaml; so every documented command says `--copy all`,
+    and `--copy all` ships them."""
+    script = (
+        "import json, workflows.grpo, workflows.online\n"
+        "from flytekit.constants import CopyFileDetection as C\n"
+        "from flytekit.tools.ignore import DockerIgnore, FlyteIgnore, GitIgnore, IgnoreGroup, StandardIgnore\n"
+        "from flytekit.tools.script_mode import ls_files\n"
+        "root = '.'; import os; root = os.getcwd()\n"
+        "ignore = IgnoreGroup(root, [GitIgnore, DockerIgnore, StandardIgnore, FlyteIgnore])\n"
+        "out = {k: [os.path.relpath(f, root) for f in ls_files(root, c, False, ignore)[0]]\n"
+        "       for k, c in (('auto', C.LOADED_MODULES), ('all', C.ALL))}\n"
+        "print('RESULT' + json.dumps(out))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")} | {"PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    shipped = {k: set(v) for k, v in json.loads(proc.stdout.split("RESULT", 1)[1]).items()}
+    needed = {"configs/default.yaml", "configs/cluster.yaml", "areal_core/run/roles.py", "areal_core/train/trainer.py"}
+    assert needed <= shipped["all"]
+    assert not needed <= shipped["auto"]  # why the commands need --copy all
+    assert not any(f.startswith((".venv", "runs/", "mlruns")) for f in shipped["all"])
+    lines = [
+        (p, line)
+        for p in [
+            ROOT / "README.md",
+            ROOT / "flyte.yaml",
+            *(ROOT / "docs").glob("*.md"),
+            *ROOT.glob("[!t]*/*.py"),
+            *ROOT.glob("tasks/*.py"),
+        ]
+        for line in p.read_text().splitlines()
+        if _REMOTE_RUN.search(line.strip().rstrip('"'))
+    ]
+    assert len(lines) >= 5
+    assert [(str(p.relative_to(ROOT)), line) for p, line in lines if "--copy all" not in line] == []
+
+
+def test_a_cluster_run_with_vllm_uses_the_images_python_not_the_local_venv():
+    """No image holds the project's .venv-vllm: on the cluster the vLLM server runs on the pod's
+    own python (the image's); the run config's check of the interpreter must not fail there."""
+    from areal_core.config import RunConfig
+    from tasks.cluster import CLUSTER, cluster_config
+
+    cfg, full = cluster_config("configs/default.yaml", "rollout.engine=vllm", CLUSTER)
+    assert cfg.rollout.server.python == sys.executable and full[0] == f"rollout.server.python={sys.executable}"
+    own = "/usr/bin/python3"
+    assert (
+        cluster_config("", f"rollout.engine=vllm rollout.server.python={own}", CLUSTER)[0].rollout.server.python == own
+    )
+    typed = RunConfig.model_validate({"rollout": {"engine": "vllm", "server": {"python": own}}})
+    assert cluster_config("", "", CLUSTER, typed=typed)[0].rollout.server.python == own
+
+
+def test_a_role_that_fails_locally_marks_the_mlflow_run_failed(tmp_path, mlflow_server, monkeypatch):
+    """`grpo` on one machine: when a role dies (here the trainer), run_async_rl raises and the
+    run's MLflow run is FAILED, not left RUNNING."""
+    import mlflow
+
+    from areal_core.run import launcher, pipeline
+    from areal_core.run.tracking import Tracker
+    from areal_core.store import Store
+
+    overrides = [o for o in TINY if not o.startswith("tracking.")]
+    overrides += [f"store={tmp_path / 'run'}", "tracking.enabled=true", f"tracking.uri={mlflow_server}"]
+    run_uri, _ = pipeline.prepare("", overrides)
+    checkpoint = pipeline.sft(run_uri)
+
+    def trainer_dies(*args, **kwargs):
+        raise launcher.RoleFailed("role trainer-0 exited with code 1; stopping the run")
+
+    monkeypatch.setattr(launcher, "launch", trainer_dies)
+    with pytest.raises(launcher.RoleFailed, match="trainer-0"):
+        pipeline.run_async_rl(run_uri, checkpoint)
+    run_id = Tracker.attach(Store(run_uri)).run_id
+    assert run_id and mlflow.MlflowClient(mlflow_server).get_run(run_id).info.status == "FAILED"

@@ -2,7 +2,6 @@
 schedules checked with FlyteAdmin's launch-plan validation rules."""
 
 import math
-import re
 
 import pytest
 
@@ -37,36 +36,14 @@ def test_bad_schedule_is_a_config_error():
 # -- launch plans: FlyteAdmin's rules ---------------------------------------------------------
 # flyteadmin pkg/manager/impl/validation/launch_plan_validator.go (ValidateLaunchPlan,
 # checkAndFetchExpectedInputForLaunchPlan, validateSchedule), the identifier checks, the native
-# scheduler's cron parser (5 fields or a descriptor) and the notification message's own checks.
-_DESCRIPTORS = {"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly"}
-_FIELD_RANGES = [(0, 59), (0, 23), (1, 31), (1, 12), (0, 7)]
-_NAMES = {3: "JAN|FEB|MAR|APR|MAY|JUN|JUL|AUG|SEP|OCT|NOV|DEC", 4: "SUN|MON|TUE|WED|THU|FRI|SAT"}
-
-
-def _cron_field_ok(text: str, index: int) -> bool:
-    lo, hi = _FIELD_RANGES[index]
-    for part in text.split(","):
-        m = re.fullmatch(r"(\*|\?|(\w+)(?:-(\w+))?)(?:/(\d+))?", part.upper())
-        if not m or (m.group(4) is not None and int(m.group(4)) == 0):
-            return False
-        for value in (m.group(2), m.group(3)):
-            if value is None:
-                continue
-            if value.isdigit():
-                if not lo <= int(value) <= hi:
-                    return False
-            elif value not in _NAMES.get(index, "").split("|"):
-                return False
-    return True
+# cron parser (robfig/cron v3 ParseStandard: 5 fields or a descriptor) and the notification message's own checks.
 
 
 def cron_ok(expr: str) -> bool:
-    """A cron expression FlyteAdmin's scheduler accepts: a descriptor or 5 valid fields."""
-    expr = expr.strip()
-    if expr in _DESCRIPTORS or re.fullmatch(r"@every \d+[smh]", expr):
-        return True
-    fields = expr.split()
-    return len(fields) == 5 and all(_cron_field_ok(f, i) for i, f in enumerate(fields))
+    """A cron expression FlyteAdmin accepts (robfig/cron v3 ParseStandard; areal_core/config/cron.py)."""
+    from areal_core.config.cron import cron_error
+
+    return cron_error(expr) == ""
 
 
 def admin_errors(lp_idl, wf_interface_idl) -> list[str]:
@@ -86,6 +63,8 @@ def admin_errors(lp_idl, wf_interface_idl) -> list[str]:
     if not wf_inputs and (defaults or fixed):
         errors.append("launch plan inputs for a workflow without inputs")
     for name in defaults:
+        if not defaults[name].HasField("default") and not defaults[name].required:
+            errors.append(f"default_input {name} has neither default, nor is required")
         if name not in wf_inputs:
             errors.append(f"unexpected default_input {name}")
         elif defaults[name].var.type != wf_inputs[name].type:
@@ -115,9 +94,14 @@ def admin_errors(lp_idl, wf_interface_idl) -> list[str]:
             errors.append(f"invalid cron expression {cron!r}")
         if sched.HasField("rate") and sched.rate.value <= 0:
             errors.append("a fixed rate must be positive")
+    from flyteidl.core import execution_pb2
+
+    terminal = {getattr(execution_pb2.WorkflowExecution, p) for p in ("SUCCEEDED", "FAILED", "ABORTED", "TIMED_OUT")}
     for note in spec.entity_metadata.notifications:
         if not note.phases:
             errors.append("a notification without phases")
+        if set(note.phases) - terminal:
+            errors.append("a notification on a phase that is not terminal")
         kind = note.WhichOneof("type")
         if kind == "email" and not all("@" in r for r in note.email.recipients_email or [""]):
             errors.append("an e-mail notification needs recipients")
@@ -144,6 +128,12 @@ def _launch_plans():
 def test_rule_checker_catches_what_flyteadmin_rejects():
     assert cron_ok("0 3 * * 1") and cron_ok("*/15 0-6 1,15 JAN-JUN MON") and cron_ok("@weekly")
     assert not cron_ok("0 3 * *") and not cron_ok("61 * * * *") and not cron_ok("0 3 * * 1 2026")
+    # robfig/cron v3's own cases: names in any case, "?", N/step, time zones, @every durations
+    assert cron_ok("5/15 * ? * sun-Sat") and cron_ok("CRON_TZ=Europe/Paris 0 3 * * 1") and cron_ok("@every 1h30m")
+    # accepted by croniter (flytekit's check) but not by FlyteAdmin: Sunday as 7, backwards
+    # ranges, a zero step, seconds, unknown zones and descriptors
+    for bad in ("0 3 * * 7", "0 5-1 * * *", "*/0 * * * *", "0 0 3 * * 1", "TZ=Nowhere/X 0 3 * * *", "@reboot"):
+        assert not cron_ok(bad), bad
     import datetime
 
     from flytekit import CronSchedule, LaunchPlan, workflow
@@ -176,3 +166,12 @@ def test_every_launch_plan_passes_flyteadmin_validation():
             notes = lp_idl.spec.entity_metadata.notifications
             assert notes and notes[0].email.recipients_email, f"{name}: no failure notification"
     assert scheduled == 2
+
+
+def test_a_schedule_flyteadmin_would_reject_is_a_cluster_config_error():
+    """flytekit's CronSchedule accepts "0 3 * * 7" (croniter); FlyteAdmin rejects it at registration."""
+    from areal_core.config.cluster import cluster_config_from_dict
+
+    assert cluster_config_from_dict({"schedule": {"cron": "@weekly"}}).schedule.cron == "@weekly"
+    with pytest.raises(ConfigError, match=r"'schedule.cron' is not a cron expression FlyteAdmin accepts .*above max"):
+        cluster_config_from_dict({"schedule": {"cron": "0 3 * * 7"}})

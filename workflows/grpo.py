@@ -21,7 +21,7 @@ replica counts come from the cluster config read at import ($AREAL_CLUSTER_CONFI
 configs/cluster.yaml; see areal_core/config/cluster.py and docs/cluster.md). A failed run's
 MLflow run is marked FAILED by the failure node (tasks/cluster.py: mark_failed).
 
-    AREAL_CLUSTER_CONFIG=configs/cluster.yaml pyflyte --config flyte.yaml run --remote \\
+    AREAL_CLUSTER_CONFIG=configs/cluster.yaml pyflyte --config flyte.yaml run --remote --copy all \\
         workflows/grpo.py grpo_cluster --overrides "store=s3://my-bucket/runs/exp1"
 
 SFT is optional through the config: with `sft.enabled=false` the SFT task only materialises

@@ -20,6 +20,7 @@ from typing import Annotated, Any, ClassVar, Literal, Self
 from pydantic import BeforeValidator, Field, model_validator
 
 from areal_core.config.base import PROJECT_ROOT, ConfigModel, Int, Invalid, Str, read_yaml_file
+from areal_core.config.cron import cron_error
 from areal_core.config.device import Device
 
 CLUSTER_CONFIG_ENV = "AREAL_CLUSTER_CONFIG"
@@ -86,6 +87,12 @@ class ScheduleSpec(ConfigModel):
     model_name: Str = "areal-flyte-policy"
     # e-mailed when a scheduled run fails, times out or is aborted (a launch-plan notification)
     notify: list[Str] = Field(default_factory=lambda: ["areal-oncall@example.com"], min_length=1)
+
+    @model_validator(mode="after")
+    def _admin_accepts_cron(self) -> Self:
+        if err := cron_error(self.cron):  # flytekit accepts more (croniter) than FlyteAdmin does
+            raise Invalid("cron", f"is not a cron expression FlyteAdmin accepts ({err})")
+        return self
 
 
 class ClusterConfig(ConfigModel):
