@@ -360,5 +360,7 @@ def test_a_tiny_temperature_never_yields_a_nan_logprob(tok, tmp_path, engine_cls
     rows = [x for rel in store.find("trajectories/graded", ".arrow") for x in read_shard_or_quarantine(store, rel)]
     assert len(rows) == 3 and all(math.isfinite(v) for r in rows for v in r.behav_logprobs)
     assert SamplingParams(temperature=1e-45).is_greedy and not SamplingParams(temperature=0.7).is_greedy
+    nan_row = replace(rows[0], behav_logprobs=[float("nan")] * len(rows[0].behav_logprobs))
     with pytest.raises(ShardError):  # a NaN log-prob from anywhere cannot be written to a shard
-        encode_shard([replace(rows[0], behav_logprobs=[float("nan")] * len(rows[0].behav_logprobs))])
+        encode_shard([nan_row])
+    assert admissible(rows[0], -10, 10) and not admissible(nan_row, -10, 10)  # nor retrained on in memory

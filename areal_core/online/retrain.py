@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
+import math
 import tempfile
 from typing import Any
 
@@ -116,9 +117,12 @@ def regroup(samples: list[Sample], pool_id: str) -> list[Sample]:
 def admissible(sample: Sample, low: float, high: float) -> bool:
     """Whether a session row may be trained on: its reward and every token reward finite in
     float32, and within the range its turns can reach, |G| <= (num_turns + 1) * max(|low|, |high|)
-    (a return sums at most one reward per turn plus the final one, each in [low, high], γ <= 1)."""
+    (a return sums at most one reward per turn plus the final one, each in [low, high], γ <= 1);
+    and every behaviour log-prob finite."""
     bound = (max(sample.num_turns, 1) + 1) * max(abs(low), abs(high))
     values = [sample.reward] + list(sample.token_rewards or [])
+    if not all(map(math.isfinite, sample.behav_logprobs)):  # a NaN log-prob NaNs the update
+        return False
     return sample.reward is not None and all(finite_reward(v) and abs(v) <= bound for v in values)
 
 
