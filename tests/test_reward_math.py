@@ -61,8 +61,10 @@ def test_commas_that_are_not_thousands_groups_split_numbers():
 
 
 def test_precedence_hash_over_boxed_over_phrase_over_last_number():
-    assert extract_answer("The answer is 1. \\boxed{2}\n#### 3\nthen 4") == 3
-    assert extract_answer("The answer is 1. \\boxed{2}\nthen 4") == 2
+    # markers of different kinds that name different values are a hedge (issue 12)
+    assert extract_answer("The answer is 1. \\boxed{2}\n#### 3\nthen 4") is None
+    assert extract_answer("The answer is 3. \\boxed{3}\n#### 3\nthen 4") == 3
+    assert extract_answer("The answer is 2. \\boxed{2}\nthen 4") == 2
     assert extract_answer("The answer is 1.\nthen 4 and 5") == 1
     assert extract_answer("1 then 4 and 5") == 5
     # a '####' without a number falls through to the next rule

@@ -17,6 +17,9 @@ from areal_core.reward.math import extract_answer, final_answer, gsm8k_reward, m
 REF = "Janet has 3 ducks ... 6 * 3 = <<6*3=18>>18\n#### 18"
 
 HEDGED = [
+    "#### 18\nActually the answer is 19.",  # markers of different kinds that disagree
+    "\\boxed{18}\nThe answer is 19.",
+    "The answer is 1. \\boxed{2}\n#### 18\nthen 4",
     "#### 18, 3",
     "The answer is either 18 or 3.",
     "#### 18 or 19",
@@ -124,7 +127,7 @@ ACCEPTED = [
     ("18 apples", REF),
     ("we get 12 then 18", REF),
     ("... which gives 18 in total", REF),
-    ("The answer is 1. \\boxed{2}\n#### 18\nthen 4", REF),  # #### decides, on its own line
+    ("The answer is 18. \\boxed{18}\n#### 18\nthen 4", REF),  # markers agree; junk after is ignored
     ("\\boxed{18}\n####", REF),  # a #### without a number falls through
     ("The answer is 18 = 18.", REF),  # the same value twice is one value
     ("She has 16 - 3 - 4 = 9 eggs, so she makes 9 * 2 = 18 dollars.\nThe answer is 18.", REF),

@@ -13,8 +13,8 @@ of precedence (the first kind the completion contains, with a value, decides):
 
 The answer is *hedged*, and scores 0, when the deciding text names more than one distinct value:
 two numbers in one span (`#### 18, 3`, `The answer is either 18 or 3.`, `#### 18 or 19`,
-`\\boxed{18} or 3`, `answer is 7 apples and 3 pears`), occurrences of the same marker that
-disagree (`\\boxed{3} ... \\boxed{5}`, two `####` lines), or, without a marker, a last line
+`\\boxed{18} or 3`, `answer is 7 apples and 3 pears`), occurrences of markers that
+disagree (`\\boxed{3} ... \\boxed{5}`, two `####` lines, `#### 18` then `the answer is 19`), or, without a marker, a last line
 that hedges with or/either/maybe/between (`It is 3 or 18.`). One value made a range or an estimate
 hedges too: a deciding span with `or more`, `at least`, `about`, `≈`, `~`, `\\geq`, `18+`, or a
 number word next to `or` (`#### 18 or more`, `\\boxed{\\approx 18}`); a last line without a
@@ -215,6 +215,7 @@ def _decide(kind: str, spans: list[str], tail: str = "") -> Answer | None:
 
 def final_answer(completion: str) -> Answer | None:
     """The completion's deciding span and values (see the module docstring); None without a number."""
+    answers: list[Answer] = []
     for kind in ("####", "boxed", "phrase"):
         if kind == "####":
             spans = _marker_spans(completion, _HASH)
@@ -227,7 +228,12 @@ def final_answer(completion: str) -> Answer | None:
             spans = _marker_spans(completion, _ANSWER_PHRASE)
         answer = _decide(kind, spans, spans[-1] if kind == "boxed" and spans else "")
         if answer is not None:
-            return answer
+            answers.append(answer)
+    if answers:  # the first kind decides; another kind naming another value makes it a hedge
+        first = answers[0]
+        values = list(first.values)
+        values += [v for a in answers[1:] for v in a.values if v not in values]
+        return Answer(first.kind, first.spans, values[:2], first.hedged or len(values) > 1)
     for line in reversed(completion.splitlines()):
         value = last_number(line)
         if value is not None:
