@@ -8,8 +8,9 @@ import time
 import torch
 
 from areal_core.config import RunConfig, from_yaml_text
+from areal_core.layout import LAYOUT
 from areal_core.retry import configure
-from areal_core.store import LAYOUT, Store
+from areal_core.store import Store
 
 
 def load_run_config(store: Store) -> RunConfig:

@@ -9,7 +9,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from areal_core.store import LAYOUT, Store
+from areal_core.layout import LAYOUT
+from areal_core.store import Store
 
 ROWS_PER_PART = 50_000
 

@@ -16,7 +16,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from areal_core.store import LAYOUT, Store
+from areal_core.layout import LAYOUT
+from areal_core.store import Store
 
 SCHEMA_VERSION = "1"
 

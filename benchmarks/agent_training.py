@@ -46,11 +46,12 @@ def main() -> None:
     torch.set_num_threads(1)
     from areal_core.context import load_run_config
     from areal_core.evaluate import heldout_score
+    from areal_core.layout import LAYOUT
     from areal_core.logs import setup_logging
     from areal_core.models import load_pretrained
     from areal_core.prompts import load_prompts
     from areal_core.run import pipeline
-    from areal_core.store import LAYOUT, Store
+    from areal_core.store import Store
 
     setup_logging()
     t0 = time.time()

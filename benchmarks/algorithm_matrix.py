@@ -34,12 +34,13 @@ import torch
 
 from areal_core.context import load_run_config
 from areal_core.evaluate import greedy_accuracy
+from areal_core.layout import LAYOUT
 from areal_core.logs import setup_logging
 from areal_core.models import load_pretrained
 from areal_core.prompts import load_prompts
 from areal_core.run import pipeline
 from areal_core.run.launcher import launch
-from areal_core.store import LAYOUT, Store
+from areal_core.store import Store
 
 ALGOS = ["grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "naive_ppo"]
 EXTRA = ["gspo", "ppo_critic"]

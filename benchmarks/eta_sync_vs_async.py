@@ -13,10 +13,11 @@ import json
 import platform
 import time
 
+from areal_core.layout import LAYOUT
 from areal_core.logs import setup_logging
 from areal_core.run import pipeline
 from areal_core.run.launcher import launch
-from areal_core.store import LAYOUT, Store
+from areal_core.store import Store
 
 
 def main() -> None:

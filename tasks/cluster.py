@@ -31,7 +31,7 @@ from flytekitplugins.kfpytorch import Elastic
 
 from areal_core.config import RunConfig
 from areal_core.config.cluster import CLUSTER_SPEC_ENV, ClusterConfig, cluster_spec, load_cluster_config
-from areal_core.store import LAYOUT
+from areal_core.layout import LAYOUT
 from images.specs import image_for
 from tasks.execution import bind_execution, console_env
 from tasks.pipeline import Prepared, model_dir

@@ -17,8 +17,9 @@ from flytekit import Cache, Deck, task
 from flytekit.types.directory import FlyteDirectory
 
 from areal_core.config import RunConfig
+from areal_core.layout import LAYOUT
 from areal_core.run import pipeline
-from areal_core.store import LAYOUT, Store
+from areal_core.store import Store
 from tasks.execution import bind_execution
 from tasks.resources import IMAGE, ROLE, SECRETS, SMALL
 

@@ -20,6 +20,7 @@ PACKAGE = ROOT / "areal_core"
 LAYERS: dict[str, int] = {
     "areal_core.config": 0,
     "areal_core.store": 1,
+    "areal_core.layout": 1,
     "areal_core.logs": 1,
     "areal_core.retry": 1,
     "areal_core.procs": 1,

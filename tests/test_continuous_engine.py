@@ -251,11 +251,12 @@ def test_config_selects_the_engine():
 
 @pytest.mark.slow
 def test_rollout_worker_engine_crash_is_named_and_a_restart_resumes_from_the_store(tiny_overrides, monkeypatch):
+    from areal_core.layout import LAYOUT
     from areal_core.models import load_pretrained
     from areal_core.protocol import decode_shard
     from areal_core.rollout import worker
     from areal_core.run import pipeline
-    from areal_core.store import LAYOUT, Store
+    from areal_core.store import Store
     from areal_core.weights.publisher import publish, state_dict_bytes
 
     run_uri, _ = pipeline.prepare("", [*tiny_overrides, "rollout.engine=continuous"])

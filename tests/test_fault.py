@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 
 from areal_core.context import load_run_config
+from areal_core.layout import LAYOUT
 from areal_core.protocol import decode_shard
 from areal_core.run import pipeline
 from areal_core.run.launcher import start_role
-from areal_core.store import LAYOUT, Store
+from areal_core.store import Store
 from areal_core.train import checkpoint
 
 KILLS = {"trainer-0": 3, "rollout-0": 2, "reward-0": 2}

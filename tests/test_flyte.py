@@ -140,8 +140,9 @@ def test_sft_cache_hit_is_shared_across_run_roots_and_recomputed_when_gone(tmp_p
     """The sft task (flytekit's local cache) keyed on sft_key alone: a second run root hits it
     and gets a copy; after the cached folder is deleted (`make clean`), the next run trains SFT
     again instead of failing on the missing folder."""
+    from areal_core.layout import LAYOUT
     from areal_core.run import pipeline
-    from areal_core.store import LAYOUT, Store
+    from areal_core.store import Store
     from tasks.pipeline import sft
 
     key = f"test-{uuid.uuid4().hex}"  # a fresh cache entry

@@ -19,11 +19,12 @@ import torch
 from safetensors.torch import load_file
 
 from areal_core.context import load_run_config
+from areal_core.layout import LAYOUT
 from areal_core.protocol import decode_shard
 from areal_core.run import pipeline
 from areal_core.run.launcher import start_role
 from areal_core.run.roles import run_role
-from areal_core.store import LAYOUT, Store
+from areal_core.store import Store
 from areal_core.train import checkpoint
 from tests.conftest import BIN, ROOT, TINY
 
@@ -101,8 +102,8 @@ def read(store: Store, rel: str) -> list:
 
 def publish_initial_weights(store: Store) -> None:
     """weights/v0 as the trainer publishes it at start, so rollout can generate before it runs."""
+    from areal_core.layout import LAYOUT
     from areal_core.models import load_pretrained
-    from areal_core.store import LAYOUT
     from areal_core.weights.publisher import hf_side_files, publish, state_dict_bytes
 
     model, tok = load_pretrained(store.url(LAYOUT.init_model), "cpu")

@@ -6,6 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from areal_core.layout import LAYOUT
 from areal_core.protocol import Sample, decode_shard, encode_shard, write_shard
 from areal_core.reward.labels import (
     Labels,
@@ -16,7 +17,7 @@ from areal_core.reward.labels import (
     preference_pairs,
     write_labels,
 )
-from areal_core.store import LAYOUT, Store
+from areal_core.store import Store
 
 
 def sample(sid: str, prompt: str, reward: float | None, resp: list[int] | None = None, token_rewards=False) -> Sample:

@@ -12,9 +12,10 @@ import random
 import pytest
 
 from areal_core.context import load_run_config
+from areal_core.layout import LAYOUT
 from areal_core.protocol import Sample, encode_shard
 from areal_core.run import pipeline
-from areal_core.store import LAYOUT, Store
+from areal_core.store import Store
 from areal_core.train import checkpoint
 from areal_core.train.lineage import Resume, holds_version_in, newest_published, resume_version
 from tests.conftest import TINY

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from areal_core.config import load_config
+from areal_core.layout import LAYOUT
 from areal_core.models import build_tiny_model, build_tokenizer, load_pretrained, save_pretrained
 from areal_core.online import registry, retrain
 from areal_core.proxy.app import create_app
@@ -19,7 +20,7 @@ from areal_core.proxy.runner import ProxyServer
 from areal_core.proxy.sessions import session_id_for_key
 from areal_core.rollout.engine import SamplingParams
 from areal_core.rollout.torch_engine import TorchEngine
-from areal_core.store import LAYOUT, Store
+from areal_core.store import Store
 from datasets.arithmetic import generate
 from tests.test_flyte import serialize
 

@@ -15,6 +15,7 @@ import openai
 import pytest
 import torch
 
+from areal_core.layout import LAYOUT
 from areal_core.models import build_tokenizer
 from areal_core.protocol import Sample, decode_shard
 from areal_core.proxy.agent_workflow import AgentWorkflow, evaluate_agent
@@ -32,7 +33,7 @@ from areal_core.reward.worker import grade_shard
 from areal_core.rollout.admission import Admission, recover_progress
 from areal_core.rollout.async_engine import AsyncEngine
 from areal_core.rollout.worker import RolloutLoop
-from areal_core.store import LAYOUT, Store
+from areal_core.store import Store
 from datasets.arithmetic import generate
 
 

@@ -8,9 +8,10 @@ import time
 import pytest
 
 from areal_core.config import ConfigError, load_config
+from areal_core.layout import LAYOUT
 from areal_core.rollout.vllm_engine import VLLMEngineError, expand_spans
 from areal_core.rollout.vllm_server import VLLMServerSpec, server_command, server_env
-from areal_core.store import LAYOUT, Store
+from areal_core.store import Store
 from areal_core.weights import WEIGHTS_FILE, WeightsError
 from areal_core.weights.publisher import publish
 from areal_core.weights.reader import prune_staged, stage_verified

@@ -13,12 +13,13 @@ import pytest
 
 from areal_core.config import ConfigError, LeaseConfig, load_config
 from areal_core.context import load_run_config
+from areal_core.layout import LAYOUT
 from areal_core.online import retrain
 from areal_core.protocol import Sample, encode_identities, write_shard
 from areal_core.reward.labels import read_graded
 from areal_core.run import pipeline
 from areal_core.run.ownership import Holder, Lease, RootInUse, claim, read_lease, renew
-from areal_core.store import LAYOUT, RootLost, Store
+from areal_core.store import RootLost, Store
 from tests.conftest import TINY
 
 

@@ -13,10 +13,11 @@ import time
 import pytest
 
 from areal_core.context import load_run_config
+from areal_core.layout import LAYOUT
 from areal_core.procs import descendants
 from areal_core.run import pipeline
 from areal_core.run.launcher import launch
-from areal_core.store import LAYOUT, Store
+from areal_core.store import Store
 from tests.conftest import TINY
 from tests.test_fault import assert_every_sample_accounted, samples_in
 from tests.test_store_retry import alive

@@ -1,3 +1,4 @@
+from areal_core.layout import LAYOUT
 from areal_core.protocol import Sample, write_shard
 from areal_core.rollout.admission import (
     Admission,
@@ -14,7 +15,7 @@ from areal_core.staleness import (
     staleness_histogram,
     worker_share,
 )
-from areal_core.store import LAYOUT, Store
+from areal_core.store import Store
 
 
 def test_admission_capacity_is_v_plus_eta_plus_one_batches():

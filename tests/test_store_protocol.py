@@ -1,6 +1,7 @@
 import pyarrow as pa
 import pytest
 
+from areal_core.layout import LAYOUT
 from areal_core.protocol import (
     SCHEMA_VERSION,
     Sample,
@@ -10,7 +11,7 @@ from areal_core.protocol import (
     read_shard_or_quarantine,
     write_shard,
 )
-from areal_core.store import LAYOUT, Store
+from areal_core.store import Store
 
 
 def make_samples(n=3, version=0):

@@ -14,11 +14,12 @@ import time
 import pytest
 from botocore.exceptions import ClientError
 
+from areal_core.layout import LAYOUT
 from areal_core.procs import descendants
 from areal_core.retry import RetryPolicy, StoreUnavailable, backoff_s, is_transient
 from areal_core.run import pipeline
 from areal_core.run.launcher import PROJECT_ROOT, start_role
-from areal_core.store import LAYOUT, RootLost, Store
+from areal_core.store import RootLost, Store
 from tests.conftest import TINY, free_port
 
 

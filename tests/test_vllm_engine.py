@@ -17,11 +17,12 @@ import torch
 
 from areal_core.config import ModelConfig
 from areal_core.config.run import DEFAULT_VLLM_PYTHON, resolve_python
+from areal_core.layout import LAYOUT
 from areal_core.models import build_tiny_model, build_tokenizer
 from areal_core.rollout.engine import SamplingParams
 from areal_core.rollout.vllm_engine import VLLMEngine
 from areal_core.rollout.vllm_server import VLLMServerSpec
-from areal_core.store import LAYOUT, Store
+from areal_core.store import Store
 from areal_core.weights import WEIGHTS_FILE, WeightsError
 from areal_core.weights.publisher import hf_side_files, publish, state_dict_bytes
 

@@ -8,8 +8,9 @@ import torch
 from safetensors.torch import load as st_load
 
 from areal_core.config import ConfigError, ModelConfig, load_config
+from areal_core.layout import LAYOUT
 from areal_core.models import build_tiny_model
-from areal_core.store import LAYOUT, Store
+from areal_core.store import Store
 from areal_core.weights import DELTA_FILE, WEIGHTS_FILE, WeightsError, sha256
 from areal_core.weights.delta import decode_delta, encode_delta
 from areal_core.weights.publisher import WeightPublisher, prune, state_dict_bytes

@@ -30,9 +30,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from areal_core.layout import LAYOUT
 from areal_core.logs import setup_logging
 from areal_core.run.tracking import Tracker, mlflow_client, new_run
-from areal_core.store import LAYOUT, Store
+from areal_core.store import Store
 
 log = logging.getLogger("areal.registry")
 

@@ -37,6 +37,7 @@ import math
 import tempfile
 from typing import Any
 
+from areal_core.layout import LAYOUT
 from areal_core.logs import setup_logging
 from areal_core.online.registry import aliased, download, register_if_better, store_files
 from areal_core.protocol import (
@@ -47,7 +48,7 @@ from areal_core.protocol import (
     read_shard_or_quarantine,
     unique,
 )
-from areal_core.store import LAYOUT, Store
+from areal_core.store import Store
 
 log = logging.getLogger("areal.online")
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import threading
 
+from areal_core.layout import LAYOUT
 from areal_core.protocol import Sample, write_shard
-from areal_core.store import LAYOUT, Store
+from areal_core.store import Store
 
 
 class ShardWriter:

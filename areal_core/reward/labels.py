@@ -33,8 +33,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from areal_core.layout import LAYOUT
 from areal_core.protocol import Sample, ShardError, decode_shard, unique
-from areal_core.store import LAYOUT, Store
+from areal_core.store import Store
 
 LABEL_FIELDS = ("sample_id", "prompt_id", "reward", "label", "annotator", "note")
 

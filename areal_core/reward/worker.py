@@ -11,11 +11,12 @@ import time
 import zlib
 
 from areal_core.context import load_run_config
+from areal_core.layout import LAYOUT
 from areal_core.prompts import load_prompts
 from areal_core.protocol import read_shard_or_quarantine, write_shard
 from areal_core.reward.labels import apply_labels, load_labels
 from areal_core.reward.pool import DEFAULT_REWARD, RewardPool
-from areal_core.store import LAYOUT, Store
+from areal_core.store import Store
 
 log = logging.getLogger("areal.reward")
 

@@ -22,9 +22,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from areal_core.layout import LAYOUT
 from areal_core.protocol import decode_shard
 from areal_core.staleness import groups_admissible
-from areal_core.store import LAYOUT, Store
+from areal_core.store import Store
 
 UNLIMITED = 1 << 30  # room when admission is off (tests of the hard bound)
 

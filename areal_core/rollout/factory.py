@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from areal_core.config import RunConfig
+from areal_core.layout import LAYOUT
 from areal_core.models import load_pretrained
-from areal_core.store import LAYOUT, Store
+from areal_core.store import Store
 from areal_core.weights.reader import load_state_dict
 
 REMOTE_ENGINES = ("vllm", "sglang")

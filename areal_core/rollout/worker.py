@@ -18,13 +18,14 @@ from collections.abc import Callable
 from typing import Any
 
 from areal_core.context import load_run_config, set_threads, wait_for_version
+from areal_core.layout import LAYOUT
 from areal_core.prompts import load_prompts
 from areal_core.protocol import Sample, write_shard
 from areal_core.rollout.admission import Admission, group_id, recover_progress
 from areal_core.rollout.async_engine import AsyncEngine
 from areal_core.rollout.factory import build_engine
 from areal_core.rollout.workflow import RolloutWorkflow, WorkflowContext, load_workflow
-from areal_core.store import LAYOUT, Store
+from areal_core.store import Store
 from areal_core.weights.watcher import WeightWatcher
 
 log = logging.getLogger("areal.rollout")

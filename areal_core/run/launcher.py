@@ -18,9 +18,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from areal_core.layout import LAYOUT
 from areal_core.procs import descendants, kill_group, own_group_dying_with_parent
 from areal_core.retry import POLICY
-from areal_core.store import LAYOUT, Store
+from areal_core.store import Store
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 

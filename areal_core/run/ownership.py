@@ -30,7 +30,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
 from areal_core.config import LeaseConfig
-from areal_core.store import LAYOUT, RootLost, Store
+from areal_core.layout import LAYOUT
+from areal_core.store import RootLost, Store
 
 log = logging.getLogger("areal.ownership")
 

@@ -13,8 +13,9 @@ import shlex
 from typing import Any
 
 from areal_core.config import ConfigError, RunConfig, from_yaml_text, load_config, to_dict
+from areal_core.layout import LAYOUT
 from areal_core.run.tracking import Tracker
-from areal_core.store import LAYOUT, RootLost, Store
+from areal_core.store import RootLost, Store
 
 log = logging.getLogger("areal.pipeline")
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from areal_core.config import RunConfig, to_yaml
+from areal_core.layout import LAYOUT
 from areal_core.prompts import write_prompts
 from areal_core.run.ownership import claim
-from areal_core.store import LAYOUT, Store
+from areal_core.store import Store
 
 
 def prepare_run(cfg: RunConfig, resume: bool = False) -> str:

@@ -13,9 +13,9 @@ import os
 import sys
 from collections.abc import Iterator
 
+from areal_core.layout import LAYOUT
 from areal_core.logs import setup_logging
 from areal_core.procs import exit_on_sigterm
-from areal_core.store import LAYOUT
 
 
 def run_role(role: str, run_uri: str, index: int = 0) -> dict:

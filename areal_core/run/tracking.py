@@ -22,7 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from areal_core.store import LAYOUT, Store
+from areal_core.layout import LAYOUT
+from areal_core.store import Store
 
 log = logging.getLogger("areal.tracking")
 

@@ -15,8 +15,9 @@ from typing import Any
 import torch
 from safetensors.torch import load as st_load
 
+from areal_core.layout import LAYOUT
 from areal_core.protocol import Sample, decode_identities, decode_shard, encode_identities, encode_shard
-from areal_core.store import LAYOUT, Store
+from areal_core.store import Store
 from areal_core.weights.publisher import state_dict_bytes
 
 MODEL_FILE = "model.safetensors"

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from areal_core.layout import LAYOUT
 from areal_core.protocol import Sample
-from areal_core.store import LAYOUT, Store
+from areal_core.store import Store
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import torch
 
 from areal_core.config.hooks import import_object
 from areal_core.context import load_run_config, set_threads
+from areal_core.layout import LAYOUT
 from areal_core.models import (
     build_tiny_model,
     build_tokenizer,
@@ -24,7 +25,7 @@ from areal_core.models import (
     sft_loss,
 )
 from areal_core.prompts import load_prompts
-from areal_core.store import LAYOUT, Store
+from areal_core.store import Store
 from areal_core.train.schedule import lr_factor
 
 log = logging.getLogger("areal.sft")

@@ -36,10 +36,11 @@ from typing import Any, Protocol
 import torch
 
 from areal_core.config import RunConfig
+from areal_core.layout import LAYOUT
 from areal_core.models import load_pretrained, save_pretrained
 from areal_core.protocol import Sample, read_shard_or_quarantine, unique
 from areal_core.staleness import staleness_histogram
-from areal_core.store import LAYOUT, Store
+from areal_core.store import Store
 from areal_core.train import checkpoint
 from areal_core.train.algorithm import required_inputs
 from areal_core.train.batch import GroupBuffer

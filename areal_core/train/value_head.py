@@ -31,7 +31,8 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from areal_core.store import LAYOUT, Store
+from areal_core.layout import LAYOUT
+from areal_core.store import Store
 from areal_core.train.packing import _unpack, micro_batches_by_tokens, pack
 
 CRITIC_FILE = "critic.safetensors"

@@ -22,7 +22,8 @@ from typing import Any
 import torch
 from safetensors.torch import save as st_save
 
-from areal_core.store import LAYOUT, Store
+from areal_core.layout import LAYOUT
+from areal_core.store import Store
 from areal_core.weights import DELTA_FILE, WEIGHTS_FILE, sha256
 from areal_core.weights.delta import encode_delta
 from areal_core.weights.reader import delta_base

@@ -25,7 +25,8 @@ from typing import Any
 import torch
 from safetensors.torch import load as st_load
 
-from areal_core.store import LAYOUT, Store
+from areal_core.layout import LAYOUT
+from areal_core.store import Store
 from areal_core.weights import DELTA_FILE, WEIGHTS_FILE, WeightsError, sha256
 from areal_core.weights.delta import decode_delta
 

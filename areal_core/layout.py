@@ -1,0 +1,163 @@
+"""`Layout`: every path under a run root, named in one place (DESIGN.md, "Store layout")."""
+
+from __future__ import annotations
+
+
+class Layout:
+    """Every path under a run root, relative to it (DESIGN.md, "Store layout").
+
+    config.yaml                                   the resolved config of the run
+    prompts/part-{N:05d}.parquet                  the prepared prompt set
+    weights/v{N:06d}/ + MANIFEST.json             one published version; weights/LATEST names the newest
+    trajectories/{ungraded,graded}/{worker}/{seq:08d}.arrow
+    trainer/checkpoints/step-{N:06d}/ + COMMITTED model, optimizer, pending samples, state
+    trainer/trained/step-{N:06d}.json             the audit record of one trained step
+    trainer/metrics.jsonl, trainer/discarded_groups.json
+    status/{role}-{id}.json                       heartbeats
+    LEASE.json                                    the owning run: run id, host/pid, heartbeat (run/ownership.py)
+    quarantine/{path with / as __}                shards that failed to parse, + .reason.json
+    DONE, tracking.json                           end of the run; the MLflow run it logs to
+    init_model/, final_model/ (+ COMMITTED)       the policy RL starts from and the trained one (HF)
+    labels/, exports/preference_pairs.parquet     human labels in; preference pairs out
+    sessions/ (a proxy store: trajectories/ + online/cursor.json + online/consumed/{run}.txt.gz),
+    online/{run}/: a retraining run
+    root (+ online_plan.json, online_result.json, online_samples.txt.gz)
+    """
+
+    # -- markers and file names --------------------------------------------------------------
+    committed_name = "COMMITTED"  # last file of a checkpoint, init_model/, final_model/
+    manifest_name = "MANIFEST.json"  # last file of a weights version (sha256 of every file)
+    latest_name = "LATEST"  # written after a version's manifest: the newest complete version
+    markers = (committed_name, manifest_name, latest_name)  # written after everything they mark
+
+    # -- top level -------------------------------------------------------------------------------
+    config = "config.yaml"
+    prompts_dir = "prompts"
+    weights_root = "weights"
+    latest = f"{weights_root}/{latest_name}"
+    trajectories_dir = "trajectories"
+    ungraded_dir = f"{trajectories_dir}/ungraded"
+    graded_dir = f"{trajectories_dir}/graded"
+    trainer_dir = "trainer"
+    checkpoints_dir = f"{trainer_dir}/checkpoints"
+    trained_dir = f"{trainer_dir}/trained"
+    metrics = f"{trainer_dir}/metrics.jsonl"
+    discarded_groups = f"{trainer_dir}/discarded_groups.json"  # {"groups": D}: admission given back by the trainer
+    status_dir = "status"
+    quarantine_dir = "quarantine"
+    done = "DONE"
+    lease = "LEASE.json"  # who owns the root; kept across runs (a new run replaces it, run/ownership.py)
+    tracking = "tracking.json"
+    init_model = "init_model"  # the policy RL starts from (after SFT), HF format
+    final_model = "final_model"  # the trained policy, HF format, written before DONE
+    labels_dir = "labels"
+    exports_dir = "exports"
+    preference_pairs = f"{exports_dir}/preference_pairs.parquet"
+    online_dir = "online"
+    online_consumed_dir = f"{online_dir}/consumed"  # in a sessions store: what each online run trained on
+    online_cursor = f"{online_dir}/cursor.json"  # in a sessions store: the last consumed shard per worker
+    online_plan = "online_plan.json"  # in an online retraining run root
+    online_result = "online_result.json"
+    online_samples = "online_samples.txt.gz"  # in an online retraining run root: identities of its rows
+    sessions_dir = "sessions"
+    # Everything that belongs to one training attempt (cleared for a new run; config, prompts,
+    # init_model and labels stay).
+    run_state = (weights_root, trajectories_dir, trainer_dir, status_dir, quarantine_dir, done, tracking, final_model)
+
+    # -- prompts -------------------------------------------------------------------------------
+    def prompts_part(self, part: int) -> str:
+        return f"{self.prompts_dir}/part-{part:05d}.parquet"
+
+    # -- weights ---------------------------------------------------------------------------------
+    version_prefix = "v"  # weights/v000012
+    step_prefix = "step-"  # trainer/checkpoints/step-000012, trainer/trained/step-000012.json
+
+    @staticmethod
+    def _numbered(name: str, prefix: str) -> int | None:
+        """'{prefix}000012' -> 12; None for a name that is not prefix + digits."""
+        rest = name[len(prefix) :]
+        return int(rest) if name.startswith(prefix) and rest.isdigit() else None
+
+    def weights_dir(self, version: int) -> str:
+        return f"{self.weights_root}/{self.version_prefix}{version:06d}"
+
+    def weights_file(self, version: int, name: str) -> str:
+        return f"{self.weights_dir(version)}/{name}"
+
+    def manifest(self, version: int) -> str:
+        return self.weights_file(version, self.manifest_name)
+
+    def weights_version(self, name: str) -> int | None:
+        """'v000012' (an entry of weights/) -> 12; None for anything else (LATEST)."""
+        return self._numbered(name, self.version_prefix)
+
+    # -- trajectories ------------------------------------------------------------------------------
+    def shard_dir(self, stage: str, worker: str) -> str:
+        """stage: 'ungraded' or 'graded'."""
+        return f"{self.trajectories_dir}/{stage}/{worker}"
+
+    def shard(self, stage: str, worker: str, seq: int) -> str:
+        return f"{self.shard_dir(stage, worker)}/{seq:08d}.arrow"
+
+    def ungraded_shard(self, worker: str, seq: int) -> str:
+        return self.shard("ungraded", worker, seq)
+
+    def graded_shard(self, worker: str, seq: int) -> str:
+        return self.shard("graded", worker, seq)
+
+    def graded_twin(self, ungraded: str) -> str:
+        """The graded shard a reward worker writes for an ungraded one (same worker and seq)."""
+        return ungraded.replace(f"{self.ungraded_dir}/", f"{self.graded_dir}/", 1)
+
+    def ungraded_twin(self, graded: str) -> str:
+        return graded.replace(f"{self.graded_dir}/", f"{self.ungraded_dir}/", 1)
+
+    @staticmethod
+    def shard_worker_seq(rel: str) -> tuple[str, int]:
+        """'trajectories/graded/proxy-0/00000041.arrow' -> ('proxy-0', 41)."""
+        parts = rel.split("/")
+        return parts[-2], int(parts[-1].split(".")[0])
+
+    # -- trainer ---------------------------------------------------------------------------------
+    def checkpoint_dir(self, step: int) -> str:
+        return f"{self.checkpoints_dir}/{self.step_prefix}{step:06d}"
+
+    def checkpoint_file(self, step: int, name: str) -> str:
+        """A file of checkpoint `step`: model.safetensors, optimizer.pt, pending.arrow, state.json, ..."""
+        return f"{self.checkpoint_dir(step)}/{name}"
+
+    def checkpoint_step(self, name: str) -> int | None:
+        """'step-000012' (an entry of trainer/checkpoints/) -> 12; None for anything else."""
+        return self._numbered(name, self.step_prefix)
+
+    def committed(self, folder: str) -> str:
+        """The marker that makes `folder` (a checkpoint, init_model, final_model) visible."""
+        return f"{folder}/{self.committed_name}"
+
+    def trained_record(self, step: int) -> str:
+        return f"{self.trained_dir}/{self.step_prefix}{step:06d}.json"
+
+    # -- status, quarantine, labels, online ------------------------------------------------------
+    def status(self, role: str, worker_id: str) -> str:
+        return f"{self.status_dir}/{role}-{worker_id}.json"
+
+    def quarantined(self, rel: str) -> str:
+        """Where a bad shard `rel` is moved: quarantine/ with its path flattened."""
+        return f"{self.quarantine_dir}/" + rel.replace("/", "__")
+
+    @staticmethod
+    def quarantine_reason(quarantined: str) -> str:
+        return quarantined + ".reason.json"
+
+    def labels_file(self, name: str) -> str:
+        return f"{self.labels_dir}/{name}"
+
+    def online_run(self, run_id: str) -> str:
+        return f"{self.online_dir}/{run_id}"
+
+    def online_consumed(self, run_id: str) -> str:
+        """In a sessions store: the identities of the samples online run `run_id` trained on."""
+        return f"{self.online_consumed_dir}/{run_id}.txt.gz"
+
+
+LAYOUT = Layout()
