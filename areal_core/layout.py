@@ -14,6 +14,7 @@ class Layout:
     trainer/trained/step-{N:06d}.json             the audit record of one trained step
     trainer/metrics.jsonl, trainer/discarded_groups.json
     status/{role}-{id}.json                       heartbeats
+    events/{role}-{id}/{seq:08d}.jsonl            timing events, appended in batched parts (events.py)
     LEASE.json                                    the owning run: run id, host/pid, heartbeat (run/ownership.py)
     quarantine/{path with / as __}                shards that failed to parse, + .reason.json
     DONE, tracking.json                           end of the run; the MLflow run it logs to
@@ -44,6 +45,7 @@ class Layout:
     metrics = f"{trainer_dir}/metrics.jsonl"
     discarded_groups = f"{trainer_dir}/discarded_groups.json"  # {"groups": D}: admission given back by the trainer
     status_dir = "status"
+    events_dir = "events"
     quarantine_dir = "quarantine"
     done = "DONE"
     lease = "LEASE.json"  # who owns the root; kept across runs (a new run replaces it, run/ownership.py)
@@ -62,7 +64,17 @@ class Layout:
     sessions_dir = "sessions"
     # Everything that belongs to one training attempt (cleared for a new run; config, prompts,
     # init_model and labels stay).
-    run_state = (weights_root, trajectories_dir, trainer_dir, status_dir, quarantine_dir, done, tracking, final_model)
+    run_state = (
+        weights_root,
+        trajectories_dir,
+        trainer_dir,
+        status_dir,
+        events_dir,
+        quarantine_dir,
+        done,
+        tracking,
+        final_model,
+    )
 
     # -- prompts -------------------------------------------------------------------------------
     def prompts_part(self, part: int) -> str:
@@ -140,6 +152,9 @@ class Layout:
     # -- status, quarantine, labels, online ------------------------------------------------------
     def status(self, role: str, worker_id: str) -> str:
         return f"{self.status_dir}/{role}-{worker_id}.json"
+
+    def events_part(self, role: str, worker_id: str, seq: int) -> str:
+        return f"{self.events_dir}/{role}-{worker_id}/{seq:08d}.jsonl"
 
     def quarantined(self, rel: str) -> str:
         """Where a bad shard `rel` is moved: quarantine/ with its path flattened."""
