@@ -13,7 +13,7 @@ import zlib
 from areal_core.context import load_run_config
 from areal_core.layout import LAYOUT
 from areal_core.prompts import load_prompts
-from areal_core.protocol import read_shard_or_quarantine, write_shard
+from areal_core.protocol import Sample, read_shard_or_quarantine, write_shard
 from areal_core.reward.labels import apply_labels, load_labels
 from areal_core.reward.pool import DEFAULT_REWARD, RewardPool
 from areal_core.store import Store
@@ -31,6 +31,14 @@ def grade_shard(store: Store, rel: str, pool: RewardPool, references: dict[str, 
     if samples is None:
         log.warning("quarantined %s", rel)
         return 0
+    grade_samples(samples, pool, references, tokenizer, labels)
+    write_shard(store, LAYOUT.graded_twin(rel), samples)
+    return len(samples)
+
+
+def grade_samples(samples: list[Sample], pool: RewardPool, references: dict[str, dict], tokenizer, labels=None) -> None:
+    """Grade, in place, the samples without a reward through the pool, then join the labels.
+    The one grading path: the reward workers and a re-grade (reward/regrade.py) both call it."""
     todo = [s for s in samples if s.reward is None]  # a reward the agent or workflow set is kept
     jobs = []
     for s in todo:
@@ -50,8 +58,6 @@ def grade_shard(store: Store, rel: str, pool: RewardPool, references: dict[str, 
         s.reward_info = {**result.info, "reward_source": "reward_worker"}
     if labels:
         apply_labels(samples, labels)
-    write_shard(store, LAYOUT.graded_twin(rel), samples)
-    return len(samples)
 
 
 def run_reward_worker(run_uri: str, index: int = 0) -> dict:

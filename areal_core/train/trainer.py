@@ -110,6 +110,7 @@ class Trainer:
             else None
         )
         self.buffer = GroupBuffer()
+        self._unaudited: tuple[list[Sample], list[Sample]] = ([], [])  # drops while waiting: in the next record
         self.tracker = tracker if main else None
         self._evaluate = evaluate
         self._guard = guard
@@ -279,18 +280,24 @@ class Trainer:
         return lr
 
     def _write_audit(self, samples: list[Sample], dropped: list[Sample], abandoned: list[Sample], hist: dict) -> None:
-        """trainer/trained/step-{N}.json: which samples this step trained and dropped (rank 0)."""
+        """trainer/trained/step-{N}.json: which samples this step trained and dropped (rank 0), with
+        the drops made while waiting for this batch; `*_workers` complete each sample's identity."""
         st = self.state
+        dropped, abandoned = self._unaudited[0] + dropped, self._unaudited[1] + abandoned
+        self._unaudited = ([], [])
         record = {
             "step": st.step,
             "trainer_version": st.version,
             "eta": self.cfg.train.eta,
             "samples": [[s.sample_id, s.min_version()] for s in samples],
+            "sample_workers": [s.worker_id for s in samples],
             "dropped": [[s.sample_id, s.min_version()] for s in dropped],
+            "dropped_workers": [s.worker_id for s in dropped],
             "staleness_histogram": hist,
         }
-        if st.abandoned:
+        if st.abandoned or abandoned:
             record["abandoned"] = [[s.sample_id, s.min_version()] for s in abandoned]
+            record["abandoned_workers"] = [s.worker_id for s in abandoned]
             record["abandoned_versions"] = st.abandoned
         self.store.write_json(LAYOUT.trained_record(st.step), record)
 
@@ -362,6 +369,8 @@ class Trainer:
             samples, dropped, abandoned = self.dist.broadcast_object(batch)
             if samples is None:
                 self._count_drops(dropped, abandoned)
+                self._unaudited[0].extend(dropped)
+                self._unaudited[1].extend(abandoned)
                 time.sleep(idle_s)
                 idle_s = min(idle_s * 1.5, 0.05)
                 continue
