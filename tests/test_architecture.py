@@ -30,6 +30,7 @@ LAYERS: dict[str, int] = {
     "areal_core.models": 2,
     "areal_core.context": 2,
     "areal_core.events": 2,
+    "areal_core.pretrained": 2,
     "areal_core.weights": 3,
     "areal_core.dataset": 3,
     "areal_core.reward": 4,
