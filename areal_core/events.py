@@ -27,7 +27,8 @@ One JSON object per line. Every record has "t" (unix seconds, when it was record
              read into the trainer's buffer not trained yet (trainer, at most every 2 s)
   trained    {"step": int, "samples": int, "staleness": {"s": count}, "dropped": int, "abandoned": int}
              one per step, the same numbers as the audit record trainer/trained/step-{step}.json
-             ("step" is the audit's step, 0-based, as is the `phases` record's)
+             (its drops include those made while waiting for the batch; "step" is the audit's
+             step, 0-based, as is the `phases` record's)
   drop       {"reason": str, "n": int}                   samples dropped, and why. Trainer: "stale"
              (older than v − η; their sum is the counter dropped_samples), "abandoned_version",
              "duplicate", "uninformative" (+ "groups"); rollout: "engine_failed", "empty_group"
@@ -126,12 +127,12 @@ class EventLog:
         self._phases[on] += t1 - t0
         self.emit("span", state=state, on=on, t0=round(t0, 4), t1=round(t1, 4))
 
-    def switch(self, on: str | None, state: str = "busy") -> None:
+    def switch(self, on: str | None, state: str = "busy", at: float | None = None) -> None:
         """A role's continuous timeline: end the current stretch (as a `span` record) and start one
-        on `on` (None: neither busy nor waiting). Called again with the same `on` and `state` it
-        continues, but a stretch is recorded in pieces of at most `flush_every_s` seconds, so a long
-        wait shows before it ends. Cheap enough to call on every poll."""
-        now = time.time()
+        on `on` (None: neither busy nor waiting), at `at` (unix seconds; default now). Called again
+        with the same `on` and `state` it continues, but a stretch is recorded in pieces of at most
+        `flush_every_s` seconds, so a long wait shows before it ends. Cheap enough for every poll."""
+        now = time.time() if at is None else at
         current = self._stretch
         if current is not None and current[:2] == (on, state) and now - current[2] < max(self.flush_every_s, 0.5):
             return

@@ -15,7 +15,7 @@ from areal_core.context import load_run_config
 from areal_core.events import EventLog
 from areal_core.layout import LAYOUT
 from areal_core.prompts import load_prompts
-from areal_core.protocol import read_shard_or_quarantine, write_shard
+from areal_core.protocol import Sample, read_shard_or_quarantine, write_shard
 from areal_core.reward.labels import apply_labels, load_labels
 from areal_core.reward.pool import DEFAULT_REWARD, RewardPool
 from areal_core.store import Store
@@ -44,6 +44,24 @@ def grade_shard(
     if samples is None:
         log.warning("quarantined %s", rel)
         return 0
+    ev.switch("grade")
+    grade_samples(samples, pool, references, tokenizer, labels, ev)
+    ev.switch("io")
+    write_shard(store, LAYOUT.graded_twin(rel), samples)
+    return len(samples)
+
+
+def grade_samples(
+    samples: list[Sample],
+    pool: RewardPool,
+    references: dict[str, dict],
+    tokenizer,
+    labels=None,
+    events: EventLog | None = None,
+) -> None:
+    """Grade, in place, the samples without a reward through the pool, then join the labels.
+    The one grading path: the reward workers and a re-grade (reward/regrade.py) both call it.
+    `events`: where the grades and the sandbox failures (by reason) are counted."""
     todo = [s for s in samples if s.reward is None]  # a reward the agent or workflow set is kept
     jobs = []
     for s in todo:
@@ -57,20 +75,17 @@ def grade_shard(
                 "meta": s.meta,
             }
         )
-    ev.switch("grade")
     results = pool.grade(jobs)
     for s, result in zip(todo, results):
         s.reward = result.reward
         s.token_rewards = result.token_rewards
         s.reward_info = {**result.info, "reward_source": "reward_worker"}
-    for reason, n in failure_reasons([r.info for r in results]).items():
-        ev.emit("sandbox", reason=reason, n=n)
-    ev.count(grades=len(todo))
+    if events is not None:
+        for reason, n in failure_reasons([r.info for r in results]).items():
+            events.emit("sandbox", reason=reason, n=n)
+        events.count(grades=len(todo))
     if labels:
         apply_labels(samples, labels)
-    ev.switch("io")
-    write_shard(store, LAYOUT.graded_twin(rel), samples)
-    return len(samples)
 
 
 def failure_reasons(infos: list[dict]) -> Counter:

@@ -117,6 +117,7 @@ class Trainer:
             else None
         )
         self.buffer = GroupBuffer()
+        self._unaudited: tuple[list[Sample], list[Sample]] = ([], [])  # drops while waiting: in the next record
         self.tracker = tracker if main else None
         self._evaluate = evaluate
         self._guard = guard
@@ -303,19 +304,25 @@ class Trainer:
         return lr
 
     def _write_audit(self, samples: list[Sample], dropped: list[Sample], abandoned: list[Sample], hist: dict) -> None:
-        """trainer/trained/step-{N}.json: which samples this step trained and dropped (rank 0), and
-        the same counts as a `trained` event."""
+        """trainer/trained/step-{N}.json: which samples this step trained and dropped (rank 0), with
+        the drops made while waiting for this batch; `*_workers` complete each sample's identity.
+        The same counts go into a `trained` event."""
         st = self.state
+        dropped, abandoned = self._unaudited[0] + dropped, self._unaudited[1] + abandoned
+        self._unaudited = ([], [])
         record = {
             "step": st.step,
             "trainer_version": st.version,
             "eta": self.cfg.train.eta,
             "samples": [[s.sample_id, s.min_version()] for s in samples],
+            "sample_workers": [s.worker_id for s in samples],
             "dropped": [[s.sample_id, s.min_version()] for s in dropped],
+            "dropped_workers": [s.worker_id for s in dropped],
             "staleness_histogram": hist,
         }
-        if st.abandoned:
+        if st.abandoned or abandoned:
             record["abandoned"] = [[s.sample_id, s.min_version()] for s in abandoned]
+            record["abandoned_workers"] = [s.worker_id for s in abandoned]
             record["abandoned_versions"] = st.abandoned
         self.store.write_json(LAYOUT.trained_record(st.step), record)
         n = {"samples": len(samples), "dropped": len(dropped), "abandoned": len(abandoned)}
@@ -392,23 +399,21 @@ class Trainer:
         step's metrics."""
         cfg, st, main = self.cfg, self.state, self.dist.is_main
         t_start, last = time.time(), {}
-        idle_s, waiting_since = cfg.train.poll_interval_s, None
+        idle_s = cfg.train.poll_interval_s
         while st.step < cfg.train.steps:
             polled = time.time()
             batch = self.next_batch() if main else None  # rank 0 alone reads the store
             samples, dropped, abandoned = self.dist.broadcast_object(batch)
             if samples is None:
                 self._count_drops(dropped, abandoned)
-                waiting_since = waiting_since or polled
-                if polled - waiting_since >= self.ev.flush_every_s:  # a long wait shows before it ends
-                    self.ev.record_span("batch", waiting_since, polled, "wait")
-                    waiting_since = polled
+                self._unaudited[0].extend(dropped)
+                self._unaudited[1].extend(abandoned)
+                self.ev.switch("batch", "wait", at=polled)
                 time.sleep(idle_s)
                 idle_s = min(idle_s * 1.5, 0.05)
                 continue
             idle_s, step = cfg.train.poll_interval_s, st.step
-            self._record_batch_spans(waiting_since, polled)
-            waiting_since = None
+            self._record_batch_spans(polled)
             if cfg.train.slow_step_s:
                 with self.ev.span("train"):
                     time.sleep(cfg.train.slow_step_s)
@@ -420,11 +425,10 @@ class Trainer:
         self.finish()
         return last
 
-    def _record_batch_spans(self, waiting_since: float | None, polled: float) -> None:
-        """The wait for a batch (the polls that found none), then the successful poll's shard read
-        and batch build (rank 0; other ranks waited on rank 0 meanwhile)."""
-        if waiting_since is not None:
-            self.ev.record_span("batch", waiting_since, polled, "wait")
+    def _record_batch_spans(self, polled: float) -> None:
+        """The wait for a batch (the polls that found none) ends; then the successful poll's shard
+        read and batch build (rank 0; other ranks waited on rank 0 meanwhile)."""
+        self.ev.switch(None, at=polled)
         if self.dist.is_main:
             t0, t1, t2 = self._batch_times
             self.ev.record_span("read", t0, t1)
