@@ -313,3 +313,51 @@ def test_a_pipeline_runs_events_agree_with_the_trainers_own_records(tiny_overrid
         mine = [r["t"] for r in events if (r["role"], r["worker"]) == key]
         assert rec["wall_s"] >= max(mine) - min(mine) - 0.01
         assert rec["seconds"] < 0.01 * rec["wall_s"], key
+
+
+AGENT_RUN = textwrap.dedent(
+    """
+    import sys
+    from areal_core.logs import setup_logging
+    from areal_core.run import pipeline
+    from tests.conftest import TINY
+
+    setup_logging()
+    overrides = [o for o in TINY if not o.startswith("launcher.progress")] + [
+        f"store={sys.argv[1]}",
+        "rollout.agent=areal_core.proxy.examples:calculator_agent",
+        "agent.episode_timeout_s=60",
+        "rollout.group_size=2",
+        "train.steps=3",
+        "launcher.progress=true",
+    ]
+    run_uri, _ = pipeline.prepare("", overrides)
+    checkpoint = pipeline.sft(run_uri)
+    print("=== RL ===", file=sys.stderr, flush=True)
+    pipeline.run_async_rl(run_uri, checkpoint)
+    """
+)
+
+
+@pytest.mark.slow
+def test_an_agent_run_prints_no_line_per_request(tmp_path):
+    """The calculator agent talks to its proxy through the real openai SDK, one HTTP request per
+    turn; the console shows the roles' few lines and the progress line, none per request."""
+    run = tmp_path / "run"
+    out = subprocess.run(
+        [sys.executable, "-c", AGENT_RUN, str(run)],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    console = (out.stdout + out.stderr).split("=== RL ===", 1)[1].splitlines()
+    completions = sum(r.get("completions", 0) for r in read_events(Store(str(run))) if r["kind"] == "count")
+    assert completions >= 12  # requests were made: at least one per episode
+    per_request = [line for line in console if "HTTP Request" in line or "/v1/chat/completions" in line]
+    assert per_request == []
+    info = [line for line in console if " INFO " in line]
+    assert len(info) <= 6, info  # rollout start and end, the trainer's DONE, the pipeline's end
+    assert any(line.startswith("[progress] step 3/3") for line in console)
