@@ -222,13 +222,10 @@ class EventTail:
 
     def new(self) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
-        for rel in self.store.find(LAYOUT.events_dir, ".jsonl"):
-            if rel in self._read:
-                continue
-            text = self.store.read_text(rel)
-            self._read.add(rel)
+        fresh = [rel for rel in self.store.find(LAYOUT.events_dir, ".jsonl") if rel not in self._read]
+        for rel in fresh:  # a store error on the way leaves every part of this call unread
             role, _, worker = rel.rsplit("/", 2)[-2].partition("-")
-            for line in text.splitlines():
+            for line in self.store.read_text(rel).splitlines():
                 try:
                     rec = json.loads(line)
                 except json.JSONDecodeError:
@@ -237,5 +234,6 @@ class EventTail:
                     continue
                 rec["role"], rec["worker"] = role, worker
                 out.append(rec)
+        self._read.update(fresh)
         out.sort(key=lambda r: r["t"])
         return out

@@ -361,3 +361,50 @@ def test_an_agent_run_prints_no_line_per_request(tmp_path):
     info = [line for line in console if " INFO " in line]
     assert len(info) <= 6, info  # rollout start and end, the trainer's DONE, the pipeline's end
     assert any(line.startswith("[progress] step 3/3") for line in console)
+
+
+def write_timeline(store: Store, trainer_wait: bool) -> None:
+    """60 s of events: the trainer waits on batches while rollout generates (or the reverse)."""
+    now = time.time()
+    with EventLog(store, "trainer", "0", flush_every_s=60) as trainer:
+        if trainer_wait:
+            trainer.record_span("batch", now - 60, now - 5, "wait")
+            trainer.record_span("train", now - 5, now)
+        else:
+            trainer.record_span("train", now - 60, now)
+        trainer.emit("backlog", ungraded=7, graded=2, buffered_groups=3)
+    with EventLog(store, "rollout", "0", flush_every_s=60) as rollout:
+        if trainer_wait:
+            rollout.record_span("generate", now - 60, now)
+        else:
+            rollout.record_span("generate", now - 60, now - 50)
+            rollout.record_span("admission", now - 50, now, "wait")
+
+
+@pytest.mark.parametrize("trainer_wait, limit", [(True, "rollout"), (False, "trainer")])
+def test_the_progress_line_shows_the_backlog_and_the_limiting_role(tmp_path, capsys, trainer_wait, limit):
+    from areal_core.run.launcher import Progress
+
+    store = Store(str(tmp_path))
+    write_timeline(store, trainer_wait)
+    store.heartbeat("trainer", "0", step=10, steps=20, reward_mean=0.5, elapsed_s=61.0)
+    bar = Progress(store, True)
+    bar.update()
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("[progress] step 10/20")
+    assert line.endswith(f" · backlog 7 ungraded, 2 graded · limit: {limit}")
+
+
+def test_the_progress_line_reads_each_part_once(tmp_path, capsys):
+    from areal_core.run.launcher import Progress
+
+    store = Store(str(tmp_path))
+    write_timeline(store, True)
+    bar = Progress(store, True, events_every_s=0)
+    for step in (10, 20):
+        store.heartbeat("trainer", "0", step=step, steps=20, elapsed_s=61.0)
+        bar.update()
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2 and all("limit: rollout" in line for line in lines)
+    assert len(bar.tail._read) == 2  # two parts, each read once
+    assert len(bar.recent) == len(read_events(store))
