@@ -408,3 +408,19 @@ def test_the_progress_line_reads_each_part_once(tmp_path, capsys):
     assert len(lines) == 2 and all("limit: rollout" in line for line in lines)
     assert len(bar.tail._read) == 2  # two parts, each read once
     assert len(bar.recent) == len(read_events(store))
+
+
+def test_the_proxys_shard_writer_counts_completions_and_tokens(tmp_path):
+    from areal_core.proxy.shards import ShardWriter
+    from tests.test_store_protocol import make_samples
+
+    store = Store(str(tmp_path))
+    writer = ShardWriter(store, "proxy-3")
+    for _ in range(5):
+        writer.write(make_samples(3))  # one graded and one ungraded shard each
+    writer.close()
+    recs = read_events(store)
+    counts = [r for r in recs if r["kind"] == "count"]
+    assert [(r["role"], r["worker"]) for r in counts] == [("proxy", "3")]
+    assert (counts[0]["completions"], counts[0]["tokens"]) == (15, 30)
+    assert len([r for r in recs if r["kind"] == "span" and r["on"] == "shard_write"]) == 10
