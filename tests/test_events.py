@@ -35,6 +35,7 @@ def test_emits_within_the_flush_interval_are_one_part(tmp_path):
         ev.emit("drop", reason="stale", n=i)
     assert parts(store, "trainer-0") == []  # nothing written per record
     ev.close()
+    ev.close()  # a second close records nothing more
     assert len(parts(store, "trainer-0")) == 1
     recs = read_events(store)
     assert [r["n"] for r in recs if r["kind"] == "drop"] == list(range(500))
