@@ -31,6 +31,7 @@ LAYERS: dict[str, int] = {
     "areal_core.context": 2,
     "areal_core.events": 2,
     "areal_core.weights": 3,
+    "areal_core.forks": 3,
     "areal_core.reward": 4,
     "areal_core.rollout": 5,
     "areal_core.proxy": 6,

@@ -36,6 +36,7 @@ from typing import Any, Protocol
 import torch
 
 from areal_core.config import RunConfig
+from areal_core.forks import read_fork
 from areal_core.layout import LAYOUT
 from areal_core.models import load_pretrained, save_pretrained
 from areal_core.protocol import Sample, read_shard_or_quarantine, unique
@@ -110,6 +111,7 @@ class Trainer:
             else None
         )
         self.buffer = GroupBuffer()
+        self.fork = read_fork(self.store)  # a forked root reads its parent's shards by reference
         self.tracker = tracker if main else None
         self._evaluate = evaluate
         self._guard = guard
@@ -182,8 +184,10 @@ class Trainer:
         """Read the graded shards not read yet into the buffer; samples already consumed under
         another shard name (a copied shard) are skipped and counted as duplicate_samples."""
         new = [p for p in self.store.find(LAYOUT.graded_dir, ".arrow") if p not in self.consumed]
-        for rel in new:
-            samples = read_shard_or_quarantine(self.store, rel)
+        inherited = [p for p in self.fork.shards if p not in self.consumed] if self.fork else []  # forks.py
+        from_parent = set(inherited)
+        for rel in inherited + new:
+            samples = self.fork.read_shard(rel) if rel in from_parent else read_shard_or_quarantine(self.store, rel)
             if samples is None:
                 self.state.counters["quarantined_shards"] += 1
                 log.warning("quarantined corrupt shard %s", rel)
@@ -246,7 +250,7 @@ class Trainer:
         t_train = time.perf_counter() - t0
         trained_versions = [v for s in samples for v, m in zip(s.versions, s.loss_mask) if m]
         if self.dist.is_main:
-            self._write_audit(samples, dropped, abandoned, staleness_histogram(trained_versions, st.version))
+            self._write_audit(samples, dropped, abandoned, staleness_histogram(trained_versions, st.version), metrics)
         st.step += 1
         st.version += 1
         self._count_drops(dropped, abandoned)
@@ -278,14 +282,20 @@ class Trainer:
             group["lr"] = lr
         return lr
 
-    def _write_audit(self, samples: list[Sample], dropped: list[Sample], abandoned: list[Sample], hist: dict) -> None:
-        """trainer/trained/step-{N}.json: which samples this step trained and dropped (rank 0)."""
+    def _write_audit(
+        self, samples: list[Sample], dropped: list[Sample], abandoned: list[Sample], hist: dict, metrics: dict
+    ) -> None:
+        """trainer/trained/step-{N}.json: which samples this step trained, in the order it trained
+        them (`identities`, what run/replay.py replays), what it dropped, and the step's own
+        metrics at full precision (rank 0)."""
         st = self.state
         record = {
             "step": st.step,
             "trainer_version": st.version,
             "eta": self.cfg.train.eta,
             "samples": [[s.sample_id, s.min_version()] for s in samples],
+            "identities": [s.identity() for s in samples],
+            "metrics": {k: float(v) for k, v in metrics.items()},
             "dropped": [[s.sample_id, s.min_version()] for s in dropped],
             "staleness_histogram": hist,
         }
