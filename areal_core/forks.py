@@ -5,8 +5,9 @@ A fork C of run P at step k holds P's checkpoint step-k (weights v_k, optimizer,
 samples, consumed identities), its own config and this reference:
 
 - Shards by reference: `shards` lists P's graded shards that the checkpoint had not consumed
-  when C was made (a frozen list: shards P writes later are never C's). C's trainer reads them
-  from P's root, never writes there (a corrupt one is skipped, not quarantined), and keeps only
+  when C was made (a frozen list: shards P writes later are never C's), each with the root that
+  holds it (P's; an ancestor's when P is itself a fork). C's trainer reads them from there,
+  never writes there (a corrupt one is skipped, not quarantined), and keeps only
   the groups on C's lineage (`on_lineage`): every policy token sampled by a version ≤ v_k that
   is not in P's abandoned ranges. Tokens of P's later versions came from weights C never had.
 - The prompt cursor (`workers`): C's rollout worker w continues P's worker w. Its shard numbers
@@ -39,10 +40,11 @@ class ForkRef:
     parent: str  # P's run root URI
     step: int  # the checkpoint C starts from
     version: int  # v_k: the weights of that checkpoint
-    shards: list[str]  # P-relative graded shards C may read (not consumed at step k)
+    shards: dict[str, str]  # graded shards C may read (not consumed at step k): path -> the root holding it
     workers: dict[str, WorkerCursor]
     abandoned: list[list[int]] = field(default_factory=list)  # P's abandoned ranges at step k
     parent_run_id: str = ""  # P's MLflow run, when it had one
+    overrides: list[str] = field(default_factory=list)  # C's settings over P's
     created_at: float = 0.0
 
     @classmethod
@@ -53,18 +55,14 @@ class ForkRef:
     def to_json(self) -> dict:
         return asdict(self)
 
-    def parent_store(self) -> Store:
-        if getattr(self, "_parent_store", None) is None:
-            self._parent_store = Store(self.parent)
-        return self._parent_store
-
     def read_shard(self, rel: str) -> list[Sample] | None:
-        """The samples on C's lineage in P's shard `rel`; None (logged) when it does not parse.
-        P's root is only read."""
+        """The samples on C's lineage in the referenced shard `rel`; None (logged) when it does not
+        parse. The root holding it (P's, or an ancestor's for a fork of a fork) is only read."""
+        root = self.shards[rel]
         try:
-            samples = decode_shard(self.parent_store().read_bytes(rel))
+            samples = decode_shard(Store(root).read_bytes(rel))
         except ShardError as exc:
-            log.warning("parent shard %s/%s does not parse, skipped: %s", self.parent, rel, exc)
+            log.warning("referenced shard %s/%s does not parse, skipped: %s", root, rel, exc)
             return None
         return on_lineage(samples, self.version, self.abandoned)
 
