@@ -163,11 +163,12 @@ def fork(run_uri: str, step: int, into: str, overrides: list[str] | None = None)
     return summary | {"run_uri": store.uri, "shards": len(shards), "child_run_id": tracker.run_id or ""}
 
 
-def fork_task(run_uri: str, step: int, into: str, overrides: str) -> str:
-    """What the Flyte task returns: the child's root URI (overrides shell-split)."""
+def fork_task(run_uri: str, step: int, into: str, overrides: str) -> dict[str, str]:
+    """What the Flyte task returns: the child's root and initial model (overrides shell-split)."""
     from areal_core.run.pipeline import parse_overrides
 
-    return fork(run_uri, step, into, parse_overrides(overrides))["run_uri"]
+    child = Store(fork(run_uri, step, into, parse_overrides(overrides))["run_uri"])
+    return {"run_uri": child.uri, "sft_checkpoint": child.url(LAYOUT.init_model)}
 
 
 def main(argv: list[str] | None = None) -> int:
