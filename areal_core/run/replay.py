@@ -72,6 +72,7 @@ class ReplayTrainer(Trainer):
             samples, dropped = self._filtered([lookup[i] for i in record_ids(rec)])
             if not samples:
                 skipped.append(rec["step"])
+                self._count_drops(dropped, [])
                 st.step += 1
                 continue
             metrics = self.step(samples, dropped)

@@ -1,0 +1,142 @@
+"""Fork (areal_core/run/fork.py): a child root continues a run from its checkpoint at step k, to
+DONE, on the weights v_k, reading the parent's remaining shards by reference; the parent root
+is left as it was but for its lineage record; lineage in both roots and in MLflow; bad forks
+are refused in one line and write nothing. On S3, through the Flyte workflow as pods."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+
+import pytest
+
+from areal_core.forks import read_fork
+from areal_core.layout import LAYOUT
+from areal_core.protocol import decode_shard
+from areal_core.run import pipeline
+from areal_core.run.derived import DerivedRunError
+from areal_core.run.fork import child_id, fork
+from areal_core.run.tracking import Tracker
+from areal_core.store import Store
+from areal_core.train.checkpoint import MODEL_FILE
+from tests.conftest import ROOT, TINY
+
+STEPS, K = 6, 4
+
+
+def run_to_done(overrides: list[str]) -> Store:
+    run_uri, _ = pipeline.prepare("", overrides)
+    pipeline.run_async_rl(run_uri, pipeline.sft(run_uri))
+    store = Store(run_uri)
+    assert store.done()
+    return store
+
+
+def listing(store: Store) -> dict[str, str]:
+    """Every object of a root and its sha256, but the parent's lineage records."""
+    return {
+        rel: hashlib.sha256(store.read_bytes(rel)).hexdigest()
+        for rel in store.find("")
+        if not rel.startswith(LAYOUT.fork_children_dir)
+    }
+
+
+@pytest.fixture(scope="module")
+def parent(tmp_path_factory) -> Store:
+    tmp = tmp_path_factory.mktemp("fork")
+    tracking = [o for o in TINY if not o.startswith("tracking.")]
+    tracked = ["tracking.enabled=true", f"tracking.uri=sqlite:///{tmp / 'mlflow.db'}", "tracking.experiment=fork"]
+    return run_to_done([*tracking, *tracked, f"store={tmp / 'parent'}", f"train.steps={STEPS}"])
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@pytest.mark.slow
+def test_a_fork_continues_from_v_k_to_done_and_leaves_the_parent_as_it_was(parent, tmp_path):
+    before = listing(parent)
+    into = tmp_path / "child"
+    out = fork(parent.uri, K, str(into), ["train.steps=8", "train.lr=1e-4"])
+    child = Store(out["run_uri"])
+    ref = read_fork(child)
+    assert (ref.parent, ref.step, ref.version) == (parent.uri, K, K)
+    pipeline.run_async_rl(child.uri, child.url(LAYOUT.init_model))
+    assert child.done() and child.read_json(LAYOUT.done)["step"] == 8
+    assert listing(parent) == before  # the parent root is byte for byte what it was
+
+    # the child's first step trains on v_k: the weights it published as v_k are the checkpoint's
+    v_k = parent.read_bytes(LAYOUT.checkpoint_file(K, MODEL_FILE))
+    assert sha(child.read_bytes(LAYOUT.weights_file(K, MODEL_FILE))) == sha(v_k)
+    if parent.exists(LAYOUT.weights_file(K, MODEL_FILE)):
+        assert sha(parent.read_bytes(LAYOUT.weights_file(K, MODEL_FILE))) == sha(v_k)
+    first = child.read_json(LAYOUT.trained_record(K))
+    assert first["trainer_version"] == K and all(v <= K for _, v in first["samples"])
+    assert not child.exists(LAYOUT.trained_record(K - 1))  # steps before k are the parent's
+    run_k = parent.read_json(LAYOUT.trained_record(K))
+    if run_k["identities"] == first["identities"]:  # the same batch on the same weights: the same step
+        assert first["metrics"]["loss"] == run_k["metrics"]["loss"]
+        assert first["metrics"]["grad_norm"] == run_k["metrics"]["grad_norm"]
+
+    # nothing trained twice along the lineage; inherited samples are on it (versions <= k)
+    parent_ids = [i for s in range(K) for i in parent.read_json(LAYOUT.trained_record(s))["identities"]]
+    child_ids = [i for s in range(K, 8) for i in child.read_json(LAYOUT.trained_record(s))["identities"]]
+    assert len(set(parent_ids + child_ids)) == len(parent_ids) + len(child_ids) == 8 * 2 * 4
+    inherited = {s.identity(): s for rel, root in ref.shards.items() for s in decode_shard(Store(root).read_bytes(rel))}
+    for identity in child_ids:
+        if identity in inherited:
+            assert max(v for v, m in zip(inherited[identity].versions, inherited[identity].loss_mask) if m) <= K
+    # the child's rollout worker continued the parent's cursor: later shard numbers, new groups
+    cursor = ref.workers["rollout-0"]
+    own = child.find(LAYOUT.shard_dir("ungraded", "rollout-0"), ".arrow")
+    assert all(LAYOUT.shard_worker_seq(rel)[1] >= cursor.next_seq for rel in own)
+    new_groups = {s.group_id for rel in own for s in decode_shard(child.read_bytes(rel))}
+    assert not {int(g.rsplit("-g", 1)[1]) for g in new_groups} & set(cursor.groups)
+
+    # lineage: both roots and MLflow
+    record = parent.read_json(LAYOUT.fork_child(child_id(child.uri)))
+    assert (record["child"], record["step"]) == (child.uri, K)
+    tracker, ptracker = Tracker.attach(child), Tracker.attach(parent)
+    import mlflow
+
+    client = mlflow.MlflowClient(tracker.uri)
+    tags = client.get_run(tracker.run_id).data.tags
+    assert tags["areal.fork.parent_store"] == parent.uri and tags["areal.fork.parent_step"] == str(K)
+    assert tags["areal.fork.parent_run_id"] == ptracker.run_id != tracker.run_id
+    ptags = client.get_run(ptracker.run_id).data.tags
+    assert ptags[f"areal.fork.child.{child_id(child.uri)}"] == f"{child.uri} from step {K}"
+    assert record["child_run_id"] == tracker.run_id
+
+
+@pytest.mark.slow
+def test_bad_forks_are_refused_in_one_line_and_write_nothing(parent, tmp_path):
+    before, children = listing(parent), parent.find(LAYOUT.fork_children_dir)
+    into = tmp_path / "child"
+    with pytest.raises(DerivedRunError, match=rf"no committed checkpoint at step 1; available steps: 4, {STEPS}"):
+        fork(parent.uri, 1, str(into))
+    with pytest.raises(DerivedRunError, match="cannot change model.num_layers"):
+        fork(parent.uri, K, str(into), ["model.num_layers=2"])
+    with pytest.raises(DerivedRunError, match="cannot change seed"):
+        fork(parent.uri, K, str(into), ["seed=7"])
+    with pytest.raises(DerivedRunError, match=r"train.steps \(4\) must be above the fork step 4"):
+        fork(parent.uri, K, str(into), ["train.steps=4"])
+    with pytest.raises(DerivedRunError, match="needs a critic"):
+        fork(parent.uri, K, str(into), ["algo.adv_estimator=gae"])
+    with pytest.raises(DerivedRunError, match="own root"):
+        fork(parent.uri, K, parent.uri)
+    assert not into.exists()
+    (into / "weights").mkdir(parents=True)
+    (into / "weights" / "LATEST").write_text("3")
+    with pytest.raises(DerivedRunError, match="already holds"):
+        fork(parent.uri, K, str(into))
+    assert (into / "weights" / "LATEST").read_text() == "3"
+    assert listing(parent) == before and parent.find(LAYOUT.fork_children_dir) == children
+    cli = subprocess.run(
+        [sys.executable, "-m", "areal_core.run.fork", parent.uri, "--step", "3", "--into", str(tmp_path / "c2")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert cli.returncode == 2 and cli.stderr.strip().count("\n") == 0 and "available steps: 4, 6" in cli.stderr
