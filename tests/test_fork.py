@@ -17,6 +17,7 @@ from areal_core.protocol import decode_shard
 from areal_core.run import pipeline
 from areal_core.run.derived import DerivedRunError
 from areal_core.run.fork import child_id, fork
+from areal_core.run.replay import record_ids
 from areal_core.run.tracking import Tracker
 from areal_core.store import Store
 from areal_core.train.checkpoint import MODEL_FILE
@@ -75,13 +76,13 @@ def test_a_fork_continues_from_v_k_to_done_and_leaves_the_parent_as_it_was(paren
     assert first["trainer_version"] == K and all(v <= K for _, v in first["samples"])
     assert not child.exists(LAYOUT.trained_record(K - 1))  # steps before k are the parent's
     run_k = parent.read_json(LAYOUT.trained_record(K))
-    if run_k["identities"] == first["identities"]:  # the same batch on the same weights: the same step
+    if record_ids(run_k) == record_ids(first):  # the same batch on the same weights: the same step
         assert first["metrics"]["loss"] == run_k["metrics"]["loss"]
         assert first["metrics"]["grad_norm"] == run_k["metrics"]["grad_norm"]
 
     # nothing trained twice along the lineage; inherited samples are on it (versions <= k)
-    parent_ids = [i for s in range(K) for i in parent.read_json(LAYOUT.trained_record(s))["identities"]]
-    child_ids = [i for s in range(K, 8) for i in child.read_json(LAYOUT.trained_record(s))["identities"]]
+    parent_ids = [i for s in range(K) for i in record_ids(parent.read_json(LAYOUT.trained_record(s)))]
+    child_ids = [i for s in range(K, 8) for i in record_ids(child.read_json(LAYOUT.trained_record(s)))]
     assert len(set(parent_ids + child_ids)) == len(parent_ids) + len(child_ids) == 8 * 2 * 4
     inherited = {s.identity(): s for rel, root in ref.shards.items() for s in decode_shard(Store(root).read_bytes(rel))}
     for identity in child_ids:

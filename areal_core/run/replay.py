@@ -4,8 +4,8 @@ under the run's own config or another one, into a new run root.
     python -m areal_core.run.replay RUN_URI --into NEW_URI [--set algo.loss=gspo --set train.lr=1e-4]
 
 What determines a step, and where the replay takes it from:
-- the samples and their order: the audit record trainer/trained/step-N.json (`identities`, in
-  the order the step trained them), looked up in the run's graded shards: rewards, behaviour
+- the samples and their order: the audit record trainer/trained/step-N.json (`samples` and
+  `sample_workers`, in the order the step trained them), looked up in the run's graded shards: rewards, behaviour
   log-probs and versions as stored;
 - the weights the run started from: its init_model, copied into the new root (the reference
   model and a critic start from it too); AdamW starts fresh from them, as the run's trainer did;
@@ -101,8 +101,11 @@ class ReplayTrainer(Trainer):
 
 
 def record_ids(rec: dict) -> list[str]:
-    """The identities a step trained, in order (older records name sample ids only)."""
-    return rec["identities"] if "identities" in rec else [sid for sid, _ in rec["samples"]]
+    """The identities (`Sample.identity()`: worker/sample id) a step trained, in order; records
+    older than `sample_workers` name sample ids only."""
+    if "sample_workers" not in rec:
+        return [sid for sid, _ in rec["samples"]]
+    return [f"{w}/{sid}" for w, (sid, _) in zip(rec["sample_workers"], rec["samples"])]
 
 
 def compare(rec: dict, metrics: dict[str, float]) -> dict[str, float]:
@@ -130,7 +133,7 @@ def load_records(store: Store) -> list[dict]:
 
 def graded_samples(store: Store, wanted: set[str], by_identity: bool) -> dict[str, Sample]:
     """The wanted samples from the run's graded shards, by identity (or sample id for records
-    older than identities); DerivedRunError naming the first ones missing."""
+    older than `sample_workers`); DerivedRunError naming the first ones missing."""
     found: dict[str, Sample] = {}
     for rel in store.find(LAYOUT.graded_dir, ".arrow"):
         try:
@@ -166,7 +169,7 @@ def replay(run_uri: str, into: str, overrides: list[str] | None = None) -> dict[
     store = fresh_root(into, source)
     records = load_records(source)
     ids = [i for rec in records for i in record_ids(rec)]
-    lookup = graded_samples(source, set(ids), by_identity="identities" in records[0])
+    lookup = graded_samples(source, set(ids), by_identity="sample_workers" in records[0])
     run_id = claim(store, cfg.lease, resume=False)
     copy_base(source, store, cfg)
     head = {"source": source.uri, "overrides": overrides, "steps": len(records), "samples": len(ids)}
