@@ -37,8 +37,8 @@ from typing import Any, Protocol
 import torch
 
 from areal_core.config import RunConfig
-from areal_core.forks import read_fork
 from areal_core.events import EventLog
+from areal_core.forks import read_fork
 from areal_core.layout import LAYOUT
 from areal_core.models import load_pretrained, save_pretrained
 from areal_core.protocol import Sample, read_shard_or_quarantine, unique
