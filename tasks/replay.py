@@ -24,10 +24,10 @@ class ReplayResult(NamedTuple):
 
 
 @task(container_image=IMAGE, requests=ROLE, secret_requests=SECRETS)
-def replay_run(run: str, into: str, overrides: str) -> ReplayResult:
-    """Train on `run`'s graded samples in their recorded order into the new root `into`; the
+def replay_run(run: str, into: str, overrides: str, layer: str = "graded") -> ReplayResult:
+    """Train on `run`'s samples (rewards from `layer`) in their recorded order into the new root `into`; the
     largest relative loss / grad-norm difference from the run's steps (-1: not recorded)."""
     bind_execution()
-    out = replay_lib.replay_task(run, into, overrides)
+    out = replay_lib.replay_task(run, into, overrides, layer)
     models = {name: model_dir(out["run_uri"], name) for name in (LAYOUT.init_model, LAYOUT.final_model)}
     return ReplayResult(**out, **models)

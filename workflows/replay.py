@@ -26,13 +26,14 @@ class Replayed(NamedTuple):
 
 
 @workflow
-def replay(run: str, into: str, overrides: str = "") -> Replayed:
+def replay(run: str, into: str, overrides: str = "", layer: str = "graded") -> Replayed:
     """Train on a run's stored samples in their recorded order into a new run root, then evaluate.
 
     :param run: the run root to replay (a local path or s3://...)
     :param into: a new, empty run root for the replay
     :param overrides: dotted key=value settings over the run's config (algo.*, train.*, seed ...), whitespace-separated with shell quoting
+    :param layer: the samples' rewards: 'graded' (the run's) or a committed re-graded layer (workflows/regrade.py)
     """
-    result = replay_run(run=run, into=into, overrides=overrides)
+    result = replay_run(run=run, into=into, overrides=overrides, layer=layer)
     accuracy = evaluate(run_uri=result.run_uri, init_model=result.init_model, final_model=result.final_model)
     return result.steps, result.max_loss_rel_diff, result.max_grad_norm_rel_diff, accuracy.before, accuracy.after

@@ -1,7 +1,11 @@
 """Replay: train again on a run's stored graded samples, in the order its trainer consumed them,
 under the run's own config or another one, into a new run root.
 
-    python -m areal_core.run.replay RUN_URI --into NEW_URI [--set algo.loss=gspo --set train.lr=1e-4]
+    python -m areal_core.run.replay RUN_URI --into NEW_URI [--set algo.loss=gspo --set train.lr=1e-4] [--layer NAME]
+
+`--layer NAME` takes the samples (their rewards) from a committed re-graded layer
+(reward/regrade.py: trajectories/regraded/NAME/) instead of the graded one: retrain on the run's
+samples under a fixed or new reward without generating again.
 
 What determines a step, and where the replay takes it from:
 - the samples and their order: the audit record trainer/trained/step-N.json (`samples` and
@@ -131,11 +135,18 @@ def load_records(store: Store) -> list[dict]:
     return [store.read_json(LAYOUT.trained_record(s)) for s in steps]
 
 
-def graded_samples(store: Store, wanted: set[str], by_identity: bool) -> dict[str, Sample]:
-    """The wanted samples from the run's graded shards, by identity (or sample id for records
-    older than `sample_workers`); DerivedRunError naming the first ones missing."""
+def graded_samples(store: Store, wanted: set[str], by_identity: bool, layer: str = "graded") -> dict[str, Sample]:
+    """The wanted samples from the run's graded layer (or a committed re-graded one,
+    reward/regrade.py), by identity (or sample id for records older than `sample_workers`);
+    DerivedRunError naming the first ones missing."""
+    try:
+        folder = LAYOUT.layer_dir(layer)
+    except ValueError as exc:
+        raise DerivedRunError(str(exc)) from None
+    if layer == "ungraded" or (layer not in LAYOUT.base_layers and not store.exists(LAYOUT.committed(folder))):
+        raise DerivedRunError(f"{store.url(folder)} is not a graded layer (a committed re-grade or 'graded')")
     found: dict[str, Sample] = {}
-    for rel in store.find(LAYOUT.graded_dir, ".arrow"):
+    for rel in store.find(folder, ".arrow"):
         try:
             samples = decode_shard(store.read_bytes(rel))
         except ShardError:
@@ -147,14 +158,15 @@ def graded_samples(store: Store, wanted: set[str], by_identity: bool) -> dict[st
     missing = sorted(wanted - found.keys())
     if missing:
         raise DerivedRunError(
-            f"{store.uri}: {len(missing)} trained samples are not in its graded shards, e.g. {missing[:3]}"
+            f"{store.uri}: {len(missing)} trained samples are not in its layer {layer!r}, e.g. {missing[:3]}"
         )
     return found
 
 
-def replay(run_uri: str, into: str, overrides: list[str] | None = None) -> dict[str, Any]:
-    """Replay the run at `run_uri` into the new root `into` with `overrides` (dotted key=value);
-    returns lineage/replay.json's content."""
+def replay(run_uri: str, into: str, overrides: list[str] | None = None, layer: str = "graded") -> dict[str, Any]:
+    """Replay the run at `run_uri` into the new root `into` with `overrides` (dotted key=value),
+    its samples (rewards) taken from `layer`: the graded layer or a re-graded one; returns
+    lineage/replay.json's content."""
     from areal_core.evaluate import greedy_accuracy
     from areal_core.prompts import load_prompts
     from areal_core.run.ownership import claim, hold, renew
@@ -169,10 +181,10 @@ def replay(run_uri: str, into: str, overrides: list[str] | None = None) -> dict[
     store = fresh_root(into, source)
     records = load_records(source)
     ids = [i for rec in records for i in record_ids(rec)]
-    lookup = graded_samples(source, set(ids), by_identity="sample_workers" in records[0])
+    lookup = graded_samples(source, set(ids), "sample_workers" in records[0], layer)
     run_id = claim(store, cfg.lease, resume=False)
     copy_base(source, store, cfg)
-    head = {"source": source.uri, "overrides": overrides, "steps": len(records), "samples": len(ids)}
+    head = {"source": source.uri, "layer": layer, "overrides": overrides, "steps": len(records), "samples": len(ids)}
     store.write_json(LAYOUT.replay_record, {**head, "state": "running"})
     set_threads(cfg.threads_per_role)
     evaluate = None
@@ -209,11 +221,11 @@ def source_trainer_time(source: Store) -> dict[str, float]:
     return {"train_s": sum(r.get("train_s", 0.0) for r in rows), "elapsed_s": float(status.get("elapsed_s", 0.0))}
 
 
-def replay_task(run_uri: str, into: str, overrides: str) -> dict[str, Any]:
+def replay_task(run_uri: str, into: str, overrides: str, layer: str = "graded") -> dict[str, Any]:
     """What the Flyte task returns: the new root and the comparison (overrides shell-split)."""
     from areal_core.run.pipeline import parse_overrides
 
-    record = replay(run_uri, into, parse_overrides(overrides))
+    record = replay(run_uri, into, parse_overrides(overrides), layer)
     worst = record["max_rel_diff"]
     return {
         "run_uri": Store(into).uri,
@@ -230,10 +242,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run_uri", help="the run root to replay")
     parser.add_argument("--into", required=True, help="a new, empty run root for the replay")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a config override (repeat)")
+    parser.add_argument("--layer", default="graded", help="the samples' rewards: 'graded' or a re-graded layer")
     args = parser.parse_args(argv)
     setup_logging()
     try:
-        record = replay(args.run_uri, args.into, args.set)
+        record = replay(args.run_uri, args.into, args.set, args.layer)
     except (DerivedRunError, FileNotFoundError) as exc:
         print(f"replay: {exc}", file=sys.stderr)
         return 2
