@@ -141,3 +141,37 @@ def test_bad_forks_are_refused_in_one_line_and_write_nothing(parent, tmp_path):
         timeout=120,
     )
     assert cli.returncode == 2 and cli.stderr.strip().count("\n") == 0 and "available steps: 4, 6" in cli.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.s3
+@pytest.mark.timeout(2400)
+def test_fork_workflow_of_a_run_on_s3_as_pods(tmp_path, s3_bucket, s3_server):
+    """`workflows/fork.py: fork` as a cluster runs it (tests/podemu/: each node a pod, literal maps
+    on the S3 endpoint): the child of a run on S3 trains to DONE in its own S3 root from v_k,
+    reading the parent's shards in place; the parent's objects are untouched."""
+    from tests.podemu.execute import Execution, to_literals, to_python
+    from tests.podemu.package import package
+    from tests.test_podemu import SECRETS, registration_env
+
+    parent = run_to_done([*TINY, f"store={s3_bucket}/runs/parent", "train.steps=4"])
+    before = listing(parent)
+    pkg = package(ROOT, tmp_path / "pkg", registration_env(tmp_path / "none.yaml"), packages="workflows.fork")
+    wf = "workflows.fork.fork"
+    child_uri = f"{s3_bucket}/runs/child"
+    inputs = {"run": parent.uri, "step": 2, "into": child_uri, "overrides": "train.steps=5 train.lr=1e-4"}
+    ex = Execution(pkg, wf, s3_bucket, ROOT, tmp_path / "pods", s3_server, SECRETS, timeout_s=1800)
+    out = ex.run(to_literals(pkg, wf, inputs))
+    assert 0.0 <= to_python(out["after"], float) <= 1.0  # the child's held-out accuracy after RL
+    child = Store(child_uri)
+    assert child.done() and child.read_json(LAYOUT.done)["step"] == 5
+    assert sha(child.read_bytes(LAYOUT.weights_file(2, MODEL_FILE))) == sha(
+        parent.read_bytes(LAYOUT.checkpoint_file(2, MODEL_FILE))
+    )
+    assert child.read_json(LAYOUT.trained_record(2))["trainer_version"] == 2
+    assert read_fork(child).parent == parent.uri and all(
+        root == parent.uri for root in read_fork(child).shards.values()
+    )
+    assert listing(parent) == before
+    assert parent.read_json(LAYOUT.fork_child(child_id(child.uri)))["child"] == child.uri
+    assert {p.template.id.name for p in ex.pods()} >= {"tasks.fork.fork_run", "tasks.pipeline.run_async_rl"}

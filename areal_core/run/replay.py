@@ -179,7 +179,7 @@ def replay(run_uri: str, into: str, overrides: list[str] | None = None, layer: s
     overrides = list(overrides or [])
     cfg = derived_config(src_cfg, overrides, into, FIXED, "a replay")
     store = fresh_root(into, source)
-    records = load_records(source)
+    records = load_records(source)[: cfg.train.steps]  # train.steps=N replays the first N steps
     ids = [i for rec in records for i in record_ids(rec)]
     lookup = graded_samples(source, set(ids), "sample_workers" in records[0], layer)
     run_id = claim(store, cfg.lease, resume=False)
