@@ -175,3 +175,24 @@ def test_fork_workflow_of_a_run_on_s3_as_pods(tmp_path, s3_bucket, s3_server):
     assert listing(parent) == before
     assert parent.read_json(LAYOUT.fork_child(child_id(child.uri)))["child"] == child.uri
     assert {p.template.id.name for p in ex.pods()} >= {"tasks.fork.fork_run", "tasks.pipeline.run_async_rl"}
+
+
+def test_replay_fork_and_regrade_workflows_take_typed_described_inputs():
+    from flyteidl.core.types_pb2 import SimpleType
+
+    from tests.test_flyte import serialize
+    from workflows.fork import fork as fork_wf
+    from workflows.regrade import regrade, regrade_and_replay
+    from workflows.replay import replay
+
+    text, number = SimpleType.STRING, SimpleType.INTEGER
+    want = {
+        fork_wf: {"run": text, "step": number, "into": text, "overrides": text},
+        replay: {"run": text, "into": text, "overrides": text, "layer": text},
+        regrade: {"run": text, "layer": text, "reward": text, "pool_size": number},
+    }
+    for wf, types in want.items():
+        assert {k: v.type.simple for k, v in serialize(wf).template.interface.inputs.items()} == types
+    for wf in (fork_wf, replay, regrade, regrade_and_replay):
+        inputs = serialize(wf).template.interface.inputs
+        assert {k: v.description for k, v in inputs.items() if not v.description or v.description == k} == {}

@@ -29,7 +29,8 @@ def records(store: Store) -> list[dict]:
 def source(tmp_path_factory) -> Store:
     """A short asynchronous run (η = 2, one rollout and one reward worker) to DONE."""
     root = tmp_path_factory.mktemp("replay") / "run"
-    run_uri, _ = pipeline.prepare("", [*TINY, f"store={root}", f"train.steps={STEPS}", "train.lr=3e-3"])
+    signal = ["reward.function=tests.test_pipeline:hash_reward", "rollout.temperature=1.5"]  # mixed groups
+    run_uri, _ = pipeline.prepare("", [*TINY, f"store={root}", f"train.steps={STEPS}", "train.lr=3e-3", *signal])
     pipeline.run_async_rl(run_uri, pipeline.sft(run_uri))
     store = Store(run_uri)
     assert store.done()
@@ -102,7 +103,7 @@ def test_bad_replays_are_refused_in_one_line_and_write_nothing(source, tmp_path)
     copy = tmp_path / "copy"
     shutil.copytree(source.local_path(), copy)
     Store(str(copy)).delete(Store(str(copy)).find(LAYOUT.graded_dir, ".arrow")[0])
-    with pytest.raises(DerivedRunError, match="not in its graded shards"):
+    with pytest.raises(DerivedRunError, match="not in its layer .graded."):
         replay(str(copy), str(tmp_path / "r2"))
     assert not (tmp_path / "r2").exists()
     # the command line: exit code 2 and one line
