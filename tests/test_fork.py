@@ -11,9 +11,10 @@ import sys
 
 import pytest
 
-from areal_core.forks import read_fork
+from areal_core.forks import ForkRef, WorkerCursor, on_lineage, read_fork, write_fork
 from areal_core.layout import LAYOUT
-from areal_core.protocol import decode_shard
+from areal_core.protocol import Sample, decode_shard, write_shard
+from areal_core.rollout.admission import Admission, recover_progress
 from areal_core.run import pipeline
 from areal_core.run.derived import DerivedRunError
 from areal_core.run.fork import child_id, fork
@@ -196,3 +197,36 @@ def test_replay_fork_and_regrade_workflows_take_typed_described_inputs():
     for wf in (fork_wf, replay, regrade, regrade_and_replay):
         inputs = serialize(wf).template.interface.inputs
         assert {k: v.description for k, v in inputs.items() if not v.description or v.description == k} == {}
+
+
+def sample(sid: str, gid: str, versions: list[int]) -> Sample:
+    return Sample(sid, gid, "p", "rollout-0", [5, 6, 7, 8], 2, [0, 0, 1, 1], [0.0] * 4, [-1, -1, *versions], reward=1.0)
+
+
+def test_on_lineage_keeps_whole_groups_sampled_by_versions_up_to_k_outside_abandoned_ones():
+    rows = [
+        sample("a0", "a", [3, 4]),
+        sample("a1", "a", [4, 4]),
+        sample("b0", "b", [4, 4]),
+        sample("b1", "b", [4, 5]),  # one token of the parent's v5: the whole group is off the lineage
+        sample("c0", "c", [1, 2]),
+        sample("c1", "c", [1, 1]),
+    ]
+    assert [s.sample_id for s in on_lineage(rows, 4, [])] == ["a0", "a1", "c0", "c1"]
+    assert [s.sample_id for s in on_lineage(rows, 4, [[2, 3]])] == []  # a0 and c0 hold abandoned versions
+    assert [s.sample_id for s in on_lineage(rows, 5, [[2, 2]])] == ["a0", "a1", "b0", "b1"]
+
+
+def test_a_forked_rollout_worker_continues_its_parents_cursor(tmp_path):
+    store = Store(str(tmp_path))
+    cursor = WorkerCursor(next_seq=9, groups=[0, 1, 2, 4])
+    write_fork(store, ForkRef("file:///parent", 4, 4, {}, {"rollout-0": cursor}))
+    progress = recover_progress(store, "rollout-0")
+    assert (progress.next_seq, progress.groups) == (9, {0, 1, 2, 4})
+    admission = Admission(num_prompts=50, seed=1, batch_groups=2, eta=1, progress=progress)
+    assert admission.started == 4 and admission.room(1) == (1 + 1 + 1) * 2 - 4
+    assert [admission.start()[0] for _ in range(2)] == [3, 5]  # the lost group first, then on
+    assert recover_progress(store, "rollout-1").next_seq == 0  # a worker the parent did not have
+    write_shard(store, LAYOUT.ungraded_shard("rollout-0", 9), [sample("x", "rollout-0-g0000005", [4, 4])] * 2)
+    again = recover_progress(store, "rollout-0")
+    assert (again.next_seq, again.groups) == (10, {0, 1, 2, 4, 5})

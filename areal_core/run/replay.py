@@ -100,7 +100,8 @@ class ReplayTrainer(Trainer):
         buf.add(batch)
         dropped = buf.drop_stale(self.state.version, self.cfg.train.eta)
         if self.cfg.algo.dynamic_sampling:
-            buf.drop_uninformative()
+            groups = len({s.group_id for s in buf.drop_uninformative()})
+            self.state.counters["filtered_groups"] = self.state.counters.get("filtered_groups", 0) + groups
         return buf.samples(), dropped
 
 
