@@ -27,6 +27,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from areal_core.config.base import ConfigError
+from areal_core.config.hooks import import_object
 from areal_core.context import load_run_config
 from areal_core.layout import LAYOUT
 from areal_core.prompts import load_prompts
@@ -92,6 +94,7 @@ def regrade(
     cfg = load_run_config(store)
     reward = reward or cfg.reward.function or DEFAULT_REWARD
     _check_names(store, source, into)
+    import_object(reward, key="reward")  # a reward that does not import claims no layer
     request = {"source": source, "reward": reward}
     resumed = _claim(store, into, request)
     sources = store.find(LAYOUT.layer_dir(source), ".arrow")
@@ -231,3 +234,25 @@ def _tokenizer(store: Store):
     from areal_core.models import localize
 
     return AutoTokenizer.from_pretrained(localize(store.url(LAYOUT.init_model)))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """python -m areal_core.reward.regrade RUN --reward pkg.module:fn --into NAME: prints the summary."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m areal_core.reward.regrade", description=main.__doc__)
+    ap.add_argument("run", help="run root: a local path or s3://...")
+    ap.add_argument("--into", required=True, help="name of the new layer (trajectories/regraded/NAME)")
+    ap.add_argument("--reward", default=None, help="reward function 'pkg.module:fn' (default: the run's own)")
+    ap.add_argument("--source", default="graded", help="layer to re-grade (default: graded)")
+    ap.add_argument("--pool-size", type=int, default=2)
+    args = ap.parse_args(argv)
+    try:
+        report = regrade(args.run, args.reward, args.into, source=args.source, pool_size=args.pool_size)
+    except (RegradeError, ConfigError, FileNotFoundError) as exc:
+        raise SystemExit(f"regrade: {exc}") from None
+    print(json.dumps(report.summary(), indent=1))
+
+
+if __name__ == "__main__":
+    main()
