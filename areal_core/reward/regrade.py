@@ -59,16 +59,28 @@ class RegradeReport:
     changes: list[dict[str, Any]] = field(default_factory=list)  # identity, worker_id, sample_id, old, new
     unreadable: list[str] = field(default_factory=list)  # source shards that did not parse (skipped)
     resumed_shards: int = 0  # shards an earlier attempt of this request had written
-    seconds: float = 0.0
+    seconds: float = 0.0  # end to end
+    setup_seconds: float = 0.0  # config, prompts, tokenizer, labels, the pool's processes
 
     @property
     def samples_per_s(self) -> float:
+        """End to end, setup included."""
         return self.samples / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def grading_samples_per_s(self) -> float:
+        """After setup: read, grade, write (what a larger run converges to)."""
+        busy = self.seconds - self.setup_seconds
+        return self.samples / busy if busy > 0 else 0.0
 
     def summary(self) -> dict[str, Any]:
         """Everything but the list of changes (that is in changes.parquet)."""
         out = {k: v for k, v in asdict(self).items() if k != "changes"}
-        return {**out, "samples_per_s": round(self.samples_per_s, 3)}
+        rates = {
+            "samples_per_s": round(self.samples_per_s, 3),
+            "grading_samples_per_s": round(self.grading_samples_per_s, 3),
+        }
+        return {**out, **rates}
 
 
 def regrade(
@@ -107,6 +119,7 @@ def regrade(
     timeout = cfg.reward.timeout_s if timeout_s is None else timeout_s
     tries = cfg.reward.retries if retries is None else retries
     with RewardPool(reward, pool_size, timeout, tries) as pool:
+        report.setup_seconds = time.monotonic() - t0
         batch: list[tuple[str, list[float | None], list[Sample]]] = []  # (target, old rewards, samples)
         for rel in sources:
             samples = _read(store, rel, report)
@@ -231,6 +244,8 @@ def _commit(store: Store, into: str, request: dict[str, Any], report: RegradeRep
 def _tokenizer(store: Store):
     from transformers import AutoTokenizer
 
+    if store.local:  # no need for models.localize, whose import pulls in the model code (seconds)
+        return AutoTokenizer.from_pretrained(str(store.local_path(LAYOUT.init_model)))
     from areal_core.models import localize
 
     return AutoTokenizer.from_pretrained(localize(store.url(LAYOUT.init_model)))
