@@ -209,17 +209,31 @@ def read_events(store: Store) -> list[dict[str, Any]]:
     """Every record of every role in the run root, with "role" and "worker" added, sorted by "t".
     A truncated line (a part cut by a crash mid-write cannot happen on the store, but a hand-copied
     root may have one) is skipped."""
-    out: list[dict[str, Any]] = []
-    for rel in store.find(LAYOUT.events_dir, ".jsonl"):
-        role, _, worker = rel.rsplit("/", 2)[-2].partition("-")
-        for line in store.read_text(rel).splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if not isinstance(rec, dict) or "t" not in rec or "kind" not in rec:
-                continue
-            rec["role"], rec["worker"] = role, worker
-            out.append(rec)
-    out.sort(key=lambda r: r["t"])
-    return out
+    return EventTail(store).new()
+
+
+class EventTail:
+    """A live view of a running root's events: each `new()` returns the records of the parts not
+    read before (a part is written once, whole), sorted by "t". One listing per call."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        self._read: set[str] = set()
+
+    def new(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        fresh = [rel for rel in self.store.find(LAYOUT.events_dir, ".jsonl") if rel not in self._read]
+        for rel in fresh:  # a store error on the way leaves every part of this call unread
+            role, _, worker = rel.rsplit("/", 2)[-2].partition("-")
+            for line in self.store.read_text(rel).splitlines():
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if not isinstance(rec, dict) or not isinstance(rec.get("t"), (int, float)) or "kind" not in rec:
+                    continue
+                rec["role"], rec["worker"] = role, worker
+                out.append(rec)
+        self._read.update(fresh)
+        out.sort(key=lambda r: r["t"])
+        return out

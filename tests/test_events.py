@@ -313,3 +313,98 @@ def test_a_pipeline_runs_events_agree_with_the_trainers_own_records(tiny_overrid
         mine = [r["t"] for r in events if (r["role"], r["worker"]) == key]
         assert rec["wall_s"] >= max(mine) - min(mine) - 0.01
         assert rec["seconds"] < 0.01 * rec["wall_s"], key
+
+
+AGENT_RUN = textwrap.dedent(
+    """
+    import sys
+    from areal_core.logs import setup_logging
+    from areal_core.run import pipeline
+    from tests.conftest import TINY
+
+    setup_logging()
+    overrides = [o for o in TINY if not o.startswith("launcher.progress")] + [
+        f"store={sys.argv[1]}",
+        "rollout.agent=areal_core.proxy.examples:calculator_agent",
+        "agent.episode_timeout_s=60",
+        "rollout.group_size=2",
+        "train.steps=3",
+        "launcher.progress=true",
+    ]
+    run_uri, _ = pipeline.prepare("", overrides)
+    checkpoint = pipeline.sft(run_uri)
+    print("=== RL ===", file=sys.stderr, flush=True)
+    pipeline.run_async_rl(run_uri, checkpoint)
+    """
+)
+
+
+@pytest.mark.slow
+def test_an_agent_run_prints_no_line_per_request(tmp_path):
+    """The calculator agent talks to its proxy through the real openai SDK, one HTTP request per
+    turn; the console shows the roles' few lines and the progress line, none per request."""
+    run = tmp_path / "run"
+    out = subprocess.run(
+        [sys.executable, "-c", AGENT_RUN, str(run)],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    console = (out.stdout + out.stderr).split("=== RL ===", 1)[1].splitlines()
+    completions = sum(r.get("completions", 0) for r in read_events(Store(str(run))) if r["kind"] == "count")
+    assert completions >= 12  # requests were made: at least one per episode
+    per_request = [line for line in console if "HTTP Request" in line or "/v1/chat/completions" in line]
+    assert per_request == []
+    info = [line for line in console if " INFO " in line]
+    assert len(info) <= 6, info  # rollout start and end, the trainer's DONE, the pipeline's end
+    assert any(line.startswith("[progress] step 3/3") for line in console)
+
+
+def write_timeline(store: Store, trainer_wait: bool) -> None:
+    """60 s of events: the trainer waits on batches while rollout generates (or the reverse)."""
+    now = time.time()
+    with EventLog(store, "trainer", "0", flush_every_s=60) as trainer:
+        if trainer_wait:
+            trainer.record_span("batch", now - 60, now - 5, "wait")
+            trainer.record_span("train", now - 5, now)
+        else:
+            trainer.record_span("train", now - 60, now)
+        trainer.emit("backlog", ungraded=7, graded=2, buffered_groups=3)
+    with EventLog(store, "rollout", "0", flush_every_s=60) as rollout:
+        if trainer_wait:
+            rollout.record_span("generate", now - 60, now)
+        else:
+            rollout.record_span("generate", now - 60, now - 50)
+            rollout.record_span("admission", now - 50, now, "wait")
+
+
+@pytest.mark.parametrize("trainer_wait, limit", [(True, "rollout"), (False, "trainer")])
+def test_the_progress_line_shows_the_backlog_and_the_limiting_role(tmp_path, capsys, trainer_wait, limit):
+    from areal_core.run.launcher import Progress
+
+    store = Store(str(tmp_path))
+    write_timeline(store, trainer_wait)
+    store.heartbeat("trainer", "0", step=10, steps=20, reward_mean=0.5, elapsed_s=61.0)
+    bar = Progress(store, True)
+    bar.update()
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("[progress] step 10/20")
+    assert line.endswith(f" · backlog 7 ungraded, 2 graded · limit: {limit}")
+
+
+def test_the_progress_line_reads_each_part_once(tmp_path, capsys):
+    from areal_core.run.launcher import Progress
+
+    store = Store(str(tmp_path))
+    write_timeline(store, True)
+    bar = Progress(store, True, events_every_s=0)
+    for step in (10, 20):
+        store.heartbeat("trainer", "0", step=step, steps=20, elapsed_s=61.0)
+        bar.update()
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2 and all("limit: rollout" in line for line in lines)
+    assert len(bar.tail._read) == 2  # two parts, each read once
+    assert len(bar.recent) == len(read_events(store))
