@@ -40,7 +40,7 @@ LAYERS: dict[str, int] = {
     "areal_core.run": 8,
     "areal_core.sim": 8,
     "areal_core.online": 9,
-    "areal_core.report": 10,
+    "areal_core.report": 8,  # beside run/, which builds the report at the end of a run
 }
 # Roles at one level do not import each other: a pair (importer package, imported package).
 FORBIDDEN = {

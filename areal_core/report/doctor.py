@@ -117,6 +117,14 @@ def _windows_mean(values: list[float], w: int) -> list[float]:
     return [sum(values[i : i + w]) / w for i in range(0, len(values) - w + 1)]
 
 
+def dropped_share(records: list[dict[str, Any]]) -> tuple[int, int]:
+    """(trained samples, samples the trainer dropped: stale or of an abandoned version), from the
+    `trained` events."""
+    trained_ev = [r for r in records if r.get("kind") == "trained"]
+    trained = sum(int(r.get("samples", 0)) for r in trained_ev)
+    return trained, sum(int(r.get("dropped", 0)) + int(r.get("abandoned", 0)) for r in trained_ev)
+
+
 def _health(records: list[dict[str, Any]], rows: Sequence[dict[str, Any]], stall_s: float) -> list[Finding]:
     out = [
         Finding(
@@ -159,11 +167,8 @@ def _health(records: list[dict[str, Any]], rows: Sequence[dict[str, Any]], stall
                 "lower η or cap the weight (algo.behav_high)",
             )
         )
-    trained = sum(int(r.get("samples", 0)) for r in records if r.get("kind") == "trained")
-    dropped = sum(int(r.get("n", 0)) for r in records if r.get("kind") == "drop")
-    if not trained and rows:
-        dropped = int(rows[-1].get("dropped_samples", 0))
-    if dropped and dropped > DROP_FRAC * (trained + dropped) and trained + dropped:
+    trained, dropped = dropped_share(records)
+    if dropped > DROP_FRAC * (trained + dropped) > 0:
         out.append(
             Finding(
                 "health",
