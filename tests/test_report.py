@@ -3,19 +3,24 @@ the Deck and MLflow."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from areal_core.context import load_run_config
 from areal_core.layout import LAYOUT
+from areal_core.procs import kill_group
 from areal_core.report import series
 from areal_core.report.data import load_run
 from areal_core.report.doctor import diagnose, limiting_role, stalled_workers
 from areal_core.report.html import build_report, page
 from areal_core.run import pipeline
+from areal_core.run.launcher import launch, start_role, stop_all
 from areal_core.run.tracking import Tracker
 from areal_core.store import Store
 from tests.conftest import ROOT, TINY, free_port
@@ -234,9 +239,10 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 CHROMIUM = "/usr/bin/chromium"
 
 
-def open_in_chromium(path: Path, shot: Path) -> tuple[list[str], list[dict]]:
-    """Open `path` in headless Chromium; returns (every URL it requested, each <img>'s natural and
-    rendered size and the standard deviation of its pixels in a screenshot)."""
+def open_in_chromium(path: Path, shot: Path, tab: str = "") -> tuple[list[str], list[dict]]:
+    """Open `path` in headless Chromium (and click the Deck tab `tab`); returns (every URL it
+    requested, each visible <img>'s natural and rendered size and the standard deviation of its
+    pixels in a screenshot)."""
     from PIL import Image, ImageStat
     from playwright.sync_api import sync_playwright
 
@@ -246,8 +252,10 @@ def open_in_chromium(path: Path, shot: Path) -> tuple[list[str], list[dict]]:
         requests: list[str] = []
         page.on("request", lambda r: requests.append(r.url))
         page.goto(path.as_uri(), wait_until="networkidle")
+        if tab:
+            page.click(f"li:text-is('{tab}')")
         images = []
-        for i, img in enumerate(page.query_selector_all("img")):
+        for i, img in enumerate(page.query_selector_all(".areal-report img")):
             img.scroll_into_view_if_needed()
             size = img.evaluate("i => [i.naturalWidth, i.naturalHeight, i.width, i.height, i.complete]")
             crop = shot.with_name(f"{shot.stem}-{i}.png")
@@ -309,8 +317,44 @@ def test_the_deck_shows_the_report_drawn_and_only_flytekits_own_font_is_requeste
     assert decks, "flytekit wrote no deck.html"
     deck = decks[-1]
     assert deck.read_text().count('<div class="areal-report">') == 1  # replaced, not appended
-    requests, images = open_in_chromium(deck, tmp_path / "deck.png")
+    requests, images = open_in_chromium(deck, tmp_path / "deck.png", tab="report")
     template = (Path(flytekit.__file__).parent / "deck" / "html" / "template.html").read_text()
     assert requests[0] == deck.as_uri()
     assert all(url.replace("%7C", "|") in template.replace("%7C", "|") for url in requests[1:]), requests
     assert_drawn(images, ALL_CHARTS)
+
+
+# -- the doctor on real runs: a slow side, a killed worker --------------------------------------
+
+
+def run_roles(run_uri: str) -> dict:
+    cfg = load_run_config(Store(run_uri))
+    return launch(run_uri, cfg.rollout.num_workers, cfg.reward.num_workers, timeout_s=600, progress=False)
+
+
+@pytest.mark.slow
+def test_a_killed_rollout_worker_is_named_stalled_while_the_run_goes_on(tmp_path):
+    """Two rollout workers, one SIGKILLed (a lost pod: nothing restarts it here); the report of
+    the still-running root names it."""
+    run_uri, _ = _prepared(tmp_path / "run", "rollout.num_workers=2", "train.steps=200")
+    store = Store(run_uri)
+    procs = [start_role("trainer", run_uri), start_role("reward", run_uri)]
+    procs += [start_role("rollout", run_uri, i) for i in range(2)]
+    try:
+        deadline = time.time() + 300
+        while not store.find(f"{LAYOUT.events_dir}/rollout-1", ".jsonl") or not store.exists(LAYOUT.metrics):
+            assert time.time() < deadline and all(p.proc.poll() is None for p in procs)
+            time.sleep(0.5)
+        kill_group(procs[3].proc.pid, signal.SIGKILL)
+        killed_at = time.time()
+        time.sleep(12)  # the others go on recording
+        assert all(p.proc.poll() is None for p in procs[:3])
+        records = load_run(store).records
+    finally:
+        stop_all(procs)
+    last = max(r["t"] for r in records if r["role"] == "rollout" and r["worker"] == "1")
+    assert last <= killed_at
+    stalled = stalled_workers(records, stall_s=5)
+    assert [name for name, _ in stalled] == ["rollout-1"]
+    flags = [f for f in diagnose(records, stall_s=5) if f.kind == "health"]
+    assert flags and flags[0].title == "stalled worker rollout-1"
