@@ -358,3 +358,22 @@ def test_a_killed_rollout_worker_is_named_stalled_while_the_run_goes_on(tmp_path
     assert [name for name, _ in stalled] == ["rollout-1"]
     flags = [f for f in diagnose(records, stall_s=5) if f.kind == "health"]
     assert flags and flags[0].title == "stalled worker rollout-1"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("overrides", "role"),
+    [
+        # long generations one group at a time, and η high enough that admission never blocks
+        (["rollout.max_new_tokens=64", "rollout.max_batch_groups=1", "train.eta=10", "train.steps=10"], "rollout"),
+        # a trainer that sleeps a second a step (train.slow_step_s, the config's own knob)
+        (["train.slow_step_s=1", "train.steps=6"], "trainer"),
+    ],
+)
+def test_the_doctor_names_the_slow_side_of_a_real_run(tmp_path, overrides, role):
+    run_uri, _ = _prepared(tmp_path / "run", *overrides)
+    run_roles(run_uri)
+    data = load_run(Store(run_uri))
+    assert limiting_role(data.records) == role
+    verdict = diagnose(data.records, data.rows)[0]
+    assert (verdict.kind, verdict.role) == ("limit", role)

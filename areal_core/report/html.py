@@ -12,7 +12,7 @@ from typing import Any
 
 from areal_core.report import plots, series
 from areal_core.report.data import RunData, load_run
-from areal_core.report.doctor import Finding, diagnose
+from areal_core.report.doctor import Finding, diagnose, rl_start
 from areal_core.report.timing import role_time
 from areal_core.store import Store
 
@@ -40,7 +40,7 @@ def _img(png: bytes | None, alt: str, empty: str) -> str:
 def _table(head: list[str], rows: list[list[Any]]) -> str:
     th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in rows)
-    return f"<table><tr>{th}</tr>{body}</table>"
+    return f"<table>{f'<tr>{th}</tr>' if any(head) else ''}{body}</table>"
 
 
 def _findings(findings: list[Finding]) -> str:
@@ -76,7 +76,7 @@ def render(data: RunData, heldout: tuple[float, float] | None = None) -> str:
         summary.append(["held-out accuracy before → after RL", f"{heldout[0]:.3f} → {heldout[1]:.3f}"])
     roles = [
         [r.role, r.workers, f"{r.busy:.0%}", f"{r.wait:.0%}", ", ".join(f"{k} {v:.0%}" for k, v in r.wait_on.items())]
-        for r in role_time(recs).values()
+        for r in role_time(recs, rl_start(recs)).values()
     ]
     rates = [
         [role, k, n, f"{tp.rates[role][k]:.2f}", f"{n / wall:.2f}"]

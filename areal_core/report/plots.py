@@ -17,12 +17,12 @@ STATE_COLOURS = {"busy": "#2e7d32"}
 WAIT_COLOURS = ["#e53935", "#fb8c00", "#8e24aa", "#1e88e5", "#6d4c41", "#00897b"]
 
 
-def _png(fig: Figure) -> bytes:
+def _png(fig: Figure, bottom: float = 0.55) -> bytes:
     """PNG bytes of `fig`, with fixed margins in inches (tight_layout would draw every figure
-    twice): 0.8 left, 0.55 bottom, 0.35 top."""
+    twice): 0.8 left, `bottom`, 0.35 top."""
     FigureCanvasAgg(fig)
     w, h = fig.get_size_inches()
-    fig.subplots_adjust(left=0.8 / w, right=1 - 0.15 / w, top=1 - 0.35 / h, bottom=0.55 / h, wspace=0.25)
+    fig.subplots_adjust(left=0.8 / w, right=1 - 0.15 / w, top=1 - 0.35 / h, bottom=bottom / h, wspace=0.25)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI)
     return buf.getvalue()
@@ -61,7 +61,7 @@ def timeline(lanes: dict[str, dict[str, list[tuple]]]) -> bytes | None:
         return None
     waits = sorted({k for lane in lanes.values() for k in lane if k != "busy"})
     colours = {**STATE_COLOURS, **{w: WAIT_COLOURS[i % len(WAIT_COLOURS)] for i, w in enumerate(waits)}}
-    fig = Figure(figsize=(10.4, 1.3 + 0.4 * len(lanes)))
+    fig = Figure(figsize=(10.4, 1.6 + 0.4 * len(lanes)))
     ax = fig.add_subplot(1, 1, 1)
     names = list(lanes)
     for i, name in enumerate(names):
@@ -69,12 +69,11 @@ def timeline(lanes: dict[str, dict[str, list[tuple]]]) -> bytes | None:
             ax.broken_barh(bars, (i - 0.35, 0.7), facecolors=colours[label], linewidth=0)
     ax.set_yticks(range(len(names)), names)
     ax.invert_yaxis()
-    ax.set(xlabel="wall time (s)")
-    ax.set_title("role timeline: busy, and what each role waited on", loc="left")
+    ax.set(xlabel="wall time (s)", title="role timeline: busy, and what each role waited on")
     for label, colour in colours.items():
         ax.bar(0, 0, color=colour, label=label.replace("wait:", "wait on "))
-    ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=6, fontsize=8, frameon=False)
-    return _png(fig)
+    fig.legend(loc="lower center", ncol=6, fontsize=8, frameon=False)
+    return _png(fig, bottom=0.85)
 
 
 def staleness(hist: dict[int, int], trend: list[tuple[int, float]], eta: int | None) -> bytes | None:
@@ -122,7 +121,7 @@ def throughput(tp: Throughput) -> bytes | None:
     for ax, key in zip(axes, keys):
         for role, series in sorted(tp.binned.items()):
             if key in series:
-                ax.plot(*series[key], label=role)
+                ax.plot(*series[key], ".-", label=role)
         ax.set(title=f"{key} per second", xlabel="wall time (s)")
         ax.legend(loc="best", fontsize=8)
     return _png(fig)

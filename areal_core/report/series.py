@@ -107,12 +107,14 @@ class Throughput:
     binned: dict[str, dict[str, tuple[list[float], list[float]]]]  # role -> key -> (bin centres, per s)
 
 
-def throughput(records: Records, t0: float, bins: int = 40) -> Throughput:
+def throughput(records: Records, t0: float, bins: int = 40, min_bin_s: float = 5.0) -> Throughput:
     """Counts from the `count` events: total, total / (last - first record of the role), and the
-    rate in `bins` equal time bins over the run."""
+    rate in at most `bins` equal time bins over the run, each at least `min_bin_s` long (a role
+    counts once per flush, every 2 s: narrower bins would be spikes and gaps)."""
     counts = kinds(records, "count")
     end = max((float(r["t"]) for r in records), default=t0)
-    width = max((end - t0) / bins, 1e-9)
+    width = max((end - t0) / bins, min_bin_s)
+    bins = max(1, min(bins, int((end - t0) / width) + 1))
     span: dict[str, list[float]] = {}
     for r in records:
         lo = span.setdefault(r["role"], [float(r["t"]), float(r["t"])])
