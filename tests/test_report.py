@@ -272,7 +272,7 @@ def assert_drawn(images: list[dict], alts: set[str]) -> None:
     assert {i["alt"] for i in images} == alts
     for img in images:
         natural_w, natural_h, w, h, complete = img["size"]
-        assert complete and natural_w > 100 and natural_h > 100 and w > 100 and h > 50, img
+        assert complete and natural_w > 100 and natural_h > 60 and w > 100 and h > 60, img
         assert img["spread"] > 10, f"{img['alt']} is blank"
 
 

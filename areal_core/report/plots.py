@@ -132,7 +132,7 @@ def reasons(counts: dict[str, dict[str, int]]) -> bytes | None:
     if not items:
         return None
     items = sorted(items, key=lambda x: x[1])[-15:]
-    fig = Figure(figsize=(10.4, 0.8 + 0.3 * len(items)))
+    fig = Figure(figsize=(10.4, 1.6 + 0.3 * len(items)))
     ax = fig.add_subplot(1, 1, 1)
     ax.barh([label[:70] for label, _ in items], [n for _, n in items], color="#e53935")
     ax.set(title="drops, quarantines and sandbox failures by reason", xlabel="count")
