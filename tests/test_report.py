@@ -198,10 +198,10 @@ def test_mlflow_holds_the_report_and_its_series(dropping_run, mlflow_server):
     assert html.startswith("<!DOCTYPE html>") and "limits the run" in html
     data = load_run(store)
     expected = series.step_metrics(data.records, data.rows)
-    logged = {m.step: m.value for m in client.get_metric_history(run_id, "events/staleness_mean")}
+    logged = {m.step: m.value for m in client.get_metric_history(run_id, "report/staleness_mean")}
     assert logged == pytest.approx({s: m["staleness_mean"] for s, m in expected.items() if "staleness_mean" in m})
     assert len(logged) == 6
-    waits = client.get_metric_history(run_id, "events/trainer_wait_frac")
+    waits = client.get_metric_history(run_id, "report/trainer_wait_frac")
     assert len(waits) == 6 and all(0 <= m.value <= 1 for m in waits)
 
 

@@ -191,7 +191,7 @@ def totals(records: Records, rows: Rows, audits: Rows) -> Totals:
 
 
 def step_metrics(records: Records, rows: Rows) -> dict[int, dict[str, float]]:
-    """The per-step series logged to MLflow as `events/...`: for each trained step,
+    """The per-step series logged to MLflow as `report/...`: for each trained step,
     trainer_wait_frac (the step's "batch" wait / all its phase seconds, from `phases`),
     backlog_ungraded / backlog_graded (the last backlog record before the step ended),
     publish_lag_s (mean load - publish of version = step over the workers that loaded it),

@@ -187,7 +187,7 @@ def run_async_rl(run_uri: str, sft_checkpoint: str, publish: Publish | None = No
 
 def log_report(store: Store, tracker: Tracker, heldout: tuple[float, float] | None = None) -> str:
     """Build the run's report and log it to MLflow as report/report.html (replacing an earlier
-    one); without `heldout` (the end of RL) also log its per-step series as `events/...` metrics
+    one); without `heldout` (the end of RL) also log its per-step series as `report/...` metrics
     and print the doctor's verdict (health flags as warnings). Returns the report's <div> (for a
     Deck; "" when it could not be built: a warning, never a failed run)."""
     import tempfile
@@ -210,7 +210,7 @@ def log_report(store: Store, tracker: Tracker, heldout: tuple[float, float] | No
         for finding in findings[1:]:
             log.warning("doctor: %s", finding.line())
         series = step_metrics(data.records, data.rows)
-        tracker.log_series({step: {f"events/{k}": v for k, v in m.items()} for step, m in series.items()})
+        tracker.log_series({step: {f"report/{k}": v for k, v in m.items()} for step, m in series.items()})
     if tracker.enabled:
         with tempfile.TemporaryDirectory() as tmp:
             (Path(tmp) / "report.html").write_text(page(report), encoding="utf-8")
