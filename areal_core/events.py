@@ -28,7 +28,8 @@ One JSON object per line. Every record has "t" (unix seconds, when it was record
   trained    {"step": int, "samples": int, "staleness": {"s": count}, "dropped": int, "abandoned": int}
              one per step, the same numbers as the audit record trainer/trained/step-{step}.json
              (its drops include those made while waiting for the batch; "step" is the audit's
-             step, 0-based, as is the `phases` record's)
+             step, 0-based, as is the `phases` record's). A trainer restarted from a checkpoint
+             trains the steps after it again: the last record of a step is the one that counts
   drop       {"reason": str, "n": int}                   samples dropped, and why. Trainer: "stale"
              (older than v − η; their sum is the counter dropped_samples), "abandoned_version",
              "duplicate", "uninformative" (+ "groups"); rollout: "engine_failed", "empty_group"
@@ -190,7 +191,9 @@ class EventLog:
 
     def close(self) -> None:
         """End the current stretch, stop the flusher, record the log's own overhead and write what
-        is left."""
+        is left. A second call does nothing."""
+        if self._stop.is_set():
+            return
         self.switch(None)
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():

@@ -32,6 +32,7 @@ LAYERS: dict[str, int] = {
     "areal_core.events": 2,
     "areal_core.pretrained": 2,
     "areal_core.weights": 3,
+    "areal_core.forks": 3,
     "areal_core.dataset": 3,
     "areal_core.reward": 4,
     "areal_core.rollout": 5,

