@@ -225,6 +225,11 @@ class TrackingConfig(ConfigModel):
 class LauncherConfig(ConfigModel):
     timeout_s: Float = Field(1800.0, description="single machine: seconds before the roles are stopped")
     progress: Bool = Field(True, description="single machine: print a progress line")
+    report_every_s: Float = Field(
+        60.0,
+        ge=0,
+        description="single machine: seconds between refreshes of the live report (the Flyte Deck); 0: at the end only",
+    )
 
 
 class LeaseConfig(ConfigModel):
