@@ -92,25 +92,45 @@ def samples_table(run: str | Store, layer: str = "graded", tokens: bool = False)
 
 def _rows(store: Store, layer: str, columns: list[str]) -> pa.Table:
     """The layer's rows with root, shard_seq, row (and REL). A fork's graded layer also holds the
-    parent's rows it may train on: those of the shards lineage/parent.json references and those
-    its audit names (the checkpoint's pending samples), from the parent's own rows (recursively)."""
+    parent's rows it may train on (module docstring), from the parent's own rows (recursively)."""
     table = _with_shard_position(_scan(store, layer, columns), store)
     if layer != "graded" or not store.exists(LAYOUT.fork_parent):
         return table
     ref = read_fork(store)
     inherited = _rows(Store(ref.parent), layer, columns)
-    keys = read_audit(store)["key"]
     where = pc.binary_join_element_wise(inherited["root"], inherited[REL], "|")
-    wanted = (
-        pc.is_in(
-            where, value_set=pa.array([f"{root}|{rel}" for rel, root in ref.shards.items()], pa.string())
-        ).to_numpy(zero_copy_only=False)
-        | pc.is_in(
-            pc.binary_join_element_wise(inherited["worker_id"], inherited["sample_id"], "/"), value_set=keys
-        ).to_numpy(zero_copy_only=False)
-        | pc.is_in(inherited["sample_id"], value_set=keys).to_numpy(zero_copy_only=False)
+    referenced = pa.array([f"{root}|{rel}" for rel, root in ref.shards.items()], pa.string())
+    listed = _np(pc.is_in(where, value_set=referenced)) & _on_lineage(inherited, ref.version, ref.abandoned)
+    keys = read_audit(store)["key"]
+    identity = pc.binary_join_element_wise(inherited["worker_id"], inherited["sample_id"], "/")
+    named = _np(pc.is_in(identity, value_set=keys)) | _np(pc.is_in(inherited["sample_id"], value_set=keys))
+    # the parent's later samples may share an identity with the fork's own (the same group index)
+    own = _np(pc.is_in(identity, value_set=pc.binary_join_element_wise(table["worker_id"], table["sample_id"], "/")))
+    return pa.concat_tables([table, inherited.filter(pa.array(listed | (named & ~own)))])
+
+
+def _np(mask: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    return np.asarray(mask.to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _on_lineage(table: pa.Table, version: int, abandoned: list[list[int]]) -> np.ndarray:
+    """forks.on_lineage over a table, shard by shard: False for the rows of a group one of whose
+    policy tokens has a version above `version` or inside an abandoned [lo, hi]."""
+    n = table.num_rows
+    if n == 0:
+        return np.zeros(0, bool)
+    parents = pc.list_parent_indices(table["loss_mask"].combine_chunks()).to_numpy()
+    on = pc.list_flatten(table["loss_mask"].combine_chunks()).to_numpy(zero_copy_only=False) > 0
+    v = pc.list_flatten(table["versions"].combine_chunks()).to_numpy(zero_copy_only=False)
+    bad = on & (v > version)
+    for lo, hi in abandoned:
+        bad |= on & (v >= lo) & (v <= hi)
+    bad_row = np.bincount(parents[bad], minlength=n) > 0
+    group = pc.binary_join_element_wise(table["root"], table[REL], table["group_id"], "|")
+    bad_groups = group.filter(pa.array(bad_row))
+    return ~_np(
+        pc.is_in(group, value_set=bad_groups.combine_chunks() if bad_groups.num_chunks else pa.array([], pa.string()))
     )
-    return pa.concat_tables([table, inherited.filter(pa.array(wanted))])
 
 
 def _scan(store: Store, layer: str, columns: list[str]) -> pa.Table:
