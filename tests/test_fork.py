@@ -293,8 +293,9 @@ def test_a_retried_fork_continues_or_returns_its_result_and_another_request_is_r
     assert child.read_json(LAYOUT.derived_result) == out and out["run_uri"] == child.uri
     # the retried child is the child a fresh fork makes: the same checkpoint, config, cursor
     fork(src.uri, K, str(fresh), overrides)
-    same = (LAYOUT.config, *Store(str(fresh)).find(LAYOUT.checkpoints_dir), LAYOUT.metrics, LAYOUT.discarded_groups)
+    same = (*Store(str(fresh)).find(LAYOUT.checkpoints_dir), LAYOUT.metrics, LAYOUT.discarded_groups)
     assert all(child.read_bytes(p) == Store(str(fresh)).read_bytes(p) for p in same)
+    assert child.read_text(LAYOUT.config) == Store(str(fresh)).read_text(LAYOUT.config).replace(str(fresh), str(into))
     assert read_fork(child).workers == read_fork(Store(str(fresh))).workers
     before = listing(child)
     assert fork(src.uri, K, str(into), overrides) == out  # finished: the same result, nothing written

@@ -95,6 +95,10 @@ def test_bad_replays_are_refused_in_one_line_and_write_nothing(source, tmp_path)
         replay(source.uri, str(into), ["rollout.temperature=0.5"])
     with pytest.raises(DerivedRunError, match="source run's own root"):
         replay(source.uri, source.uri)
+    with pytest.raises(DerivedRunError, match="source run's own root"):
+        replay(source.uri, f"{into}/../../{source.local_path().parent.name}/run")
+    with pytest.raises(DerivedRunError, match="unknown config key 'algo.nosuch'"):
+        replay(source.uri, str(into), ["algo.nosuch=1"])
     assert not into.exists()
     (into / "x").mkdir(parents=True)
     (into / "x" / "f").write_text("mine")
