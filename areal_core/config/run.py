@@ -37,6 +37,10 @@ class TaskConfig(ConfigModel):
     max_value: Int = Field(99, description="arithmetic: largest operand")
     max_steps: Int = Field(1, description="arithmetic: number of worked steps (1..3)")
     ops: Str = Field("+-", description="arithmetic: the operators used, from '+-*'")
+    system_prompt: Str = Field(
+        "",
+        description="a system message before every question in the model's chat template (rollout, SFT, evaluation); empty: none",
+    )
 
     @model_validator(mode="after")
     def _task_checks(self) -> Self:
