@@ -57,12 +57,11 @@ def test_second_call_only_verifies(smollm2_path, monkeypatch):
         (lambda d: (d / "tokenizer.json").unlink(), "tokenizer.json is missing"),
         (lambda d: (d / "extra.bin").write_bytes(b"x"), "files not in the manifest: extra.bin"),
         (lambda d: (d / pretrained.MANIFEST).unlink(), "no areal-manifest.json"),
-        (lambda d: (d / pretrained.MANIFEST).write_text("{"), "unreadable manifest"),
+        (lambda d: _rewrite(d / pretrained.MANIFEST, b"{"), "unreadable manifest"),
     ],
 )
 def test_damaged_cache_is_detected(smollm2_path, tmp_path, damage, message):
-    copy = tmp_path / smollm2_path.name
-    shutil.copytree(smollm2_path, copy)
+    copy = _linked_copy(smollm2_path, tmp_path / smollm2_path.name)
     pretrained.verify(copy)
     damage(copy)
     with pytest.raises(pretrained.PretrainedError, match=message):
@@ -70,14 +69,13 @@ def test_damaged_cache_is_detected(smollm2_path, tmp_path, damage, message):
 
 
 def test_corrupt_cache_is_rebuilt_by_ensure(smollm2_path, tmp_path, monkeypatch):
-    copy = tmp_path / smollm2_path.name
-    shutil.copytree(smollm2_path, copy)
+    copy = _linked_copy(smollm2_path, tmp_path / smollm2_path.name)
     _flip_byte(copy / "config.json")
     built: list[Path] = []
     monkeypatch.setattr(
         pretrained,
         "build",
-        lambda name, out: (built.append(out), shutil.copytree(smollm2_path, out, dirs_exist_ok=True)),
+        lambda name, out: (built.append(out), shutil.rmtree(out), _linked_copy(smollm2_path, out)),
     )
     assert pretrained.ensure("smollm2", tmp_path) == copy
     assert built == [copy]
@@ -85,9 +83,21 @@ def test_corrupt_cache_is_rebuilt_by_ensure(smollm2_path, tmp_path, monkeypatch)
 
 
 def _flip_byte(path: Path, offset: int = 100) -> None:
+    """One bit flipped, written as a new file (the copies are hard links to the cached model)."""
     data = bytearray(path.read_bytes())
     data[offset] ^= 0x01
-    path.write_bytes(bytes(data))
+    _rewrite(path, bytes(data))
+
+
+def _rewrite(path: Path, data: bytes) -> None:
+    """A new file in place of `path`: never written through a hard link into the cache."""
+    path.unlink()
+    path.write_bytes(data)
+
+
+def _linked_copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst, copy_function=os.link)
+    return dst
 
 
 def _cli(args: list[str], tmp_path: Path, sitecustomize: str = "") -> subprocess.CompletedProcess:
