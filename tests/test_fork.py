@@ -49,7 +49,8 @@ def parent(tmp_path_factory) -> Store:
     tmp = tmp_path_factory.mktemp("fork")
     tracking = [o for o in TINY if not o.startswith("tracking.")]
     tracked = ["tracking.enabled=true", f"tracking.uri=sqlite:///{tmp / 'mlflow.db'}", "tracking.experiment=fork"]
-    return run_to_done([*tracking, *tracked, f"store={tmp / 'parent'}", f"train.steps={STEPS}"])
+    keep = "train.keep_checkpoints=3"  # steps 2, 4 and 6
+    return run_to_done([*tracking, *tracked, f"store={tmp / 'parent'}", f"train.steps={STEPS}", keep])
 
 
 def sha(data: bytes) -> str:
@@ -64,6 +65,11 @@ def test_a_fork_continues_from_v_k_to_done_and_leaves_the_parent_as_it_was(paren
     child = Store(out["run_uri"])
     ref = read_fork(child)
     assert (ref.parent, ref.step, ref.version) == (parent.uri, K, K)
+    assert listing(parent) == before  # the fork wrote nothing in the parent but its lineage record
+    # the parent goes on writing shards (here one on the lineage's versions): never the child's
+    late = [sample(f"rollout-0-g0000999-{i}", "rollout-0-g0000999", [K, K]) for i in range(4)]
+    write_shard(parent, LAYOUT.graded_shard("rollout-0", 999), late)
+    before = listing(parent)
     pipeline.run_async_rl(child.uri, child.url(LAYOUT.init_model))
     assert child.done() and child.read_json(LAYOUT.done)["step"] == 8
     assert listing(parent) == before  # the parent root is byte for byte what it was
@@ -85,6 +91,7 @@ def test_a_fork_continues_from_v_k_to_done_and_leaves_the_parent_as_it_was(paren
     parent_ids = [i for s in range(K) for i in record_ids(parent.read_json(LAYOUT.trained_record(s)))]
     child_ids = [i for s in range(K, 8) for i in record_ids(child.read_json(LAYOUT.trained_record(s)))]
     assert len(set(parent_ids + child_ids)) == len(parent_ids) + len(child_ids) == 8 * 2 * 4
+    assert not [i for i in child_ids if "g0000999" in i]
     inherited = {s.identity(): s for rel, root in ref.shards.items() for s in decode_shard(Store(root).read_bytes(rel))}
     for identity in child_ids:
         if identity in inherited:
@@ -115,7 +122,7 @@ def test_a_fork_continues_from_v_k_to_done_and_leaves_the_parent_as_it_was(paren
 def test_bad_forks_are_refused_in_one_line_and_write_nothing(parent, tmp_path):
     before, children = listing(parent), parent.find(LAYOUT.fork_children_dir)
     into = tmp_path / "child"
-    with pytest.raises(DerivedRunError, match=rf"no committed checkpoint at step 1; available steps: 4, {STEPS}"):
+    with pytest.raises(DerivedRunError, match=rf"no committed checkpoint at step 1; available steps: 2, 4, {STEPS}"):
         fork(parent.uri, 1, str(into))
     with pytest.raises(DerivedRunError, match="cannot change model.num_layers"):
         fork(parent.uri, K, str(into), ["model.num_layers=2"])
@@ -141,7 +148,7 @@ def test_bad_forks_are_refused_in_one_line_and_write_nothing(parent, tmp_path):
         cwd=ROOT,
         timeout=120,
     )
-    assert cli.returncode == 2 and cli.stderr.strip().count("\n") == 0 and "available steps: 4, 6" in cli.stderr
+    assert cli.returncode == 2 and cli.stderr.strip().count("\n") == 0 and "available steps: 2, 4, 6" in cli.stderr
 
 
 @pytest.mark.slow

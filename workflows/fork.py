@@ -6,7 +6,8 @@ fork -> run_async_rl (every role on one machine, to DONE) -> evaluate.
 The child root holds the parent's checkpoint at `step` (weights v_step) and reads the parent's
 remaining graded shards by reference; the parent root gains only lineage/children/{id}.json.
 A run on S3 forks into an S3 root the same way. A step without a committed checkpoint is refused
-with the available steps (keep more with train.checkpoint_every).
+with the available steps (a run keeps its newest train.keep_checkpoints, every
+train.checkpoint_every steps).
 """
 
 from __future__ import annotations

@@ -111,7 +111,8 @@ def fork(run_uri: str, step: int, into: str, overrides: list[str] | None = None)
     if step not in steps:
         raise DerivedRunError(
             f"{parent.uri} has no committed checkpoint at step {step}; available steps: "
-            f"{', '.join(map(str, steps)) or 'none'} (train.checkpoint_every={pcfg.train.checkpoint_every})"
+            f"{', '.join(map(str, steps)) or 'none'} (train.checkpoint_every={pcfg.train.checkpoint_every}, "
+            f"train.keep_checkpoints={pcfg.train.keep_checkpoints})"
         )
     overrides = list(overrides or [])
     cfg = derived_config(pcfg, overrides, into, FIXED, "a fork")

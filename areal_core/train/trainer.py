@@ -305,9 +305,8 @@ class Trainer:
         return lr
 
     def _write_audit(self, samples: list[Sample], dropped: list[Sample], abandoned: list[Sample], stats: dict) -> None:
-        """trainer/trained/step-{N}.json: the samples this step trained, in order, its metrics, and the
-        drops (rank 0) with those made while waiting for this batch; `*_workers` complete each
-        sample's identity. The same counts go into a `trained` event."""
+        """trainer/trained/step-{N}.json (rank 0): the samples trained, in order, the metrics, the drops (with
+        those made while waiting); `*_workers` complete each identity. The counts go to a `trained` event."""
         st = self.state
         hist = staleness_histogram([v for s in samples for v, m in zip(s.versions, s.loss_mask) if m], st.version)
         dropped, abandoned = self._unaudited[0] + dropped, self._unaudited[1] + abandoned
@@ -392,6 +391,7 @@ class Trainer:
                 self.model,
                 self.optimizer,
                 self.buffer.samples(),
+                keep=self.cfg.train.keep_checkpoints,
                 model_bytes=model_bytes,
                 optimizer_state=osd,
             )
