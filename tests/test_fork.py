@@ -282,20 +282,18 @@ def test_a_retried_fork_continues_or_returns_its_result_and_another_request_is_r
     child = Store(str(into))
     assert child.find("") and read_fork(child) and not child.exists(LAYOUT.derived_result)
     frozen = read_fork(child).shards
+    fork(src.uri, K, str(fresh), overrides)  # the fork a single attempt makes at this moment
     # the parent runs on meanwhile: a later shard on the lineage's versions is not the retry's
-    write_shard(
-        src,
-        LAYOUT.graded_shard("rollout-0", 998),
-        [sample(f"rollout-0-g0000998-{i}", "rollout-0-g0000998", [K, K]) for i in range(2)],
-    )
+    late = [sample(f"rollout-0-g0000998-{i}", "rollout-0-g0000998", [K, K]) for i in range(2)]
+    write_shard(src, LAYOUT.graded_shard("rollout-0", 998), late)
     out = fork(src.uri, K, str(into), overrides)
     assert read_fork(child).shards == frozen and out["shards"] == len(frozen)
     assert child.read_json(LAYOUT.derived_result) == out and out["run_uri"] == child.uri
-    # the retried child is the child a fresh fork makes: the same checkpoint, config, cursor
-    fork(src.uri, K, str(fresh), overrides)
+    # the retried child is that child: the same checkpoint, config, shard list and cursor
     same = (*Store(str(fresh)).find(LAYOUT.checkpoints_dir), LAYOUT.metrics, LAYOUT.discarded_groups)
     assert all(child.read_bytes(p) == Store(str(fresh)).read_bytes(p) for p in same)
     assert child.read_text(LAYOUT.config) == Store(str(fresh)).read_text(LAYOUT.config).replace(str(fresh), str(into))
+    assert read_fork(child).shards == read_fork(Store(str(fresh))).shards
     assert read_fork(child).workers == read_fork(Store(str(fresh))).workers
     before = listing(child)
     assert fork(src.uri, K, str(into), overrides) == out  # finished: the same result, nothing written
