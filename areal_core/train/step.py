@@ -58,13 +58,15 @@ def policy_logprobs(
     model, batch: TrainBatch, rows: torch.Tensor | None, cfg: RunConfig, pad_id: int, entropy: bool = False
 ):
     """Per-token log-probs (and entropy) of `rows` of the batch (all when None), packed without
-    padding when configured."""
-    ids, attn = batch.input_ids, batch.attention_mask
+    padding when configured (each group's shared prompt computed once)."""
+    ids, attn, groups = batch.input_ids, batch.attention_mask, batch.group_index
     if rows is not None:
-        ids, attn = ids[rows], attn[rows]
+        ids, attn, groups = ids[rows], attn[rows], groups[rows]
     temperature = cfg.rollout.temperature or 1.0
     if cfg.train.packing:
-        return packed_token_logprobs(model, ids, attn, temperature, pad_id=pad_id, with_entropy=entropy)
+        return packed_token_logprobs(
+            model, ids, attn, temperature, pad_id=pad_id, with_entropy=entropy, group_index=groups
+        )
     if entropy:
         return token_logprobs_and_entropy(model, ids, attn, temperature)
     return token_logprobs(model, ids, attn, temperature)

@@ -267,7 +267,9 @@ class Trainer:
         if st.counters.get("abandoned_samples"):
             metrics["abandoned_samples"] = st.counters["abandoned_samples"]
         if cfg.train.eval_every and st.step % cfg.train.eval_every == 0:
+            t_eval, cpu_eval = time.perf_counter(), time.process_time()
             metrics["eval_accuracy"] = self.evaluate()
+            metrics.update(eval_s=time.perf_counter() - t_eval, eval_cpu_s=time.process_time() - cpu_eval)
         return metrics
 
     def _set_lr(self) -> float:
