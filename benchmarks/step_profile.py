@@ -25,6 +25,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+import psutil
+
 from areal_core.events import read_events
 from areal_core.layout import LAYOUT
 from areal_core.logs import setup_logging
@@ -46,16 +48,39 @@ def start(role: str, uri: str, prof_dir: Path | None, log_dir: Path) -> subproce
     )
 
 
-def run(uri: str, prof_dir: Path | None, timeout_s: float = 3600) -> tuple[float, dict[str, float]]:
-    """Run the three roles to DONE; (wall s, CPU s per role: its own and its reaped children's,
-    from wait4's rusage)."""
+def cpu_now(pid: int) -> float:
+    """User + system CPU of a live process and of its live children."""
+    proc = psutil.Process(pid)
+    total = sum(proc.cpu_times()[:2])
+    for child in proc.children(recursive=True):
+        try:
+            total += sum(child.cpu_times()[:2])
+        except psutil.Error:
+            pass
+    return total
+
+
+def run(uri: str, prof_dir: Path | None, skip: int, timeout_s: float = 3600) -> tuple[float, dict[str, float], int]:
+    """Run the three roles to DONE. Returns (wall s, CPU s per role, steps measured): from the
+    trainer's heartbeat at step `skip` (start-up and the first steps left out) to the end (the
+    role's own and its children's CPU, from wait4's rusage at exit)."""
     log_dir = Path(uri.removeprefix("file://")).resolve().parent / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     procs = {role: start(role, uri, prof_dir, log_dir) for role in ROLES}
+    store = Store(uri)
     cpu: dict[str, float] = {}
+    base: dict[str, float] | None = None
+    base_step, t_base = 0, time.time()
     t0 = time.time()
     try:
         while len(cpu) < len(procs):
+            if base is None:
+                try:
+                    base_step = int(store.read_json(LAYOUT.status("trainer", "0")).get("step", 0))
+                except Exception:
+                    base_step = 0
+                if base_step >= skip:
+                    base, t_base = {r: cpu_now(p.pid) for r, p in procs.items()}, time.time()
             for role, p in procs.items():
                 if role in cpu:
                     continue
@@ -75,7 +100,8 @@ def run(uri: str, prof_dir: Path | None, timeout_s: float = 3600) -> tuple[float
             if p.returncode is None:
                 p.kill()
                 p.wait()
-    return time.time() - t0, cpu
+    base = base or dict.fromkeys(ROLES, 0.0)
+    return time.time() - t_base, {r: cpu[r] - base[r] for r in ROLES}, base_step
 
 
 def main() -> None:
@@ -84,6 +110,7 @@ def main() -> None:
     parser.add_argument("--init", default="runs/vs-trl/sft/init_model")
     parser.add_argument("--root", default="runs/step-profile")
     parser.add_argument("--cprofile", default="")
+    parser.add_argument("--skip", type=int, default=10, help="steps left out of the CPU and wall figures")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     setup_logging()
@@ -98,13 +125,13 @@ def main() -> None:
     prof_dir = Path(args.cprofile).resolve() if args.cprofile else None
     if prof_dir:
         prof_dir.mkdir(parents=True, exist_ok=True)
-    wall, cpu = run(uri, prof_dir)
-    n = args.steps
-    print(f"\n{n} steps, wall {wall:.1f} s ({wall / n:.3f} s/step, role startup included)")
+    wall, cpu, skipped = run(uri, prof_dir, args.skip)
+    n = args.steps - skipped
+    print(f"\nsteps {skipped + 1}..{args.steps}: wall {wall:.1f} s ({wall / n:.3f} s/step)")
     print("CPU s/step: " + ", ".join(f"{r} {cpu[r] / n:.3f}" for r in ROLES) + f", total {sum(cpu.values()) / n:.3f}")
     phases: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for rec in read_events(store):
-        if rec["kind"] == "phases":
+        if rec["kind"] == "phases" and rec.get("step", skipped) >= skipped:
             for name, s in rec["phases"].items():
                 phases[rec["role"]][name] += s
     for role, ph in sorted(phases.items()):
@@ -112,7 +139,7 @@ def main() -> None:
             f"{role} phases, s/step: "
             + ", ".join(f"{k} {v / n:.4f}" for k, v in sorted(ph.items(), key=lambda kv: -kv[1]))
         )
-    rows = pipeline.metrics_rows(store)
+    rows = [r for r in pipeline.metrics_rows(store) if r["step"] > skipped]
     keys = [k for k in ("train_s", "publish_s", "tokens_per_s", "response_tokens") if rows and k in rows[-1]]
     print(
         "trainer metrics (mean): "

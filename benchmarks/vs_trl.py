@@ -108,7 +108,7 @@ def run_trl(root: str, init: str, seed: int, threads: int, args: argparse.Namesp
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "spec.json").write_text(json.dumps(spec))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "PYTHONPATH": "", "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
     subprocess.run(
         [str(TRL_VENV / "bin" / "python"), __file__, "--trl-side", str(out_dir / "spec.json")], check=True, env=env
     )
@@ -130,6 +130,16 @@ def run_trl(root: str, init: str, seed: int, threads: int, args: argparse.Namesp
     }
 
 
+def _module(rel: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(rel.replace("/", ".")[:-3], ROOT / rel)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def trl_side(spec_path: str) -> None:
     """Runs in .venv-trl: TRL's GRPOTrainer with the spec's settings; writes result.json."""
     spec = json.loads(Path(spec_path).read_text())
@@ -139,8 +149,10 @@ def trl_side(spec_path: str) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from areal_core.reward.math import gsm8k_reward  # stdlib only: the same verifier as ours
-    from areal_core.train.schedule import lr_factor  # the same schedule as ours
+    # the same verifier and schedule as ours (stdlib-only modules, loaded by path: the project
+    # root cannot go on sys.path here, its datasets/ folder would shadow HF datasets)
+    gsm8k_reward = _module("areal_core/reward/math.py").gsm8k_reward
+    lr_factor = _module("areal_core/train/schedule.py").lr_factor
     from datasets import Dataset
 
     out = Path(spec["out"])
@@ -173,6 +185,7 @@ def trl_side(spec_path: str) -> None:
         use_cpu=True,
         seed=spec["seed"],
         save_strategy="no",
+        gradient_checkpointing=False,  # TRL 1.16 turns it on by default; a 1M-parameter model needs no memory saving
         report_to="none",
         logging_steps=50,
         disable_dropout=True,

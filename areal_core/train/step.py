@@ -134,7 +134,7 @@ def train_step(
     batch = _to(collate(samples, pad_id), ctx.torch_device if ctx.distributed else _device(model))
     plan = plan_minibatches(batch, n_mb, ctx.rank, world)
     lap = _Laps(phase, t0)
-    lap("batch")  # collate and minibatch plan (the laps start at the call)
+    lap("collate")  # the batch tensors and the minibatch plan (the laps start at the call)
 
     prox_all = ref_all = None
     with torch.no_grad():

@@ -425,10 +425,11 @@ class Trainer:
                 with self.ev.span("train"):
                     time.sleep(cfg.train.slow_step_s)
             last = self.step(samples, dropped, abandoned)
+            # the step's profile in its metrics (its own metrics write counts in the next step's)
+            last.update({f"phase_{k}_s": v for k, v in self.ev.end_step(step).items()})
             if main:
                 with self.ev.span("metrics"):
                     self._log_metrics(last, time.time() - t_start)
-            self.ev.end_step(step)
         self.finish()
         return last
 
