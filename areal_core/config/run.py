@@ -37,6 +37,10 @@ class TaskConfig(ConfigModel):
     max_value: Int = Field(99, description="arithmetic: largest operand")
     max_steps: Int = Field(1, description="arithmetic: number of worked steps (1..3)")
     ops: Str = Field("+-", description="arithmetic: the operators used, from '+-*'")
+    system_prompt: Str = Field(
+        "",
+        description="a system message before every question in the model's chat template (rollout, SFT, evaluation); empty: none",
+    )
 
     @model_validator(mode="after")
     def _task_checks(self) -> Self:
@@ -53,7 +57,10 @@ class TaskConfig(ConfigModel):
 
 
 class ModelConfig(ConfigModel):
-    path: Str = Field("", description="an HF checkpoint folder or URI; empty: the tiny Qwen2 built from model.*")
+    path: Str = Field(
+        "",
+        description="an HF checkpoint folder or URI, or `pretrained:smollm2` (areal_core.pretrained: fetched, converted and cached); empty: the tiny Qwen2 built from model.*",
+    )
     hidden_size: Int = Field(128, gt=0, description="tiny model: hidden size")
     num_layers: Int = Field(4, gt=0, description="tiny model: transformer layers")
     num_heads: Int = Field(4, gt=0, description="tiny model: attention heads (divides hidden_size)")
@@ -192,6 +199,9 @@ class TrainConfig(ConfigModel):
     packing: Bool = Field(True, description="pack sequences without padding for the forward passes")
     ppo_minibatches: Int = Field(1, gt=0, description="optimizer minibatches per step (divides batch_groups)")
     checkpoint_every: Int = Field(10, gt=0, description="steps between trainer checkpoints")
+    keep_checkpoints: Int = Field(
+        2, gt=0, description="committed trainer checkpoints kept, the newest ones (a fork starts from one of them)"
+    )
     poll_interval_s: Float = Field(0.01, description="seconds between checks for graded shards")
     slow_step_s: Float = Field(0.0, description="tests: sleep per step to make training the bottleneck")
     eval_every: Int = Field(0, description="steps between held-out evaluations (0: only before and after)")
@@ -222,6 +232,11 @@ class TrackingConfig(ConfigModel):
 class LauncherConfig(ConfigModel):
     timeout_s: Float = Field(1800.0, description="single machine: seconds before the roles are stopped")
     progress: Bool = Field(True, description="single machine: print a progress line")
+    report_every_s: Float = Field(
+        60.0,
+        ge=0,
+        description="single machine: seconds between refreshes of the live report (the Flyte Deck); 0: at the end only",
+    )
 
 
 class LeaseConfig(ConfigModel):
