@@ -27,7 +27,6 @@ different weights.
 
 from __future__ import annotations
 
-import json
 import logging
 import tempfile
 import time
@@ -61,6 +60,7 @@ from areal_core.train.distributed import (
     state_dict_bytes_rank0,
 )
 from areal_core.train.lineage import holds_version_in, newest_published, resume_version
+from areal_core.train.metrics_file import MetricsFile
 from areal_core.train.schedule import lr_factor
 from areal_core.train.step import train_step
 from areal_core.train.value_head import Critic
@@ -70,7 +70,6 @@ log = logging.getLogger("areal.trainer")
 
 Batch = tuple[list[Sample] | None, list[Sample], list[Sample]]  # (samples, dropped, abandoned)
 Evaluate = Callable[[torch.nn.Module, Any], float]  # (model, tokenizer) -> held-out score
-METRICS_FLUSH_S = 2.0
 
 
 class MetricsTracker(Protocol):
@@ -149,12 +148,8 @@ class Trainer:
                 self.ref_model = shard_model(self.ref_model, self.dist)
         self.consumed = set(self.state.consumed)  # shard paths read (so a shard is read once)
         self.seen = set(self.state.seen)  # sample identities consumed (so a sample is used once)
-        self._metrics_lines: list[str] = []
-        self._metrics_flushed = time.monotonic()
         self._backlog, self._batch_times = BacklogRecorder(self.store, self.ev), (0.0, 0.0, 0.0)
-        if main and self.store.exists(LAYOUT.metrics):
-            old = self.store.read_text(LAYOUT.metrics).splitlines()
-            self._metrics_lines = [line for line in old if line and json.loads(line)["step"] <= self.state.step]
+        self.metrics_file = MetricsFile(self.store, self.state.step) if main else None
         self._resume_versions()
 
     def _make_optimizer(self) -> torch.optim.Optimizer:
@@ -428,8 +423,7 @@ class Trainer:
                 with self.ev.span("train"):
                     time.sleep(cfg.train.slow_step_s)
             last = self.step(samples, dropped, abandoned)
-            # the step's profile in its metrics (its own metrics write counts in the next step's)
-            last.update({f"phase_{k}_s": v for k, v in self.ev.end_step(step).items()})
+            last.update({f"phase_{k}_s": v for k, v in self.ev.end_step(step).items()})  # the profile
             if main:
                 with self.ev.span("metrics"):
                     self._log_metrics(last, time.time() - t_start)
@@ -461,21 +455,9 @@ class Trainer:
             elapsed_s=elapsed_s,
             **rounded,
         )
-        self._append_metrics({"step": st.step, **rounded})
-
-    def _append_metrics(self, row: dict) -> None:
-        """Rewritten whole (a store object cannot be appended to), so at most every
-        METRICS_FLUSH_S, and at evaluations, checkpoints and the last step."""
-        self._metrics_lines.append(json.dumps(row))
-        tc, step = self.cfg.train, self.state.step
-        if (
-            time.monotonic() - self._metrics_flushed >= METRICS_FLUSH_S
-            or "eval_accuracy" in row
-            or step % tc.checkpoint_every == 0
-            or step >= tc.steps
-        ):
-            self.store.write_text(LAYOUT.metrics, "\n".join(self._metrics_lines) + "\n")
-            self._metrics_flushed = time.monotonic()
+        tc = self.cfg.train
+        must = "eval_accuracy" in metrics or st.step % tc.checkpoint_every == 0 or st.step >= tc.steps
+        self.metrics_file.append({"step": st.step, **rounded}, must_write=must)
 
     def finish(self) -> None:
         model = self._full_model()  # collective
