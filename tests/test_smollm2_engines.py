@@ -12,6 +12,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
+from areal_core.models import chat_prompt
 from areal_core.rollout.continuous_engine import ContinuousEngine
 from areal_core.rollout.engine import SamplingParams
 from areal_core.rollout.static_cache import UnsupportedModel
@@ -110,10 +111,7 @@ def smollm2(smollm2_path):
 
 
 def chat_prompts(tok) -> list[list[int]]:
-    return [
-        list(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True))
-        for q in QUESTIONS
-    ]
+    return [chat_prompt(tok, q) for q in QUESTIONS]
 
 
 @pytest.mark.slow
@@ -131,3 +129,73 @@ def test_smollm2_greedy_equals_transformers_generate(smollm2):
     ):
         gens = engine.generate(ps, params)
         assert [g.token_ids for g in gens] == refs, type(engine).__name__
+
+
+# -- LoRA versions ---------------------------------------------------------------------------------
+def lora_store(tmp_path, model):
+    """A store holding `model` as init_model, and a LoRA-wrapped copy with non-zero adapters."""
+    import copy
+
+    from areal_core.layout import LAYOUT
+    from areal_core.store import Store
+    from areal_core.train.lora import apply_lora
+
+    store = Store(str(tmp_path / "run"))
+    model.save_pretrained(tmp_path / "init")
+    store.put_dir(str(tmp_path / "init"), LAYOUT.init_model)
+    store.write_json(LAYOUT.committed(LAYOUT.init_model), {})
+    peft = apply_lora(copy.deepcopy(model), r=4, alpha=8)
+    with torch.no_grad():
+        for name, p in peft.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.3, generator=torch.Generator().manual_seed(len(name)))
+    return store, peft
+
+
+@pytest.mark.parametrize("engine_cls", [TorchEngine, ContinuousEngine])
+def test_a_published_adapter_is_merged_into_the_engines_base(tmp_path, engine_cls):
+    from areal_core.train.lora import adapter_files, merged_state_dict
+    from areal_core.weights.publisher import WeightPublisher, state_dict_bytes
+
+    model = tiny_llama(tied=False, bias=False)
+    store, peft = lora_store(tmp_path, model)
+    publisher = WeightPublisher(store, {"config.json": b"{}"})
+    publisher.publish_adapter(1, adapter_files(peft))
+    assert "model.safetensors" not in store.read_json("weights/v000001/MANIFEST.json")["files"]
+    assert publisher.last_weights_bytes < len(state_dict_bytes(model)) / 3
+    merged_model = tiny_llama(tied=False, bias=False)
+    merged_model.load_state_dict(merged_state_dict(peft))
+    params = SamplingParams(max_new_tokens=12, greedy=True)
+    refs = [hf_greedy(merged_model, p, 12) for p in prompts()]
+    engine = engine_cls(model, PAD, EOS)
+    before = [g.token_ids for g in engine.generate(prompts(), params)]
+    assert before != refs  # the adapter changes the greedy answers
+    engine.receive(store, 1)
+    assert [g.token_ids for g in engine.generate(prompts(), params)] == refs
+    assert engine.version == 1
+
+
+def test_an_adapter_version_stages_as_a_whole_merged_checkpoint(tmp_path):
+    from safetensors.torch import load_file
+
+    from areal_core.train.lora import adapter_files, merged_state_dict
+    from areal_core.weights import WeightsError
+    from areal_core.weights.publisher import WeightPublisher
+    from areal_core.weights.reader import stage_verified
+
+    store, peft = lora_store(tmp_path, tiny_llama(tied=True, bias=False))
+    publisher = WeightPublisher(store, {"config.json": b"{}"})
+    files = adapter_files(peft)
+    publisher.publish_adapter(3, files)
+    staged = stage_verified(store, 3, tmp_path / "staging")
+    assert sorted(p.name for p in staged.iterdir()) == ["MANIFEST.json", "config.json", "model.safetensors"]
+    got = load_file(staged / "model.safetensors")
+    want = merged_state_dict(peft)
+    assert set(got) == set(want) - {"lm_head.weight"}  # tied: stored once, as HF does
+    for k, v in got.items():
+        assert torch.allclose(v, want[k], atol=1e-6), k
+    # a corrupt adapter is refused before anything is staged
+    store.write_bytes("weights/v000003/adapter_model.safetensors", files["adapter_model.safetensors"][:-8] + b"\0" * 8)
+    with pytest.raises(WeightsError, match="adapter_model.safetensors fails its sha256"):
+        stage_verified(store, 3, tmp_path / "staging2")
+    assert not any((tmp_path / "staging2").glob("v*"))

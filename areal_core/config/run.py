@@ -199,6 +199,10 @@ class TrainConfig(ConfigModel):
     weight_full_every: Int = Field(
         8, gt=0, description="with weight_delta: a full snapshot when the version is a multiple of this"
     )
+    lora_rank: Int = Field(
+        0, ge=0, description="LoRA rank r (0: full fine-tuning); >0 trains and publishes only the adapter"
+    )
+    lora_alpha: Float = Field(16.0, gt=0, description="LoRA scale numerator: updates are (alpha / r)·B·A")
 
     @model_validator(mode="after")
     def _minibatches_divide(self) -> Self:

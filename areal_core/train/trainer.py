@@ -55,6 +55,7 @@ from areal_core.train.distributed import (
     shutdown,
     state_dict_bytes_rank0,
 )
+from areal_core.train.lora import adapter_files, apply_lora, merged_state_dict
 from areal_core.train.lineage import holds_version_in, newest_published, resume_version
 from areal_core.train.schedule import lr_factor
 from areal_core.train.step import train_step
@@ -94,9 +95,14 @@ class Trainer:
         main = self.dist.is_main
         torch.manual_seed(self.cfg.seed)
         self.model, self.tokenizer = load_pretrained(self.store.url(LAYOUT.init_model), self.cfg.device)
+        self.side_files = hf_side_files(self.model, self.tokenizer)
+        self.lora = self.cfg.train.lora_rank > 0
+        if self.lora:  # the adapter alone trains and is published (train/lora.py)
+            if self.dist.distributed:
+                raise ValueError("train.lora_rank > 0 runs on one trainer process (world size 1)")
+            self.model = apply_lora(self.model, r=self.cfg.train.lora_rank, alpha=self.cfg.train.lora_alpha)
         self.model.train()
         self.optimizer = self._make_optimizer()
-        self.side_files = hf_side_files(self.model, self.tokenizer)
         tc = self.cfg.train
         self.publisher = WeightPublisher(self.store, self.side_files, tc.weight_delta, tc.weight_full_every)
         self.ref_model = None
@@ -147,7 +153,8 @@ class Trainer:
 
     def _make_optimizer(self) -> torch.optim.Optimizer:
         tc = self.cfg.train
-        return torch.optim.AdamW(self.model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay, betas=(0.9, 0.99))
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        return torch.optim.AdamW(params, lr=tc.lr, weight_decay=tc.weight_decay, betas=(0.9, 0.99))
 
     def _resume_versions(self) -> None:
         """Publish the starting weights under a number no other weights ever had (train/lineage.py)."""
@@ -170,7 +177,7 @@ class Trainer:
         if decision.publish:
             blob = self._weights_bytes()  # collective
             if self.dist.is_main:
-                self.publisher.publish(self.state.version, blob)
+                self._publish(blob)
 
     def _weights_bytes(self) -> bytes | None:
         """safetensors bytes of the full model (rank 0; None on other ranks). Collective."""
@@ -305,16 +312,25 @@ class Trainer:
             self.save_checkpoint(blob, gathered=True)
         if not self.dist.is_main:
             return 0.0
-        publish_s = self.publisher.publish(st.version, blob)
+        publish_s = self._publish(blob)
         prune(self.store, st.version - max(8, 2 * cfg.train.eta + 2))
         return publish_s
+
+    def _publish(self, blob: bytes) -> float:
+        """Publish the current weights as `state.version` (rank 0): the adapter under LoRA."""
+        if self.lora:
+            return self.publisher.publish_adapter(self.state.version, adapter_files(self.model))
+        return self.publisher.publish(self.state.version, blob)
 
     def _full_model(self) -> torch.nn.Module | None:
         """The model with every parameter in one process: the trainer's own model when not sharded;
         otherwise rank 0's unsharded copy refreshed from the shards (collective; None off rank 0)."""
-        if not self.dist.distributed:
+        if self.lora:  # a plain model holding base + adapter, for the evaluator and final_model
+            state = merged_state_dict(self.model)
+        elif not self.dist.distributed:
             return self.model
-        state = full_state_dict(self.model, self.dist)
+        else:
+            state = full_state_dict(self.model, self.dist)
         if not self.dist.is_main:
             return None
         if self._full_copy is None:
