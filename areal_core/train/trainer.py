@@ -55,8 +55,8 @@ from areal_core.train.distributed import (
     shutdown,
     state_dict_bytes_rank0,
 )
-from areal_core.train.lora import adapter_files, apply_lora, merged_state_dict
 from areal_core.train.lineage import holds_version_in, newest_published, resume_version
+from areal_core.train.lora import adapter_files, apply_lora, merged_state_dict
 from areal_core.train.schedule import lr_factor
 from areal_core.train.step import train_step
 from areal_core.train.value_head import Critic

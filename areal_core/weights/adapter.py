@@ -56,6 +56,8 @@ def merged_weights(base: dict[str, torch.Tensor], files: dict[str, bytes]) -> di
         if w is None:
             raise ValueError(f"adapter names {module!r}, which the base model does not have")
         if w.shape != (b.shape[0], a.shape[1]):
-            raise ValueError(f"adapter for {module!r} has shape {tuple(b.shape)}@{tuple(a.shape)}, base {tuple(w.shape)}")
+            raise ValueError(
+                f"adapter for {module!r} has shape {tuple(b.shape)}@{tuple(a.shape)}, base {tuple(w.shape)}"
+            )
         out[name] = (w.float() + scale * (b.float() @ a.float())).to(w.dtype)
     return out

@@ -106,7 +106,6 @@ class WeightPublisher:
         self.last_weights_bytes = len(data)
         return time.perf_counter() - t0
 
-
     def publish_adapter(self, version: int, files: dict[str, bytes]) -> float:
         """Publish a LoRA adapter (`adapter.ADAPTER_WEIGHTS`, `ADAPTER_CONFIG`) as `version`. Returns seconds taken."""
         if set(files) != {ADAPTER_WEIGHTS, ADAPTER_CONFIG}:
