@@ -199,3 +199,34 @@ def test_an_adapter_version_stages_as_a_whole_merged_checkpoint(tmp_path):
     with pytest.raises(WeightsError, match="adapter_model.safetensors fails its sha256"):
         stage_verified(store, 3, tmp_path / "staging2")
     assert not any((tmp_path / "staging2").glob("v*"))
+
+
+@pytest.mark.slow
+def test_a_lora_run_publishes_only_adapters_that_the_rollout_worker_loads(tiny_overrides):
+    from safetensors.torch import load as st_load
+
+    from areal_core.context import load_run_config
+    from areal_core.layout import LAYOUT
+    from areal_core.run import pipeline
+    from areal_core.run.launcher import launch
+    from areal_core.store import Store
+    from areal_core.weights.reader import load_state_dict
+
+    run_uri, _ = pipeline.prepare("", [*tiny_overrides, "train.lora_rank=4", "rollout.engine=continuous"])
+    pipeline.sft(run_uri)
+    store = Store(run_uri)
+    cfg = load_run_config(store)
+    launch(store.uri, 1, 1, timeout_s=300, progress=False)
+    assert store.done() and store.latest_version() == cfg.train.steps
+    for v in range(cfg.train.steps + 1):
+        files = store.read_json(LAYOUT.manifest(v))["files"]
+        assert "adapter_model.safetensors" in files and "model.safetensors" not in files, v
+    # the rollout worker sampled with adapter versions after v0
+    versions = {v for rec in store.find("trainer/trained", ".json") for _, v in store.read_json(rec)["samples"]}
+    assert max(versions) >= 1
+    # the final model is base + the last adapter, as every engine loads it
+    final = st_load(store.read_bytes(f"{LAYOUT.final_model}/model.safetensors"))
+    merged = load_state_dict(store, cfg.train.steps)
+    assert merged and all(torch.allclose(final[k], w, atol=1e-6) for k, w in merged.items())
+    init = st_load(store.read_bytes(f"{LAYOUT.init_model}/model.safetensors"))
+    assert any(not torch.equal(init[k], w) for k, w in merged.items())  # training moved the adapter
