@@ -230,3 +230,86 @@ def test_a_lora_run_publishes_only_adapters_that_the_rollout_worker_loads(tiny_o
     assert merged and all(torch.allclose(final[k], w, atol=1e-6) for k, w in merged.items())
     init = st_load(store.read_bytes(f"{LAYOUT.init_model}/model.safetensors"))
     assert any(not torch.equal(init[k], w) for k, w in merged.items())  # training moved the adapter
+
+
+# -- vLLM on the real model ------------------------------------------------------------------------
+def vllm_available() -> bool:
+    from areal_core.config.run import DEFAULT_VLLM_PYTHON, resolve_python
+
+    return resolve_python(DEFAULT_VLLM_PYTHON).exists()
+
+
+def sft_adapter(model, tok, target: str, steps: int = 12):
+    """A LoRA adapter trained by a few SFT steps so the greedy answer to QUESTIONS[0] becomes `target`."""
+    import copy
+
+    from areal_core.train.lora import apply_lora
+
+    peft = apply_lora(copy.deepcopy(model), r=8, alpha=16)
+    prompt = chat_prompt(tok, QUESTIONS[0])
+    answer = tok.encode(target, add_special_tokens=False) + [tok.eos_token_id]
+    ids = torch.tensor([prompt + answer])
+    labels = ids.clone()
+    labels[0, : len(prompt)] = -100
+    opt = torch.optim.AdamW([p for p in peft.parameters() if p.requires_grad], lr=3e-3)
+    peft.train()
+    for _ in range(steps):
+        loss = peft(input_ids=ids, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return peft.eval()
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.skipif(not vllm_available(), reason="vLLM venv absent (.venv-vllm/bin/python): run `make vllm-venv`")
+def test_vllm_serves_smollm2_and_reloads_an_adapter_version(smollm2, smollm2_path, tmp_path):
+    from areal_core.layout import LAYOUT
+    from areal_core.rollout.vllm_engine import VLLMEngine
+    from areal_core.rollout.vllm_server import VLLMServerSpec
+    from areal_core.store import Store
+    from areal_core.train.lora import adapter_files, merged_state_dict
+    from areal_core.weights.publisher import WeightPublisher, hf_side_files, state_dict_bytes
+
+    model, tok = smollm2
+    store = Store(str(tmp_path / "run"))
+    store.put_dir(str(smollm2_path), LAYOUT.init_model)
+    store.write_json(LAYOUT.committed(LAYOUT.init_model), {})
+    publisher = WeightPublisher(store, hf_side_files(model, tok))
+    publisher.publish(0, state_dict_bytes(model))
+    n = 24
+    ps = chat_prompts(tok)
+    params = SamplingParams(max_new_tokens=n, greedy=True)
+    target = "12 + 35 = 47\n#### 47"
+    peft = sft_adapter(model, tok, target)
+    tuned = copy_with(model, merged_state_dict(peft))
+    before = [hf_greedy(model, p, n, tok.eos_token_id, tok.pad_token_id) for p in ps]
+    after = [hf_greedy(tuned, p, n, tok.eos_token_id, tok.pad_token_id) for p in ps]
+    assert tok.decode(after[0], skip_special_tokens=True) == target != tok.decode(before[0], skip_special_tokens=True)
+    engine = VLLMEngine.launch(
+        store,
+        0,
+        tok.eos_token_id,
+        VLLMServerSpec(kv_cache_mb=128, max_model_len=512, max_num_seqs=8, threads=2),
+        log_path=tmp_path / "vllm.log",
+    )
+    try:
+        gens = engine.generate(ps, params)
+        assert [g.token_ids for g in gens] == before
+        publisher.publish_adapter(1, adapter_files(peft))
+        assert engine.receive(store, 1)
+        gens = engine.generate(ps, params)
+        assert [g.token_ids for g in gens] == after
+        assert all(set(g.versions) == {1} for g in gens)
+        assert engine.health()["ok"]
+    finally:
+        engine.close()
+
+
+def copy_with(model, state: dict[str, torch.Tensor]):
+    import copy
+
+    out = copy.deepcopy(model)
+    out.load_state_dict(state)
+    return out.eval()
