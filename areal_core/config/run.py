@@ -203,6 +203,9 @@ class TrainConfig(ConfigModel):
         0, ge=0, description="LoRA rank r (0: full fine-tuning); >0 trains and publishes only the adapter"
     )
     lora_alpha: Float = Field(16.0, gt=0, description="LoRA scale numerator: updates are (alpha / r)·B·A")
+    bf16_autocast: Bool = Field(
+        False, description="the trainer's forward and backward passes under bf16 autocast (weights and optimizer stay fp32)"
+    )
 
     @model_validator(mode="after")
     def _minibatches_divide(self) -> Self:

@@ -240,16 +240,18 @@ class Trainer:
         abandoned = abandoned or []
         lr = self._set_lr()
         t0 = time.perf_counter()
-        metrics = train_step(
-            self.model,
-            self.optimizer,
-            samples,
-            cfg,
-            self.tokenizer.pad_token_id,
-            ctx=self.dist,
-            ref_model=self.ref_model,
-            critic=self.critic,
-        )
+        device_type = self.cfg.device.split(":")[0]
+        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=cfg.train.bf16_autocast):
+            metrics = train_step(
+                self.model,
+                self.optimizer,
+                samples,
+                cfg,
+                self.tokenizer.pad_token_id,
+                ctx=self.dist,
+                ref_model=self.ref_model,
+                critic=self.critic,
+            )
         t_train = time.perf_counter() - t0
         trained_versions = [v for s in samples for v, m in zip(s.versions, s.loss_mask) if m]
         if self.dist.is_main:
