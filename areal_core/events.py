@@ -2,24 +2,45 @@
 rebuilt from the run root alone (a past run, a cluster run, a crashed run).
 
 Each role process holds one `EventLog`. Records are kept in memory and written as one part file,
-events/{role}-{id}/{seq:08d}.jsonl (`LAYOUT.events_part`), at most every `flush_every_s` seconds
-and at `close()`: no per-token or per-sample I/O. A restarted role continues after its last part.
+events/{role}-{id}/{seq:08d}.jsonl (`LAYOUT.events_part`), by a background thread every
+`flush_every_s` seconds (when there is anything new) and at `close()`: no per-token or per-sample
+I/O on the role's own thread, and a crashed (SIGKILLed) role loses at most the last
+`flush_every_s` seconds of records. A part that cannot be written (store outage) is kept and
+written with the next one. A restarted role continues after its last part. Thread-safe: a
+role's helper threads (a weight watcher) record into the same log.
 
 One JSON object per line. Every record has "t" (unix seconds, when it was recorded) and "kind":
   span       {"state": "busy"|"wait", "on": str, "t0": float, "t1": float}
              a stretch of work or of waiting, and on what: the trainer waits on "batch", rollout on
              "admission" or "weights", reward on "shards"; busy names a phase ("forward", "decode").
+             Spans of one worker may nest (rollout's "shard_write" inside "generate", which covers
+             the groups in flight); a long stretch comes as consecutive pieces (`switch`).
+             Trainer busy: "read", "batch_build", "train", "checkpoint", "publish", "eval",
+             "metrics"; rollout busy: "generate", "shard_write"; reward busy: "grade", "io".
   phases     {"step": int, "phases": {name: seconds}}   where one step's time went (the profile):
-             every span and every `add()` since the previous `end_step()`, summed by name.
-  publish    {"version": int}                            the trainer published weights v
-  load       {"version": int}                            a worker loaded weights v
-  backlog    {"ungraded": int, "graded": int}            shards waiting
+             every span and every `add()` since the previous `end_step()`, summed by name; the
+             trainer's "train" also splits into "forward", "backward", "optimizer" (train/step.py).
+  publish    {"version": int, "bytes": int, "seconds": float}   the trainer published weights v
+  load       {"version": int, "seconds": float}          a worker loaded weights v (took seconds)
+  backlog    {"ungraded": int, "graded": int, "buffered_groups": int}   shards waiting: ungraded
+             shards without a graded twin, graded shards the trainer has not read yet, and groups
+             read into the trainer's buffer not trained yet (trainer, at most every 2 s)
   trained    {"step": int, "samples": int, "staleness": {"s": count}, "dropped": int, "abandoned": int}
-  drop       {"reason": str, "n": int}                   samples or groups dropped, and why
-  quarantine {"path": str, "reason": str}
-  sandbox    {"reason": str}                             a sandbox failure while grading
+             one per step, the same numbers as the audit record trainer/trained/step-{step}.json
+             (its drops include those made while waiting for the batch; "step" is the audit's
+             step, 0-based, as is the `phases` record's)
+  drop       {"reason": str, "n": int}                   samples dropped, and why. Trainer: "stale"
+             (older than v − η; their sum is the counter dropped_samples), "abandoned_version",
+             "duplicate", "uninformative" (+ "groups"); rollout: "engine_failed", "empty_group"
+             with "unit": "groups" (n counts groups; without "unit", n counts samples)
+  quarantine {"path": str, "reason": str}                a shard moved to quarantine/ (any role)
+  sandbox    {"reason": str, "n": int}                   sandbox failures while grading, per reason
   count      {"completions": int, "tokens": int, "grades": int}   work done since the last count
-  overhead   {"seconds": float}                          the event log's own time (written at close)
+             (any subset of the keys, summed per flush: never one record per sample); tokens are
+             the policy's generated tokens (loss-mask ones)
+  overhead   {"seconds": float, "wall_s": float}         the event log's own time, at close: the
+             role's threads inside `emit`/`count`/`close`, plus the CPU time of the flusher thread
+             (its waits on the store's I/O block nobody); wall_s: seconds the log was open
 The record's role and worker are those of its part's folder; `read_events` adds them.
 """
 
@@ -27,6 +48,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -36,19 +59,32 @@ from areal_core.layout import LAYOUT
 from areal_core.store import Store
 
 FLUSH_EVERY_S = 2.0
+log = logging.getLogger("areal.events")
 
 
 class EventLog:
     """Batched timing records of one role process (`store` None: records are kept, never written)."""
 
     def __init__(self, store: Store | None, role: str, worker_id: str, flush_every_s: float = FLUSH_EVERY_S):
+        if "-" in role or "/" in role or "/" in str(worker_id):
+            raise ValueError(f"event log role {role!r} / worker {worker_id!r}: no '-' in a role, no '/' in either")
         self.store, self.role, self.worker_id = store, role, str(worker_id)
         self.flush_every_s = flush_every_s
         self._pending: list[str] = []
+        self._counts: dict[str, int] = defaultdict(int)
         self._phases: dict[str, float] = defaultdict(float)
-        self._last_flush = time.monotonic()
+        self._stretch: tuple[str, str, float] | None = None  # (on, state, since) of `switch`
+        self._lock = threading.Lock()
+        self._write_lock = threading.Lock()  # one part written at a time, in order
         self.overhead_s = 0.0
+        self._opened = time.perf_counter()
+        self._warned = False
         self._seq = self._next_seq()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if store is not None and flush_every_s > 0:
+            self._thread = threading.Thread(target=self._flusher, name=f"events-{role}", daemon=True)
+            self._thread.start()
 
     def _next_seq(self) -> int:
         if self.store is None:
@@ -57,12 +93,25 @@ class EventLog:
         seqs = [int(n.rsplit("/", 1)[-1][:-6]) for n in self.store.find(folder, ".jsonl")]
         return max(seqs, default=-1) + 1
 
-    def emit(self, kind: str, **fields: Any) -> None:
-        t0 = time.perf_counter()
-        self._pending.append(json.dumps({"t": round(time.time(), 4), "kind": kind, **fields}, separators=(",", ":")))
-        self.overhead_s += time.perf_counter() - t0
-        if time.monotonic() - self._last_flush >= self.flush_every_s:
+    def _flusher(self) -> None:
+        while not self._stop.wait(self.flush_every_s):
             self.flush()
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        """Record one event now (kept in memory; written by the next flush)."""
+        t0 = time.perf_counter()
+        line = json.dumps({"t": round(time.time(), 4), "kind": kind, **fields}, separators=(",", ":"))
+        with self._lock:
+            self._pending.append(line)
+            self.overhead_s += time.perf_counter() - t0
+
+    def count(self, **n: int) -> None:
+        """Add to the work counters (completions, tokens, grades); one `count` record per flush."""
+        t0 = time.perf_counter()
+        with self._lock:
+            for key, value in n.items():
+                self._counts[key] += value
+            self.overhead_s += time.perf_counter() - t0
 
     @contextlib.contextmanager
     def span(self, on: str, state: str = "busy") -> Iterator[None]:
@@ -71,9 +120,25 @@ class EventLog:
         try:
             yield
         finally:
-            t1 = time.time()
-            self._phases[on] += t1 - t0
-            self.emit("span", state=state, on=on, t0=round(t0, 4), t1=round(t1, 4))
+            self.record_span(on, t0, time.time(), state)
+
+    def record_span(self, on: str, t0: float, t1: float, state: str = "busy") -> None:
+        """A `span` record of a stretch timed by the caller (unix seconds), added to the phase `on`."""
+        self._phases[on] += t1 - t0
+        self.emit("span", state=state, on=on, t0=round(t0, 4), t1=round(t1, 4))
+
+    def switch(self, on: str | None, state: str = "busy", at: float | None = None) -> None:
+        """A role's continuous timeline: end the current stretch (as a `span` record) and start one
+        on `on` (None: neither busy nor waiting), at `at` (unix seconds; default now). Called again
+        with the same `on` and `state` it continues, but a stretch is recorded in pieces of at most
+        `flush_every_s` seconds, so a long wait shows before it ends. Cheap enough for every poll."""
+        now = time.time() if at is None else at
+        current = self._stretch
+        if current is not None and current[:2] == (on, state) and now - current[2] < max(self.flush_every_s, 0.5):
+            return
+        if current is not None:
+            self.record_span(current[0], current[2], now, current[1])
+        self._stretch = None if on is None else (on, state, now)
 
     def add(self, phase: str, seconds: float) -> None:
         """Add seconds to a phase of the current step without a timeline record (inner loops)."""
@@ -86,22 +151,58 @@ class EventLog:
         self.emit("phases", step=step, phases=phases)
         return phases
 
+    def _take(self) -> list[str]:
+        with self._lock:
+            if self._counts:
+                counts = {k: v for k, v in self._counts.items() if v}
+                self._counts.clear()
+                if counts:
+                    rec = {"t": round(time.time(), 4), "kind": "count", **counts}
+                    self._pending.append(json.dumps(rec, separators=(",", ":")))
+            if self.store is None:
+                return []
+            lines, self._pending = self._pending, []
+            return lines
+
     def flush(self) -> None:
-        """Write the pending records as the next part file (no-op when there are none)."""
-        t0 = time.perf_counter()
-        self._last_flush = time.monotonic()
-        if self._pending and self.store is not None:
-            self.store.write_text(
-                LAYOUT.events_part(self.role, self.worker_id, self._seq), "\n".join(self._pending) + "\n"
-            )
-            self._seq += 1
-        if self.store is not None:
-            self._pending = []
-        self.overhead_s += time.perf_counter() - t0
+        """Write the pending records as the next part file (no-op when there are none). A part the
+        store refuses is put back in front of the pending records and tried again next time."""
+        clock = time.thread_time if threading.current_thread() is self._thread else time.perf_counter
+        t0 = clock()
+        with self._write_lock:
+            lines = self._take()
+            if lines:
+                try:
+                    self.store.write_text(
+                        LAYOUT.events_part(self.role, self.worker_id, self._seq), "\n".join(lines) + "\n"
+                    )
+                    self._seq += 1
+                except Exception as exc:  # noqa: BLE001 - timing records never stop a role
+                    with self._lock:
+                        self._pending[:0] = lines
+                    if not self._warned:
+                        log.warning(
+                            "events of %s-%s not written yet (kept, retried): %s", self.role, self.worker_id, exc
+                        )
+                        self._warned = True
+        with self._lock:
+            self.overhead_s += clock() - t0
 
     def close(self) -> None:
-        self._pending.append(json.dumps({"t": round(time.time(), 4), "kind": "overhead", "seconds": self.overhead_s}))
+        """End the current stretch, stop the flusher, record the log's own overhead and write what
+        is left."""
+        self.switch(None)
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)
+        self.emit("overhead", seconds=round(self.overhead_s, 6), wall_s=round(time.perf_counter() - self._opened, 3))
         self.flush()
+
+    def __enter__(self) -> EventLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def read_events(store: Store) -> list[dict[str, Any]]:
@@ -115,6 +216,8 @@ def read_events(store: Store) -> list[dict[str, Any]]:
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError:
+                continue
+            if not isinstance(rec, dict) or "t" not in rec or "kind" not in rec:
                 continue
             rec["role"], rec["worker"] = role, worker
             out.append(rec)

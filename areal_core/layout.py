@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import re
+
+_LAYER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # not hidden, not a path
+
 
 class Layout:
     """Every path under a run root, relative to it (DESIGN.md, "Store layout").
@@ -10,6 +14,8 @@ class Layout:
     prompts/part-{N:05d}.parquet                  the prepared prompt set
     weights/v{N:06d}/ + MANIFEST.json             one published version; weights/LATEST names the newest
     trajectories/{ungraded,graded}/{worker}/{seq:08d}.arrow
+    trajectories/regraded/{layer}/{worker}/{seq:08d}.arrow  a re-graded copy of the graded layer
+      + REGRADE.json (request, then summary), changes.parquet, COMMITTED (reward/regrade.py)
     trainer/checkpoints/step-{N:06d}/ + COMMITTED model, optimizer, pending samples, state
     trainer/trained/step-{N:06d}.json             the audit record of one trained step
     trainer/metrics.jsonl, trainer/discarded_groups.json
@@ -39,6 +45,8 @@ class Layout:
     trajectories_dir = "trajectories"
     ungraded_dir = f"{trajectories_dir}/ungraded"
     graded_dir = f"{trajectories_dir}/graded"
+    regraded_dir = f"{trajectories_dir}/regraded"
+    base_layers = ("ungraded", "graded")  # the run's own layers; any other name is a re-graded layer
     trainer_dir = "trainer"
     checkpoints_dir = f"{trainer_dir}/checkpoints"
     trained_dir = f"{trainer_dir}/trained"
@@ -123,6 +131,29 @@ class Layout:
 
     def ungraded_twin(self, graded: str) -> str:
         return graded.replace(f"{self.graded_dir}/", f"{self.ungraded_dir}/", 1)
+
+    def layer_dir(self, layer: str) -> str:
+        """'graded' / 'ungraded' -> the run's own layer; any other name -> a re-graded layer under
+        trajectories/regraded/ (a name that is not a plain folder name: ValueError)."""
+        if layer in self.base_layers:
+            return f"{self.trajectories_dir}/{layer}"
+        if not _LAYER_NAME.fullmatch(layer or ""):
+            raise ValueError(
+                f"layer name {layer!r}: use 1-64 letters, digits, '.', '_' or '-', starting with a "
+                "letter or digit (it becomes a folder name)"
+            )
+        return f"{self.regraded_dir}/{layer}"
+
+    def layer_shard(self, layer: str, worker: str, seq: int) -> str:
+        return f"{self.layer_dir(layer)}/{worker}/{seq:08d}.arrow"
+
+    def regrade_record(self, layer: str) -> str:
+        """A re-graded layer's request (written first) and, when done, its summary."""
+        return f"{self.layer_dir(layer)}/REGRADE.json"
+
+    def regrade_changes(self, layer: str) -> str:
+        """The rewards a re-grade changed: identity, worker_id, sample_id, old and new reward."""
+        return f"{self.layer_dir(layer)}/changes.parquet"
 
     @staticmethod
     def shard_worker_seq(rel: str) -> tuple[str, int]:

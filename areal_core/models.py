@@ -81,6 +81,12 @@ def load_pretrained(path: str, device: str = "cpu") -> tuple[Any, Any]:
 
 
 def localize(path: str) -> str:
+    """A local folder for `path`: as is, `pretrained:NAME` (areal_core.pretrained, fetched and
+    cached), or an fsspec URI copied to a temporary folder."""
+    if path.startswith("pretrained:"):
+        from areal_core.pretrained import resolve
+
+        return resolve(path)
     if "://" not in path or path.startswith("file://"):
         return path.removeprefix("file://")
     from areal_core.store import Store

@@ -12,7 +12,7 @@ import math
 import numbers
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 
@@ -206,10 +206,19 @@ def quarantine(store: Store, rel: str, reason: str) -> str:
     return dst
 
 
-def read_shard_or_quarantine(store: Store, rel: str) -> list[Sample] | None:
-    """The shard's samples, or None after moving a corrupt shard to quarantine/."""
+class Recorder(Protocol):
+    """Where a quarantine is recorded: an `areal_core.events.EventLog` (events sit beside this layer)."""
+
+    def emit(self, kind: str, **fields: Any) -> None: ...
+
+
+def read_shard_or_quarantine(store: Store, rel: str, events: Recorder | None = None) -> list[Sample] | None:
+    """The shard's samples, or None after moving a corrupt shard to quarantine/ (and recording a
+    `quarantine` event when `events` is given)."""
     try:
         return decode_shard(store.read_bytes(rel))
     except ShardError as exc:
         quarantine(store, rel, str(exc))
+        if events is not None:
+            events.emit("quarantine", path=rel, reason=str(exc)[:300])
         return None

@@ -64,6 +64,21 @@ def wait_http(url: str, timeout_s: float = 60.0) -> None:
     raise TimeoutError(f"{url} did not come up in {timeout_s}s")
 
 
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """The converted SmolLM2-135M-Instruct folder (areal_core.pretrained). CI (.ci/run, which sets
+    CI) fetches it once before the tests: there its absence fails; locally it is built on first use."""
+    from areal_core import pretrained
+
+    if os.environ.get("CI"):
+        try:
+            pretrained.verify(pretrained.model_dir("smollm2"))
+        except pretrained.PretrainedError as e:
+            pytest.fail(f"CI must fetch the model first (python -m areal_core.pretrained smollm2): {e}")
+        return pretrained.model_dir("smollm2")
+    return pretrained.ensure("smollm2")
+
+
 @pytest.fixture
 def tiny_overrides(tmp_path) -> list[str]:
     return [*TINY, f"store={tmp_path / 'run'}"]

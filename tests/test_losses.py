@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from areal_core.train.advantages import grpo_advantages
-from areal_core.train.losses import decoupled_ppo_loss, masked_mean
+from areal_core.train.losses import behaviour_weights, decoupled_ppo_loss, masked_mean
 
 
 def test_grpo_advantages_by_hand():
@@ -69,3 +69,134 @@ def test_masked_tokens_do_not_contribute():
     adv = torch.tensor([[1.0, 1.0, 100.0]])
     loss, _ = decoupled_ppo_loss(logp, logp, logp, adv, torch.tensor([[1.0, 1.0, 0.0]]))
     assert loss.item() == pytest.approx(-1.0)
+
+
+# ------------------------------------------------ edge cases (held-out comparison with AReaL)
+
+
+def _case(seed: int = 5):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(3, 6, 7, generator=g, requires_grad=True)
+    logp = torch.log_softmax(logits, -1)[..., 0]
+    prox = logp.detach() + 0.05 * torch.randn(3, 6, generator=g)
+    behav = prox + 0.3 * torch.randn(3, 6, generator=g)
+    adv = torch.randn(3, 6, generator=g)
+    mask = torch.tensor([[0, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]]).float()
+    return logits, logp, prox, behav, adv, mask
+
+
+@pytest.mark.parametrize("correction", ["truncate", "mask", "none"])
+@pytest.mark.parametrize("bad", [-math.inf, math.nan])
+def test_impossible_behaviour_token_is_masked_not_capped(correction, bad):
+    """log π_behav = −inf gives ρ = +inf: truncation would weight the token by the cap (5). It is
+    masked instead: finite loss and gradient, the token contributes 0, the others are unchanged."""
+    logits, logp, prox, behav, adv, mask = _case()
+    kw = {"behav_correction": correction, "behav_low": 0.2, "behav_high": 5.0}
+    clean, clean_st = decoupled_ppo_loss(logp, prox, behav, adv, mask, **kw)
+    bad_behav = behav.clone()
+    bad_behav[1, 2] = bad
+    loss, st = decoupled_ppo_loss(logp, prox, bad_behav, adv, mask, **kw)
+    assert torch.isfinite(loss)
+    # the same as dropping the token from the mask while keeping the denominator
+    only = mask.clone()
+    only[1, 2] = 0
+    ref, _ = decoupled_ppo_loss(logp, prox, behav, adv, only, global_tokens=mask.sum().item(), **kw)
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-6, abs=1e-7)
+    assert loss.item() != pytest.approx(clean.item(), rel=1e-3)  # the token did count when finite
+    (grad,) = torch.autograd.grad(loss, logits, retain_graph=True)
+    (grad_ref,) = torch.autograd.grad(ref, logits)
+    assert torch.isfinite(grad).all() and grad[1, 2].abs().max().item() == 0.0
+    assert torch.allclose(grad, grad_ref, atol=1e-7)
+    assert st["behav_nonfinite_frac"] == pytest.approx(1 / mask.sum().item())
+    assert st["behav_masked_frac"] >= st["behav_nonfinite_frac"]
+    assert math.isfinite(st["kl_behav_prox"]) and math.isfinite(st["importance_weight_max"])
+    assert st["importance_weight_max"] <= 5.0 + 1e-6 or correction == "none"
+
+
+def test_impossible_behaviour_token_under_naive_ppo_and_sequence_levels():
+    """π_old = π_behav (loss=ppo) and the sequence-level weights must not turn −inf into NaN/cap."""
+    logits, logp, prox, behav, adv, mask = _case(7)
+    behav[1, 3] = -math.inf
+    loss, st = decoupled_ppo_loss(logp, behav, behav, adv, mask, behav_correction="none")  # loss=ppo
+    (grad,) = torch.autograd.grad(loss, logits)
+    assert torch.isfinite(loss) and torch.isfinite(grad).all() and grad[1, 3].abs().max() == 0
+    for level in ("sequence", "geometric"):
+        w, keep, _ = behaviour_weights(prox, behav, mask, "truncate", high=0.0, level=level)
+        fine = behav.clone()
+        fine[1, 3] = prox[1, 3]  # ρ_t = 1: the product over the other tokens
+        w_ref, _, _ = behaviour_weights(prox, fine, mask, "truncate", high=0.0, level=level)
+        assert keep[1, 3] == 0 and w[1, 3] == 0 and torch.isfinite(w).all()
+        if level == "sequence":
+            assert w[1, :3].tolist() == pytest.approx(w_ref[1, :3].tolist(), rel=1e-6)
+
+
+def test_mask_mode_metrics_count_only_kept_tokens():
+    """IcePop keeps 2 of 4 tokens: clip fraction, ratio mean and weight mean are over those 2."""
+    #                 token:  0 (kept)  1 (kept)  2 (ρ = 4, out) 3 (ρ = 0.1, out)
+    logp = torch.log(torch.tensor([[0.60, 0.40, 0.90, 0.10]]))
+    prox = torch.log(torch.tensor([[0.40, 0.40, 0.40, 0.10]]))  # r = 1.5, 1.0, 2.25, 1.0
+    behav = torch.log(torch.tensor([[0.40, 0.50, 0.10, 1.00]]))  # ρ = 1.0, 0.8, 4.0, 0.1
+    adv = torch.ones(1, 4)
+    kw = {"eps_low": 0.2, "eps_high": 0.2, "behav_correction": "mask", "behav_low": 0.5, "behav_high": 2.0}
+    loss, st = decoupled_ppo_loss(logp, prox, behav, adv, torch.ones(1, 4), **kw)
+    # kept: token 0 clipped (r = 1.5 > 1.2), token 1 not; the masked token 2 is clipped too but not counted
+    assert st["clip_frac"] == pytest.approx(0.5) and st["clip_high_frac"] == pytest.approx(0.5)
+    assert st["ratio_mean"] == pytest.approx((1.5 + 1.0) / 2, rel=1e-5)
+    assert st["importance_weight_mean"] == pytest.approx((1.0 + 0.8) / 2, rel=1e-5)
+    assert st["importance_weight_min"] == pytest.approx(0.8, rel=1e-5)
+    assert st["behav_masked_frac"] == pytest.approx(0.5)
+    # the loss itself: kept tokens' terms over all 4 tokens (IcePop keeps the denominator)
+    assert loss.item() == pytest.approx((1.0 * -1.2 + 0.8 * -1.0) / 4, rel=1e-5)
+    # truncate mode keeps every token: the same metrics count all 4
+    _, st = decoupled_ppo_loss(logp, prox, behav, adv, torch.ones(1, 4), 0.2, 0.2, behav_weight_cap=5.0)
+    assert st["clip_frac"] == pytest.approx(0.5) and st["ratio_mean"] == pytest.approx(5.75 / 4, rel=1e-5)
+    assert st["importance_weight_mean"] == pytest.approx((1.0 + 0.8 + 4.0 + 0.1) / 4, rel=1e-5)
+
+
+def test_gspo_averages_per_token_advantages_over_the_sequence_like_areal():
+    """GSPO (loss=gspo) uses Ā_i = mean_t A_t with the sequence ratio (AReaL); gspo_token keeps A_t."""
+    g = torch.Generator().manual_seed(11)
+    logits = torch.randn(2, 4, 5, generator=g, requires_grad=True)
+    logp = torch.log_softmax(logits, -1)[..., 0]
+    prox = logp.detach() + 0.01 * torch.randn(2, 4, generator=g)
+    adv = torch.tensor([[0.5, -1.0, 2.0, 9.0], [1.0, 1.0, -3.0, 0.0]])  # per-token (GAE, REINFORCE++)
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+    adv = adv * mask
+    kw = {"ratio_level": "sequence", "aggregation": "seq_mean_token_mean", "eps_low": 0.2, "eps_high": 0.2}
+    loss, _ = decoupled_ppo_loss(logp, prox, prox, adv, mask, **kw)
+    mean_adv = torch.tensor([[0.5], [-0.25]]).expand(2, 4)  # (0.5 − 1 + 2)/3, (1 + 1 − 3 + 0)/4
+    ref, _ = decoupled_ppo_loss(logp, prox, prox, mean_adv, mask, seq_advantage=False, **kw)
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-6)
+    # AReaL's form: s_i = exp(mean_t log r_t) with its own gradient, loss −Ā_i·s_i (unclipped here)
+    s = torch.exp(((logp - prox) * mask).sum(1) / mask.sum(1))
+    areal = (-torch.tensor([0.5, -0.25]) * s).mean()
+    assert loss.item() == pytest.approx(areal.item(), rel=1e-5)
+    g1, g2 = (torch.autograd.grad(x, logits, retain_graph=True)[0] for x in (loss, areal))
+    assert torch.allclose(g1, g2, atol=1e-6)
+    # GSPO-token: the same value unclipped (mean_t A_t·s_i = Ā_i·s_i) but each token's gradient is
+    # weighted by its own A_t, not Ā_i
+    token, _ = decoupled_ppo_loss(logp, prox, prox, adv, mask, seq_advantage=False, **kw)
+    (g3,) = torch.autograd.grad(token, logits)
+    assert token.item() == pytest.approx(loss.item(), rel=1e-5)
+    assert (g3 - g1).abs().max().item() > 1e-2
+
+
+def test_compute_loss_names_the_gspo_variants():
+    from areal_core.config.algorithm import from_preset
+    from areal_core.train.algorithm import compute_loss
+
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(2, 3, 5, generator=g, requires_grad=True)
+    adv = torch.tensor([[1.0, -2.0, 4.0], [0.5, 0.5, -1.0]])
+    grads = {}
+    for loss in ("gspo", "gspo_token"):
+        logp = torch.log_softmax(logits, -1)[..., 0]
+        args = (logp, logp.detach(), logp.detach(), torch.zeros(2), torch.tensor([0, 0]), torch.ones(2, 3))
+        out, _ = compute_loss(from_preset("gspo", loss=loss), *args, advantages=adv)
+        (grads[loss],) = torch.autograd.grad(out, logits)
+    # r = 1 (π_prox = π_θ): d/dlogit of −mean_i mean_t Ā·logπ_t vs −mean_i mean_t A_t·logπ_t
+    expected = {"gspo": torch.tensor([[1.0], [0.0]]).expand(2, 3), "gspo_token": adv}
+    for loss, a in expected.items():
+        ref_logp = torch.log_softmax(logits, -1)[..., 0]
+        (ref,) = torch.autograd.grad(-(a * ref_logp).mean(), logits)
+        assert torch.allclose(grads[loss], ref, atol=1e-6), loss

@@ -13,7 +13,7 @@ from pydantic import Field, field_validator, model_validator
 from areal_core.config.base import Bool, ConfigError, ConfigModel, Float, Int, Invalid
 
 AdvEstimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "lite_ppo", "gae"]
-Loss = Literal["decoupled_ppo", "ppo", "gspo", "dpo", "ipo"]
+Loss = Literal["decoupled_ppo", "ppo", "gspo", "gspo_token", "dpo", "ipo"]
 Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
 BehavCorrection = Literal["none", "truncate", "mask"]
 BehavLevel = Literal["token", "sequence", "geometric"]

@@ -204,7 +204,8 @@ class TrainConfig(ConfigModel):
     )
     lora_alpha: Float = Field(16.0, gt=0, description="LoRA scale numerator: updates are (alpha / r)·B·A")
     bf16_autocast: Bool = Field(
-        False, description="the trainer's forward and backward passes under bf16 autocast (weights and optimizer stay fp32)"
+        False,
+        description="the trainer's forward and backward passes under bf16 autocast (weights and optimizer stay fp32)",
     )
 
     @model_validator(mode="after")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from areal_core.logs import setup_logging
 from areal_core.proxy.app import create_app
 from areal_core.proxy.guard import ProxyLimits
 from areal_core.proxy.runner import server_config
@@ -31,6 +32,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
+    setup_logging()
 
     import torch
     import uvicorn

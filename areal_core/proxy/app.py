@@ -120,6 +120,8 @@ def create_app(
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     yield
     state: ProxyState = app.state.proxy
+    if state.sessions.writer is not None:
+        state.sessions.writer.close()
     if state.owns_backend:
         state.backend.close()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+from areal_core.events import EventLog
 from areal_core.layout import LAYOUT
 from areal_core.protocol import Sample, write_shard
 from areal_core.store import Store
@@ -13,7 +14,8 @@ class ShardWriter:
     """Writes each finished session as one shard under the proxy's worker id (online mode).
 
     Rows with a reward go to the graded stage, others to the ungraded stage for the
-    reward workers. Sequence numbers continue after the worker's existing shards.
+    reward workers. Sequence numbers continue after the worker's existing shards. The writer
+    holds the proxy's event log (`count` records of completions and tokens); `close()` ends it.
     """
 
     def __init__(self, store: Store, worker_id: str):
@@ -25,6 +27,7 @@ class ShardWriter:
             for p in store.find(LAYOUT.shard_dir(stage, worker_id), ".arrow")
         ]
         self.seq = max(seqs) + 1 if seqs else 0
+        self.events = EventLog(store, "proxy", worker_id.rsplit("-", 1)[-1])
 
     def write(self, samples: list[Sample]) -> list[str]:
         if not samples:
@@ -37,6 +40,11 @@ class ShardWriter:
                 if rows:
                     name = LAYOUT.shard(stage, self.worker_id, self.seq)
                     self.seq += 1
-                    write_shard(self.store, name, rows)
+                    with self.events.span("shard_write"):
+                        write_shard(self.store, name, rows)
                     names.append(name)
+        self.events.count(completions=len(samples), tokens=sum(sum(s.loss_mask) for s in samples))
         return names
+
+    def close(self) -> None:
+        self.events.close()

@@ -9,11 +9,13 @@ from __future__ import annotations
 import logging
 import time
 import zlib
+from collections import Counter
 
 from areal_core.context import load_run_config
+from areal_core.events import EventLog
 from areal_core.layout import LAYOUT
 from areal_core.prompts import load_prompts
-from areal_core.protocol import read_shard_or_quarantine, write_shard
+from areal_core.protocol import Sample, read_shard_or_quarantine, write_shard
 from areal_core.reward.labels import apply_labels, load_labels
 from areal_core.reward.pool import DEFAULT_REWARD, RewardPool
 from areal_core.store import Store
@@ -25,12 +27,41 @@ def owner(path: str, num_workers: int) -> int:
     return zlib.crc32(path.encode()) % num_workers
 
 
-def grade_shard(store: Store, rel: str, pool: RewardPool, references: dict[str, dict], tokenizer, labels=None) -> int:
-    """Grade one shard; returns the number of samples graded (0 if it was quarantined)."""
-    samples = read_shard_or_quarantine(store, rel)
+def grade_shard(
+    store: Store,
+    rel: str,
+    pool: RewardPool,
+    references: dict[str, dict],
+    tokenizer,
+    labels=None,
+    events: EventLog | None = None,
+) -> int:
+    """Grade one shard; returns the number of samples graded (0 if it was quarantined). `events`:
+    the timeline ("io" reading and writing, "grade"), grades, sandbox failures, quarantine."""
+    ev = events or EventLog(None, "reward", "0")
+    ev.switch("io")
+    samples = read_shard_or_quarantine(store, rel, ev)
     if samples is None:
         log.warning("quarantined %s", rel)
         return 0
+    ev.switch("grade")
+    grade_samples(samples, pool, references, tokenizer, labels, ev)
+    ev.switch("io")
+    write_shard(store, LAYOUT.graded_twin(rel), samples)
+    return len(samples)
+
+
+def grade_samples(
+    samples: list[Sample],
+    pool: RewardPool,
+    references: dict[str, dict],
+    tokenizer,
+    labels=None,
+    events: EventLog | None = None,
+) -> None:
+    """Grade, in place, the samples without a reward through the pool, then join the labels.
+    The one grading path: the reward workers and a re-grade (reward/regrade.py) both call it.
+    `events`: where the grades and the sandbox failures (by reason) are counted."""
     todo = [s for s in samples if s.reward is None]  # a reward the agent or workflow set is kept
     jobs = []
     for s in todo:
@@ -44,14 +75,29 @@ def grade_shard(store: Store, rel: str, pool: RewardPool, references: dict[str, 
                 "meta": s.meta,
             }
         )
-    for s, result in zip(todo, pool.grade(jobs)):
+    results = pool.grade(jobs)
+    for s, result in zip(todo, results):
         s.reward = result.reward
         s.token_rewards = result.token_rewards
         s.reward_info = {**result.info, "reward_source": "reward_worker"}
+    if events is not None:
+        for reason, n in failure_reasons([r.info for r in results]).items():
+            events.emit("sandbox", reason=reason, n=n)
+        events.count(grades=len(todo))
     if labels:
         apply_labels(samples, labels)
-    write_shard(store, LAYOUT.graded_twin(rel), samples)
-    return len(samples)
+
+
+def failure_reasons(infos: list[dict]) -> Counter:
+    """Reasons a grading failed, counted: the pool's `error` (timeout, crash, the function raised)
+    and the sandbox's per-test `failures`, each cut to 120 characters."""
+    out: Counter = Counter()
+    for info in infos:
+        if info.get("error"):
+            out[str(info["error"])[:120]] += 1
+        for reason in info.get("failures") or []:
+            out[str(reason)[:120]] += 1
+    return out
 
 
 def run_reward_worker(run_uri: str, index: int = 0) -> dict:
@@ -69,7 +115,10 @@ def run_reward_worker(run_uri: str, index: int = 0) -> dict:
     t0 = time.time()
     idle_s = cfg.reward.poll_interval_s
     fn_path = cfg.reward.function or DEFAULT_REWARD
-    with RewardPool(fn_path, cfg.reward.pool_size, cfg.reward.timeout_s, cfg.reward.retries) as pool:
+    with (
+        RewardPool(fn_path, cfg.reward.pool_size, cfg.reward.timeout_s, cfg.reward.retries) as pool,
+        EventLog(store, "reward", str(index)) as ev,
+    ):
         while True:
             finished = store.done()
             # only listing the ungraded side: graded twins of earlier passes are remembered in `done`
@@ -82,7 +131,7 @@ def run_reward_worker(run_uri: str, index: int = 0) -> dict:
             if todo:
                 labels = load_labels(store)
                 for rel in todo:
-                    graded += grade_shard(store, rel, pool, references, tokenizer, labels)
+                    graded += grade_shard(store, rel, pool, references, tokenizer, labels, ev)
                     done.add(rel)
                 store.heartbeat(
                     "reward", str(index), graded=graded, grades_per_s=graded / max(time.time() - t0, 1e-9), **pool.stats
@@ -91,6 +140,7 @@ def run_reward_worker(run_uri: str, index: int = 0) -> dict:
             elif finished:
                 break
             else:
+                ev.switch("shards", "wait")
                 time.sleep(idle_s)
                 idle_s = min(idle_s * 2, 0.2)  # back off while idle so polling costs no CPU
     return {"graded": graded}

@@ -186,7 +186,7 @@ class RemoteEngine:
             "paused_s": t_done - t_paused,
             "total_s": t_done - t0,
         }
-        self.log.info(
+        self.log.debug(  # every version, every worker: the rollout's `load` events hold it
             "%s now at v%d (%s)", self.name, version, ", ".join(f"{k}={v:.3f}" for k, v in self.last_update.items())
         )
         return True

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from areal_core.context import load_run_config, set_threads, wait_for_version
+from areal_core.events import EventLog
 from areal_core.layout import LAYOUT
 from areal_core.prompts import load_prompts
 from areal_core.protocol import Sample, write_shard
@@ -53,6 +54,7 @@ class RolloutLoop:
         engine_name: str = "",
         status_id: str | None = None,
         check: Callable[[], None] | None = None,
+        events: EventLog | None = None,
     ):
         self.workflow, self.engine, self.tasks, self.admission = workflow, engine, tasks, admission
         self.store, self.worker_id, self.seq = store, worker_id, next_seq
@@ -61,6 +63,7 @@ class RolloutLoop:
         self.status_id, self.check = status_id, check
         self.produced = 0
         self.t0 = time.time()
+        self.ev = events or EventLog(None, "rollout", worker_id.rsplit("-", 1)[-1])
 
     async def run(self, stop: Callable[[], bool] | None = None, num_groups: int | None = None) -> dict[str, Any]:
         """Until `stop()` (checked at most every 5 polls) or `num_groups` more groups started; the
@@ -81,9 +84,12 @@ class RolloutLoop:
                 free = self.max_in_flight - len(in_flight)
                 if num_groups is not None:
                     free = min(free, num_groups - (self.admission.started - first))
-                for _ in range(min(free, self.admission.room(self.engine.version)) if free > 0 else 0):
+                room = self.admission.room(self.engine.version) if free > 0 else 0
+                for _ in range(min(free, room)):
                     g, p = self.admission.start()
                     in_flight[asyncio.create_task(self.workflow.arun_episode(self.engine, self.tasks[p]))] = (g, p)
+                # the timeline: generating while any group is in flight, else blocked by admission
+                self.ev.switch("generate" if in_flight else "admission", "busy" if in_flight else "wait")
                 if not in_flight:
                     await asyncio.sleep(self.poll_interval_s)
                     continue
@@ -94,6 +100,7 @@ class RolloutLoop:
                 done, _ = await asyncio.wait(in_flight, return_when="FIRST_COMPLETED")
                 await self._finish({t: in_flight.pop(t) for t in done})
         finally:
+            self.ev.switch(None)
             for t in in_flight:
                 t.cancel()
         log.info("%s done: %d shards, %d groups", self.worker_id, self.seq, self.admission.started)
@@ -108,13 +115,20 @@ class RolloutLoop:
             if exc is not None:
                 failed.append((g, exc))
                 continue
-            rows += self._named(task.result(), g, self.tasks[p])
+            named = self._named(task.result(), g, self.tasks[p])
+            if not named:
+                self.ev.emit("drop", reason="empty_group", n=1, unit="groups")
+            rows += named
         if rows:
-            await asyncio.to_thread(write_shard, self.store, LAYOUT.ungraded_shard(self.worker_id, self.seq), rows)
+            with self.ev.span("shard_write"):
+                shard = LAYOUT.ungraded_shard(self.worker_id, self.seq)
+                await asyncio.to_thread(write_shard, self.store, shard, rows)
+            self.ev.count(completions=len(rows), tokens=sum(sum(s.loss_mask) for s in rows))
             self.seq += 1
             self.produced += len(rows)
             self._heartbeat()
         if failed:
+            self.ev.emit("drop", reason="engine_failed", n=len(failed), unit="groups")
             (a, exc), (b, _) = failed[0], failed[-1]
             raise RolloutEngineFailed(
                 f"{self.worker_id}: engine '{self.engine_name}' failed generating groups {a}...{b} "
@@ -149,14 +163,28 @@ class RolloutLoop:
 
 def run_rollout_worker(run_uri: str, index: int = 0) -> dict:
     store = Store(run_uri)
+    with EventLog(store, "rollout", str(index)) as ev:
+        return _run(store, index, ev)
+
+
+def _run(store: Store, index: int, ev: EventLog) -> dict:
     cfg = load_run_config(store)
     set_threads(cfg.threads_per_role)
     worker_id = f"rollout-{index}"
     tasks = load_prompts(store, "train")
     ro = cfg.rollout
-    version = wait_for_version(store)
+    with ev.span("weights", "wait"):
+        version = wait_for_version(store)
+    t0 = time.time()
     engine, tokenizer = build_engine(cfg, store, version, index)
-    watcher = WeightWatcher(store, lambda v: engine.receive(store, v), ro.poll_interval_s, version=version).start()
+    ev.emit("load", version=version, seconds=round(time.time() - t0, 4))
+
+    def receive(v: int) -> None:
+        t = time.time()
+        engine.receive(store, v)
+        ev.emit("load", version=v, seconds=round(time.time() - t, 4))
+
+    watcher = WeightWatcher(store, receive, ro.poll_interval_s, version=version).start()
 
     def check() -> None:
         if watcher.error is not None:
@@ -193,6 +221,7 @@ def run_rollout_worker(run_uri: str, index: int = 0) -> dict:
             engine_name=ro.engine,
             status_id=str(index),
             check=check,
+            events=ev,
         )
         return asyncio.run(loop.run(stop=store.done))
     finally:

@@ -173,7 +173,14 @@ def compute_loss(
     `global_tokens` / `global_seqs`: denominators of the whole batch for gradient accumulation.
       loss = policy + β_kl·KL(π_θ‖π_ref) [unless kl_as_reward] − c_ent·H + c_v·critic
     """
-    from areal_core.train.losses import aggregate, critic_loss, decoupled_ppo_loss, kl_penalty, masked_mean
+    from areal_core.train.losses import (
+        aggregate,
+        behaviour_kl,
+        critic_loss,
+        decoupled_ppo_loss,
+        kl_penalty,
+        masked_mean,
+    )
 
     mask = loss_mask.float()
     agg = {
@@ -222,11 +229,12 @@ def compute_loss(
             cfg.eps_low,
             cfg.eps_high,
             cfg.dual_clip,
-            ratio_level="sequence" if cfg.loss == "gspo" else "token",
+            ratio_level="sequence" if cfg.loss in ("gspo", "gspo_token") else "token",
+            seq_advantage=cfg.loss == "gspo",
             **common,
         )
         metrics.update(m)
-        metrics["kl_behav_prox"] = masked_mean((behav_logp - prox_logp).detach(), mask).item()
+        metrics["kl_behav_prox"] = behaviour_kl(prox_logp, behav_logp, mask)
     loss = policy
     metrics["loss_policy"] = policy.item()
     if ref_logp is not None:

@@ -42,6 +42,15 @@ def apply_lora(
     return get_peft_model(model, cfg)
 
 
+def with_lora(model, train_cfg, distributed: bool = False):
+    """`model` wrapped with LoRA when `train_cfg.lora_rank` > 0 (r, alpha from the config), else as is."""
+    if train_cfg.lora_rank <= 0:
+        return model
+    if distributed:
+        raise ValueError("train.lora_rank > 0 runs on one trainer process (world size 1)")
+    return apply_lora(model, r=train_cfg.lora_rank, alpha=train_cfg.lora_alpha)
+
+
 def trainable_parameters(model) -> tuple[int, int]:
     """(trainable, total) parameter counts."""
     params = list(model.parameters())

@@ -66,6 +66,18 @@ def _per_row(log_x: torch.Tensor, mask: torch.Tensor, level: str) -> torch.Tenso
     raise ValueError(f"unknown level {level!r}; expected one of {BEHAV_LEVELS}")
 
 
+def usable_behaviour(prox_logp: torch.Tensor, behav_logp: torch.Tensor) -> torch.Tensor:
+    """1[log π_behav and log π_prox are finite]: a token an engine reported as impossible (−inf) or
+    as NaN has no importance weight and is masked out of the policy loss."""
+    return (torch.isfinite(behav_logp) & torch.isfinite(prox_logp)).float()
+
+
+def behaviour_kl(prox_logp: torch.Tensor, behav_logp: torch.Tensor, mask: torch.Tensor) -> float:
+    """KL(behaviour‖proximal) estimated as mean(log π_behav − log π_prox) over the usable policy tokens."""
+    ok = mask.float() * usable_behaviour(prox_logp, behav_logp)
+    return masked_mean(torch.where(ok > 0, behav_logp - prox_logp, 0.0).detach(), ok).item()
+
+
 def behaviour_weights(
     prox_logp: torch.Tensor,
     behav_logp: torch.Tensor,
@@ -82,35 +94,43 @@ def behaviour_weights(
            truncate  w = min(ρ, high)   (truncated importance sampling; high ≤ 0: uncapped)
            mask      w = ρ·1[low ≤ ρ ≤ high], keep = 1[low ≤ ρ ≤ high]   (IcePop; high ≤ 0: no upper
                      bound). Masked tokens contribute 0 but stay in the aggregation's denominator.
-    stats: importance-weight mean/max/min of w, truncated and masked fractions of policy tokens.
+    In every mode a token whose log π_behav (or log π_prox) is not finite is masked (keep = 0,
+    w = 0) and left out of the sequence-level products: ρ = +inf would otherwise hit the cap.
+    stats: importance-weight mean/max/min of w over the kept policy tokens; truncated, masked and
+    non-finite fractions of the policy tokens.
     """
     m = mask.float()
-    log_rho = _per_row((prox_logp - behav_logp).detach().float(), m, level)
-    keep = torch.ones_like(log_rho)
+    usable = usable_behaviour(prox_logp, behav_logp)
+    log_rho_tok = torch.where(usable > 0, (prox_logp - behav_logp).detach().float(), 0.0)
+    log_rho = _per_row(log_rho_tok, m * usable, level)
+    keep = usable.clone()
     truncated = torch.zeros_like(log_rho)
     if mode == "none":
         w = torch.ones_like(log_rho)
     elif mode == "truncate":
         if high > 0:
-            truncated = (log_rho > math.log(high)).float()
+            truncated = (log_rho > math.log(high)).float() * usable
             log_rho = log_rho.clamp(max=math.log(high))
-        w = torch.exp(log_rho)
+        w = torch.exp(log_rho.clamp(max=80.0))
     elif mode == "mask":
         if low > 0:
             keep = keep * (log_rho >= math.log(low)).float()
         if high > 0:
             keep = keep * (log_rho <= math.log(high)).float()
-        w = torch.exp(log_rho.clamp(max=80.0)) * keep
+        w = torch.exp(log_rho.clamp(max=80.0))
     else:
         raise ValueError(f"unknown behaviour correction {mode!r}; expected one of {BEHAV_CORRECTIONS}")
-    on = m > 0
+    w = torch.where(keep > 0, w, 0.0)
+    kept = m * keep
+    on = kept > 0
     wm = w[on] if on.any() else w.new_ones(1)
     stats = {
-        "importance_weight_mean": masked_mean(w, m).item(),
+        "importance_weight_mean": masked_mean(w, kept).item(),
         "importance_weight_max": wm.max().item(),
         "importance_weight_min": wm.min().item(),
         "behav_truncated_frac": masked_mean(truncated, m).item(),
         "behav_masked_frac": masked_mean(1 - keep, m).item(),
+        "behav_nonfinite_frac": masked_mean(1 - usable, m).item(),
     }
     return w, keep, stats
 
@@ -131,6 +151,7 @@ def decoupled_ppo_loss(
     behav_high: float | None = None,
     behav_level: str = "token",
     ratio_level: str = "token",
+    seq_advantage: bool = True,
     aggregation: str = "token_mean",
     norm_const: float = 0.0,
     global_tokens: float | None = None,
@@ -143,20 +164,30 @@ def decoupled_ppo_loss(
     L_t = w · max(−A·r, −A·clip(r, 1−ε_low, 1+ε_high)),
     with dual clip (c > 1): for A < 0, L_t = w · min(L_t/w, −c·A).
     ratio_level="sequence" is GSPO: r_i = exp(mean_t(log π_θ − log π_prox)) for every token of
-    row i, written as sg[r_i]·π_θ(t)/sg[π_θ(t)] so that the gradient is that of r_i.
-    Returns (loss, stats) with clip fractions (all, low side, high side, dual), importance-weight
-    statistics, masked fraction and KL(behaviour‖proximal) estimated as mean(log π_behav − log π_prox).
+    row i, written as sg[r_i]·π_θ(t)/sg[π_θ(t)] so that the gradient is that of r_i; with
+    seq_advantage the advantage is also the row's mean Ā_i = mean_t A_t (AReaL's GSPO; without
+    it, per-token A_t: the GSPO paper's GSPO-token).
+    A token with a non-finite log π_behav or log π_prox is masked (w = 0, no gradient, NaN-free)
+    and stays in the denominator, as IcePop-masked tokens do.
+    Returns (loss, stats): clip fractions (all, low side, high side, dual) and the ratio mean over
+    the kept tokens (keep = 1 in `behaviour_weights`: not masked by IcePop nor non-finite),
+    importance-weight statistics and KL(behaviour‖proximal) = mean(log π_behav − log π_prox).
     """
     m = mask.float()
+    high = behav_weight_cap if behav_high is None else behav_high
+    w, keep, w_stats = behaviour_weights(prox_logp, behav_logp, m, behav_correction, behav_low, high, behav_level)
+    usable = usable_behaviour(prox_logp, behav_logp)
+    kl = behaviour_kl(prox_logp, behav_logp, m)
+    prox_logp = torch.where(usable > 0, prox_logp, logp.detach())  # r = 1 where w = 0: no NaN, no gradient
     log_ratio = logp - prox_logp
     if ratio_level == "sequence":
-        seq = _per_row(log_ratio.detach(), m, "geometric")
+        seq = _per_row(log_ratio.detach(), m * usable, "geometric")
         log_ratio = seq + logp - logp.detach()
+        if seq_advantage:  # the row's mean advantage (the "geometric" level of a non-log value)
+            advantages = _per_row(advantages, m, "geometric")
     elif ratio_level != "token":
         raise ValueError(f"unknown ratio level {ratio_level!r}; expected 'token' or 'sequence'")
     ratio = torch.exp(log_ratio)
-    high = behav_weight_cap if behav_high is None else behav_high
-    w, _keep, w_stats = behaviour_weights(prox_logp, behav_logp, m, behav_correction, behav_low, high, behav_level)
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1 - eps_low, 1 + eps_high)
     per_token = torch.maximum(unclipped, clipped)
@@ -168,14 +199,15 @@ def decoupled_ppo_loss(
         per_token = torch.where(advantages < 0, torch.minimum(per_token, bound), per_token)
     loss = aggregate(w * per_token, m, aggregation, norm_const, global_tokens, global_seqs)
     r = ratio.detach()
+    kept = m * keep  # the tokens that carry weight: the metrics mean what their names say
     stats = {
-        "clip_frac": masked_mean(clip_hit, m).item(),
-        "clip_low_frac": masked_mean(clip_hit * (r < 1).float(), m).item(),
-        "clip_high_frac": masked_mean(clip_hit * (r > 1).float(), m).item(),
-        "dual_clip_frac": masked_mean(dual_hit, m).item(),
-        "ratio_mean": masked_mean(r, m).item(),
+        "clip_frac": masked_mean(clip_hit, kept).item(),
+        "clip_low_frac": masked_mean(clip_hit * (r < 1).float(), kept).item(),
+        "clip_high_frac": masked_mean(clip_hit * (r > 1).float(), kept).item(),
+        "dual_clip_frac": masked_mean(dual_hit, kept).item(),
+        "ratio_mean": masked_mean(r, kept).item(),
         **w_stats,
-        "kl_behav_prox": masked_mean((behav_logp - prox_logp).detach(), m).item(),
+        "kl_behav_prox": kl,
     }
     return loss, stats
 

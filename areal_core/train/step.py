@@ -25,6 +25,8 @@ denominator in `compute_loss`) and the gae estimator (the critic of `value_head.
 from __future__ import annotations
 
 import dataclasses
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -108,12 +110,14 @@ def train_step(
     ctx: DistContext | None = None,
     ref_model: torch.nn.Module | None = None,
     critic: Critic | None = None,
+    phase: Callable[[str, float], None] | None = None,
 ) -> dict[str, float]:
     """One training step on complete groups (the same `samples` on every rank); returns metrics:
     advantage metrics of the whole batch, per-minibatch metrics averaged over minibatches (the
     loss summed over ranks = the minibatch's loss, other metrics token-weighted over ranks).
     `critic` (needed for adv_estimator=gae) is trained on the same loss (its value term) with
-    its own optimizer."""
+    its own optimizer. `phase(name, seconds)` (e.g. `EventLog.add`) is told the seconds spent in
+    "forward" (no-grad passes and the loss), "backward" and "optimizer" (clipping and the step)."""
     ctx = ctx or DistContext()
     world = ctx.world_size
     algo, n_mb = cfg.algo, cfg.train.ppo_minibatches
@@ -126,6 +130,7 @@ def train_step(
         raise ValueError("algo.adv_estimator=gae needs a critic (areal_core/train/value_head.py)")
     batch = _to(collate(samples, pad_id), ctx.torch_device if ctx.distributed else _device(model))
     plan = plan_minibatches(batch, n_mb, ctx.rank, world)
+    lap = _Laps(phase)
 
     prox_all = ref_all = None
     with torch.no_grad():
@@ -151,6 +156,7 @@ def train_step(
     )
 
     for mb in plan:
+        lap("forward")
         rows = mb.rows
         out = policy_logprobs(model, batch, rows, cfg, pad_id, entropy="entropy" in need)
         logp, ent = out if isinstance(out, tuple) else (out, None)
@@ -183,7 +189,9 @@ def train_step(
         optimizer.zero_grad(set_to_none=True)
         if critic is not None:
             critic.zero_grad()
+        lap("forward")
         (loss * world).backward()
+        lap("backward")
         grad_norm = clip_grad_norm(model, cfg.train.grad_clip or float("inf"))
         optimizer.step()
         if critic is not None:
@@ -193,9 +201,24 @@ def train_step(
         mb_stats["grad_norm"] = grad_norm
         for k, v in mb_stats.items():
             stats[k] = stats.get(k, 0.0) + v / n_mb
+        lap("optimizer")
     stats["reward_mean"] = batch.rewards.mean().item()
     stats["response_tokens"] = batch.loss_mask.sum().item()
     return stats
+
+
+class _Laps:
+    """Tells `phase(name, seconds)` the time since the previous lap (nothing when `phase` is None).
+    On an accelerator the seconds are host time: queued kernels land in a later phase."""
+
+    def __init__(self, phase: Callable[[str, float], None] | None):
+        self.phase, self.t = phase, time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        if self.phase is not None:
+            now = time.perf_counter()
+            self.phase(name, now - self.t)
+            self.t = now
 
 
 def _reduce(mb_stats: dict[str, float], share: float, ctx: DistContext) -> dict[str, float]:

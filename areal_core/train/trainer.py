@@ -8,7 +8,8 @@ PPO steps, publish weights/v{N}, checkpoint, and write DONE at the end.
      backward, gradient clipping, optimizer,
   4. write the audit record trainer/trained/step-{N}.json,
   5. checkpoint every `checkpoint_every` steps, then publish v+1,
-  6. metrics: MLflow (the injected tracker), heartbeat, trainer/metrics.jsonl.
+  6. metrics: MLflow (the injected tracker), heartbeat, trainer/metrics.jsonl; timing events
+     (areal_core/events.py): spans of each phase, `trained`, `publish`, `backlog`, `drop`.
 
 World size 1 is the ordinary case. Under torchrun every rank runs this trainer with the model
 sharded by FSDP2 (`areal_core/train/distributed.py`): rank 0 alone reads and writes the store
@@ -36,6 +37,7 @@ from typing import Any, Protocol
 import torch
 
 from areal_core.config import RunConfig
+from areal_core.events import EventLog
 from areal_core.layout import LAYOUT
 from areal_core.models import load_pretrained, save_pretrained
 from areal_core.protocol import Sample, read_shard_or_quarantine, unique
@@ -43,9 +45,11 @@ from areal_core.staleness import staleness_histogram
 from areal_core.store import Store
 from areal_core.train import checkpoint
 from areal_core.train.algorithm import required_inputs
+from areal_core.train.backlog import BacklogRecorder
 from areal_core.train.batch import GroupBuffer
 from areal_core.train.distributed import (
     DistContext,
+    env_ranks,
     full_optimizer_state_dict,
     full_state_dict,
     indexed_optimizer_state,
@@ -56,7 +60,7 @@ from areal_core.train.distributed import (
     state_dict_bytes_rank0,
 )
 from areal_core.train.lineage import holds_version_in, newest_published, resume_version
-from areal_core.train.lora import adapter_files, apply_lora, merged_state_dict
+from areal_core.train.lora import adapter_files, merged_state_dict, with_lora
 from areal_core.train.schedule import lr_factor
 from areal_core.train.step import train_step
 from areal_core.train.value_head import Critic
@@ -76,7 +80,8 @@ class Trainer:
     """`cfg`: the run's resolved config (the store's config.yaml). `evaluate(model, tokenizer)`:
     the held-out score, called on rank 0 every `train.eval_every` steps. `tracker`: where rank 0
     logs each step's metrics (MLflow in a run). `guard()`: raises when the run no longer owns its
-    root (called before the final model and DONE are written)."""
+    root (called before the final model and DONE are written). `events`: the role's timing
+    records (areal_core/events.py; the caller closes it)."""
 
     def __init__(
         self,
@@ -86,7 +91,9 @@ class Trainer:
         evaluate: Evaluate | None = None,
         tracker: MetricsTracker | None = None,
         guard: Callable[[], None] | None = None,
+        events: EventLog | None = None,
     ):
+        self.ev = events or EventLog(None, "trainer", "0")
         if cfg.train.eval_every and evaluate is None:
             raise ValueError("train.eval_every is set but the trainer was given no evaluate callable")
         self.store = Store(run_uri)
@@ -96,12 +103,8 @@ class Trainer:
         torch.manual_seed(self.cfg.seed)
         self.model, self.tokenizer = load_pretrained(self.store.url(LAYOUT.init_model), self.cfg.device)
         self.side_files = hf_side_files(self.model, self.tokenizer)
-        self.lora = self.cfg.train.lora_rank > 0
-        if self.lora:  # the adapter alone trains and is published (train/lora.py)
-            if self.dist.distributed:
-                raise ValueError("train.lora_rank > 0 runs on one trainer process (world size 1)")
-            self.model = apply_lora(self.model, r=self.cfg.train.lora_rank, alpha=self.cfg.train.lora_alpha)
-        self.model.train()
+        self.lora = self.cfg.train.lora_rank > 0  # the adapter alone trains and is published
+        self.model = with_lora(self.model, self.cfg.train, self.dist.distributed).train()
         self.optimizer = self._make_optimizer()
         tc = self.cfg.train
         self.publisher = WeightPublisher(self.store, self.side_files, tc.weight_delta, tc.weight_full_every)
@@ -116,6 +119,7 @@ class Trainer:
             else None
         )
         self.buffer = GroupBuffer()
+        self._unaudited: tuple[list[Sample], list[Sample]] = ([], [])  # drops while waiting: in the next record
         self.tracker = tracker if main else None
         self._evaluate = evaluate
         self._guard = guard
@@ -146,6 +150,7 @@ class Trainer:
         self.consumed = set(self.state.consumed)  # shard paths read (so a shard is read once)
         self.seen = set(self.state.seen)  # sample identities consumed (so a sample is used once)
         self._metrics_lines: list[str] = []
+        self._backlog, self._batch_times = BacklogRecorder(self.store, self.ev), (0.0, 0.0, 0.0)
         if main and self.store.exists(LAYOUT.metrics):
             old = self.store.read_text(LAYOUT.metrics).splitlines()
             self._metrics_lines = [line for line in old if line and json.loads(line)["step"] <= self.state.step]
@@ -153,8 +158,8 @@ class Trainer:
 
     def _make_optimizer(self) -> torch.optim.Optimizer:
         tc = self.cfg.train
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        return torch.optim.AdamW(params, lr=tc.lr, weight_decay=tc.weight_decay, betas=(0.9, 0.99))
+        # frozen parameters (LoRA's base) never get a gradient, so AdamW keeps no state for them
+        return torch.optim.AdamW(self.model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay, betas=(0.9, 0.99))
 
     def _resume_versions(self) -> None:
         """Publish the starting weights under a number no other weights ever had (train/lineage.py)."""
@@ -188,9 +193,11 @@ class Trainer:
     def ingest(self) -> int:
         """Read the graded shards not read yet into the buffer; samples already consumed under
         another shard name (a copied shard) are skipped and counted as duplicate_samples."""
-        new = [p for p in self.store.find(LAYOUT.graded_dir, ".arrow") if p not in self.consumed]
+        graded = self.store.find(LAYOUT.graded_dir, ".arrow")
+        new = [p for p in graded if p not in self.consumed]
+        self._backlog(graded, len(new), len(self.buffer))
         for rel in new:
-            samples = read_shard_or_quarantine(self.store, rel)
+            samples = read_shard_or_quarantine(self.store, rel, self.ev)
             if samples is None:
                 self.state.counters["quarantined_shards"] += 1
                 log.warning("quarantined corrupt shard %s", rel)
@@ -199,6 +206,7 @@ class Trainer:
                 if len(fresh) < len(samples):
                     counters = self.state.counters
                     counters["duplicate_samples"] = counters.get("duplicate_samples", 0) + len(samples) - len(fresh)
+                    self.ev.emit("drop", reason="duplicate", n=len(samples) - len(fresh))
                     log.warning("shard %s: %d samples already consumed, skipped", rel, len(samples) - len(fresh))
                 self.buffer.add(fresh)
             self.consumed.add(rel)
@@ -207,14 +215,20 @@ class Trainer:
     def next_batch(self) -> Batch:
         """Rank 0: ingest, drop abandoned-version and stale samples, take B groups (None if too few)."""
         cfg, st = self.cfg, self.state
+        t0 = time.time()
         self.ingest()
+        t1 = time.time()
         abandoned = self.buffer.drop_where(lambda s: holds_version_in(s, st.abandoned)) if st.abandoned else []
         dropped = self.buffer.drop_stale(st.version, cfg.train.eta)
         filtered = self.buffer.drop_uninformative() if cfg.algo.dynamic_sampling else []
         if filtered:
-            st.counters["filtered_groups"] = st.counters.get("filtered_groups", 0) + len({s.group_id for s in filtered})
+            groups = len({s.group_id for s in filtered})
+            st.counters["filtered_groups"] = st.counters.get("filtered_groups", 0) + groups
+            self.ev.emit("drop", reason="uninformative", n=len(filtered), groups=groups)
         self._give_back_admission(abandoned + dropped + filtered)
-        return self.buffer.take(cfg.train.batch_groups), dropped, abandoned
+        batch = self.buffer.take(cfg.train.batch_groups), dropped, abandoned
+        self._batch_times = (t0, t1, time.time())
+        return batch
 
     def _give_back_admission(self, discarded: list[Sample]) -> None:
         """Count the groups that left the buffer untrained and publish the total for admission."""
@@ -228,8 +242,11 @@ class Trainer:
     def _count_drops(self, dropped: list[Sample], abandoned: list[Sample]) -> None:
         st = self.state
         st.counters["dropped_samples"] += len(dropped)
+        if dropped:
+            self.ev.emit("drop", reason="stale", n=len(dropped))
         if abandoned:
             st.counters["abandoned_samples"] = st.counters.get("abandoned_samples", 0) + len(abandoned)
+            self.ev.emit("drop", reason="abandoned_version", n=len(abandoned))
 
     def step(
         self, samples: list[Sample], dropped: list[Sample], abandoned: list[Sample] | None = None
@@ -240,8 +257,7 @@ class Trainer:
         abandoned = abandoned or []
         lr = self._set_lr()
         t0 = time.perf_counter()
-        device_type = self.cfg.device.split(":")[0]
-        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=cfg.train.bf16_autocast):
+        with self.ev.span("train"), torch.autocast(cfg.device, torch.bfloat16, enabled=cfg.train.bf16_autocast):
             metrics = train_step(
                 self.model,
                 self.optimizer,
@@ -251,11 +267,13 @@ class Trainer:
                 ctx=self.dist,
                 ref_model=self.ref_model,
                 critic=self.critic,
+                phase=self.ev.add,
             )
         t_train = time.perf_counter() - t0
         trained_versions = [v for s in samples for v, m in zip(s.versions, s.loss_mask) if m]
         if self.dist.is_main:
-            self._write_audit(samples, dropped, abandoned, staleness_histogram(trained_versions, st.version))
+            with self.ev.span("metrics"):
+                self._write_audit(samples, dropped, abandoned, staleness_histogram(trained_versions, st.version))
         st.step += 1
         st.version += 1
         self._count_drops(dropped, abandoned)
@@ -276,7 +294,8 @@ class Trainer:
         if st.counters.get("abandoned_samples"):
             metrics["abandoned_samples"] = st.counters["abandoned_samples"]
         if cfg.train.eval_every and st.step % cfg.train.eval_every == 0:
-            metrics["eval_accuracy"] = self.evaluate()
+            with self.ev.span("eval"):
+                metrics["eval_accuracy"] = self.evaluate()
         return metrics
 
     def _set_lr(self) -> float:
@@ -288,20 +307,29 @@ class Trainer:
         return lr
 
     def _write_audit(self, samples: list[Sample], dropped: list[Sample], abandoned: list[Sample], hist: dict) -> None:
-        """trainer/trained/step-{N}.json: which samples this step trained and dropped (rank 0)."""
+        """trainer/trained/step-{N}.json: which samples this step trained and dropped (rank 0), with
+        the drops made while waiting for this batch; `*_workers` complete each sample's identity.
+        The same counts go into a `trained` event."""
         st = self.state
+        dropped, abandoned = self._unaudited[0] + dropped, self._unaudited[1] + abandoned
+        self._unaudited = ([], [])
         record = {
             "step": st.step,
             "trainer_version": st.version,
             "eta": self.cfg.train.eta,
             "samples": [[s.sample_id, s.min_version()] for s in samples],
+            "sample_workers": [s.worker_id for s in samples],
             "dropped": [[s.sample_id, s.min_version()] for s in dropped],
+            "dropped_workers": [s.worker_id for s in dropped],
             "staleness_histogram": hist,
         }
-        if st.abandoned:
+        if st.abandoned or abandoned:
             record["abandoned"] = [[s.sample_id, s.min_version()] for s in abandoned]
+            record["abandoned_workers"] = [s.worker_id for s in abandoned]
             record["abandoned_versions"] = st.abandoned
         self.store.write_json(LAYOUT.trained_record(st.step), record)
+        n = {"samples": len(samples), "dropped": len(dropped), "abandoned": len(abandoned)}
+        self.ev.emit("trained", step=st.step, staleness=hist, **n)
 
     def _checkpoint_and_publish(self) -> float:
         """Checkpoint (every `checkpoint_every` steps and at the end), then publish the new version
@@ -309,30 +337,30 @@ class Trainer:
         republishes identical weights under the same number (or, from an older checkpoint,
         continues after the newest published one). Collective."""
         cfg, st = self.cfg, self.state
-        blob = self._weights_bytes()  # collective: every rank
+        with self.ev.span("publish"):
+            blob = self._weights_bytes()  # collective: every rank
         if st.step % cfg.train.checkpoint_every == 0 or st.step == cfg.train.steps:
-            self.save_checkpoint(blob, gathered=True)
+            with self.ev.span("checkpoint"):
+                self.save_checkpoint(blob, gathered=True)
         if not self.dist.is_main:
             return 0.0
-        publish_s = self._publish(blob)
-        prune(self.store, st.version - max(8, 2 * cfg.train.eta + 2))
+        with self.ev.span("publish"):
+            publish_s = self._publish(blob)
+            prune(self.store, st.version - max(8, 2 * cfg.train.eta + 2))
         return publish_s
 
     def _publish(self, blob: bytes) -> float:
-        """Publish the current weights as `state.version` (rank 0): the adapter under LoRA."""
-        if self.lora:
-            return self.publisher.publish_adapter(self.state.version, adapter_files(self.model))
-        return self.publisher.publish(self.state.version, blob)
+        """Publish the current version (rank 0; under LoRA the adapter alone) and its `publish` record."""
+        seconds = self.publisher.publish(self.state.version, adapter_files(self.model) if self.lora else blob)
+        self.ev.emit("publish", version=self.state.version, bytes=self.publisher.last_weights_bytes, seconds=seconds)
+        return seconds
 
     def _full_model(self) -> torch.nn.Module | None:
         """The model with every parameter in one process: the trainer's own model when not sharded;
         otherwise rank 0's unsharded copy refreshed from the shards (collective; None off rank 0)."""
-        if self.lora:  # a plain model holding base + adapter, for the evaluator and final_model
-            state = merged_state_dict(self.model)
-        elif not self.dist.distributed:
-            return self.model
-        else:
-            state = full_state_dict(self.model, self.dist)
+        if not self.dist.distributed and not self.lora:
+            return self.model  # under LoRA: a plain copy holding base + adapter
+        state = merged_state_dict(self.model) if self.lora else full_state_dict(self.model, self.dist)
         if not self.dist.is_main:
             return None
         if self._full_copy is None:
@@ -376,21 +404,38 @@ class Trainer:
         t_start, last = time.time(), {}
         idle_s = cfg.train.poll_interval_s
         while st.step < cfg.train.steps:
+            polled = time.time()
             batch = self.next_batch() if main else None  # rank 0 alone reads the store
             samples, dropped, abandoned = self.dist.broadcast_object(batch)
             if samples is None:
                 self._count_drops(dropped, abandoned)
+                self._unaudited[0].extend(dropped)
+                self._unaudited[1].extend(abandoned)
+                self.ev.switch("batch", "wait", at=polled)
                 time.sleep(idle_s)
                 idle_s = min(idle_s * 1.5, 0.05)
                 continue
-            idle_s = cfg.train.poll_interval_s
+            idle_s, step = cfg.train.poll_interval_s, st.step
+            self._record_batch_spans(polled)
             if cfg.train.slow_step_s:
-                time.sleep(cfg.train.slow_step_s)
+                with self.ev.span("train"):
+                    time.sleep(cfg.train.slow_step_s)
             last = self.step(samples, dropped, abandoned)
             if main:
-                self._log_metrics(last, time.time() - t_start)
+                with self.ev.span("metrics"):
+                    self._log_metrics(last, time.time() - t_start)
+            self.ev.end_step(step)
         self.finish()
         return last
+
+    def _record_batch_spans(self, polled: float) -> None:
+        """The wait for a batch (the polls that found none) ends; then the successful poll's shard
+        read and batch build (rank 0; other ranks waited on rank 0 meanwhile)."""
+        self.ev.switch(None, at=polled)
+        if self.dist.is_main:
+            t0, t1, t2 = self._batch_times
+            self.ev.record_span("read", t0, t1)
+            self.ev.record_span("batch_build", t1, t2)
 
     def _log_metrics(self, metrics: dict[str, float], elapsed_s: float) -> None:
         """Rank 0: the tracker, the heartbeat and trainer/metrics.jsonl."""
@@ -447,8 +492,9 @@ def run_trainer(
     guard: Callable[[], None] | None = None,
 ) -> dict[str, float]:
     """The trainer role on this process: one process, or every rank of a torchrun group (FSDP2)."""
-    trainer = Trainer(run_uri, cfg, evaluate=evaluate, tracker=tracker, guard=guard)
-    try:
-        return trainer.fit()
-    finally:
-        shutdown(trainer.dist)
+    with EventLog(Store(run_uri), "trainer", str(env_ranks()[0])) as events:
+        trainer = Trainer(run_uri, cfg, evaluate=evaluate, tracker=tracker, guard=guard, events=events)
+        try:
+            return trainer.fit()
+        finally:
+            shutdown(trainer.dist)

@@ -85,8 +85,11 @@ class WeightPublisher:
         self._prev: tuple[int, bytes] | None = None
         self.last_weights_bytes = 0
 
-    def publish(self, version: int, weights: bytes) -> float:
-        """Publish `weights` as `version` (write files, MANIFEST.json, LATEST). Returns seconds taken."""
+    def publish(self, version: int, weights: bytes | dict[str, bytes]) -> float:
+        """Publish `weights` (safetensors bytes, or a LoRA adapter's files) as `version` (write files,
+        MANIFEST.json, LATEST). Returns seconds taken."""
+        if isinstance(weights, dict):
+            return self.publish_adapter(version, weights)
         if not self.delta:
             self.last_weights_bytes = len(weights)
             return publish(self.store, version, weights, self.side_files)

@@ -1,0 +1,231 @@
+"""A run's samples as a dataset: `pyarrow.dataset` over its Arrow IPC shards, joined with the
+trainer's audit records, for pyarrow, DuckDB and pandas (docs/dataset.md).
+
+    from areal_core.dataset import open_run
+    run = open_run("s3://bucket/runs/job")                    # a pyarrow.dataset.Dataset
+    duckdb.sql("SELECT step, count(*) FROM run WHERE status = 'trained' GROUP BY step")
+
+One row a sample of the layer (`graded` by default; `ungraded`, or a re-graded layer by name),
+trained or not. Shard columns (protocol.SCHEMA) plus, per sample:
+  shard_seq, row            the shard's sequence number under its worker and the row in it
+  policy_tokens             Σ loss_mask
+  min_version, max_version  over the policy tokens (−1 when none)
+  reward_source, reward_reason   from reward_info: who graded it, and why when it says
+                            (`reason`, else `error`, else the code tests' `failures`, else a label)
+  status                    trained | dropped (older than v − η) | abandoned (weights of an
+                            abandoned version) | untrained (still buffered, or never read)
+  step, step_index          the step whose audit record lists the sample, and its position there
+  trainer_version           the version that step trained from (v)
+  staleness                 v − min_version: the oldest token's staleness at training / at the drop
+The audit (trainer/trained/step-N.json) names samples by worker and sample id; records of an
+older trainer without `*_workers` are joined on the sample id alone.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from areal_core.layout import LAYOUT
+from areal_core.protocol import SCHEMA, SCHEMA_VERSION
+from areal_core.store import Store
+
+log = logging.getLogger("areal.dataset")
+
+TOKEN_COLUMNS = ("input_ids", "behav_logprobs", "token_rewards")  # the wide ones: only with tokens=True
+BASE_COLUMNS = [n for n in SCHEMA.names if n not in TOKEN_COLUMNS]
+STATUSES = ("trained", "dropped", "abandoned", "untrained")
+
+
+class DatasetError(ValueError):
+    """A run or layer that cannot be opened as a dataset; the message says why."""
+
+
+def _store(run: str | Store) -> Store:
+    return run if isinstance(run, Store) else Store(run)
+
+
+def shard_files(run: str | Store, layer: str = "graded") -> list[str]:
+    """The layer's shard paths, relative to the run root, sorted (worker, then sequence)."""
+    store = _store(run)
+    try:
+        folder = LAYOUT.layer_dir(layer)
+    except ValueError as exc:
+        raise DatasetError(str(exc)) from None
+    if layer not in LAYOUT.base_layers and not store.exists(LAYOUT.committed(folder)):
+        raise DatasetError(f"{store.url(folder)}: no committed layer {layer!r} (missing or unfinished)")
+    return store.find(folder, ".arrow")
+
+
+def shard_dataset(run: str | Store, layer: str = "graded") -> ds.FileSystemDataset:
+    """The layer's shards as one lazy pyarrow dataset with the protocol schema, read through the
+    store's own fsspec filesystem (s3fs on S3). Nothing is read until it is scanned."""
+    store = _store(run)
+    files = [store.path(p) for p in shard_files(store, layer)]
+    return ds.dataset(files, schema=SCHEMA, format="ipc", filesystem=store.fs)
+
+
+def open_run(run: str | Store, layer: str = "graded", tokens: bool = False) -> ds.Dataset:
+    """The layer's samples joined with the trainer's audit (module docstring), as a dataset.
+    `tokens`: also the wide per-token columns (input_ids, behav_logprobs, token_rewards)."""
+    return ds.dataset(samples_table(run, layer, tokens))
+
+
+def samples_table(run: str | Store, layer: str = "graded", tokens: bool = False) -> pa.Table:
+    """`open_run` as one pyarrow Table."""
+    store = _store(run)
+    columns = SCHEMA.names if tokens else BASE_COLUMNS
+    table = _scan(store, layer, columns)
+    table = _with_shard_position(table, store)
+    table = _with_token_stats(table)
+    table = _with_reward_reason(table)
+    return _join_audit(table, read_audit(store))
+
+
+def _scan(store: Store, layer: str, columns: list[str]) -> pa.Table:
+    """Every shard's rows and its path (`__filename`). A shard that does not parse or has another
+    schema version is skipped with a warning: it is the trainer's to quarantine, not ours."""
+    dataset = shard_dataset(store, layer)
+    cols = [*columns, "__filename"]
+    try:
+        return _checked(dataset.to_table(columns=cols), dataset)
+    except (pa.ArrowInvalid, OSError, _VersionError):
+        pass
+    parts = []
+    for fragment in dataset.get_fragments():
+        try:
+            if _version(fragment.physical_schema) != SCHEMA_VERSION:
+                raise _VersionError(_version(fragment.physical_schema))
+            parts.append(
+                fragment.to_table(columns=columns, schema=SCHEMA).append_column(
+                    "__filename", pa.array([fragment.path] * fragment.count_rows(), pa.string())
+                )
+            )
+        except (pa.ArrowInvalid, OSError, _VersionError) as exc:
+            log.warning("skipped shard %s: %s", fragment.path, exc)
+    if not parts:
+        return dataset.schema.empty_table().select(columns).append_column("__filename", pa.array([], pa.string()))
+    return pa.concat_tables(parts)
+
+
+class _VersionError(ValueError):
+    pass
+
+
+def _version(schema: pa.Schema) -> str:
+    return (schema.metadata or {}).get(b"areal.schema_version", b"").decode()
+
+
+def _checked(table: pa.Table, dataset: ds.FileSystemDataset) -> pa.Table:
+    """The fast path reads every file in one scan; it stands only if every file has our version."""
+    for fragment in dataset.get_fragments():
+        if _version(fragment.physical_schema) != SCHEMA_VERSION:
+            raise _VersionError(fragment.path)
+    return table
+
+
+def _with_shard_position(table: pa.Table, store: Store) -> pa.Table:
+    """shard_seq from the file name and row = position within its shard (a shard's rows are contiguous)."""
+    names = table["__filename"].to_numpy(zero_copy_only=False)
+    n = len(names)
+    seq = np.array([LAYOUT.shard_worker_seq(p)[1] for p in names], dtype=np.int32) if n else np.zeros(0, np.int32)
+    starts = np.flatnonzero(np.r_[True, names[1:] != names[:-1]]) if n else np.zeros(0, np.int64)
+    lengths = np.diff(np.r_[starts, n])
+    row = np.arange(n) - np.repeat(starts, lengths)
+    table = table.drop_columns(["__filename"])
+    return table.append_column("shard_seq", pa.array(seq)).append_column("row", pa.array(row.astype(np.int32)))
+
+
+def _with_token_stats(table: pa.Table) -> pa.Table:
+    """policy_tokens, min_version, max_version over the tokens with loss_mask = 1."""
+    n = table.num_rows
+    mask = table["loss_mask"].combine_chunks()
+    versions = table["versions"].combine_chunks()
+    parents = pc.list_parent_indices(mask).to_numpy()
+    on = pc.list_flatten(mask).to_numpy(zero_copy_only=False) > 0
+    flat_v = pc.list_flatten(versions).to_numpy(zero_copy_only=False)
+    counts = np.bincount(parents[on], minlength=n).astype(np.int32)
+    lo = np.full(n, np.iinfo(np.int32).max, np.int64)
+    hi = np.full(n, -1, np.int64)
+    np.minimum.at(lo, parents[on], flat_v[on])
+    np.maximum.at(hi, parents[on], flat_v[on])
+    lo[counts == 0] = -1
+    return (
+        table.append_column("policy_tokens", pa.array(counts))
+        .append_column("min_version", pa.array(lo.astype(np.int32)))
+        .append_column("max_version", pa.array(hi.astype(np.int32)))
+    )
+
+
+def reward_reason(info: dict[str, Any]) -> str | None:
+    """Why a reward is what it is, when the grader said: `reason`, else `error`, else the code
+    tests' failures, else the human label that set it."""
+    for key in ("reason", "error"):
+        if info.get(key):
+            return str(info[key])
+    if info.get("failures"):
+        failures = info["failures"]
+        return "; ".join(map(str, failures)) if isinstance(failures, list) else str(failures)
+    if isinstance(info.get("label"), dict):
+        return f"label ({info['label'].get('key', 'sample_id')})"
+    return None
+
+
+def _with_reward_reason(table: pa.Table) -> pa.Table:
+    infos = [json.loads(s or "{}") for s in table["reward_info"].to_pylist()]
+    source = pa.array([i.get("reward_source") for i in infos], pa.string())
+    reason = pa.array([reward_reason(i) for i in infos], pa.string())
+    return table.append_column("reward_source", source).append_column("reward_reason", reason)
+
+
+AUDIT_SCHEMA = pa.schema(
+    [
+        ("key", pa.string()),
+        ("status", pa.string()),
+        ("step", pa.int32()),
+        ("step_index", pa.int32()),
+        ("trainer_version", pa.int32()),
+        ("audit_min_version", pa.int32()),
+    ]
+)
+
+
+def read_audit(run: str | Store) -> pa.Table:
+    """Every audit record as one row a listed sample: key (worker/sample id, or the sample id for
+    records without workers), status, step, position in the step, trainer version, min version.
+    Trained entries come first, so a key listed twice joins as trained."""
+    store = _store(run)
+    rows: dict[str, list[list[Any]]] = {s: [] for s in STATUSES}
+    for rel in store.find(LAYOUT.trained_dir, ".json"):
+        rec = store.read_json(rel)
+        for status, entries in (("trained", "samples"), ("dropped", "dropped"), ("abandoned", "abandoned")):
+            listed = rec.get(entries) or []
+            workers = rec.get(f"{'sample' if entries == 'samples' else entries}_workers")
+            for i, (sample_id, min_version) in enumerate(listed):
+                key = f"{workers[i]}/{sample_id}" if workers else str(sample_id)
+                rows[status].append([key, status, rec["step"], i, rec["trainer_version"], min_version])
+    ordered = [r for s in STATUSES for r in rows[s]]
+    return pa.Table.from_arrays(
+        [pa.array([r[k] for r in ordered], f.type) for k, f in enumerate(AUDIT_SCHEMA)], schema=AUDIT_SCHEMA
+    )
+
+
+def _join_audit(table: pa.Table, audit: pa.Table) -> pa.Table:
+    """Left join on the sample identity (the sample id alone for records without workers)."""
+    full = pc.binary_join_element_wise(table["worker_id"], table["sample_id"], "/")
+    idx = pc.index_in(full, value_set=audit["key"])
+    bare = pc.index_in(table["sample_id"], value_set=audit["key"])  # records of an older trainer
+    idx = pc.coalesce(idx, bare)
+    for name in ("status", "step", "step_index", "trainer_version"):
+        table = table.append_column(name, audit[name].take(idx))
+    table = table.set_column(
+        table.schema.get_field_index("status"), "status", pc.coalesce(table["status"], pa.scalar("untrained"))
+    )
+    staleness = pc.subtract(table["trainer_version"], audit["audit_min_version"].take(idx))
+    return table.append_column("staleness", staleness)

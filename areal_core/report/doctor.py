@@ -1,0 +1,191 @@
+"""The bottleneck doctor: which role limits the run, on what evidence, and what would help; plus
+the signs of an unhealthy run. Pure functions of the events (areal_core/events.py) and the
+trainer's metrics rows (trainer/metrics.jsonl).
+
+The limiting role, from each role's wait fraction w (report/timing.py):
+  trainer  w_trainer < 0.25: batches were ready; the trainer sets the pace
+  eta      w_trainer ≥ 0.25 and rollout waited on admission ≥ 0.25 and reward (if any) waited
+           ≥ 0.25: every side waits on another; the staleness bound serialises them
+  reward   otherwise, when reward waited less than rollout
+  rollout  otherwise
+Health flags: a stalled worker (no close record, last record > `stall_s` older than the run's
+newest), reward collapse (the last window's mean reward below half of the best window's, and
+at least 0.1 lower), an exploding importance weight (max > 10 or KL(behav‖prox) > 0.5), drops
+above 5% of (trained + dropped) samples.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from areal_core.report.timing import RoleTime, role_time
+
+WAIT_HIGH = 0.25
+IW_MAX = 10.0
+KL_MAX = 0.5
+DROP_FRAC = 0.05
+STALL_S = 30.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """One verdict: `kind` "limit" (the limiting role), "health" (an unhealthy sign) or "info"."""
+
+    kind: str
+    role: str
+    title: str
+    evidence: str
+    advice: str = ""
+
+    def line(self) -> str:
+        return f"{self.title}: {self.evidence}" + (f"; {self.advice}" if self.advice else "")
+
+
+def _pct(x: float) -> str:
+    return f"{x:.0%}"
+
+
+def _verdict(roles: dict[str, RoleTime]) -> tuple[str, str, str] | None:
+    """(limiting role, evidence, advice), or None when the trainer and rollout have no spans."""
+    trainer, rollout, reward = roles.get("trainer"), roles.get("rollout"), roles.get("reward")
+    if trainer is None or rollout is None:
+        return None
+    tw, rw = trainer.wait, rollout.wait
+    adm = rollout.wait_on.get("admission", 0.0)
+    gw = reward.wait if reward else 1.0
+    tail = f"; reward waited {_pct(gw)}" if reward else ""
+    if tw < WAIT_HIGH:
+        return (
+            "trainer",
+            f"the trainer waited for batches only {_pct(tw)} of the time (busy {_pct(1 - tw)}); "
+            f"rollout waited on admission {_pct(adm)}{tail}",
+            "give the trainer more devices (trainer world size) or less work per step; "
+            "more rollout workers will not help",
+        )
+    if adm >= WAIT_HIGH and gw >= WAIT_HIGH:
+        return (
+            "eta",
+            f"the trainer waited for batches {_pct(tw)} of the time and rollout waited on admission {_pct(adm)}{tail}",
+            "the staleness bound holds both back: raise η (train.eta) so rollout runs ahead",
+        )
+    if reward is not None and gw < rw:
+        return (
+            "reward",
+            f"the trainer waited for batches {_pct(tw)} of the time; reward ran at {_pct(1 - gw)}, "
+            f"rollout waited {_pct(rw)}",
+            "add reward workers (reward.num_workers)",
+        )
+    return (
+        "rollout",
+        f"the trainer waited for batches {_pct(tw)} of the time; rollout ran at {_pct(1 - rw)}{tail}",
+        "add rollout workers (rollout.num_workers) or raise η (train.eta)",
+    )
+
+
+def limiting_role(records: list[dict[str, Any]], window_s: float | None = None) -> str | None:
+    """ "trainer", "rollout", "reward" or "eta" (the staleness bound): what limits the run over
+    the last `window_s` seconds of records (all when None); None when too few events."""
+    since = None
+    if window_s is not None and records:
+        since = max(float(r["t"]) for r in records) - window_s
+    v = _verdict(role_time(records, since))
+    return v[0] if v else None
+
+
+def stalled_workers(records: list[dict[str, Any]], stall_s: float = STALL_S) -> list[tuple[str, float]]:
+    """[(role-worker, seconds behind)] for workers that never closed their log and whose last
+    record is more than `stall_s` older than the newest record of the run."""
+    last: dict[str, float] = {}
+    closed: set[str] = set()
+    for rec in records:
+        name = f"{rec['role']}-{rec['worker']}"
+        last[name] = max(last.get(name, 0.0), float(rec["t"]))
+        if rec.get("kind") == "overhead":
+            closed.add(name)
+    if not last:
+        return []
+    newest = max(last.values())
+    return sorted(
+        ((n, newest - t) for n, t in last.items() if n not in closed and newest - t > stall_s),
+        key=lambda x: -x[1],
+    )
+
+
+def _windows_mean(values: list[float], w: int) -> list[float]:
+    return [sum(values[i : i + w]) / w for i in range(0, len(values) - w + 1)]
+
+
+def _health(records: list[dict[str, Any]], rows: Sequence[dict[str, Any]], stall_s: float) -> list[Finding]:
+    out = [
+        Finding(
+            "health",
+            name.split("-", 1)[0],
+            f"stalled worker {name}",
+            f"its last event is {behind:.0f}s older than the run's newest and it never closed its log",
+            "look at its log; restart it or the run",
+        )
+        for name, behind in stalled_workers(records, stall_s)
+    ]
+    rewards = [float(r["reward_mean"]) for r in rows if "reward_mean" in r]
+    if len(rewards) >= 6:
+        w = max(3, len(rewards) // 10)
+        means = _windows_mean(rewards, w)
+        best, final = max(means), means[-1]
+        if final < 0.5 * best and best - final >= 0.1:
+            out.append(
+                Finding(
+                    "health",
+                    "trainer",
+                    "reward collapse",
+                    f"the mean reward of the last {w} steps is {final:.3f}, down from {best:.3f}",
+                    "lower the learning rate or η; check the reward",
+                )
+            )
+    iw = [(r["step"], float(r["importance_weight_max"])) for r in rows if "importance_weight_max" in r]
+    kl = [(r["step"], float(r["kl_behav_prox"])) for r in rows if "kl_behav_prox" in r]
+    big = max(iw, key=lambda x: x[1], default=None)
+    far = max(kl, key=lambda x: x[1], default=None)
+    if (big and big[1] > IW_MAX) or (far and far[1] > KL_MAX):
+        out.append(
+            Finding(
+                "health",
+                "trainer",
+                "exploding importance weight",
+                f"max importance weight "
+                f"{big[1] if big else 0:.3g} (step {big[0] if big else '-'}), max KL(behav‖prox) "
+                f"{far[1] if far else 0:.3g}",
+                "lower η or cap the weight (algo.behav_high)",
+            )
+        )
+    trained = sum(int(r.get("samples", 0)) for r in records if r.get("kind") == "trained")
+    dropped = sum(int(r.get("n", 0)) for r in records if r.get("kind") == "drop")
+    if not trained and rows:
+        dropped = int(rows[-1].get("dropped_samples", 0))
+    if dropped and dropped > DROP_FRAC * (trained + dropped) and trained + dropped:
+        out.append(
+            Finding(
+                "health",
+                "trainer",
+                "drops above 5%",
+                f"{dropped} of {trained + dropped} samples dropped ({dropped / (trained + dropped):.1%})",
+                "raise η or slow rollout (admission)",
+            )
+        )
+    return out
+
+
+def diagnose(
+    records: list[dict[str, Any]], rows: Sequence[dict[str, Any]] = (), stall_s: float = STALL_S
+) -> list[Finding]:
+    """The verdict on the limiting role first (an "info" finding when there are too few events),
+    then every health flag."""
+    v = _verdict(role_time(records))
+    if v is None:
+        first = Finding("info", "", "no verdict yet", "the trainer and rollout have recorded no timing events")
+    else:
+        role, evidence, advice = v
+        title = "the staleness bound η limits the run" if role == "eta" else f"{role} limits the run"
+        first = Finding("limit", role, title, evidence, advice)
+    return [first, *_health(records, rows, stall_s)]

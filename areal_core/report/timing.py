@@ -1,0 +1,114 @@
+"""Where each role's time went, from the `span` events (areal_core/events.py): pure functions.
+
+A worker's window is [its first record, its last record] (a span counts from its t0). Its wait
+fraction on `on` is |∪ wait spans on `on`| / |window|, its busy fraction |∪ busy spans| / |window|
+(nested busy phases count once); a role's fraction is the mean over its workers. Time neither
+busy nor waiting (setup, untimed work) counts as neither.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+Interval = tuple[float, float]
+
+
+def union(intervals: Iterable[Interval], gap: float = 0.0) -> list[Interval]:
+    """Sorted disjoint intervals covering the input; intervals closer than `gap` are joined
+    (a plot's resolution)."""
+    out: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if b < a:
+            continue
+        if out and a <= out[-1][1] + gap:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def clip(intervals: Iterable[Interval], lo: float, hi: float) -> list[Interval]:
+    return [(max(a, lo), min(b, hi)) for a, b in intervals if b > lo and a < hi]
+
+
+def length(intervals: Iterable[Interval]) -> float:
+    return sum(b - a for a, b in intervals)
+
+
+def record_start(rec: dict[str, Any]) -> float:
+    return float(rec["t0"]) if rec.get("kind") == "span" and "t0" in rec else float(rec["t"])
+
+
+def worker_windows(records: Iterable[dict[str, Any]]) -> dict[tuple[str, str], Interval]:
+    """(role, worker) -> (first record's start, last record's t)."""
+    out: dict[tuple[str, str], list[float]] = {}
+    for rec in records:
+        key = (rec["role"], rec["worker"])
+        lo, hi = record_start(rec), float(rec["t"])
+        if key in out:
+            out[key][0], out[key][1] = min(out[key][0], lo), max(out[key][1], hi)
+        else:
+            out[key] = [lo, hi]
+    return {k: (a, b) for k, (a, b) in out.items()}
+
+
+def worker_spans(records: Iterable[dict[str, Any]]) -> dict[tuple[str, str], dict[str, list[Interval]]]:
+    """(role, worker) -> {"busy": [...], "wait:<on>": [...]}: raw intervals of every span."""
+    out: dict[tuple[str, str], dict[str, list[Interval]]] = defaultdict(lambda: defaultdict(list))
+    for rec in records:
+        if rec.get("kind") != "span":
+            continue
+        label = "busy" if rec.get("state") == "busy" else f"wait:{rec.get('on', '?')}"
+        out[(rec["role"], rec["worker"])][label].append((float(rec["t0"]), float(rec["t1"])))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class RoleTime:
+    """One role's share of time, averaged over its workers (fractions of each worker's window)."""
+
+    role: str
+    workers: int
+    window_s: float  # the mean worker window
+    busy: float
+    wait: float  # any wait
+    wait_on: dict[str, float]  # wait fraction per cause ("batch", "admission", "shards", ...)
+
+    @property
+    def main_wait(self) -> str:
+        return max(self.wait_on, key=self.wait_on.get) if self.wait_on else ""
+
+
+def role_time(records: list[dict[str, Any]], since: float | None = None) -> dict[str, RoleTime]:
+    """Per role, busy and wait fractions over each worker's window (from `since` when given);
+    roles with no span at all are left out."""
+    windows = worker_windows(records)
+    spans = worker_spans(records)
+    per_role: dict[str, list[tuple[float, float, float, dict[str, float]]]] = defaultdict(list)
+    for key, labels in spans.items():
+        lo, hi = windows[key]
+        if since is not None:
+            lo = max(lo, since)
+        if hi - lo <= 0:
+            continue
+        busy = length(clip(union(labels.get("busy", [])), lo, hi))
+        waits = {k: v for k, v in labels.items() if k.startswith("wait:")}
+        wait_all = length(clip(union(iv for v in waits.values() for iv in v), lo, hi))
+        wait_on = {k[5:]: length(clip(union(v), lo, hi)) / (hi - lo) for k, v in waits.items()}
+        per_role[key[0]].append((hi - lo, busy / (hi - lo), wait_all / (hi - lo), wait_on))
+    out = {}
+    for role, rows in per_role.items():
+        n = len(rows)
+        causes = {c for r in rows for c in r[3]}
+        out[role] = RoleTime(
+            role=role,
+            workers=n,
+            window_s=sum(r[0] for r in rows) / n,
+            busy=min(1.0, sum(r[1] for r in rows) / n),
+            wait=min(1.0, sum(r[2] for r in rows) / n),
+            wait_on={c: sum(r[3].get(c, 0.0) for r in rows) / n for c in sorted(causes)},
+        )
+    return out

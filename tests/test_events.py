@@ -1,0 +1,315 @@
+"""Timing events (areal_core/events.py): batched parts, restarts, crashes, thread safety, and a
+real pipeline run whose events agree exactly with the trainer's own audit records and counters."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from areal_core.events import EventLog, read_events
+from areal_core.layout import LAYOUT
+from areal_core.protocol import read_shard_or_quarantine
+from areal_core.store import Store
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def parts(store: Store, folder: str) -> list[str]:
+    return store.find(f"{LAYOUT.events_dir}/{folder}", ".jsonl")
+
+
+def test_emits_within_the_flush_interval_are_one_part(tmp_path):
+    store = Store(str(tmp_path))
+    ev = EventLog(store, "trainer", "0", flush_every_s=60)
+    for i in range(500):
+        ev.emit("drop", reason="stale", n=i)
+    assert parts(store, "trainer-0") == []  # nothing written per record
+    ev.close()
+    assert len(parts(store, "trainer-0")) == 1
+    recs = read_events(store)
+    assert [r["n"] for r in recs if r["kind"] == "drop"] == list(range(500))
+    assert {(r["role"], r["worker"]) for r in recs} == {("trainer", "0")}
+    (overhead,) = [r for r in recs if r["kind"] == "overhead"]
+    assert 0 < overhead["seconds"] < 1.0
+
+
+def test_the_flusher_writes_a_part_per_interval_only_when_there_is_something_new(tmp_path):
+    store = Store(str(tmp_path))
+    ev = EventLog(store, "reward", "1", flush_every_s=0.1)
+    ev.emit("sandbox", reason="timeout", n=1)
+    time.sleep(0.6)
+    assert len(parts(store, "reward-1")) == 1  # written without close(), once: idle flushes write nothing
+    ev.emit("sandbox", reason="timeout", n=2)
+    ev.close()
+    assert len(parts(store, "reward-1")) == 2
+
+
+def test_a_restarted_role_continues_after_its_last_part(tmp_path):
+    store = Store(str(tmp_path))
+    for incarnation in range(3):
+        with EventLog(store, "rollout", "2", flush_every_s=60) as ev:
+            ev.emit("load", version=incarnation)
+    names = parts(store, "rollout-2")
+    assert [n.rsplit("/", 1)[1] for n in names] == ["00000000.jsonl", "00000001.jsonl", "00000002.jsonl"]
+    assert [r["version"] for r in read_events(store) if r["kind"] == "load"] == [0, 1, 2]
+
+
+def test_read_events_merges_roles_sorted_by_time_and_skips_torn_lines(tmp_path):
+    store = Store(str(tmp_path))
+    logs = [EventLog(store, role, w, flush_every_s=60) for role, w in (("trainer", "0"), ("rollout", "1"))]
+    for i in range(6):
+        logs[i % 2].emit("count", completions=i)
+        time.sleep(0.002)
+    for ev in logs:
+        ev.close()
+    store.write_text(LAYOUT.events_part("reward", "0", 0), '{"t": 1, "kind": "count", "grades": 3}\n{"t": 2, "ki')
+    recs = [r for r in read_events(store) if r["kind"] == "count"]
+    assert [r.get("completions") for r in recs[1:]] == list(range(6))
+    assert recs[0] == {"t": 1, "kind": "count", "grades": 3, "role": "reward", "worker": "0"}
+    assert [r["role"] for r in recs[1:]] == ["trainer", "rollout"] * 3
+
+
+def test_counts_are_summed_into_one_record_per_flush(tmp_path):
+    store = Store(str(tmp_path))
+    ev = EventLog(store, "rollout", "0", flush_every_s=60)
+    for _ in range(1000):
+        ev.count(completions=4, tokens=32)
+    ev.flush()
+    ev.count(grades=0)
+    ev.close()
+    counts = [r for r in read_events(store) if r["kind"] == "count"]
+    assert counts == [{**counts[0], "completions": 4000, "tokens": 32000}]
+    assert set(counts[0]) == {"t", "kind", "completions", "tokens", "role", "worker"}
+
+
+def test_spans_phases_and_switch(tmp_path):
+    ev = EventLog(None, "trainer", "0")
+    with ev.span("batch", "wait"):
+        time.sleep(0.02)
+    ev.add("forward", 0.5)
+    ev.add("forward", 0.25)
+    ev.record_span("read", 100.0, 100.125)
+    phases = ev.end_step(0)
+    assert phases["forward"] == 0.75 and phases["read"] == 0.125 and phases["batch"] >= 0.02
+    assert ev.end_step(1) == {}
+    ev.switch("shards", "wait")
+    ev.switch("shards", "wait")  # continues the stretch: no record
+    time.sleep(0.01)
+    ev.switch("grade")
+    ev.close()  # ends the "grade" stretch
+    recs = [json.loads(line) for line in ev._pending]
+    spans = [(r["on"], r["state"]) for r in recs if r["kind"] == "span"]
+    assert spans == [("batch", "wait"), ("read", "busy"), ("shards", "wait"), ("grade", "busy")]
+    assert [r["kind"] for r in recs][-1] == "overhead"
+
+
+def test_a_long_stretch_is_recorded_in_pieces(tmp_path):
+    store = Store(str(tmp_path))
+    ev = EventLog(store, "reward", "0", flush_every_s=0.5)
+    t_end = time.time() + 1.3
+    while time.time() < t_end:
+        ev.switch("shards", "wait")
+        time.sleep(0.01)
+    ev.close()
+    spans = [r for r in read_events(store) if r["kind"] == "span"]
+    assert len(spans) >= 2 and all(r["on"] == "shards" for r in spans)
+    assert all(b["t0"] == a["t1"] for a, b in zip(spans, spans[1:]))  # contiguous, no gap
+    assert 1.2 < spans[-1]["t1"] - spans[0]["t0"] < 1.6
+
+
+def test_store_none_keeps_records_and_writes_nothing(tmp_path):
+    ev = EventLog(None, "trainer", "0", flush_every_s=0.01)
+    ev.emit("publish", version=1)
+    time.sleep(0.05)
+    ev.close()
+    assert [json.loads(line)["kind"] for line in ev._pending] == ["publish", "overhead"]
+
+
+def test_bad_role_names_are_refused():
+    with pytest.raises(ValueError, match="role"):
+        EventLog(None, "roll-out", "0")
+    with pytest.raises(ValueError, match="worker"):
+        EventLog(None, "rollout", "../x")
+
+
+class FlakyStore(Store):
+    fail = True
+
+    def write_bytes(self, rel: str, data: bytes) -> None:
+        if self.fail:
+            raise ConnectionError("store down")
+        super().write_bytes(rel, data)
+
+
+def test_a_part_the_store_refuses_is_kept_and_written_later(tmp_path):
+    store = FlakyStore(str(tmp_path), retry_s=0)
+    ev = EventLog(store, "trainer", "0", flush_every_s=60)
+    ev.emit("publish", version=1)
+    ev.flush()  # refused: kept, the role goes on
+    ev.emit("publish", version=2)
+    store.fail = False
+    ev.close()
+    assert [r["version"] for r in read_events(store) if r["kind"] == "publish"] == [1, 2]
+    assert parts(store, "trainer-0") == [LAYOUT.events_part("trainer", "0", 0)]
+
+
+def test_threads_record_into_one_log_without_losing_records(tmp_path):
+    store = Store(str(tmp_path))
+    ev = EventLog(store, "rollout", "0", flush_every_s=0.005)
+
+    def load(k: int) -> None:
+        for i in range(400):
+            ev.emit("load", version=k * 1000 + i)
+            ev.count(completions=1)
+
+    threads = [threading.Thread(target=load, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ev.close()
+    recs = read_events(store)
+    versions = [r["version"] for r in recs if r["kind"] == "load"]
+    assert sorted(versions) == sorted(k * 1000 + i for k in range(4) for i in range(400))
+    assert sum(r.get("completions", 0) for r in recs if r["kind"] == "count") == 1600
+    assert len(parts(store, "rollout-0")) > 1  # the flusher wrote while the threads recorded
+
+
+CRASHING_ROLE = textwrap.dedent(
+    """
+    import sys, time
+    from areal_core.events import EventLog
+    from areal_core.store import Store
+    ev = EventLog(Store(sys.argv[1]), "trainer", "0", flush_every_s=0.3)
+    i = 0
+    while True:
+        ev.emit("trained", step=i, t_wall=time.time())
+        i += 1
+        time.sleep(0.01)
+    """
+)
+
+
+def test_a_killed_role_loses_at_most_the_last_flush_interval(tmp_path):
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CRASHING_ROLE, str(tmp_path)], env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
+    time.sleep(2.5)
+    proc.send_signal(signal.SIGKILL)
+    killed_at = time.time()
+    proc.wait()
+    steps = [r["step"] for r in read_events(Store(str(tmp_path))) if r["kind"] == "trained"]
+    assert steps == list(range(len(steps))) and len(steps) > 50  # a prefix, nothing torn
+    last = max(r["t"] for r in read_events(Store(str(tmp_path))))
+    assert killed_at - last < 0.3 + 0.2  # the flush interval plus the kill's own delay
+
+
+def test_quarantine_is_recorded_where_it_happens(tmp_path):
+    store = Store(str(tmp_path))
+    rel = LAYOUT.graded_shard("rollout-0", 0)
+    store.write_bytes(rel, b"not arrow")
+    ev = EventLog(store, "trainer", "0", flush_every_s=60)
+    assert read_shard_or_quarantine(store, rel, ev) is None
+    ev.close()
+    (rec,) = [r for r in read_events(store) if r["kind"] == "quarantine"]
+    assert rec["path"] == rel and rec["reason"]
+    assert store.exists(LAYOUT.quarantined(rel))
+
+
+def test_overhead_of_a_step_worth_of_records_is_tiny(tmp_path):
+    """The per-step records of the trainer (about a dozen) cost microseconds, not milliseconds."""
+    ev = EventLog(Store(str(tmp_path)), "trainer", "0", flush_every_s=60)
+    for step in range(200):
+        for on in ("read", "batch_build", "train", "publish", "metrics"):
+            with ev.span(on):
+                pass
+        ev.emit("trained", step=step, samples=8, staleness={"0": 6, "1": 2}, dropped=0, abandoned=0)
+        ev.emit("publish", version=step, bytes=1, seconds=0.1)
+        ev.end_step(step)
+    ev.close()
+    assert ev.overhead_s / 200 < 2e-3
+    assert Counter(r["kind"] for r in read_events(Store(str(tmp_path))))["phases"] == 200
+
+
+@pytest.mark.slow
+def test_a_pipeline_runs_events_agree_with_the_trainers_own_records(tiny_overrides):
+    """Two rollout workers flood a slow trainer (η = 1, admission off), so samples are dropped; a
+    corrupt graded shard is quarantined. The events must say exactly what the audit records and
+    the trainer's counters say."""
+    from areal_core.context import load_run_config
+    from areal_core.run import pipeline
+    from areal_core.run.launcher import launch
+
+    steps = 6
+    run_uri, _ = pipeline.prepare(
+        "",
+        [
+            *tiny_overrides,
+            "rollout.num_workers=2",
+            "train.eta=1",
+            "rollout.admission=false",
+            "train.slow_step_s=0.3",
+            f"train.steps={steps}",
+        ],
+    )
+    pipeline.sft(run_uri)
+    store = Store(run_uri)
+    bad = LAYOUT.graded_shard("rollout-9", 0)
+    store.write_bytes(bad, b"not arrow at all")
+    cfg = load_run_config(store)
+    result = launch(store.uri, 2, 1, timeout_s=300, progress=False)
+    events = read_events(store)
+    by_kind: dict[str, list[dict]] = {}
+    for r in events:
+        by_kind.setdefault(r["kind"], []).append(r)
+
+    audits = [store.read_json(LAYOUT.trained_record(s)) for s in range(steps)]
+    trained = by_kind["trained"]
+    assert [r["step"] for r in trained] == [a["step"] for a in audits] == list(range(steps))
+    for rec, audit in zip(trained, audits):
+        assert rec["samples"] == len(audit["samples"])
+        assert rec["staleness"] == audit["staleness_histogram"]
+        assert rec["dropped"] == len(audit["dropped"])
+    assert sum(r["samples"] for r in trained) == result["counters"]["trained_samples"]
+    stale = sum(r["n"] for r in by_kind.get("drop", []) if r["reason"] == "stale")
+    assert stale == result["counters"]["dropped_samples"] > 0
+    assert sum(r["dropped"] for r in trained) == stale  # drops while waiting go to the next step's audit
+
+    assert sorted(r["version"] for r in by_kind["publish"]) == list(range(steps + 1))
+    loads = by_kind["load"]
+    assert {r["worker"] for r in loads if r["role"] == "rollout"} == {"0", "1"}
+    assert {r["version"] for r in loads} <= set(range(steps + 1))
+    (quarantine,) = by_kind["quarantine"]
+    assert quarantine["path"] == bad and quarantine["role"] == "trainer"
+
+    phases = by_kind["phases"]
+    assert [r["step"] for r in phases] == list(range(steps))
+    assert all({"train", "forward", "backward", "optimizer", "publish", "read"} <= set(r["phases"]) for r in phases)
+    assert all(r["phases"]["train"] >= cfg.train.slow_step_s for r in phases)
+    spans = {(r["role"], r["on"], r["state"]) for r in by_kind["span"]}
+    assert {("trainer", "train", "busy"), ("rollout", "generate", "busy"), ("reward", "grade", "busy")} <= spans
+    assert ("rollout", "weights", "wait") in spans and ("reward", "shards", "wait") in spans
+    assert by_kind["backlog"] and all(r["ungraded"] >= 0 and r["graded"] >= 0 for r in by_kind["backlog"])
+
+    counts = Counter()
+    for r in by_kind["count"]:
+        counts.update({k: r[k] for k in ("completions", "tokens", "grades") if k in r})
+    assert counts["grades"] >= result["counters"]["trained_samples"] + stale
+    assert counts["completions"] >= counts["grades"] and counts["tokens"] > 0
+
+    overhead = {(r["role"], r["worker"]): r for r in by_kind["overhead"]}
+    assert set(overhead) == {("trainer", "0"), ("rollout", "0"), ("rollout", "1"), ("reward", "0")}
+    for key, rec in overhead.items():
+        mine = [r["t"] for r in events if (r["role"], r["worker"]) == key]
+        assert rec["wall_s"] >= max(mine) - min(mine) - 0.01
+        assert rec["seconds"] < 0.01 * rec["wall_s"], key
