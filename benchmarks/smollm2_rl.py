@@ -213,12 +213,7 @@ def run(args) -> list[dict[str, Any]]:
         model, tok = load_model(localize(store.url(LAYOUT.final_model)))
         after = greedy_accuracy(model, tok, heldout, system, max_new)
         rows = [json.loads(x) for x in store.read_text(LAYOUT.metrics).splitlines() if x]
-        status = store.read_json(f"{LAYOUT.status_dir}/rollout-0.json")
-        batch = cfg.train.batch_groups * cfg.rollout.group_size
-        v = store.latest_version()
-        sizes = {
-            n: len(store.read_bytes(LAYOUT.weights_file(v, n))) for n in store.read_json(LAYOUT.manifest(v))["files"]
-        }
+        phases = event_phases(store, len(rows))
         res = {
             "mode": mode,
             "overrides": [*MODES[mode], *args.overrides],
@@ -228,20 +223,41 @@ def run(args) -> list[dict[str, Any]]:
             "after": after,
             "rl_wall_s": wall,
             "steps": len(rows),
-            "generate_s_per_step": batch / max(status.get("samples_per_s", 0.0), 1e-9),
             "train_s_per_step": statistics.median(r["train_s"] for r in rows),
-            "publish_s_per_step": statistics.median(r["publish_s"] for r in rows),
-            "published_bytes_last_version": sum(sizes.values()),
+            **phases,
             "reward_curve": [round(r.get("reward_mean", float("nan")), 3) for r in rows],
         }
         results.append(res)
         print(
             f"RESULT {mode} before={before:.3f} after={after:.3f} wall={wall:.0f}s steps={len(rows)} "
             f"gen={res['generate_s_per_step']:.1f}s/step train={res['train_s_per_step']:.1f}s/step "
-            f"publish={res['publish_s_per_step']:.2f}s/step bytes={res['published_bytes_last_version']}",
+            f"publish={res['publish_s']:.2f}s loaded={res['publish_to_loaded_s']:.2f}s bytes={res['published_bytes']}",
             flush=True,
         )
     return results
+
+
+def event_phases(store, steps: int) -> dict[str, float]:
+    """From the run's events (areal_core/events.py): the rollout worker's busy generating time per
+    trained step, the publish time and bytes (median over versions), and publish → loaded: from the
+    trainer's `publish` record of a version to the rollout worker's `load` record of it (read,
+    verified and staged; installed at the engine's next step)."""
+    from areal_core.events import read_events
+
+    events = read_events(store)
+    gen = sum(
+        e["t1"] - e["t0"] for e in events if e["role"] == "rollout" and e["kind"] == "span" and e["on"] == "generate"
+    )
+    pub = {e["version"]: e for e in events if e["kind"] == "publish" and e["version"] > 0}
+    loads = {e["version"]: e["t"] for e in events if e["kind"] == "load" and e["role"] == "rollout"}
+    lag = [loads[v] - p["t"] for v, p in pub.items() if v in loads]
+    return {
+        "generate_s_per_step": gen / max(steps, 1),
+        "publish_s": statistics.median(p["seconds"] for p in pub.values()) if pub else float("nan"),
+        "published_bytes": statistics.median(p["bytes"] for p in pub.values()) if pub else 0,
+        "publish_to_loaded_s": statistics.median(lag) if lag else float("nan"),
+        "versions_loaded": len(lag),
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
