@@ -4,6 +4,9 @@ chat questions: held-out accuracy before and after RL, RL wall time, seconds per
     PYTHONPATH=. .venv/bin/python benchmarks/smollm2_rl.py probe [--n 64] [--out probe.json]
     PYTHONPATH=. .venv/bin/python benchmarks/smollm2_rl.py run [--modes lora,full] [--eval 200] [overrides...]
 
+The config's run is LoRA (train.lora_rank in configs/smollm2_arithmetic.yaml); mode "full" runs
+--timing-steps steps of full fine-tuning (delta publication) for the per-step comparison only.
+
 probe (the measurements the config's numbers come from, one process, torch threads = --threads):
   - the natural answer length: greedy answers to --n held-out questions with up to --max-new
     tokens: the length distribution to <|im_end|>, the share that ended, and the greedy accuracy
@@ -42,7 +45,10 @@ from areal_core.rollout.engine import SamplingParams
 from datasets.registry import load_task
 
 CONFIG = "configs/smollm2_arithmetic.yaml"
-MODES = {"lora": ["train.lora_rank=16"], "full": ["train.lora_rank=0", "train.weight_delta=true"]}
+# mode -> overrides; "full" is a timing run (per-step phases of full fine-tuning with delta
+# publication), its accuracy after a few steps is not a result
+MODES = {"lora": [], "full": ["train.lora_rank=0", "train.weight_delta=true", "train.lr=1e-5"]}
+TIMING_ONLY = {"full"}
 
 
 def machine() -> str:
@@ -193,7 +199,8 @@ def run(args) -> list[dict[str, Any]]:
     results = []
     for mode in args.modes.split(","):
         base = ["tracking.enabled=false", "launcher.progress=false", f"store={args.root}/{mode}"]
-        run_uri, _ = pipeline.prepare(args.config, [*base, *MODES[mode], *args.overrides])
+        steps = [f"train.steps={args.timing_steps}"] if mode in TIMING_ONLY else []
+        run_uri, _ = pipeline.prepare(args.config, [*base, *MODES[mode], *steps, *args.overrides])
         pipeline.sft(run_uri)  # sft.enabled=false: copies model.path as init_model
         store = Store(run_uri)
         cfg = load_run_config(store)
@@ -203,15 +210,17 @@ def run(args) -> list[dict[str, Any]]:
         system, max_new = cfg.task.system_prompt, cfg.eval.max_new_tokens
         t0 = time.time()
         model, tok = load_model(localize(store.url(LAYOUT.init_model)))
-        before = greedy_accuracy(model, tok, heldout, system, max_new)
+        before = greedy_accuracy(model, tok, heldout, system, max_new) if mode not in TIMING_ONLY else float("nan")
         eval_s = time.time() - t0
         del model
         print(f"{mode}: held-out before {before:.3f} ({eval_s:.0f} s)", flush=True)
         t0 = time.time()
         launch(run_uri, cfg.rollout.num_workers, cfg.reward.num_workers, timeout_s=args.timeout, progress=False)
         wall = time.time() - t0
-        model, tok = load_model(localize(store.url(LAYOUT.final_model)))
-        after = greedy_accuracy(model, tok, heldout, system, max_new)
+        after = float("nan")
+        if mode not in TIMING_ONLY:
+            model, tok = load_model(localize(store.url(LAYOUT.final_model)))
+            after = greedy_accuracy(model, tok, heldout, system, max_new)
         rows = [json.loads(x) for x in store.read_text(LAYOUT.metrics).splitlines() if x]
         phases = event_phases(store, len(rows))
         res = {
@@ -275,6 +284,7 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--eval", type=int, default=200)
     r.add_argument("--root", default="runs/smollm2-rl")
     r.add_argument("--timeout", type=float, default=3600)
+    r.add_argument("--timing-steps", type=int, default=6, help="RL steps of the timing-only modes (full)")
     for q in (p, r):
         q.add_argument("--threads", type=int, default=2)
         q.add_argument("--config", default=CONFIG)
