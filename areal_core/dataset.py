@@ -131,13 +131,17 @@ def _checked(table: pa.Table, dataset: ds.FileSystemDataset) -> pa.Table:
 
 
 def _with_shard_position(table: pa.Table, store: Store) -> pa.Table:
-    """shard_seq from the file name and row = position within its shard (a shard's rows are contiguous)."""
-    names = table["__filename"].to_numpy(zero_copy_only=False)
-    n = len(names)
-    seq = np.array([LAYOUT.shard_worker_seq(p)[1] for p in names], dtype=np.int32) if n else np.zeros(0, np.int32)
-    starts = np.flatnonzero(np.r_[True, names[1:] != names[:-1]]) if n else np.zeros(0, np.int64)
-    lengths = np.diff(np.r_[starts, n])
-    row = np.arange(n) - np.repeat(starts, lengths)
+    """shard_seq from the file name, and row = the sample's position within its shard (the scan
+    keeps each file's rows in order)."""
+    files = pc.dictionary_encode(table["__filename"]).combine_chunks()
+    seqs = np.array([LAYOUT.shard_worker_seq(p)[1] for p in files.dictionary.to_pylist()], dtype=np.int32)
+    codes = files.indices.to_numpy()
+    order = np.argsort(codes, kind="stable")  # each file's rows together, in scan order
+    sorted_codes = codes[order]
+    starts = np.flatnonzero(np.r_[True, sorted_codes[1:] != sorted_codes[:-1]]) if len(codes) else np.zeros(0, int)
+    row = np.empty(len(codes), np.int32)
+    row[order] = np.arange(len(codes)) - np.repeat(starts, np.diff(np.r_[starts, len(codes)]))
+    seq = seqs[codes] if len(codes) else np.zeros(0, np.int32)
     table = table.drop_columns(["__filename"])
     return table.append_column("shard_seq", pa.array(seq)).append_column("row", pa.array(row.astype(np.int32)))
 
@@ -202,8 +206,10 @@ def read_audit(run: str | Store) -> pa.Table:
     Trained entries come first, so a key listed twice joins as trained."""
     store = _store(run)
     rows: dict[str, list[list[Any]]] = {s: [] for s in STATUSES}
-    for rel in store.find(LAYOUT.trained_dir, ".json"):
-        rec = store.read_json(rel)
+    paths = [store.path(p) for p in store.find(LAYOUT.trained_dir, ".json")]
+    bodies = store.fs.cat(paths) if paths else {}  # one batched (concurrent on S3) read
+    for path in paths:
+        rec = json.loads(bodies[path])
         for status, entries in (("trained", "samples"), ("dropped", "dropped"), ("abandoned", "abandoned")):
             listed = rec.get(entries) or []
             workers = rec.get(f"{'sample' if entries == 'samples' else entries}_workers")

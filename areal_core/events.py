@@ -28,7 +28,8 @@ One JSON object per line. Every record has "t" (unix seconds, when it was record
   trained    {"step": int, "samples": int, "staleness": {"s": count}, "dropped": int, "abandoned": int}
              one per step, the same numbers as the audit record trainer/trained/step-{step}.json
              (its drops include those made while waiting for the batch; "step" is the audit's
-             step, 0-based, as is the `phases` record's)
+             step, 0-based, as is the `phases` record's). A trainer restarted from a checkpoint
+             trains the steps after it again: the last record of a step is the one that counts
   drop       {"reason": str, "n": int}                   samples dropped, and why. Trainer: "stale"
              (older than v − η; their sum is the counter dropped_samples), "abandoned_version",
              "duplicate", "uninformative" (+ "groups"); rollout: "engine_failed", "empty_group"
@@ -190,7 +191,9 @@ class EventLog:
 
     def close(self) -> None:
         """End the current stretch, stop the flusher, record the log's own overhead and write what
-        is left."""
+        is left. A second call does nothing."""
+        if self._stop.is_set():
+            return
         self.switch(None)
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
@@ -209,17 +212,31 @@ def read_events(store: Store) -> list[dict[str, Any]]:
     """Every record of every role in the run root, with "role" and "worker" added, sorted by "t".
     A truncated line (a part cut by a crash mid-write cannot happen on the store, but a hand-copied
     root may have one) is skipped."""
-    out: list[dict[str, Any]] = []
-    for rel in store.find(LAYOUT.events_dir, ".jsonl"):
-        role, _, worker = rel.rsplit("/", 2)[-2].partition("-")
-        for line in store.read_text(rel).splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if not isinstance(rec, dict) or "t" not in rec or "kind" not in rec:
-                continue
-            rec["role"], rec["worker"] = role, worker
-            out.append(rec)
-    out.sort(key=lambda r: r["t"])
-    return out
+    return EventTail(store).new()
+
+
+class EventTail:
+    """A live view of a running root's events: each `new()` returns the records of the parts not
+    read before (a part is written once, whole), sorted by "t". One listing per call."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        self._read: set[str] = set()
+
+    def new(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        fresh = [rel for rel in self.store.find(LAYOUT.events_dir, ".jsonl") if rel not in self._read]
+        for rel in fresh:  # a store error on the way leaves every part of this call unread
+            role, _, worker = rel.rsplit("/", 2)[-2].partition("-")
+            for line in self.store.read_text(rel).splitlines():
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if not isinstance(rec, dict) or not isinstance(rec.get("t"), (int, float)) or "kind" not in rec:
+                    continue
+                rec["role"], rec["worker"] = role, worker
+                out.append(rec)
+        self._read.update(fresh)
+        out.sort(key=lambda r: r["t"])
+        return out

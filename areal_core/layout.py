@@ -25,6 +25,9 @@ class Layout:
     quarantine/{path with / as __}                shards that failed to parse, + .reason.json
     DONE, tracking.json                           end of the run; the MLflow run it logs to
     init_model/, final_model/ (+ COMMITTED)       the policy RL starts from and the trained one (HF)
+    lineage/parent.json                           a fork's reference to its parent (forks.py)
+    lineage/children/{id}.json                    in a forked run: one record per fork made of it
+    lineage/replay.json                           a replay's source run, settings and comparison
     labels/, exports/preference_pairs.parquet     human labels in; preference pairs out
     sessions/ (a proxy store: trajectories/ + online/cursor.json + online/consumed/{run}.txt.gz),
     online/{run}/: a retraining run
@@ -70,6 +73,10 @@ class Layout:
     online_result = "online_result.json"
     online_samples = "online_samples.txt.gz"  # in an online retraining run root: identities of its rows
     sessions_dir = "sessions"
+    lineage_dir = "lineage"
+    fork_parent = f"{lineage_dir}/parent.json"  # a forked root: parent, step, shards by reference, cursors
+    fork_children_dir = f"{lineage_dir}/children"
+    replay_record = f"{lineage_dir}/replay.json"
     # Everything that belongs to one training attempt (cleared for a new run; config, prompts,
     # init_model and labels stay).
     run_state = (
@@ -82,6 +89,7 @@ class Layout:
         done,
         tracking,
         final_model,
+        lineage_dir,
     )
 
     # -- prompts -------------------------------------------------------------------------------
@@ -179,6 +187,14 @@ class Layout:
 
     def trained_record(self, step: int) -> str:
         return f"{self.trained_dir}/{self.step_prefix}{step:06d}.json"
+
+    def trained_step(self, name: str) -> int | None:
+        """'step-000012.json' (an entry of trainer/trained/) -> 12; None for anything else."""
+        return self._numbered(name.removesuffix(".json"), self.step_prefix) if name.endswith(".json") else None
+
+    def fork_child(self, child_id: str) -> str:
+        """In a forked run: the record of one fork made of it."""
+        return f"{self.fork_children_dir}/{child_id}.json"
 
     # -- status, quarantine, labels, online ------------------------------------------------------
     def status(self, role: str, worker_id: str) -> str:

@@ -1,4 +1,4 @@
-"""prepare -> SFT (cached) -> run_async_rl -> evaluate (with a Deck).
+"""prepare -> SFT (cached) -> run_async_rl (a live report Deck) -> evaluate (the final report Deck).
 
 The models are FlyteDirectory values (the console's lineage: which run root's initial model a
 final model came from). The SFT cache is keyed on what determines the model (`sft_key`: seed,
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import flytekit
 from flytekit import Cache, Deck, task
 from flytekit.types.directory import FlyteDirectory
 
@@ -63,17 +64,31 @@ def sft(run_uri: str, sft_key: str) -> str:
     return pipeline.sft(run_uri)
 
 
-@task(container_image=IMAGE, requests=ROLE, retries=2, secret_requests=SECRETS)
+REPORT_DECK = "report"
+
+
+def publish_report(html: str) -> None:
+    """Show `html` as this task's "report" Deck (replacing the previous one) and publish the
+    Decks now, so the console shows them while the task runs."""
+    decks = flytekit.current_context().decks
+    decks[:] = [d for d in decks if d.name != REPORT_DECK]
+    Deck(REPORT_DECK, html)
+    Deck.publish()
+
+
+@task(container_image=IMAGE, requests=ROLE, retries=2, secret_requests=SECRETS, enable_deck=True)
 def run_async_rl(run_uri: str, sft_checkpoint: str) -> Models:
-    """All roles as local processes on one machine; returns the initial and final models."""
+    """All roles as local processes on one machine, with the run's report as a Deck refreshed
+    while they run; returns the initial and final models."""
     bind_execution()
-    pipeline.run_async_rl(run_uri, sft_checkpoint)
+    pipeline.run_async_rl(run_uri, sft_checkpoint, publish=publish_report)
     return Models(init_model=model_dir(run_uri, LAYOUT.init_model), final_model=model_dir(run_uri, LAYOUT.final_model))
 
 
 @task(container_image=IMAGE, requests=ROLE, enable_deck=True, secret_requests=SECRETS)
 def evaluate(run_uri: str, init_model: FlyteDirectory, final_model: FlyteDirectory) -> Accuracy:
-    """Held-out greedy accuracy before and after RL, logged to MLflow, with a Deck of the curves."""
+    """Held-out greedy accuracy before and after RL, logged to MLflow, with the run's final report
+    (and the held-out scores) as a Deck."""
     result = pipeline.evaluate_run(run_uri)
-    Deck("curves", pipeline.curves_html(result["curves"], result["before"], result["after"]))
+    Deck(REPORT_DECK, result["report"])
     return Accuracy(before=result["before"], after=result["after"])

@@ -32,6 +32,7 @@ LAYERS: dict[str, int] = {
     "areal_core.events": 2,
     "areal_core.pretrained": 2,
     "areal_core.weights": 3,
+    "areal_core.forks": 3,
     "areal_core.dataset": 3,
     "areal_core.reward": 4,
     "areal_core.rollout": 5,
@@ -42,7 +43,7 @@ LAYERS: dict[str, int] = {
     "areal_core.run": 8,
     "areal_core.sim": 8,
     "areal_core.online": 9,
-    "areal_core.report": 10,
+    "areal_core.report": 8,  # beside run/, which builds the report at the end of a run
 }
 # Roles at one level do not import each other: a pair (importer package, imported package).
 FORBIDDEN = {

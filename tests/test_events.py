@@ -35,6 +35,7 @@ def test_emits_within_the_flush_interval_are_one_part(tmp_path):
         ev.emit("drop", reason="stale", n=i)
     assert parts(store, "trainer-0") == []  # nothing written per record
     ev.close()
+    ev.close()  # a second close records nothing more
     assert len(parts(store, "trainer-0")) == 1
     recs = read_events(store)
     assert [r["n"] for r in recs if r["kind"] == "drop"] == list(range(500))
@@ -47,7 +48,7 @@ def test_the_flusher_writes_a_part_per_interval_only_when_there_is_something_new
     store = Store(str(tmp_path))
     ev = EventLog(store, "reward", "1", flush_every_s=0.1)
     ev.emit("sandbox", reason="timeout", n=1)
-    time.sleep(0.6)
+    time.sleep(1.0)
     assert len(parts(store, "reward-1")) == 1  # written without close(), once: idle flushes write nothing
     ev.emit("sandbox", reason="timeout", n=2)
     ev.close()
@@ -124,7 +125,7 @@ def test_a_long_stretch_is_recorded_in_pieces(tmp_path):
     spans = [r for r in read_events(store) if r["kind"] == "span"]
     assert len(spans) >= 2 and all(r["on"] == "shards" for r in spans)
     assert all(b["t0"] == a["t1"] for a, b in zip(spans, spans[1:]))  # contiguous, no gap
-    assert 1.2 < spans[-1]["t1"] - spans[0]["t0"] < 1.6
+    assert 1.2 < spans[-1]["t1"] - spans[0]["t0"] < 2.5
 
 
 def test_store_none_keeps_records_and_writes_nothing(tmp_path):
@@ -171,6 +172,8 @@ def test_threads_record_into_one_log_without_losing_records(tmp_path):
         for i in range(400):
             ev.emit("load", version=k * 1000 + i)
             ev.count(completions=1)
+            if i % 100 == 0:
+                time.sleep(0.02)  # let the flusher run meanwhile
 
     threads = [threading.Thread(target=load, args=(k,)) for k in range(4)]
     for t in threads:
@@ -211,7 +214,7 @@ def test_a_killed_role_loses_at_most_the_last_flush_interval(tmp_path):
     steps = [r["step"] for r in read_events(Store(str(tmp_path))) if r["kind"] == "trained"]
     assert steps == list(range(len(steps))) and len(steps) > 50  # a prefix, nothing torn
     last = max(r["t"] for r in read_events(Store(str(tmp_path))))
-    assert killed_at - last < 0.3 + 0.2  # the flush interval plus the kill's own delay
+    assert killed_at - last < 0.3 + 0.7  # the flush interval plus scheduling delay on a busy machine
 
 
 def test_quarantine_is_recorded_where_it_happens(tmp_path):
@@ -313,3 +316,114 @@ def test_a_pipeline_runs_events_agree_with_the_trainers_own_records(tiny_overrid
         mine = [r["t"] for r in events if (r["role"], r["worker"]) == key]
         assert rec["wall_s"] >= max(mine) - min(mine) - 0.01
         assert rec["seconds"] < 0.01 * rec["wall_s"], key
+
+
+AGENT_RUN = textwrap.dedent(
+    """
+    import sys
+    from areal_core.logs import setup_logging
+    from areal_core.run import pipeline
+    from tests.conftest import TINY
+
+    setup_logging()
+    overrides = [o for o in TINY if not o.startswith("launcher.progress")] + [
+        f"store={sys.argv[1]}",
+        "rollout.agent=areal_core.proxy.examples:calculator_agent",
+        "agent.episode_timeout_s=60",
+        "rollout.group_size=2",
+        "train.steps=3",
+        "launcher.progress=true",
+    ]
+    run_uri, _ = pipeline.prepare("", overrides)
+    checkpoint = pipeline.sft(run_uri)
+    print("=== RL ===", file=sys.stderr, flush=True)
+    pipeline.run_async_rl(run_uri, checkpoint)
+    """
+)
+
+
+@pytest.mark.slow
+def test_an_agent_run_prints_no_line_per_request(tmp_path):
+    """The calculator agent talks to its proxy through the real openai SDK, one HTTP request per
+    turn; the console shows the roles' few lines and the progress line, none per request."""
+    run = tmp_path / "run"
+    out = subprocess.run(
+        [sys.executable, "-c", AGENT_RUN, str(run)],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    console = (out.stdout + out.stderr).split("=== RL ===", 1)[1].splitlines()
+    completions = sum(r.get("completions", 0) for r in read_events(Store(str(run))) if r["kind"] == "count")
+    assert completions >= 12  # requests were made: at least one per episode
+    per_request = [line for line in console if "HTTP Request" in line or "/v1/chat/completions" in line]
+    assert per_request == []
+    info = [line for line in console if " INFO " in line]
+    assert len(info) <= 6, info  # rollout start and end, the trainer's DONE, the pipeline's end
+    assert any(line.startswith("[progress] step 3/3") for line in console)
+
+
+def write_timeline(store: Store, trainer_wait: bool) -> None:
+    """60 s of events: the trainer waits on batches while rollout generates (or the reverse)."""
+    now = time.time()
+    with EventLog(store, "trainer", "0", flush_every_s=60) as trainer:
+        if trainer_wait:
+            trainer.record_span("batch", now - 60, now - 5, "wait")
+            trainer.record_span("train", now - 5, now)
+        else:
+            trainer.record_span("train", now - 60, now)
+        trainer.emit("backlog", ungraded=7, graded=2, buffered_groups=3)
+    with EventLog(store, "rollout", "0", flush_every_s=60) as rollout:
+        if trainer_wait:
+            rollout.record_span("generate", now - 60, now)
+        else:
+            rollout.record_span("generate", now - 60, now - 50)
+            rollout.record_span("admission", now - 50, now, "wait")
+
+
+@pytest.mark.parametrize("trainer_wait, limit", [(True, "rollout"), (False, "trainer")])
+def test_the_progress_line_shows_the_backlog_and_the_limiting_role(tmp_path, capsys, trainer_wait, limit):
+    from areal_core.run.launcher import Progress
+
+    store = Store(str(tmp_path))
+    write_timeline(store, trainer_wait)
+    store.heartbeat("trainer", "0", step=10, steps=20, reward_mean=0.5, elapsed_s=61.0)
+    bar = Progress(store, True)
+    bar.update()
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("[progress] step 10/20")
+    assert line.endswith(f" · backlog 7 ungraded, 2 graded · limit: {limit}")
+
+
+def test_the_progress_line_reads_each_part_once(tmp_path, capsys):
+    from areal_core.run.launcher import Progress
+
+    store = Store(str(tmp_path))
+    write_timeline(store, True)
+    bar = Progress(store, True, events_every_s=0)
+    for step in (10, 20):
+        store.heartbeat("trainer", "0", step=step, steps=20, elapsed_s=61.0)
+        bar.update()
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2 and all("limit: rollout" in line for line in lines)
+    assert len(bar.tail._read) == 2  # two parts, each read once
+    assert len(bar.recent) == len(read_events(store))
+
+
+def test_the_proxys_shard_writer_counts_completions_and_tokens(tmp_path):
+    from areal_core.proxy.shards import ShardWriter
+    from tests.test_store_protocol import make_samples
+
+    store = Store(str(tmp_path))
+    writer = ShardWriter(store, "proxy-3")
+    for _ in range(5):
+        writer.write(make_samples(3))  # one graded and one ungraded shard each
+    writer.close()
+    recs = read_events(store)
+    counts = [r for r in recs if r["kind"] == "count"]
+    assert [(r["role"], r["worker"]) for r in counts] == [("proxy", "3")]
+    assert (counts[0]["completions"], counts[0]["tokens"]) == (15, 30)
+    assert len([r for r in recs if r["kind"] == "span" and r["on"] == "shard_write"]) == 10

@@ -200,3 +200,19 @@ def test_compute_loss_names_the_gspo_variants():
         ref_logp = torch.log_softmax(logits, -1)[..., 0]
         (ref,) = torch.autograd.grad(-(a * ref_logp).mean(), logits)
         assert torch.allclose(grads[loss], ref, atol=1e-6), loss
+
+
+@pytest.mark.parametrize("preset", ["grpo", "naive_ppo", "icepop", "gspo"])
+def test_compute_loss_with_an_impossible_behaviour_token_is_finite(preset):
+    from areal_core.config.algorithm import from_preset
+    from areal_core.train.algorithm import compute_loss
+
+    logits, logp, prox, behav, adv, mask = _case(9)
+    behav[0, 2] = -math.inf
+    loss, metrics = compute_loss(
+        from_preset(preset), logp, prox, behav, torch.zeros(3), torch.tensor([0, 0, 1]), mask, advantages=adv
+    )
+    (grad,) = torch.autograd.grad(loss, logits)
+    assert torch.isfinite(loss) and torch.isfinite(grad).all() and grad[0, 2].abs().max() == 0
+    assert all(math.isfinite(v) for v in metrics.values()), metrics
+    assert metrics["behav_nonfinite_frac"] == pytest.approx(1 / mask.sum().item())

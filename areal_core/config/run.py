@@ -192,6 +192,9 @@ class TrainConfig(ConfigModel):
     packing: Bool = Field(True, description="pack sequences without padding for the forward passes")
     ppo_minibatches: Int = Field(1, gt=0, description="optimizer minibatches per step (divides batch_groups)")
     checkpoint_every: Int = Field(10, gt=0, description="steps between trainer checkpoints")
+    keep_checkpoints: Int = Field(
+        2, gt=0, description="committed trainer checkpoints kept, the newest ones (a fork starts from one of them)"
+    )
     poll_interval_s: Float = Field(0.01, description="seconds between checks for graded shards")
     slow_step_s: Float = Field(0.0, description="tests: sleep per step to make training the bottleneck")
     eval_every: Int = Field(0, description="steps between held-out evaluations (0: only before and after)")
@@ -230,6 +233,11 @@ class TrackingConfig(ConfigModel):
 class LauncherConfig(ConfigModel):
     timeout_s: Float = Field(1800.0, description="single machine: seconds before the roles are stopped")
     progress: Bool = Field(True, description="single machine: print a progress line")
+    report_every_s: Float = Field(
+        60.0,
+        ge=0,
+        description="single machine: seconds between refreshes of the live report (the Flyte Deck); 0: at the end only",
+    )
 
 
 class LeaseConfig(ConfigModel):

@@ -84,12 +84,19 @@ def _verdict(roles: dict[str, RoleTime]) -> tuple[str, str, str] | None:
     )
 
 
+def rl_start(records: list[dict[str, Any]]) -> float | None:
+    """When RL began: the trainer's first `publish` (version 0); the roles' start-up before it
+    (loading models, waiting for the first weights) is not what limits the run."""
+    return min((float(r["t"]) for r in records if r.get("kind") == "publish"), default=None)
+
+
 def limiting_role(records: list[dict[str, Any]], window_s: float | None = None) -> str | None:
-    """ "trainer", "rollout", "reward" or "eta" (the staleness bound): what limits the run over
-    the last `window_s` seconds of records (all when None); None when too few events."""
-    since = None
+    """The role that limits the run since RL began (`rl_start`), over the last `window_s` seconds
+    of records when given: "trainer", "rollout", "reward" or "eta" (the staleness bound); None
+    when there are too few events."""
+    since = rl_start(records)
     if window_s is not None and records:
-        since = max(float(r["t"]) for r in records) - window_s
+        since = max(since or 0.0, max(float(r["t"]) for r in records) - window_s)
     v = _verdict(role_time(records, since))
     return v[0] if v else None
 
@@ -115,6 +122,14 @@ def stalled_workers(records: list[dict[str, Any]], stall_s: float = STALL_S) -> 
 
 def _windows_mean(values: list[float], w: int) -> list[float]:
     return [sum(values[i : i + w]) / w for i in range(0, len(values) - w + 1)]
+
+
+def dropped_share(records: list[dict[str, Any]]) -> tuple[int, int]:
+    """(trained samples, samples the trainer dropped: stale or of an abandoned version), from the
+    `trained` events."""
+    trained_ev = [r for r in records if r.get("kind") == "trained"]
+    trained = sum(int(r.get("samples", 0)) for r in trained_ev)
+    return trained, sum(int(r.get("dropped", 0)) + int(r.get("abandoned", 0)) for r in trained_ev)
 
 
 def _health(records: list[dict[str, Any]], rows: Sequence[dict[str, Any]], stall_s: float) -> list[Finding]:
@@ -159,11 +174,8 @@ def _health(records: list[dict[str, Any]], rows: Sequence[dict[str, Any]], stall
                 "lower η or cap the weight (algo.behav_high)",
             )
         )
-    trained = sum(int(r.get("samples", 0)) for r in records if r.get("kind") == "trained")
-    dropped = sum(int(r.get("n", 0)) for r in records if r.get("kind") == "drop")
-    if not trained and rows:
-        dropped = int(rows[-1].get("dropped_samples", 0))
-    if dropped and dropped > DROP_FRAC * (trained + dropped) and trained + dropped:
+    trained, dropped = dropped_share(records)
+    if dropped > DROP_FRAC * (trained + dropped) > 0:
         out.append(
             Finding(
                 "health",
@@ -179,9 +191,9 @@ def _health(records: list[dict[str, Any]], rows: Sequence[dict[str, Any]], stall
 def diagnose(
     records: list[dict[str, Any]], rows: Sequence[dict[str, Any]] = (), stall_s: float = STALL_S
 ) -> list[Finding]:
-    """The verdict on the limiting role first (an "info" finding when there are too few events),
-    then every health flag."""
-    v = _verdict(role_time(records))
+    """The verdict on the limiting role since RL began first (an "info" finding when there are too
+    few events), then every health flag."""
+    v = _verdict(role_time(records, rl_start(records)))
     if v is None:
         first = Finding("info", "", "no verdict yet", "the trainer and rollout have recorded no timing events")
     else:

@@ -27,6 +27,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from areal_core.config.base import ConfigError
+from areal_core.config.hooks import import_object
 from areal_core.context import load_run_config
 from areal_core.layout import LAYOUT
 from areal_core.prompts import load_prompts
@@ -57,16 +59,28 @@ class RegradeReport:
     changes: list[dict[str, Any]] = field(default_factory=list)  # identity, worker_id, sample_id, old, new
     unreadable: list[str] = field(default_factory=list)  # source shards that did not parse (skipped)
     resumed_shards: int = 0  # shards an earlier attempt of this request had written
-    seconds: float = 0.0
+    seconds: float = 0.0  # end to end
+    setup_seconds: float = 0.0  # config, prompts, tokenizer, labels, the pool's processes
 
     @property
     def samples_per_s(self) -> float:
+        """End to end, setup included."""
         return self.samples / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def grading_samples_per_s(self) -> float:
+        """After setup: read, grade, write (what a larger run converges to)."""
+        busy = self.seconds - self.setup_seconds
+        return self.samples / busy if busy > 0 else 0.0
 
     def summary(self) -> dict[str, Any]:
         """Everything but the list of changes (that is in changes.parquet)."""
         out = {k: v for k, v in asdict(self).items() if k != "changes"}
-        return {**out, "samples_per_s": round(self.samples_per_s, 3)}
+        rates = {
+            "samples_per_s": round(self.samples_per_s, 3),
+            "grading_samples_per_s": round(self.grading_samples_per_s, 3),
+        }
+        return {**out, **rates}
 
 
 def regrade(
@@ -92,6 +106,7 @@ def regrade(
     cfg = load_run_config(store)
     reward = reward or cfg.reward.function or DEFAULT_REWARD
     _check_names(store, source, into)
+    import_object(reward, key="reward")  # a reward that does not import claims no layer
     request = {"source": source, "reward": reward}
     resumed = _claim(store, into, request)
     sources = store.find(LAYOUT.layer_dir(source), ".arrow")
@@ -104,6 +119,7 @@ def regrade(
     timeout = cfg.reward.timeout_s if timeout_s is None else timeout_s
     tries = cfg.reward.retries if retries is None else retries
     with RewardPool(reward, pool_size, timeout, tries) as pool:
+        report.setup_seconds = time.monotonic() - t0
         batch: list[tuple[str, list[float | None], list[Sample]]] = []  # (target, old rewards, samples)
         for rel in sources:
             samples = _read(store, rel, report)
@@ -228,6 +244,30 @@ def _commit(store: Store, into: str, request: dict[str, Any], report: RegradeRep
 def _tokenizer(store: Store):
     from transformers import AutoTokenizer
 
+    if store.local:  # no need for models.localize, whose import pulls in the model code (seconds)
+        return AutoTokenizer.from_pretrained(str(store.local_path(LAYOUT.init_model)))
     from areal_core.models import localize
 
     return AutoTokenizer.from_pretrained(localize(store.url(LAYOUT.init_model)))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """python -m areal_core.reward.regrade RUN --reward pkg.module:fn --into NAME: prints the summary."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m areal_core.reward.regrade", description=main.__doc__)
+    ap.add_argument("run", help="run root: a local path or s3://...")
+    ap.add_argument("--into", required=True, help="name of the new layer (trajectories/regraded/NAME)")
+    ap.add_argument("--reward", default=None, help="reward function 'pkg.module:fn' (default: the run's own)")
+    ap.add_argument("--source", default="graded", help="layer to re-grade (default: graded)")
+    ap.add_argument("--pool-size", type=int, default=2)
+    args = ap.parse_args(argv)
+    try:
+        report = regrade(args.run, args.reward, args.into, source=args.source, pool_size=args.pool_size)
+    except (RegradeError, ConfigError, FileNotFoundError) as exc:
+        raise SystemExit(f"regrade: {exc}") from None
+    print(json.dumps(report.summary(), indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from areal_core.forks import read_fork
 from areal_core.layout import LAYOUT
 from areal_core.protocol import decode_shard
 from areal_core.staleness import groups_admissible
@@ -62,8 +63,11 @@ class Progress:
 
 def recover_progress(store: Store, worker_id: str) -> Progress:
     """Progress from the worker's ungraded shards, up to the first shard that does not parse (a
-    torn shard of ours is rewritten under the same name)."""
-    progress = Progress()
+    torn shard of ours is rewritten under the same name). In a fork, it starts from the parent's
+    worker's cursor (forks.py)."""
+    ref = read_fork(store)
+    cursor = ref.workers.get(worker_id) if ref is not None else None
+    progress = Progress(cursor.next_seq, set(cursor.groups)) if cursor is not None else Progress()
     for name in store.find(LAYOUT.shard_dir("ungraded", worker_id), ".arrow"):
         try:
             samples = decode_shard(store.read_bytes(name))

@@ -18,8 +18,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from areal_core.events import EventTail
 from areal_core.layout import LAYOUT
 from areal_core.procs import descendants, kill_group, own_group_dying_with_parent
+from areal_core.report.doctor import limiting_role
 from areal_core.retry import POLICY
 from areal_core.store import Store
 
@@ -88,26 +90,57 @@ def stop_all(procs: list[RoleProcess], grace_s: float = 10.0) -> None:
 
 
 class Progress:
-    """A one-line progress display of the trainer's heartbeat; a tick the store cannot answer
+    """A one-line progress display of the trainer's heartbeat, with the shard backlog and the
+    role that limits the run now (the doctor's `limiting_role` over the last `window_s` of
+    events, read incrementally at most every `events_every_s`); a tick the store cannot answer
     at once is skipped (its store does not retry)."""
 
-    def __init__(self, store: Store, enabled: bool):
+    def __init__(self, store: Store, enabled: bool, window_s: float = 60.0, events_every_s: float = 5.0):
         self.store, self.enabled = Store(store.uri, retry_s=0), enabled and sys.stderr.isatty()
         self.last_step = -1
         self.skipped = 0  # ticks skipped on a store error
         self.plain = enabled and not self.enabled
+        self.window_s, self.events_every_s = window_s, events_every_s
+        self.tail, self.recent, self.events_at = EventTail(self.store), [], -float("inf")
+        self.backlog: dict | None = None
+        self.limit: str | None = None
+
+    def _read_events(self) -> None:
+        """New events into the last `window_s` seconds; the newest backlog; the limiting role."""
+        if time.monotonic() - self.events_at < self.events_every_s:
+            return
+        self.events_at = time.monotonic()
+        new = self.tail.new()
+        if not new:
+            return
+        self.backlog = next((r for r in reversed(new) if r["kind"] == "backlog"), self.backlog)
+        newest = max(r["t"] for r in new)
+        self.recent = [r for r in self.recent + new if r["t"] >= newest - self.window_s]
+        self.limit = limiting_role(self.recent, self.window_s)
+
+    def suffix(self) -> str:
+        """ " · backlog U ungraded, G graded · limit: ROLE" (the parts known so far)."""
+        out = ""
+        if self.backlog is not None:
+            out += f" · backlog {self.backlog['ungraded']} ungraded, {self.backlog['graded']} graded"
+        if self.limit:
+            out += f" · limit: {self.limit}"
+        return out
 
     def update(self) -> None:
         if not (self.enabled or self.plain):
             return
         try:
             st = self.store.read_json(LAYOUT.status("trainer", "0"))
+            step = st.get("step", 0)
+            if step != self.last_step:
+                self._read_events()
         except FileNotFoundError:  # no heartbeat yet
             return
         except Exception:  # a heartbeat being rewritten, or the store is unreachable now
             self.skipped += 1
             return
-        step, total = st.get("step", 0), st.get("steps", 0)
+        total = st.get("steps", 0)
         if step == self.last_step:
             return
         self.last_step = step
@@ -120,6 +153,7 @@ class Progress:
         )
         if "eval_accuracy" in st:
             line += f" eval {st['eval_accuracy']:.3f}"
+        line += self.suffix()
         if self.enabled:
             sys.stderr.write("\r" + line)
         elif step % 10 == 0 or step == total:

@@ -6,7 +6,6 @@ cache on their inputs.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import shlex
@@ -14,6 +13,7 @@ from typing import Any
 
 from areal_core.config import ConfigError, RunConfig, from_yaml_text, load_config, to_dict
 from areal_core.layout import LAYOUT
+from areal_core.run.live import Publish
 from areal_core.run.tracking import Tracker
 from areal_core.store import RootLost, Store
 
@@ -144,36 +144,78 @@ def start_run(run_uri: str, sft_checkpoint: str, tags: dict[str, str]) -> str:
     return store.uri
 
 
-def run_async_rl(run_uri: str, sft_checkpoint: str) -> str:
+def run_async_rl(run_uri: str, sft_checkpoint: str, publish: Publish | None = None) -> str:
     """Start every role on this machine and wait for DONE, holding (and renewing) the run's lease;
-    returns the final model's URI. Raises RootLost when the root was taken over or lost its
-    history under the run."""
+    returns the final model's URI. `publish(html)` (the task's Deck) gets the run's report every
+    `launcher.report_every_s` seconds meanwhile, and the final one at the end. Raises RootLost
+    when the root was taken over or lost its history under the run."""
     from areal_core.context import load_run_config
     from areal_core.run.launcher import launch
+    from areal_core.run.live import LiveReport
     from areal_core.run.ownership import RUN_ID_ENV, hold
 
     store = Store(run_uri)
     with hold(store, load_run_config(store).lease, renew=True) as lease:
         cfg, tracker = open_run(store, sft_checkpoint)
+        live = LiveReport(store.uri, publish or (lambda html: None), cfg.launcher.report_every_s if publish else 0)
         try:
-            result = launch(
-                store.uri,
-                cfg.rollout.num_workers,
-                cfg.reward.num_workers,
-                cfg.launcher.timeout_s,
-                cfg.launcher.progress,
-                env={RUN_ID_ENV: lease.run_id},
-            )
+            with live:
+                result = launch(
+                    store.uri,
+                    cfg.rollout.num_workers,
+                    cfg.reward.num_workers,
+                    cfg.launcher.timeout_s,
+                    cfg.launcher.progress,
+                    env={RUN_ID_ENV: lease.run_id},
+                )
             lease.check()  # DONE counts only in a root that is still this run's
         except Exception as exc:
             tracker.finish("FAILED")
+            if publish:  # the Deck shows how far the failed run got
+                live.tick()
             lost = lease.lost_reason()
             if lost:  # the roles stopped because the root is no longer this run's: say so
                 raise RootLost(lost) from exc
             raise
     tracker.log_metrics({"wall_s": result["wall_s"]}, result["step"])
     log.info("async RL finished in %.1fs", result["wall_s"])
+    report = log_report(store, tracker)
+    if publish:
+        publish(report)
     return store.url(LAYOUT.final_model)
+
+
+def log_report(store: Store, tracker: Tracker, heldout: tuple[float, float] | None = None) -> str:
+    """Build the run's report and log it to MLflow as report/report.html (replacing an earlier
+    one); without `heldout` (the end of RL) also log its per-step series as `report/...` metrics
+    and print the doctor's verdict (health flags as warnings). Returns the report's <div> (for a
+    Deck; "" when it could not be built: a warning, never a failed run)."""
+    import tempfile
+    from pathlib import Path
+
+    from areal_core.report.data import load_run
+    from areal_core.report.doctor import diagnose
+    from areal_core.report.html import page, render
+    from areal_core.report.series import step_metrics
+
+    try:
+        data = load_run(store)
+        report = render(data, heldout)
+    except Exception as exc:  # noqa: BLE001 - a report is never worth a failed run
+        log.warning("the run report of %s was not built: %s: %s", store.uri, type(exc).__name__, exc)
+        return ""
+    if heldout is None:
+        findings = diagnose(data.records, data.rows)
+        print(f"doctor: {findings[0].line()}")
+        for finding in findings[1:]:
+            log.warning("doctor: %s", finding.line())
+        series = step_metrics(data.records, data.rows)
+        tracker.log_series({step: {f"report/{k}": v for k, v in m.items()} for step, m in series.items()})
+    if tracker.enabled:
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "report.html").write_text(page(report), encoding="utf-8")
+            tracker.log_artifacts(tmp, "report")
+    return report
 
 
 def evaluate_run(run_uri: str) -> dict[str, Any]:
@@ -201,6 +243,7 @@ def evaluate_run(run_uri: str) -> dict[str, Any]:
     metric = "heldout_agent_success" if cfg.rollout.agent else "heldout_accuracy"
     tracker = Tracker.attach(store)
     tracker.log_metrics({f"{metric}_before": out["before"], f"{metric}_after": out["after"]}, 0)
+    out["report"] = log_report(store, tracker, (out["before"], out["after"]))
     if tracker.enabled:
         with tempfile.TemporaryDirectory() as tmp:
             store.get_dir(LAYOUT.final_model, tmp)
@@ -215,34 +258,3 @@ def metrics_rows(store: Store) -> list[dict[str, float]]:
     if not store.exists(LAYOUT.metrics):
         return []
     return [json.loads(line) for line in store.read_text(LAYOUT.metrics).splitlines() if line]
-
-
-def curves_html(rows: list[dict[str, float]], before: float, after: float) -> str:
-    """An HTML page with the reward and accuracy curves as inline PNG charts."""
-    import base64
-    import io
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
-    steps = [r["step"] for r in rows]
-    axes[0].plot(steps, [r.get("reward_mean", 0) for r in rows])
-    axes[0].set(title="reward mean per step", xlabel="step")
-    acc = [(r["step"], r["eval_accuracy"]) for r in rows if "eval_accuracy" in r]
-    axes[1].plot(
-        [0] + [s for s, _ in acc] + [steps[-1] if steps else 0], [before] + [a for _, a in acc] + [after], marker="o"
-    )
-    axes[1].set(title="held-out greedy accuracy", xlabel="step", ylim=(0, 1))
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
-    plt.close(fig)
-    img = base64.b64encode(buf.getvalue()).decode()
-    digest = hashlib.sha256(buf.getvalue()).hexdigest()[:8]
-    return (
-        f"<h3>AReaL-Flyte run</h3><p>held-out accuracy {before:.3f} → {after:.3f}</p>"
-        f'<img alt="curves-{digest}" src="data:image/png;base64,{img}"/>'
-    )

@@ -158,6 +158,19 @@ class Tracker:
         except TypeError:  # older clients have no asynchronous logging
             self._client.log_batch(self.run_id, metrics=batch)
 
+    def log_series(self, series: dict[int, dict[str, float]]) -> None:
+        """Many steps' metrics {step: {name: value}} in batches of MLflow's 1000-metric limit."""
+        if not self._client:
+            return
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = [Metric(k, float(v), now, step) for step, m in sorted(series.items()) for k, v in m.items()]
+        for i in range(0, len(batch), 1000):
+            self._client.log_batch(self.run_id, metrics=batch[i : i + 1000])
+
     def log_artifacts(self, local_dir: str | Path, artifact_path: str) -> None:
         if self._client:
             self._client.log_artifacts(self.run_id, str(local_dir), artifact_path)

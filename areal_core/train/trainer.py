@@ -38,9 +38,10 @@ import torch
 
 from areal_core.config import RunConfig
 from areal_core.events import EventLog
+from areal_core.forks import read_fork, read_graded
 from areal_core.layout import LAYOUT
 from areal_core.models import load_pretrained, save_pretrained
-from areal_core.protocol import Sample, read_shard_or_quarantine, unique
+from areal_core.protocol import Sample, unique
 from areal_core.staleness import staleness_histogram
 from areal_core.store import Store
 from areal_core.train import checkpoint
@@ -118,7 +119,7 @@ class Trainer:
             if "values" in required_inputs(self.cfg.algo)
             else None
         )
-        self.buffer = GroupBuffer()
+        self.buffer, self.fork = GroupBuffer(), read_fork(self.store)  # a fork reads its parent's shards (forks.py)
         self._unaudited: tuple[list[Sample], list[Sample]] = ([], [])  # drops while waiting: in the next record
         self.tracker = tracker if main else None
         self._evaluate = evaluate
@@ -196,8 +197,8 @@ class Trainer:
         graded = self.store.find(LAYOUT.graded_dir, ".arrow")
         new = [p for p in graded if p not in self.consumed]
         self._backlog(graded, len(new), len(self.buffer))
-        for rel in new:
-            samples = read_shard_or_quarantine(self.store, rel, self.ev)
+        for rel in (self.fork.unread(self.consumed) if self.fork else []) + new:
+            samples = read_graded(self.store, rel, self.fork, self.ev)
             if samples is None:
                 self.state.counters["quarantined_shards"] += 1
                 log.warning("quarantined corrupt shard %s", rel)
@@ -273,7 +274,7 @@ class Trainer:
         trained_versions = [v for s in samples for v, m in zip(s.versions, s.loss_mask) if m]
         if self.dist.is_main:
             with self.ev.span("metrics"):
-                self._write_audit(samples, dropped, abandoned, staleness_histogram(trained_versions, st.version))
+                self._write_audit(samples, dropped, abandoned, metrics)
         st.step += 1
         st.version += 1
         self._count_drops(dropped, abandoned)
@@ -306,11 +307,11 @@ class Trainer:
             group["lr"] = lr
         return lr
 
-    def _write_audit(self, samples: list[Sample], dropped: list[Sample], abandoned: list[Sample], hist: dict) -> None:
-        """trainer/trained/step-{N}.json: which samples this step trained and dropped (rank 0), with
-        the drops made while waiting for this batch; `*_workers` complete each sample's identity.
-        The same counts go into a `trained` event."""
+    def _write_audit(self, samples: list[Sample], dropped: list[Sample], abandoned: list[Sample], stats: dict) -> None:
+        """trainer/trained/step-{N}.json (rank 0): the samples trained, in order, the metrics, the drops (with
+        those made while waiting); `*_workers` complete each identity. The counts go to a `trained` event."""
         st = self.state
+        hist = staleness_histogram([v for s in samples for v, m in zip(s.versions, s.loss_mask) if m], st.version)
         dropped, abandoned = self._unaudited[0] + dropped, self._unaudited[1] + abandoned
         self._unaudited = ([], [])
         record = {
@@ -319,6 +320,7 @@ class Trainer:
             "eta": self.cfg.train.eta,
             "samples": [[s.sample_id, s.min_version()] for s in samples],
             "sample_workers": [s.worker_id for s in samples],
+            "metrics": {k: float(v) for k, v in stats.items()},
             "dropped": [[s.sample_id, s.min_version()] for s in dropped],
             "dropped_workers": [s.worker_id for s in dropped],
             "staleness_histogram": hist,
@@ -392,6 +394,7 @@ class Trainer:
                 self.model,
                 self.optimizer,
                 self.buffer.samples(),
+                keep=self.cfg.train.keep_checkpoints,
                 model_bytes=model_bytes,
                 optimizer_state=osd,
             )

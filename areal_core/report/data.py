@@ -1,0 +1,57 @@
+"""What a report is built from, read from a run root: a past, crashed or running run."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from areal_core.config import ConfigError
+from areal_core.events import read_events
+from areal_core.layout import LAYOUT
+from areal_core.store import Store
+
+
+class NotARun(ConfigError):
+    """The root holds no run (no config.yaml)."""
+
+
+@dataclasses.dataclass
+class RunData:
+    uri: str
+    records: list[dict[str, Any]]  # every event record (events.read_events)
+    rows: list[dict[str, Any]]  # trainer/metrics.jsonl
+    audits: list[dict[str, Any]]  # trainer/trained/step-N.json, read only when no `trained` events
+    done: bool
+    config: dict[str, Any]
+
+
+def _jsonl(text: str) -> list[dict[str, Any]]:
+    out = []
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # a line cut by a crash mid-write of a hand-copied root
+            continue
+        if isinstance(row, dict) and "step" in row:
+            out.append(row)
+    return out
+
+
+def load_run(store: Store) -> RunData:
+    """The run's events, metrics rows and (when the events have no `trained` records) audit
+    records. NotARun when the root holds no config.yaml."""
+    import yaml
+
+    if not store.exists(LAYOUT.config):
+        raise NotARun(f"{store.uri} is not a run root (no {LAYOUT.config})")
+    records = read_events(store)
+    rows = _jsonl(store.read_text(LAYOUT.metrics)) if store.exists(LAYOUT.metrics) else []
+    audits: list[dict[str, Any]] = []
+    if not any(r.get("kind") == "trained" for r in records):
+        audits = [store.read_json(p) for p in store.find(LAYOUT.trained_dir, ".json")]
+    try:
+        config = yaml.safe_load(store.read_text(LAYOUT.config)) or {}
+    except yaml.YAMLError:
+        config = {}
+    return RunData(store.uri, records, rows, audits, store.done(), config if isinstance(config, dict) else {})

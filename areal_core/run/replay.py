@@ -1,0 +1,265 @@
+"""Replay: train again on a run's stored graded samples, in the order its trainer consumed them,
+under the run's own config or another one, into a new run root.
+
+    python -m areal_core.run.replay RUN_URI --into NEW_URI [--set algo.loss=gspo --set train.lr=1e-4] [--layer NAME]
+
+`--layer NAME` takes the samples (their rewards) from a committed re-graded layer
+(reward/regrade.py: trajectories/regraded/NAME/) instead of the graded one: retrain on the run's
+samples under a fixed or new reward without generating again.
+
+What determines a step, and where the replay takes it from:
+- the samples and their order: the audit record trainer/trained/step-N.json (`samples` and
+  `sample_workers`, in the order the step trained them), looked up in the run's graded shards: rewards, behaviour
+  log-probs and versions as stored;
+- the weights the run started from: its init_model, copied into the new root (the reference
+  model and a critic start from it too); AdamW starts fresh from them, as the run's trainer did;
+- the learning rate of step N: the schedule over `train.steps` (the run's, unless overridden);
+- π_prox: the replaying trainer's own parameters before each update, as in the run;
+- the RNG: torch seeded with `seed` before the model loads, as the trainer does (the tiny Qwen2
+  has no dropout; sampling happened in the rollout workers, whose output is what is replayed);
+- threads: `threads_per_role`, as the trainer role (another count reorders float sums);
+- each step's trainer version (the hard bound, staleness): the record's `trainer_version`.
+Nothing is published and no checkpoint is written; the new root gets the audit records,
+trainer/metrics.jsonl, final_model/, DONE and lineage/replay.json (the source, the overrides,
+and the largest relative difference of each step's loss and grad-norm from the run's).
+
+One step implementation: `ReplayTrainer` is the trainer (train/trainer.py) fed the recorded
+batches. With the run's config and seed the per-step loss and grad-norm match the run's
+(tests/test_replay.py). Under other settings (`--set`): algo.*, train.* (lr, schedule, η,
+minibatches, clipping ...), seed, eval, tracking. The model, the task, the rollout settings (the
+behaviour distribution: rollout.temperature is the trainer's too) and train.batch_groups are
+fixed by the stored samples and refused. A smaller η drops (and counts) recorded samples beyond
+it; DAPO's dynamic sampling filters recorded groups; a step left without groups is skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+from areal_core.context import load_run_config, set_threads
+from areal_core.forks import read_fork
+from areal_core.layout import LAYOUT
+from areal_core.protocol import Sample, ShardError, decode_shard
+from areal_core.run.derived import DerivedRunError, copy_base, derived_config, fresh_root
+from areal_core.store import Store
+from areal_core.train.batch import GroupBuffer
+from areal_core.train.trainer import Trainer
+
+log = logging.getLogger("areal.replay")
+
+FIXED = ("model.", "task.", "sft.", "rollout.", "agent.", "reward.", "train.batch_groups")
+COMPARED = ("loss", "grad_norm")
+
+
+class ReplayTrainer(Trainer):
+    """The trainer on recorded batches: it publishes nothing and writes no checkpoint."""
+
+    def _resume_versions(self) -> None:
+        pass
+
+    def _checkpoint_and_publish(self) -> float:
+        return 0.0
+
+    def replay(self, records: list[dict], lookup: dict[str, Sample]) -> dict[str, Any]:
+        """Train each record's batch in its order (filtered by this config's η and dynamic
+        sampling) at the record's trainer version; then the final model and DONE. Returns the
+        per-step comparison with the records' metrics."""
+        st, t0 = self.state, time.time()
+        steps, skipped = [], []
+        for rec in records:
+            st.version = rec["trainer_version"]
+            samples, dropped = self._filtered([lookup[i] for i in record_ids(rec)])
+            if not samples:
+                skipped.append(rec["step"])
+                self._count_drops(dropped, [])
+                st.step += 1
+                continue
+            metrics = self.step(samples, dropped)
+            self._log_metrics(metrics, time.time() - t0)
+            steps.append(compare(rec, metrics))
+        self.finish()
+        worst = {k: max((s[f"{k}_rel_diff"] for s in steps if f"{k}_rel_diff" in s), default=None) for k in COMPARED}
+        train_s = sum(s["train_s"] for s in steps)
+        return {
+            "per_step": steps,
+            "skipped": skipped,
+            "max_rel_diff": worst,
+            "train_s": train_s,
+            "wall_s": time.time() - t0,
+        }
+
+    def _filtered(self, batch: list[Sample]) -> tuple[list[Sample], list[Sample]]:
+        """The batch under this config: samples beyond η dropped, uninformative groups filtered
+        (DAPO), groups left with fewer than two samples dropped; the order kept."""
+        buf = GroupBuffer()
+        buf.add(batch)
+        dropped = buf.drop_stale(self.state.version, self.cfg.train.eta)
+        if self.cfg.algo.dynamic_sampling:
+            groups = len({s.group_id for s in buf.drop_uninformative()})
+            self.state.counters["filtered_groups"] = self.state.counters.get("filtered_groups", 0) + groups
+        return buf.samples(), dropped
+
+
+def record_ids(rec: dict) -> list[str]:
+    """The identities (`Sample.identity()`: worker/sample id) a step trained, in order; records
+    older than `sample_workers` name sample ids only."""
+    if "sample_workers" not in rec:
+        return [sid for sid, _ in rec["samples"]]
+    return [f"{w}/{sid}" for w, (sid, _) in zip(rec["sample_workers"], rec["samples"])]
+
+
+def compare(rec: dict, metrics: dict[str, float]) -> dict[str, float]:
+    """This step's loss and grad-norm next to the run's, with |a − b| / max(|b|, 1e-12)."""
+    out = {"step": rec["step"], "train_s": metrics["train_s"]}
+    recorded = rec.get("metrics", {})
+    for k in COMPARED:
+        out[k] = metrics[k]
+        if k in recorded:
+            out[f"run_{k}"] = recorded[k]
+            out[f"{k}_rel_diff"] = abs(metrics[k] - recorded[k]) / max(abs(recorded[k]), 1e-12)
+    return out
+
+
+def load_records(store: Store) -> list[dict]:
+    """The run's audit records, steps 0..N-1 without a gap; DerivedRunError otherwise."""
+    steps = sorted(s for name in store.listdir(LAYOUT.trained_dir) if (s := LAYOUT.trained_step(name)) is not None)
+    if not steps:
+        raise DerivedRunError(f"{store.uri} has no audit records ({LAYOUT.trained_dir}/): it trained no step")
+    if steps != list(range(len(steps))):
+        missing = sorted(set(range(steps[-1] + 1)) - set(steps))
+        raise DerivedRunError(f"{store.uri}: audit records of steps {missing[:10]} are missing; cannot replay")
+    return [store.read_json(LAYOUT.trained_record(s)) for s in steps]
+
+
+def graded_samples(store: Store, wanted: set[str], by_identity: bool, layer: str = "graded") -> dict[str, Sample]:
+    """The wanted samples from the run's graded layer (or a committed re-graded one,
+    reward/regrade.py), by identity (or sample id for records older than `sample_workers`);
+    DerivedRunError naming the first ones missing."""
+    try:
+        folder = LAYOUT.layer_dir(layer)
+    except ValueError as exc:
+        raise DerivedRunError(str(exc)) from None
+    if layer == "ungraded" or (layer not in LAYOUT.base_layers and not store.exists(LAYOUT.committed(folder))):
+        raise DerivedRunError(f"{store.url(folder)} is not a graded layer (a committed re-grade or 'graded')")
+    found: dict[str, Sample] = {}
+    for rel in store.find(folder, ".arrow"):
+        try:
+            samples = decode_shard(store.read_bytes(rel))
+        except ShardError:
+            continue  # the run quarantines such a shard; nothing of it was trained
+        for s in samples:
+            key = s.identity() if by_identity else s.sample_id
+            if key in wanted:
+                found[key] = s
+    missing = sorted(wanted - found.keys())
+    if missing:
+        raise DerivedRunError(
+            f"{store.uri}: {len(missing)} trained samples are not in its layer {layer!r}, e.g. {missing[:3]}"
+        )
+    return found
+
+
+def replay(run_uri: str, into: str, overrides: list[str] | None = None, layer: str = "graded") -> dict[str, Any]:
+    """Replay the run at `run_uri` into the new root `into` with `overrides` (dotted key=value),
+    its samples (rewards) taken from `layer`: the graded layer or a re-graded one; returns
+    lineage/replay.json's content."""
+    from areal_core.evaluate import greedy_accuracy
+    from areal_core.prompts import load_prompts
+    from areal_core.run.ownership import claim, hold, renew
+    from areal_core.run.tracking import Tracker
+
+    source = Store(run_uri)
+    src_cfg = load_run_config(source)
+    if read_fork(source) is not None:
+        raise DerivedRunError(f"{source.uri} is a fork (it started from a checkpoint): replay its parent run")
+    overrides = list(overrides or [])
+    cfg = derived_config(src_cfg, overrides, into, FIXED, "a replay")
+    store = fresh_root(into, source)
+    records = load_records(source)[: cfg.train.steps]  # train.steps=N replays the first N steps
+    ids = [i for rec in records for i in record_ids(rec)]
+    lookup = graded_samples(source, set(ids), "sample_workers" in records[0], layer)
+    run_id = claim(store, cfg.lease, resume=False)
+    copy_base(source, store, cfg)
+    head = {"source": source.uri, "layer": layer, "overrides": overrides, "steps": len(records), "samples": len(ids)}
+    store.write_json(LAYOUT.replay_record, {**head, "state": "running"})
+    set_threads(cfg.threads_per_role)
+    evaluate = None
+    if cfg.train.eval_every:
+        prompts = load_prompts(store, "eval")[: cfg.eval.num_samples]
+
+        def evaluate(model, tokenizer) -> float:
+            return greedy_accuracy(model, tokenizer, prompts, cfg.eval.max_new_tokens, cfg.eval.batch_size)
+
+    tracker = Tracker.create(store, cfg)
+    tracker.set_tag("areal.replay.source", source.uri)
+    with hold(store, cfg.lease, renew=True, run_id=run_id) as lease:
+        trainer = ReplayTrainer(store.uri, cfg, evaluate=evaluate, tracker=tracker, guard=lease.check)
+        result = trainer.replay(records, lookup)
+        renew(store, run_id, "done", lease.claim)
+    tracker.finish()
+    record = {**head, "state": "done", "source_trainer": source_trainer_time(source), **result}
+    store.write_json(LAYOUT.replay_record, record)
+    log.info(
+        "replayed %d steps of %s into %s: max rel diff %s", len(records), source.uri, store.uri, result["max_rel_diff"]
+    )
+    return record
+
+
+def source_trainer_time(source: Store) -> dict[str, float]:
+    """The run's own trainer time: the sum of its steps' train_s (trainer/metrics.jsonl) and its
+    trainer's wall time to the last step (the trainer heartbeat's elapsed_s)."""
+    rows = (
+        [json.loads(line) for line in source.read_text(LAYOUT.metrics).splitlines() if line]
+        if source.exists(LAYOUT.metrics)
+        else []
+    )
+    status = source.read_json(LAYOUT.status("trainer", "0")) if source.exists(LAYOUT.status("trainer", "0")) else {}
+    return {"train_s": sum(r.get("train_s", 0.0) for r in rows), "elapsed_s": float(status.get("elapsed_s", 0.0))}
+
+
+def replay_task(run_uri: str, into: str, overrides: str, layer: str = "graded") -> dict[str, Any]:
+    """What the Flyte task returns: the new root and the comparison (overrides shell-split)."""
+    from areal_core.run.pipeline import parse_overrides
+
+    record = replay(run_uri, into, parse_overrides(overrides), layer)
+    worst = record["max_rel_diff"]
+    return {
+        "run_uri": Store(into).uri,
+        "steps": len(record["per_step"]),
+        "max_loss_rel_diff": -1.0 if worst["loss"] is None else worst["loss"],
+        "max_grad_norm_rel_diff": -1.0 if worst["grad_norm"] is None else worst["grad_norm"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    from areal_core.logs import setup_logging
+
+    parser = argparse.ArgumentParser(prog="python -m areal_core.run.replay", description=__doc__.split("\n")[0])
+    parser.add_argument("run_uri", help="the run root to replay")
+    parser.add_argument("--into", required=True, help="a new, empty run root for the replay")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a config override (repeat)")
+    parser.add_argument("--layer", default="graded", help="the samples' rewards: 'graded' or a re-graded layer")
+    args = parser.parse_args(argv)
+    setup_logging()
+    try:
+        record = replay(args.run_uri, args.into, args.set, args.layer)
+    except (DerivedRunError, FileNotFoundError) as exc:
+        print(f"replay: {exc}", file=sys.stderr)
+        return 2
+    print(
+        json.dumps(
+            {k: record[k] for k in ("source", "steps", "skipped", "max_rel_diff", "train_s", "wall_s")}
+            | {"into": args.into},
+            default=str,
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""A run root as a pyarrow dataset joined with the trainer's audit, and DuckDB over it."""
+
+from __future__ import annotations
+
+import json
+
+import duckdb
+import pyarrow as pa
+import pytest
+
+from areal_core.dataset import DatasetError, open_run, read_audit, samples_table, shard_dataset
+from areal_core.layout import LAYOUT
+from areal_core.protocol import Sample, encode_shard
+from areal_core.store import Store
+from tests.finished_run import finished_run
+
+
+def _records(store: Store) -> list[dict]:
+    return [store.read_json(p) for p in store.find(LAYOUT.trained_dir, ".json")]
+
+
+@pytest.mark.slow
+def test_duckdb_over_a_runs_shards_gives_the_trainers_own_counts():
+    run_uri, result = finished_run()
+    store = Store(run_uri)
+    records = _records(store)
+    run = open_run(run_uri)  # noqa: F841 (DuckDB finds it by name)
+    per_step = duckdb.sql(
+        "SELECT step, count(*) FROM run WHERE status = 'trained' GROUP BY step ORDER BY step"
+    ).fetchall()
+    assert per_step == [(r["step"], len(r["samples"])) for r in records]
+    counters = result["counters"]
+    assert sum(n for _, n in per_step) == counters["trained_samples"] == 5 * 2 * 4
+    # every drop the trainer counted, including those made while it waited for a batch
+    [(drops,)] = duckdb.sql("SELECT count(*) FROM run WHERE status = 'dropped'").fetchall()
+    assert drops == counters["dropped_samples"] > 0
+    # per-token staleness histogram of the trained tokens, from the shards' own version columns
+    hist = duckdb.sql(
+        """
+        SELECT trainer_version - v AS staleness, count(*) AS tokens
+        FROM (SELECT trainer_version, unnest(versions) AS v, unnest(loss_mask) AS m FROM run WHERE status = 'trained')
+        WHERE m = 1 GROUP BY ALL ORDER BY staleness
+        """
+    ).fetchall()
+    audit_hist: dict[int, int] = {}
+    for r in records:
+        for k, n in r["staleness_histogram"].items():
+            audit_hist[int(k)] = audit_hist.get(int(k), 0) + n
+    assert dict(hist) == audit_hist and max(audit_hist) <= 1  # η = 1: no trained token is older
+    # the dropped ones violated the bound when they were dropped; trained staleness = v − min version
+    [(bad,)] = duckdb.sql("SELECT count(*) FROM run WHERE status = 'dropped' AND staleness <= 1").fetchall()
+    assert bad == 0
+    [(mismatch,)] = duckdb.sql(
+        "SELECT count(*) FROM run WHERE status = 'trained' AND staleness <> trainer_version - min_version"
+    ).fetchall()
+    assert mismatch == 0
+
+
+@pytest.mark.slow
+def test_columns_and_untrained_samples_match_the_shards():
+    run_uri, _ = finished_run()
+    store = Store(run_uri)
+    table = samples_table(run_uri)
+    shards = store.find(LAYOUT.graded_dir, ".arrow")
+    assert table.num_rows == shard_dataset(run_uri).count_rows() > 0
+    for col in ("prompt_id", "group_id", "worker_id", "shard_seq", "row", "versions", "reward", "reward_reason"):
+        assert col in table.column_names
+    assert "input_ids" not in table.column_names and "input_ids" in samples_table(run_uri, tokens=True).column_names
+    statuses = set(table["status"].to_pylist())
+    assert statuses == {"trained", "dropped", "untrained"}
+    rows = table.to_pylist()
+    # (shard_seq, row) locates each sample in its shard
+    from areal_core.protocol import decode_shard
+
+    rel = shards[3]
+    worker, seq = LAYOUT.shard_worker_seq(rel)
+    in_shard = decode_shard(store.read_bytes(rel))
+    located = sorted((r["row"], r["sample_id"]) for r in rows if r["worker_id"] == worker and r["shard_seq"] == seq)
+    assert located == [(i, s.sample_id) for i, s in enumerate(in_shard)]
+    untrained = [r for r in rows if r["status"] == "untrained"]
+    assert untrained and all(r["step"] is None and r["staleness"] is None for r in untrained)
+    trained_ids = {(w, s) for rec in _records(store) for w, (s, _) in zip(rec["sample_workers"], rec["samples"])}
+    assert {(r["worker_id"], r["sample_id"]) for r in rows if r["status"] == "trained"} == trained_ids
+
+
+def _sample(i: int, worker: str = "w", info: dict | None = None) -> Sample:
+    return Sample(
+        sample_id=f"s{i}",
+        group_id=f"g{i // 2}",
+        prompt_id=f"p{i}",
+        worker_id=worker,
+        input_ids=[1, 2, 3, 4],
+        prompt_len=2,
+        loss_mask=[0, 0, 1, 1],
+        behav_logprobs=[0.0, 0.0, -0.5, -0.7],
+        versions=[-1, -1, 3, 4],
+        reward=1.0,
+        reward_info=info or {},
+    )
+
+
+def test_audit_join_reasons_and_versions_on_a_hand_made_root(tmp_path):
+    store = Store(str(tmp_path / "run"))
+    infos = [{"error": "timeout after 5s"}, {"failures": ["t1: wrong", "t2: crash"]}, {"reason": "boxed twice"}, {}]
+    store.write_bytes(LAYOUT.graded_shard("w", 0), encode_shard([_sample(i, info=infos[i]) for i in range(4)]))
+    store.write_bytes(LAYOUT.graded_shard("v", 7), encode_shard([_sample(9, "v")]))
+    # an older record without workers joins on the sample id; a newer one on worker/sample id
+    store.write_json(LAYOUT.trained_record(0), {"step": 0, "trainer_version": 5, "samples": [["s1", 3]], "dropped": []})
+    store.write_json(
+        LAYOUT.trained_record(1),
+        {
+            "step": 1,
+            "trainer_version": 6,
+            "samples": [["s9", 3], ["s0", 3]],
+            "sample_workers": ["v", "w"],
+            "dropped": [["s2", 3]],
+            "dropped_workers": ["w"],
+        },
+    )
+    rows = {r["sample_id"]: r for r in samples_table(store).to_pylist()}
+    assert rows["s0"]["status"] == "trained" and rows["s0"]["step"] == 1 and rows["s0"]["step_index"] == 1
+    assert rows["s0"]["staleness"] == 3 and rows["s9"]["shard_seq"] == 7 and rows["s9"]["step_index"] == 0
+    assert rows["s1"]["step"] == 0 and rows["s1"]["staleness"] == 2
+    assert rows["s2"]["status"] == "dropped" and rows["s3"]["status"] == "untrained"
+    assert [rows[f"s{i}"]["reward_reason"] for i in range(4)] == [
+        "timeout after 5s",
+        "t1: wrong; t2: crash",
+        "boxed twice",
+        None,
+    ]
+    assert rows["s0"]["min_version"] == 3 and rows["s0"]["max_version"] == 4 and rows["s0"]["policy_tokens"] == 2
+    assert read_audit(store).num_rows == 4
+
+
+def test_a_corrupt_or_foreign_shard_is_skipped_not_fatal(tmp_path, caplog):
+    store = Store(str(tmp_path / "run"))
+    store.write_bytes(LAYOUT.graded_shard("w", 0), encode_shard([_sample(0), _sample(1)]))
+    store.write_bytes(LAYOUT.graded_shard("w", 1), b"not arrow at all")
+    other = pa.table({"x": [1]}).replace_schema_metadata({"areal.schema_version": "0"})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, other.schema) as w:
+        w.write_table(other)
+    store.write_bytes(LAYOUT.graded_shard("w", 2), sink.getvalue().to_pybytes())
+    table = samples_table(store)
+    assert table["sample_id"].to_pylist() == ["s0", "s1"]
+    assert sum("skipped shard" in r.message for r in caplog.records) == 2
+    assert store.exists(LAYOUT.graded_shard("w", 1))  # a reader never moves the run's files
+
+
+def test_bad_or_unfinished_layers_are_refused(tmp_path):
+    store = Store(str(tmp_path / "run"))
+    with pytest.raises(DatasetError, match="layer name"):
+        open_run(store, layer="../graded")
+    store.write_bytes(LAYOUT.layer_shard("fix", "w", 0), encode_shard([_sample(0)]))
+    with pytest.raises(DatasetError, match="no committed layer 'fix'"):
+        open_run(store, layer="fix")
+    store.write_text(LAYOUT.committed(LAYOUT.layer_dir("fix")), "")
+    assert open_run(store, layer="fix").count_rows() == 1
+    assert open_run(store).count_rows() == 0  # an empty graded layer is an empty dataset
+
+
+@pytest.mark.slow
+@pytest.mark.s3
+def test_the_same_dataset_on_s3(s3_bucket):
+    run_uri, _ = finished_run()
+    local = Store(run_uri)
+    remote = Store(f"{s3_bucket}/runs/copy")
+    for folder in (LAYOUT.graded_dir, LAYOUT.trained_dir):
+        remote.copy_dir(folder, folder, source=local)
+    a, b = samples_table(local), samples_table(remote)
+    assert a.equals(b) and a.num_rows > 0
+    run = open_run(remote)  # noqa: F841
+    assert duckdb.sql("SELECT count(*) FROM run WHERE status = 'trained'").fetchall() == [(40,)]
+    assert json.loads(remote.read_text(LAYOUT.trained_record(0)))["step"] == 0
