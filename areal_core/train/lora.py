@@ -10,6 +10,7 @@ version (`WeightPublisher.publish_adapter`). Consumers merge it into the base we
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import torch
 from safetensors.torch import save as st_save
@@ -42,13 +43,15 @@ def apply_lora(
     return get_peft_model(model, cfg)
 
 
-def with_lora(model, train_cfg, distributed: bool = False):
-    """`model` wrapped with LoRA when `train_cfg.lora_rank` > 0 (r, alpha from the config), else as is."""
+def with_lora(model, train_cfg, distributed: bool = False) -> tuple[Any, bool]:
+    """(model in train mode, whether it is LoRA): wrapped with LoRA when `train_cfg.lora_rank` > 0
+    (r, alpha from the config; only the adapter trains, and AdamW keeps no state for the frozen
+    base), else as is."""
     if train_cfg.lora_rank <= 0:
-        return model
+        return model.train(), False
     if distributed:
         raise ValueError("train.lora_rank > 0 runs on one trainer process (world size 1)")
-    return apply_lora(model, r=train_cfg.lora_rank, alpha=train_cfg.lora_alpha)
+    return apply_lora(model, r=train_cfg.lora_rank, alpha=train_cfg.lora_alpha).train(), True
 
 
 def trainable_parameters(model) -> tuple[int, int]:

@@ -44,7 +44,7 @@ from areal_core.models import load_pretrained, save_pretrained
 from areal_core.protocol import Sample, unique
 from areal_core.staleness import staleness_histogram
 from areal_core.store import Store
-from areal_core.train import checkpoint
+from areal_core.train import checkpoint, lora
 from areal_core.train.algorithm import required_inputs
 from areal_core.train.backlog import BacklogRecorder
 from areal_core.train.batch import GroupBuffer
@@ -61,7 +61,6 @@ from areal_core.train.distributed import (
     state_dict_bytes_rank0,
 )
 from areal_core.train.lineage import holds_version_in, newest_published, resume_version
-from areal_core.train.lora import adapter_files, merged_state_dict, with_lora
 from areal_core.train.schedule import lr_factor
 from areal_core.train.step import train_step
 from areal_core.train.value_head import Critic
@@ -104,8 +103,7 @@ class Trainer:
         torch.manual_seed(self.cfg.seed)
         self.model, self.tokenizer = load_pretrained(self.store.url(LAYOUT.init_model), self.cfg.device)
         self.side_files = hf_side_files(self.model, self.tokenizer)
-        self.lora = self.cfg.train.lora_rank > 0  # the adapter alone trains and is published
-        self.model = with_lora(self.model, self.cfg.train, self.dist.distributed).train()
+        self.model, self.lora = lora.with_lora(self.model, self.cfg.train, self.dist.distributed)
         self.optimizer = self._make_optimizer()
         tc = self.cfg.train
         self.publisher = WeightPublisher(self.store, self.side_files, tc.weight_delta, tc.weight_full_every)
@@ -159,7 +157,6 @@ class Trainer:
 
     def _make_optimizer(self) -> torch.optim.Optimizer:
         tc = self.cfg.train
-        # frozen parameters (LoRA's base) never get a gradient, so AdamW keeps no state for them
         return torch.optim.AdamW(self.model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay, betas=(0.9, 0.99))
 
     def _resume_versions(self) -> None:
@@ -353,7 +350,7 @@ class Trainer:
 
     def _publish(self, blob: bytes) -> float:
         """Publish the current version (rank 0; under LoRA the adapter alone) and its `publish` record."""
-        seconds = self.publisher.publish(self.state.version, adapter_files(self.model) if self.lora else blob)
+        seconds = self.publisher.publish(self.state.version, lora.adapter_files(self.model) if self.lora else blob)
         self.ev.emit("publish", version=self.state.version, bytes=self.publisher.last_weights_bytes, seconds=seconds)
         return seconds
 
@@ -362,7 +359,7 @@ class Trainer:
         otherwise rank 0's unsharded copy refreshed from the shards (collective; None off rank 0)."""
         if not self.dist.distributed and not self.lora:
             return self.model  # under LoRA: a plain copy holding base + adapter
-        state = merged_state_dict(self.model) if self.lora else full_state_dict(self.model, self.dist)
+        state = lora.merged_state_dict(self.model) if self.lora else full_state_dict(self.model, self.dist)
         if not self.dist.is_main:
             return None
         if self._full_copy is None:
