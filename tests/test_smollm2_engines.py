@@ -318,3 +318,36 @@ def copy_with(model, state: dict[str, torch.Tensor]):
     out = copy.deepcopy(model)
     out.load_state_dict(state)
     return out.eval()
+
+
+def test_a_bfloat16_rollout_engine_loads_float32_versions(tmp_path):
+    from areal_core.config import load_config
+    from areal_core.layout import LAYOUT
+    from areal_core.rollout.factory import build_engine
+    from areal_core.weights.publisher import WeightPublisher, state_dict_bytes
+
+    model, other = tiny_llama(tied=False, bias=True), tiny_llama(tied=False, bias=True, seed=3)
+    store, _ = lora_store(tmp_path, model)
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0")),
+        pad_token="t0",
+        eos_token="t1",
+    )
+    tok.save_pretrained(tmp_path / "tok")
+    store.put_dir(str(tmp_path / "tok"), LAYOUT.init_model)
+    publisher = WeightPublisher(store, {"config.json": b"{}"})
+    publisher.publish(0, state_dict_bytes(model))
+    publisher.publish(1, state_dict_bytes(other))
+    cfg = load_config(None, ["rollout.engine=continuous", "rollout.dtype=bfloat16", f"store={store.uri}"])
+    engine, _ = build_engine(cfg, store, 0)
+    assert {p.dtype for p in engine.model.parameters()} == {torch.bfloat16}
+    engine.receive(store, 1)
+    gens = engine.generate(prompts(), SamplingParams(max_new_tokens=6, temperature=1.0, seed=0))
+    assert engine.version == 1 and all(g.versions == [1] * len(g.token_ids) for g in gens)
+    for name, p in engine.model.named_parameters():
+        assert torch.equal(p, other.state_dict()[name].to(torch.bfloat16)), name
+    assert all(len(g.token_ids) == 6 or g.finish_reason == "stop" for g in gens)
+    assert all(torch.isfinite(torch.tensor(g.logprobs)).all() for g in gens)
