@@ -22,6 +22,7 @@ def greedy_accuracy(
     batch_size: int,
     reward_fn: str = DEFAULT_REWARD,
     timeout_s: float = 30.0,
+    system: str = "",
 ) -> float:
     """Mean verifier score of greedy completions (for math: the fraction answered correctly).
 
@@ -36,7 +37,7 @@ def greedy_accuracy(
     with RewardPool(reward_fn, size=1, timeout_s=timeout_s, retries=0) as pool:
         for start in range(0, len(records), batch_size):
             chunk = records[start : start + batch_size]
-            gens = engine.generate([chat_prompt(tokenizer, r["prompt"]) for r in chunk], params)
+            gens = engine.generate([chat_prompt(tokenizer, r["prompt"], system) for r in chunk], params)
             jobs = [
                 {
                     "completion": tokenizer.decode(g.token_ids, skip_special_tokens=True),
@@ -90,4 +91,5 @@ def heldout_score(model, tokenizer, cfg: Any, records: list[dict[str, Any]]) -> 
         cfg.eval.batch_size,
         cfg.reward.function or DEFAULT_REWARD,
         cfg.reward.timeout_s,
+        cfg.task.system_prompt,
     )

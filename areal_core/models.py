@@ -16,9 +16,22 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 PAD, BOS, EOS = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+# ChatML with the Qwen2 tool convention, written so a plain conversation renders exactly as the
+# ChatML the tiny model was always trained on: one `<|im_start|>{role}\n{content}<|im_end|>\n` per
+# message; `tools` as a `# Tools` system message first; an assistant's calls as
+# `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` after its content (arguments given as a
+# JSON string, OpenAI's shape, are written as they are, as Qwen2.5's template does).
 CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{%- if tools %}<|im_start|>system\n# Tools\nTo call a tool, write <tool_call>"
+    '{"name": <tool name>, "arguments": <JSON object>}</tool_call>. Available tools:'
+    "{%- for t in tools %}{{ '\\n' ~ ((t.function if t.function is defined else t) | tojson) }}{%- endfor %}"
+    "<|im_end|>\n{% endif %}"
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content if m.content is string else '' }}"
+    '{%- for c in m.tool_calls or [] %}<tool_call>{"name": {{ c.function.name | tojson }}, '
+    '"arguments": {{ c.function.arguments if c.function.arguments is string else c.function.arguments | tojson }}}'
+    "</tool_call>{%- endfor %}"
+    "<|im_end|>\n{% endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
 
@@ -59,13 +72,14 @@ def build_tiny_model(cfg: Any, vocab_size: int, seed: int) -> Qwen2ForCausalLM:
     return model.float()
 
 
-def chat_prompt(tokenizer: Any, question: str) -> list[int]:
-    """Token ids of the question in the chat template, ending with the assistant header."""
+def chat_prompt(tokenizer: Any, question: str, system: str = "") -> list[int]:
+    """Token ids of the question (after a `system` message when one is given) in the tokenizer's
+    chat template, ending with the assistant header."""
+    messages = [{"role": "system", "content": system}] if system else []
+    messages.append({"role": "user", "content": question})
     ids = tokenizer.apply_chat_template(
-        [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False, sanitize_control_tokens=True
     )
-    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-        ids = ids["input_ids"]
     return list(ids)
 
 

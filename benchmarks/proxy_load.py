@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from areal_core.config import ModelConfig  # noqa: E402
 from areal_core.models import build_tiny_model, build_tokenizer, save_pretrained  # noqa: E402
-from areal_core.proxy.templating import ChatMLTemplate  # noqa: E402
+from areal_core.proxy.templating import ChatTemplate  # noqa: E402
 from areal_core.rollout.engine import SamplingParams  # noqa: E402
 from areal_core.rollout.torch_engine import TorchEngine  # noqa: E402
 
@@ -259,9 +259,9 @@ def main() -> None:
     seq_over = [c["latency"] - c["timing"]["engine_s"] for c in seq]
 
     # direct engine on the same first-turn prompts
-    t = ChatMLTemplate(tok, tool_prompt="none")
+    t = ChatTemplate(tok, tool_prompt="none")
     prompts = [
-        t.message_ids({"role": "user", "content": user_text(k, 0)}) + t.generation_prompt_ids for k in range(len(seq))
+        t.render([{"role": "user", "content": user_text(k, 0)}], generation_prompt=True) for k in range(len(seq))
     ]
     direct = direct_engine(model, tok, prompts, args.max_tokens, len(seq))
     # the same load on the engine alone, perfectly batched: one generate() per turn over the

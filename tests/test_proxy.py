@@ -30,7 +30,7 @@ from areal_core.proxy.examples import (
     sft_calculator,
 )
 from areal_core.proxy.runner import ProxyServer
-from areal_core.proxy.templating import ChatMLTemplate, parse_tool_calls
+from areal_core.proxy.templating import ChatTemplate, parse_tool_calls
 from areal_core.rollout.engine import Generation
 from areal_core.rollout.torch_engine import TorchEngine
 from areal_core.store import Store
@@ -145,17 +145,18 @@ async def calculator_episode(base_url: str, key: str, task: dict, stream: bool =
 # ---------------------------------------------------------------------------------------------
 def test_incremental_template_equals_the_chat_template(task_data):
     tok, train = task_data
-    t = ChatMLTemplate(tok, tool_prompt="none")
+    t = ChatTemplate(tok, tool_prompt="none")
     msgs = [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": train[0]["prompt"]},
         {"role": "assistant", "content": "12"},
         {"role": "user", "content": "and then?"},
     ]
-    pieces = [i for m in msgs for i in t.message_ids(m)] + t.generation_prompt_ids
+    served = t.render(msgs[:2], generation_prompt=True) + tok.encode("12", add_special_tokens=False) + [t.eos_id]
+    pieces = served + t.close_ids(served) + t.delta(msgs[:3], msgs[3:])
     whole = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
     assert pieces == tok.encode(whole, add_special_tokens=False)
-    assert t.message_ids(msgs[1]) + t.generation_prompt_ids == chat_prompt(tok, train[0]["prompt"])
+    assert t.render(msgs[1:2], generation_prompt=True) == chat_prompt(tok, train[0]["prompt"])
 
 
 def test_tool_call_convention_parsing():

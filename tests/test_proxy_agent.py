@@ -27,7 +27,7 @@ from areal_core.proxy.examples import (
     langchain_calculator_agent,
     scripted_calculator_reply,
 )
-from areal_core.proxy.templating import ChatMLTemplate
+from areal_core.proxy.templating import ChatTemplate
 from areal_core.reward.pool import RewardPool
 from areal_core.reward.worker import grade_shard
 from areal_core.rollout.admission import Admission, recover_progress
@@ -73,13 +73,14 @@ def assert_perfect_calculator_row(tok, s: Sample, task: dict) -> None:
     steps = task["meta"]["steps"]
     assert s.num_turns == steps + 1 and s.meta["tool_calls"] == steps and s.meta["segments"] == 1
     transcript = calculator_transcript(task)
-    t = ChatMLTemplate(tok, tool_prompt="none")
+    t = ChatTemplate(tok, tool_prompt="none")
     expected_replies = [
-        t.render_message(m)[len("<|im_start|>assistant\n") :] for m in transcript if m["role"] == "assistant"
+        t.assistant_ids(transcript[:k], m) for k, m in enumerate(transcript) if m["role"] == "assistant"
     ]
-    runs = policy_runs(s)
-    assert [tok.decode(r) for r in runs] == [x[: -len("\n")] for x in expected_replies]
-    assert tok.decode(s.input_ids) == "".join(t.render_message(m) for m in transcript)[: -len("\n")]
+    assert policy_runs(s) == expected_replies
+    assert (s.input_ids, s.loss_mask) == t.episode(transcript)
+    whole = tok.apply_chat_template(transcript, tokenize=True, return_dict=False)
+    assert s.input_ids + t.close_ids(s.input_ids) == whole  # the model's own template, whole
     assert all(v == -1 for v, m in zip(s.versions, s.loss_mask) if not m)
     assert all(lp == 0.0 for lp, m in zip(s.behav_logprobs, s.loss_mask) if not m)
     assert s.prompt_len == s.loss_mask.index(1)

@@ -37,6 +37,10 @@ class TaskConfig(ConfigModel):
     max_value: Int = Field(99, description="arithmetic: largest operand")
     max_steps: Int = Field(1, description="arithmetic: number of worked steps (1..3)")
     ops: Str = Field("+-", description="arithmetic: the operators used, from '+-*'")
+    system_prompt: Str = Field(
+        "",
+        description="a system message before every question in the model's chat template (rollout, SFT, evaluation); empty: none",
+    )
 
     @model_validator(mode="after")
     def _task_checks(self) -> Self:
@@ -53,7 +57,10 @@ class TaskConfig(ConfigModel):
 
 
 class ModelConfig(ConfigModel):
-    path: Str = Field("", description="an HF checkpoint folder or URI; empty: the tiny Qwen2 built from model.*")
+    path: Str = Field(
+        "",
+        description="an HF checkpoint folder or URI, or `pretrained:smollm2` (areal_core.pretrained: fetched, converted and cached); empty: the tiny Qwen2 built from model.*",
+    )
     hidden_size: Int = Field(128, gt=0, description="tiny model: hidden size")
     num_layers: Int = Field(4, gt=0, description="tiny model: transformer layers")
     num_heads: Int = Field(4, gt=0, description="tiny model: attention heads (divides hidden_size)")

@@ -40,7 +40,7 @@ from areal_core.proxy.guard import ApiKeys, GuardMiddleware, ProxyError, ProxyLi
 from areal_core.proxy.routes import chat, completions, health, sessions
 from areal_core.proxy.sessions import SessionError, SessionManager
 from areal_core.proxy.state import ProxyState
-from areal_core.proxy.templating import ChatMLTemplate
+from areal_core.proxy.templating import ChatTemplate
 from areal_core.rollout.engine import SamplingParams
 
 
@@ -68,7 +68,7 @@ def create_app(
     limits = limits or ProxyLimits()
     keys = api_keys if isinstance(api_keys, ApiKeys) else ApiKeys(api_keys)
     backend = as_backend(engine_backend)
-    template = ChatMLTemplate(tokenizer, tool_prompt=tool_prompt)
+    template = ChatTemplate(tokenizer, tool_prompt=tool_prompt)
     manager = SessionManager(
         template,
         worker_id=worker_id,

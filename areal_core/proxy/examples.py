@@ -178,31 +178,12 @@ def calculator_transcript(record: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def calculator_sft_examples(tokenizer: Any, records: list[dict[str, Any]]) -> list[tuple[list[int], list[int]]]:
-    """(token ids, loss mask) per record: the ideal episode rendered exactly as the proxy feeds it
-    (tool_prompt "none"), with loss on the assistant tokens and their closing <|im_end|>."""
-    from areal_core.proxy.templating import ChatMLTemplate
+    """(token ids, loss mask) per record: the ideal episode rendered exactly as the proxy stores it
+    (tool_prompt "none"), with loss on the assistant tokens and their end token."""
+    from areal_core.proxy.templating import ChatTemplate
 
-    t = ChatMLTemplate(tokenizer, tool_prompt="none")
-    out = []
-    for r in records:
-        ids: list[int] = []
-        mask: list[int] = []
-        for m in calculator_transcript(r):
-            if m["role"] == "assistant":
-                ids += t.generation_prompt_ids
-                mask += [0] * len(t.generation_prompt_ids)
-                body = t.encode(t.render_message(m)[len("<|im_start|>assistant\n") : -len("<|im_end|>\n")])
-                body.append(t.eos_id)
-                ids += body
-                mask += [1] * len(body)
-                ids += t.close_after_eos
-                mask += [0] * len(t.close_after_eos)
-            else:
-                piece = t.message_ids(m)
-                ids += piece
-                mask += [0] * len(piece)
-        out.append((ids, mask))
-    return out
+    t = ChatTemplate(tokenizer, tool_prompt="none")
+    return [t.episode(calculator_transcript(r)) for r in records]
 
 
 def calculator_corpus(records: list[dict[str, Any]]) -> list[str]:
@@ -234,7 +215,7 @@ class ScriptedEngine:
         self.reply = reply
         self.version = version
         self.swaps = 0
-        self.eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.eos_id = tokenizer.eos_token_id
         self.calls: list[int] = []  # batch size of each generate call
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:

@@ -5,7 +5,9 @@ that created it; no other key may read, reward or end it. A session holds one or
 *segments*. A segment is one growing token sequence: each turn appends the tokens that
 close the previous assistant message, the new messages and the generation prompt (all
 non-policy tokens: loss_mask 0, version -1), then the served tokens (loss_mask 1, their
-behaviour log-probs and versions). A request whose message history extends a segment's
+behaviour log-probs and versions). The new messages are the token delta the model's chat
+template gives them after the segment's history (proxy/templating.py), so earlier turns keep
+the exact ids that were fed and served. A request whose message history extends a segment's
 history continues that segment; one that does not (the agent rewrote its history, or runs
 two conversations in one session) opens a new segment. Each segment becomes one row of
 the trajectory protocol when the session ends; an episode that only ever appends is one row.
@@ -30,7 +32,7 @@ from typing import Any
 
 from areal_core.protocol import Sample, check_reward
 from areal_core.proxy.shards import ShardWriter
-from areal_core.proxy.templating import ChatMLTemplate, canonical
+from areal_core.proxy.templating import ChatTemplate, canonical
 from areal_core.rollout.engine import Generation
 from areal_core.store import Store
 
@@ -79,6 +81,7 @@ class Segment:
     index: int
     kind: str  # "chat" | "text"
     keys: list[tuple] = field(default_factory=list)  # chat: canonical messages consumed so far
+    messages: list[Any] = field(default_factory=list)  # chat: those messages (the served replies as served)
     text: str | None = None  # text: prompt + completion text served so far (str prompts)
     tokens: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
@@ -108,11 +111,12 @@ class TurnPlan:
     fed: list[int]  # tokens appended before generation
     prompt_ids: list[int]  # the full prompt the engine sees: segment tokens + fed
     keys: list[tuple] | None = None  # chat: canonical request messages
+    messages: list[Any] | None = None  # chat: the segment's messages then the request's new ones
     prompt_text: str | None = None  # text: the request's prompt string
 
 
 class Session:
-    def __init__(self, session_id: str, owner: str, template: ChatMLTemplate):
+    def __init__(self, session_id: str, owner: str, template: ChatTemplate):
         self.id = session_id
         self.uid = uuid.uuid4().hex[:12]  # this session among all that ever carried its id (any key)
         self.owner = owner
@@ -134,17 +138,15 @@ class Session:
                 best = seg
         t = self.template
         if best is None:
-            fed = t.tools_ids(tools)
-            new_msgs = messages
+            fed = t.render(messages, tools, generation_prompt=True)
+            history: list[Any] = list(messages)
             base: list[int] = []
         else:
-            fed = list(best.pending_close)
             new_msgs = messages[len(best.keys) :]
+            fed = best.pending_close + t.delta(best.messages, new_msgs, tools)
+            history = best.messages + list(new_msgs)
             base = best.tokens
-        for m in new_msgs:
-            fed.extend(t.message_ids(m))
-        fed.extend(t.generation_prompt_ids)
-        return TurnPlan(best, "chat", fed, base + fed, keys=keys)
+        return TurnPlan(best, "chat", fed, base + fed, keys=keys, messages=history)
 
     def plan_text(self, prompt: str | list[int]) -> TurnPlan:
         t = self.template
@@ -180,7 +182,9 @@ class Session:
         start = len(seg.tokens)
         seg.append(gen.token_ids, policy=gen)
         if plan.kind == "chat":
-            seg.keys = list(plan.keys or []) + [canonical(assistant_message or {"role": "assistant"})]
+            reply = assistant_message or {"role": "assistant"}
+            seg.keys = list(plan.keys or []) + [canonical(reply)]
+            seg.messages = list(plan.messages or []) + [reply]
             seg.pending_close = self.template.close_ids(gen.token_ids)
         else:
             seg.text = plan.prompt_text + (completion_text or "") if plan.prompt_text is not None else None
@@ -330,7 +334,7 @@ class SessionManager:
 
     def __init__(
         self,
-        template: ChatMLTemplate,
+        template: ChatTemplate,
         worker_id: str = "proxy-0",
         turn_discount: float = 1.0,
         store: Store | None = None,

@@ -19,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from areal_core.proxy.guard import ApiKeys, ProxyError, ProxyLimits
 from areal_core.proxy.schemas import _SamplingFields
 from areal_core.proxy.sessions import Session, SessionManager, TurnPlan
-from areal_core.proxy.templating import ChatMLTemplate, TemplateError
+from areal_core.proxy.templating import ChatTemplate, TemplateError
 from areal_core.rollout.engine import MIN_TEMPERATURE, Generation, SamplingParams
 
 log = logging.getLogger("areal.proxy")
@@ -40,7 +40,7 @@ class ProxyState:
     backend: Any  # an AsyncEngine (proxy/backend.py)
     owns_backend: bool  # create_app wrapped the engine itself: close the backend at shutdown
     tokenizer: Any
-    template: ChatMLTemplate
+    template: ChatTemplate
     sessions: SessionManager
     api_keys: ApiKeys
     limits: ProxyLimits

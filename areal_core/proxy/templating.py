@@ -1,23 +1,35 @@
-"""Incremental chat templating: render only the messages that are new, so earlier turns keep
-the exact token ids that were fed and served.
+"""Chat rendering through the model's own chat template (`tokenizer.apply_chat_template`).
 
-The template is ChatML, the one `areal_core.models.CHAT_TEMPLATE` declares:
+Messages arrive in OpenAI shape; `hf_message` maps each to the shape HF chat templates read
+(role aliases, text content, tool calls whose arguments are JSON objects). Every render passes
+`sanitize_control_tokens=True`, so a control token typed inside a message (`<|im_end|>` in a
+user's text) is encoded as text and cannot forge a turn.
 
-    <|im_start|>{role}\\n{content}<|im_end|>\\n        one message
-    <|im_start|>assistant\\n                          the generation prompt
+Multi-turn episodes store exactly the served token ids. A turn's prompt is never re-tokenised:
+it is the previous turn's tokens (its prompt and the ids the model produced), then the tokens
+that close that assistant message, then the delta of the new messages, rendered the way verl
+and SGLang do:
 
-A turn's prompt is never re-tokenised from text. It is the previous turn's tokens (its prompt
-and the token ids the model produced), then the tokens that close that assistant message
-(`\\n` after a produced `<|im_end|>`, or `<|im_end|>\\n` when it stopped on length or a stop
-string), then each new message rendered and tokenised on its own, then the generation prompt.
-Every piece starts and ends at a special token or a newline, so the concatenation equals
-what tokenising the whole conversation at once gives (a test checks this).
+    delta = render(history + new, generation prompt)[len(render(history)):]
 
-Tool-call convention (for models without a native tool format, e.g. the tiny model):
-the model writes `<tool_call>{"name": NAME, "arguments": {...}}</tool_call>`; the server parses
-each such block into an OpenAI `tool_calls` entry. Tool results come back as `role: "tool"`
-messages and are rendered as `<|im_start|>tool\\n{content}<|im_end|>\\n`. An assistant message in
-the history that the server did not serve is rendered with its tool calls in the same form.
+where `history` ends with the served assistant message. A template that renders the earlier
+turns differently once more follow (render(history) is not a prefix) is refused with a
+TemplateError. The closing tokens are probed once from the template: what it writes after an
+assistant message's content (`<|im_end|>\\n` for ChatML), less the end token when the model
+produced it.
+
+Tools. A template that renders `tools` and assistant `tool_calls` itself (probed) gets them as
+is: the tiny model's ChatML template (areal_core.models.CHAT_TEMPLATE) writes a `# Tools` system
+message and `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, the Qwen2 convention.
+A template that ignores them (SmolLM2's) gets SmolLM2's documented tool format spelled into the
+messages (HF SmolLM2-1.7B-Instruct model card; Ollama's smollm2 template): a system message
+listing the tools in `<tools>[...]</tools>` and asking for `<tool_call>[{"name": ...,
+"arguments": {...}}]</tool_call>`; assistant tool calls written that way; tool results as
+user messages `<tool_response>\\n...\\n</tool_response>`. `parse_tool_calls` reads both forms:
+a `<tool_call>` block holding a JSON object or a JSON list of objects.
+
+tool_prompt: how a request's `tools` reach the template: "full" (as given), "names" (names
+only) or "none" (not shown: the model learnt its tools in training).
 """
 
 from __future__ import annotations
@@ -28,13 +40,29 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+import jinja2
+
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 _TOOL_CALL_RE = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)" + re.escape(TOOL_CALL_CLOSE), re.DOTALL)
 ROLE_ALIASES = {"developer": "system", "function": "tool"}
+ROLES = ("system", "user", "assistant", "tool")
+SMOLLM2_TOOLS_PROMPT = (
+    "You are an expert in composing functions. You are given a question and a set of possible functions.\n"
+    "Based on the question, you will need to make one or more function/tool calls to achieve the purpose.\n"
+    "If none of the functions can be used, point it out and refuse to answer.\n"
+    "If the given question lacks the parameters required by the function, also point it out.\n"
+    "You have access to the following tools:\n<tools>{tools}</tools>\n"
+    "The output MUST strictly adhere to the following format, and NO other text MUST be included.\n"
+    "The example format is as follows. Please make sure the parameter type is correct. If no function call is "
+    "needed, please make the tool calls an empty list '[]'.\n"
+    '<tool_call>[\n{{"name": "func_name1", "arguments": {{"argument1": "value1", "argument2": "value2"}}}},\n'
+    "... (more tool calls as required)\n]</tool_call>"
+)
+_PROBE_FN, _PROBE_CALL, _PROBE_TEXT = "areal_probe_function", "areal_probe_call", "areal-probe-content"
 
 
 class TemplateError(ValueError):
-    """A message the template cannot render (the server answers 400 with this message)."""
+    """A conversation the template cannot render (the server answers 400 with this message)."""
 
 
 def content_text(content: Any) -> str:
@@ -46,10 +74,7 @@ def content_text(content: Any) -> str:
     if isinstance(content, list):
         parts = []
         for part in content:
-            if isinstance(part, dict):
-                kind, text = part.get("type"), part.get("text")
-            else:
-                kind, text = getattr(part, "type", None), getattr(part, "text", None)
+            kind, text = _get(part, "type"), _get(part, "text")
             if kind != "text" or not isinstance(text, str):
                 raise TemplateError(f"only text content parts are supported, got type {kind!r}")
             parts.append(text)
@@ -73,19 +98,26 @@ def _get(obj: Any, key: str, default: Any = None) -> Any:
     return getattr(obj, key, default)
 
 
+def _role(message: Any) -> str:
+    role = _get(message, "role")
+    role = ROLE_ALIASES.get(role, role)
+    if role not in ROLES:
+        raise TemplateError(f"unsupported role {role!r}")
+    return role
+
+
 def canonical(message: Any) -> tuple:
     """A hashable key of what a message says, used to match a request's history to a session.
 
     Tool-call ids are left out, and arguments are compared as parsed JSON, because clients
     (LangChain) rebuild them; the text, roles, tool names and arguments must be equal.
     """
-    role = ROLE_ALIASES.get(_get(message, "role"), _get(message, "role"))
     calls = []
     for call in _get(message, "tool_calls") or []:
         fn = _get(call, "function") or {}
         calls.append((_get(fn, "name"), json.dumps(_arguments_obj(_get(fn, "arguments")), sort_keys=True)))
     return (
-        role,
+        _role(message),
         content_text(_get(message, "content")),
         _get(message, "name") or "",
         _get(message, "tool_call_id") or "",
@@ -93,8 +125,71 @@ def canonical(message: Any) -> tuple:
     )
 
 
+def hf_message(message: Any) -> dict[str, Any]:
+    """An OpenAI-shaped message (dict or pydantic) in the shape HF chat templates read."""
+    role = _role(message)
+    out: dict[str, Any] = {"role": role, "content": content_text(_get(message, "content"))}
+    calls = _get(message, "tool_calls") or []
+    if role == "assistant" and calls:
+        out["tool_calls"] = []
+        for k, call in enumerate(calls):
+            fn = _get(call, "function") or {}
+            out["tool_calls"].append(
+                {
+                    "id": _get(call, "id") or f"call_{k}",
+                    "type": "function",
+                    "function": {"name": _get(fn, "name"), "arguments": _arguments_obj(_get(fn, "arguments"))},
+                }
+            )
+    for key in ("tool_call_id", "name"):
+        if role == "tool" and _get(message, key):
+            out[key] = _get(message, key)
+    return out
+
+
+def hf_tools(tools: list[Any] | None, mode: str = "full") -> list[dict[str, Any]] | None:
+    """OpenAI tool specs as {"type": "function", "function": {name, description, parameters}}
+    (unset fields dropped); mode "names" keeps the names only, "none" gives None."""
+    if not tools or mode == "none":
+        return None
+    out = []
+    for t in tools:
+        fn = _get(t, "function") or {}
+        keys = ("name",) if mode == "names" else ("name", "description", "parameters")
+        out.append({"type": "function", "function": {k: _get(fn, k) for k in keys if _get(fn, k) is not None}})
+    return out
+
+
 def tool_call_text(name: str, arguments: Any) -> str:
+    """One call in the Qwen2 convention, as the tiny model's template writes it."""
     return TOOL_CALL_OPEN + json.dumps({"name": name, "arguments": _arguments_obj(arguments)}) + TOOL_CALL_CLOSE
+
+
+def spell_smollm2_tools(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """SmolLM2's documented tool format written into plain messages (see the module docstring),
+    for a template that renders neither `tools` nor `tool_calls`."""
+    out: list[dict[str, Any]] = []
+    if tools:
+        specs = json.dumps([t["function"] for t in tools])
+        system = SMOLLM2_TOOLS_PROMPT.format(tools=specs)
+        if messages and messages[0]["role"] == "system":
+            system += "\n\n" + messages[0]["content"]
+            messages = messages[1:]
+        out.append({"role": "system", "content": system})
+    for m in messages:
+        if m["role"] == "tool":
+            out.append({"role": "user", "content": f"<tool_response>\n{m['content']}\n</tool_response>"})
+        elif m.get("tool_calls"):
+            calls = ",\n".join(
+                json.dumps({"name": c["function"]["name"], "arguments": c["function"]["arguments"]})
+                for c in m["tool_calls"]
+            )
+            out.append(
+                {"role": "assistant", "content": f"{m['content']}{TOOL_CALL_OPEN}[\n{calls}\n]{TOOL_CALL_CLOSE}"}
+            )
+        else:
+            out.append(m)
+    return out
 
 
 @dataclass
@@ -106,7 +201,8 @@ class ParsedOutput:
 def parse_tool_calls(text: str, id_prefix: str | None = None) -> ParsedOutput:
     """Split the model's text into content and OpenAI tool calls (see the module docstring).
 
-    A block whose body is not a JSON object with a string "name" stays in the content as text.
+    A block whose body is not a JSON object with a string "name", or a list of such objects,
+    stays in the content as text.
     """
     calls: list[dict[str, Any]] = []
     kept: list[str] = []
@@ -117,18 +213,20 @@ def parse_tool_calls(text: str, id_prefix: str | None = None) -> ParsedOutput:
             body = json.loads(m.group(1))
         except json.JSONDecodeError:
             continue
-        if not isinstance(body, dict) or not isinstance(body.get("name"), str):
+        items = body if isinstance(body, list) else [body]
+        if not items or not all(isinstance(b, dict) and isinstance(b.get("name"), str) for b in items):
             continue
         kept.append(text[pos : m.start()])
         pos = m.end()
-        args = body.get("arguments", {})
-        calls.append(
-            {
-                "id": f"{prefix}_{len(calls)}",
-                "type": "function",
-                "function": {"name": body["name"], "arguments": args if isinstance(args, str) else json.dumps(args)},
-            }
-        )
+        for b in items:
+            args = b.get("arguments", {})
+            calls.append(
+                {
+                    "id": f"{prefix}_{len(calls)}",
+                    "type": "function",
+                    "function": {"name": b["name"], "arguments": args if isinstance(args, str) else json.dumps(args)},
+                }
+            )
     kept.append(text[pos:])
     if not calls:
         return ParsedOutput(text, [])
@@ -136,86 +234,117 @@ def parse_tool_calls(text: str, id_prefix: str | None = None) -> ParsedOutput:
     return ParsedOutput(rest or None, calls)
 
 
-class ChatMLTemplate:
-    """ChatML rendering of single messages, tokenised piece by piece.
-
-    tool_prompt: how a request's `tools` are shown to the model at the start of an episode:
-    "full" (a system message with the convention and the JSON tool specs), "names" (one line
-    with the tool names) or "none" (nothing: the model learnt its tools in training).
-    """
+class ChatTemplate:
+    """The tokenizer's chat template, rendered whole (first turn) or as a delta (later turns)."""
 
     def __init__(self, tokenizer: Any, tool_prompt: str = "full"):
         if tool_prompt not in ("full", "names", "none"):
             raise ValueError(f"tool_prompt must be full, names or none, got {tool_prompt!r}")
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("the tokenizer has no chat template")
         self.tokenizer = tokenizer
         self.tool_prompt = tool_prompt
-        self.eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
-        self._cache: dict[str, list[int]] = {}
-        self.generation_prompt_ids = self.encode("<|im_start|>assistant\n")
-        self.close_after_eos = self.encode("\n")
-        self.close_without_eos = self.encode("<|im_end|>\n")
+        self.eos_id = tokenizer.eos_token_id
+        self.native_tools = self._probe_native_tools()
+        user = [{"role": "user", "content": "u"}]
+        self.generation_prompt_ids = self._suffix(self.render(user), self.render(user, generation_prompt=True))
+        probe = self._render_text([*user, {"role": "assistant", "content": _PROBE_TEXT}], None, False)
+        if _PROBE_TEXT not in probe:
+            raise ValueError("the chat template does not write an assistant message's content")
+        self.close_text = probe[probe.rindex(_PROBE_TEXT) + len(_PROBE_TEXT) :]
+        self.close_without_eos = self.encode(self.close_text)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def encode_cached(self, text: str) -> list[int]:
-        ids = self._cache.get(text)
-        if ids is None:
-            ids = self.encode(text)
-            if len(self._cache) < 4096:
-                self._cache[text] = ids
-        return list(ids)
-
-    def render_message(self, message: Any) -> str:
-        role = ROLE_ALIASES.get(_get(message, "role"), _get(message, "role"))
-        if role not in ("system", "user", "assistant", "tool"):
-            raise TemplateError(f"unsupported role {role!r}")
-        text = content_text(_get(message, "content"))
-        if role == "assistant":
-            for call in _get(message, "tool_calls") or []:
-                fn = _get(call, "function") or {}
-                text += tool_call_text(_get(fn, "name"), _get(fn, "arguments"))
-        return f"<|im_start|>{role}\n{text}<|im_end|>\n"
-
-    def message_ids(self, message: Any) -> list[int]:
-        return self.encode(self.render_message(message))
-
-    def tools_text(self, tools: list[Any] | None) -> str | None:
-        if not tools or self.tool_prompt == "none":
-            return None
-        specs = []
-        for t in tools:
-            fn = _get(t, "function") or {}
-            specs.append(
-                {
-                    k: v
-                    for k, v in (
-                        ("name", _get(fn, "name")),
-                        ("description", _get(fn, "description")),
-                        ("parameters", _get(fn, "parameters")),
-                    )
-                    if v is not None
-                }
+    def _probe_native_tools(self) -> bool:
+        """Whether the template writes `tools` and assistant `tool_calls` itself."""
+        user = {"role": "user", "content": "u"}
+        call = {"id": "c0", "type": "function", "function": {"name": _PROBE_CALL, "arguments": {}}}
+        try:
+            shown = self._render_text([user], [{"type": "function", "function": {"name": _PROBE_FN}}], False, True)
+            called = self._render_text(
+                [user, {"role": "assistant", "content": "", "tool_calls": [call]}], None, False, True
             )
-        if self.tool_prompt == "names":
-            body = "tools: " + ", ".join(s["name"] for s in specs)
-        else:
-            body = (
-                "# Tools\nTo call a tool, write "
-                + TOOL_CALL_OPEN
-                + '{"name": <tool name>, "arguments": <JSON object>}'
-                + TOOL_CALL_CLOSE
-                + ". Available tools:\n"
-                + "\n".join(json.dumps(s) for s in specs)
-            )
-        return f"<|im_start|>system\n{body}<|im_end|>\n"
+        except Exception:  # noqa: BLE001 - a template that fails on tools does not support them
+            return False
+        return _PROBE_FN in shown and _PROBE_CALL in called
 
-    def tools_ids(self, tools: list[Any] | None) -> list[int]:
-        text = self.tools_text(tools)
-        return self.encode_cached(text) if text else []
+    def _prepare(self, messages: list[Any], tools: list[Any] | None, native: bool | None = None):
+        """(messages, tools) for apply_chat_template; `native` set: a probe (tools shown whole)."""
+        msgs = [hf_message(m) for m in messages]
+        specs = hf_tools(tools, "full" if native is not None else self.tool_prompt)
+        if native if native is not None else self.native_tools:
+            return msgs, specs
+        return spell_smollm2_tools(msgs, specs), None
+
+    def _apply(self, messages, tools, generation_prompt: bool, tokenize: bool) -> Any:
+        try:
+            return self.tokenizer.apply_chat_template(
+                messages,
+                tools=tools,
+                add_generation_prompt=generation_prompt,
+                tokenize=tokenize,
+                return_dict=False,
+                sanitize_control_tokens=tokenize,
+            )
+        except jinja2.TemplateError as exc:
+            raise TemplateError(f"the chat template refused the conversation: {exc}") from None
+
+    def _render_text(self, messages: list[Any], tools, generation_prompt: bool, native: bool | None = None) -> str:
+        return self._apply(*self._prepare(messages, tools, native), generation_prompt, tokenize=False)
+
+    def render(self, messages: list[Any], tools: list[Any] | None = None, generation_prompt: bool = False) -> list[int]:
+        """Token ids of the whole conversation, as `apply_chat_template` gives them."""
+        return list(self._apply(*self._prepare(messages, tools), generation_prompt, tokenize=True))
+
+    @staticmethod
+    def _suffix(prefix: list[int], whole: list[int]) -> list[int]:
+        if whole[: len(prefix)] != prefix:
+            raise TemplateError(
+                "the chat template renders the earlier turns differently once new messages follow, so the "
+                "served tokens cannot be kept; start a new conversation"
+            )
+        return whole[len(prefix) :]
+
+    def delta(self, history: list[Any], new: list[Any], tools: list[Any] | None = None) -> list[int]:
+        """The tokens the new messages and the generation prompt add after `history` (which ends
+        with an assistant message): render(history + new, generation prompt) less render(history)."""
+        return self._suffix(self.render(history, tools), self.render([*history, *new], tools, True))
 
     def close_ids(self, served: list[int]) -> list[int]:
         """Tokens that end an assistant message whose last served token is `served[-1]`."""
-        if served and served[-1] == self.eos_id:
-            return list(self.close_after_eos)
-        return list(self.close_without_eos)
+        close = self.close_without_eos
+        if served and close and served[-1] == close[0]:
+            return close[1:]
+        return list(close)
+
+    def assistant_ids(self, history: list[Any], message: Any, tools: list[Any] | None = None) -> list[int]:
+        """The ids of an assistant message as the template writes it after `history`: what a
+        model that follows its template serves (content and tool calls, then the end token)."""
+        head = self._render_text(history, tools, True)
+        whole = self._render_text([*history, message], tools, False)
+        if not whole.startswith(head) or not whole.endswith(self.close_text):
+            raise TemplateError("the chat template does not write an assistant message after its generation prompt")
+        body = self.encode(whole[len(head) : len(whole) - len(self.close_text)])
+        close = self.close_without_eos
+        return body + close[:1] if close and close[0] == self.eos_id else body
+
+    def episode(self, messages: list[Any], tools: list[Any] | None = None) -> tuple[list[int], list[int]]:
+        """(token ids, loss mask) of a whole conversation as the proxy stores it when each
+        assistant message was served as the template writes it (mask 1 on those tokens)."""
+        ids: list[int] = []
+        mask: list[int] = []
+        done = 0  # messages consumed so far
+        for k, m in enumerate(messages):
+            if _role(m) != "assistant":
+                continue
+            if done:
+                fed = self.close_ids(ids) + self.delta(messages[:done], messages[done:k], tools)
+            else:
+                fed = self.render(messages[:k], tools, True)
+            served = self.assistant_ids(messages[:k], m, tools)
+            ids += fed + served
+            mask += [0] * len(fed) + [1] * len(served)
+            done = k + 1
+        return ids, mask

@@ -13,6 +13,7 @@ from areal_core.rollout.workflow import RolloutWorkflow, WorkflowContext
 class SingleTurnWorkflow(RolloutWorkflow):
     def __init__(self, ctx: WorkflowContext):
         self.tokenizer = ctx.tokenizer
+        self.system = ctx.cfg.task.system_prompt
         self.group_size = ctx.cfg.rollout.group_size
         self.params = ctx.sampling()
         self._prompt_ids: dict[str, list[int]] = {}
@@ -20,7 +21,7 @@ class SingleTurnWorkflow(RolloutWorkflow):
     def prompt_ids(self, task: dict[str, Any]) -> list[int]:
         key = task["prompt_id"]
         if key not in self._prompt_ids:
-            self._prompt_ids[key] = chat_prompt(self.tokenizer, task["prompt"])
+            self._prompt_ids[key] = chat_prompt(self.tokenizer, task["prompt"], self.system)
         return self._prompt_ids[key]
 
     async def arun_episode(self, engine: Any, task: dict[str, Any]) -> list[Sample]:

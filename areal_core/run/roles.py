@@ -69,7 +69,9 @@ def trainer_role(run_uri: str) -> dict:
     records = load_prompts(store, "eval")[: cfg.eval.num_samples] if main else []
 
     def evaluate(model, tokenizer) -> float:
-        return greedy_accuracy(model, tokenizer, records, cfg.eval.max_new_tokens, cfg.eval.batch_size)
+        return greedy_accuracy(
+            model, tokenizer, records, cfg.eval.max_new_tokens, cfg.eval.batch_size, system=cfg.task.system_prompt
+        )
 
     # rank 0 renews the lease and watches the checkpoints; the final model and DONE are written
     # only after one more check, and the lease is then marked done

@@ -31,11 +31,11 @@ from areal_core.train.schedule import lr_factor
 log = logging.getLogger("areal.sft")
 
 
-def sft_examples(tokenizer, records: list[dict]) -> list[tuple[list[int], int]]:
-    """(prompt + answer + EOS token ids, prompt length) per record."""
+def sft_examples(tokenizer, records: list[dict], system: str = "") -> list[tuple[list[int], int]]:
+    """(prompt + answer + EOS token ids, prompt length) per record; `system`: task.system_prompt."""
     out = []
     for r in records:
-        prompt = chat_prompt(tokenizer, r["prompt"])
+        prompt = chat_prompt(tokenizer, r["prompt"], system)
         answer = tokenizer(r["answer"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         out.append((prompt + answer, len(prompt)))
     return out
@@ -56,7 +56,7 @@ def agent_sft_examples(cfg, tokenizer, records: list[dict]) -> list[tuple[list[i
     rng = random.Random(cfg.seed + 29)
     chosen = [rng.random() < cfg.agent.sft_fraction for _ in records]
     agentic = iter(episodes(tokenizer, [r for r, c in zip(records, chosen) if c]))
-    plain = iter(sft_examples(tokenizer, [r for r, c in zip(records, chosen) if not c]))
+    plain = iter(sft_examples(tokenizer, [r for r, c in zip(records, chosen) if not c], cfg.task.system_prompt))
     out: list[tuple[list[int], list[int]]] = []
     for c in chosen:
         if c:
@@ -86,7 +86,7 @@ def run_sft(run_uri: str) -> str:
         if cfg.agent.sft_examples:
             examples = agent_sft_examples(cfg, tokenizer, records)
         else:
-            examples = sft_examples(tokenizer, records)
+            examples = sft_examples(tokenizer, records, cfg.task.system_prompt)
         log.info("sft on %d of %d train problems", len(examples), len(train))
         rng = random.Random(cfg.seed)
         opt = torch.optim.AdamW(model.parameters(), lr=sc.lr, weight_decay=0.0)
