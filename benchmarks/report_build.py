@@ -4,9 +4,10 @@
 
 Without --root it writes a simulated 800-step run root (config.yaml, trainer/metrics.jsonl and
 the events of a trainer, two rollout workers and a reward worker, written through the real
-`EventLog` with simulated timestamps: about 20 records a step) to a temporary folder. It then
+`EventLog` with simulated timestamps: 17 records a step, as dense as a real tiny run's) to a temporary folder. It then
 times `load_run` (reading every event part) and `render` (every chart) separately, best of
---repeat, and prints one JSON line with the machine.
+--repeat (wall and CPU seconds: on a busy machine the CPU time is the build's own), and prints
+one JSON line with the machine and its load average.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ def simulate(root: str, steps: int = 800, rollout_workers: int = 2, seed: int = 
     for step in range(steps):
         wait, train = 0.6 + rng.random() * 0.2, 0.3 + rng.random() * 0.1
         trainer.emit("span", t=t + wait, state="wait", on="batch", t0=t, t1=t + wait)
-        trainer.emit("span", t=t + wait + train, state="busy", on="train", t0=t + wait, t1=t + wait + train)
+        for on, a, b in (("read", 0.0, 0.01), ("train", 0.01, train - 0.03), ("publish", train - 0.03, train)):
+            trainer.emit("span", t=t + wait + b, state="busy", on=on, t0=t + wait + a, t1=t + wait + b)
         trainer.emit("phases", t=t + wait + train, step=step + 1, phases={"batch": wait, "train": train})
         end = t + wait + train
         hist = {"0": 4, "1": 3, "2": 1} if step else {"0": 8}
@@ -70,13 +72,15 @@ def simulate(root: str, steps: int = 800, rollout_workers: int = 2, seed: int = 
     store.write_text(LAYOUT.done, "")
 
 
-def best_of(repeat: int, fn) -> tuple[float, object]:
-    times, out = [], None
+def best_of(repeat: int, fn) -> tuple[float, float, object]:
+    """(best wall seconds, best CPU seconds of this process, the result) over `repeat` calls."""
+    walls, cpus, out = [], [], None
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = fn()
-        times.append(time.perf_counter() - t0)
-    return min(times), out
+        walls.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+    return min(walls), min(cpus), out
 
 
 def main() -> None:
@@ -91,14 +95,16 @@ def main() -> None:
             simulate(root, args.steps)
         store = Store(root)
         render(load_run(store))  # warm: imports, matplotlib's font cache
-        load_s, data = best_of(args.repeat, lambda: load_run(store))
-        render_s, html = best_of(args.repeat, lambda: page(render(data)))
+        load_s, load_cpu, data = best_of(args.repeat, lambda: load_run(store))
+        render_s, render_cpu, html = best_of(args.repeat, lambda: page(render(data)))
     result = {
         "steps": len(data.rows),
         "records": len(data.records),
         "load_s": round(load_s, 3),
         "render_s": round(render_s, 3),
         "total_s": round(load_s + render_s, 3),
+        "total_cpu_s": round(load_cpu + render_cpu, 3),  # the same on a machine shared with other jobs
+        "load_avg_1min": round(os.getloadavg()[0], 2),
         "html_kb": round(len(html) / 1024),
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus",
     }

@@ -169,9 +169,7 @@ def test_report_numbers_agree_exactly_with_the_trainers_own(dropping_run):
         hist.update({int(k): v for k, v in a["staleness_histogram"].items()})
     assert tot.staleness == dict(hist)
     trend = dict(series.staleness(data.records, [])[1])
-    assert [trend[r["step"] - 1] for r in data.rows] == pytest.approx(
-        [r["staleness_mean"] for r in data.rows], abs=1e-3
-    )
+    assert [trend[r["step"]] for r in data.rows] == pytest.approx([r["staleness_mean"] for r in data.rows], abs=1e-3)
     page = build_report(dropping_run["uri"])
     assert f"<td>steps trained</td><td>{tot.steps}</td>" in page
     assert f"<td>samples dropped (stale)</td><td>{tot.dropped_samples}</td>" in page
@@ -377,3 +375,24 @@ def test_the_doctor_names_the_slow_side_of_a_real_run(tmp_path, overrides, role)
     assert limiting_role(data.records) == role
     verdict = diagnose(data.records, data.rows)[0]
     assert (verdict.kind, verdict.role) == ("limit", role)
+
+
+def test_hostile_names_and_reasons_are_shown_as_text(tmp_path):
+    """A worker folder and failure reasons holding markup and matplotlib math: the page escapes
+    them and the charts draw them as plain text."""
+    from areal_core.events import EventLog
+
+    store = Store(str(tmp_path / "run"))
+    store.write_text(LAYOUT.config, "name: hostile\n")
+    ev = EventLog(store, "rollout", "<b>x", flush_every_s=0)
+    ev.emit("span", state="busy", on="generate $x^{", t0=time.time() - 1, t1=time.time())
+    ev.emit("quarantine", path="a", reason="<script>alert(1)</script> $\\frac{")
+    ev.emit("sandbox", reason="$$ unbalanced {")
+    ev.emit("drop", reason="</table>", n=3)
+    ev.close()
+    html = build_report(store.uri)
+    assert "<script" not in html and "alert(1)" not in html  # reasons are drawn in a chart, not written
+    assert html.count("data:image/png;base64,") == 2  # the timeline and the reasons, drawn
+    page_file = tmp_path / "report.html"
+    page_file.write_text(page(html))
+    assert cli(str(tmp_path / "run"), "-o", str(page_file)).returncode == 0

@@ -249,3 +249,27 @@ def test_real_smollm2_served_through_the_proxy_is_stored_byte_for_byte(smollm2_p
     for p, m in enumerate(row["loss_mask"]):
         if m:
             assert abs(logp[p - 1, row["input_ids"][p]].item() - row["behav_logprobs"][p]) < 1e-3
+
+
+def test_the_smollm2_config_asks_chat_questions_with_its_system_prompt(smollm2_path, monkeypatch):
+    """configs/smollm2_arithmetic.yaml: the converted model by `model.path`, no SFT, and every
+    rollout prompt the question after the `#### <number>` system prompt in SmolLM2's template."""
+    from transformers import AutoTokenizer
+
+    from areal_core.config import load_config
+    from areal_core.models import chat_prompt
+    from areal_core.rollout.single_turn import SingleTurnWorkflow
+    from areal_core.rollout.workflow import WorkflowContext
+
+    cfg = load_config(str(ROOT / "configs" / "smollm2_arithmetic.yaml"), [])
+    monkeypatch.setenv("AREAL_MODEL_CACHE", str(smollm2_path.parent))
+    assert cfg.model.path == "pretrained:smollm2" and localize(cfg.model.path) == str(smollm2_path)
+    assert not cfg.sft.enabled and "#### <number>" in cfg.task.system_prompt
+    tok = AutoTokenizer.from_pretrained(smollm2_path)
+    task = {"prompt_id": "p0", "prompt": QUESTION}
+    ids = SingleTurnWorkflow(WorkflowContext(cfg=cfg, tokenizer=tok)).prompt_ids(task)
+    assert ids == chat_prompt(tok, QUESTION, cfg.task.system_prompt)
+    assert tok.decode(ids) == (
+        f"<|im_start|>system\n{cfg.task.system_prompt}<|im_end|>\n"
+        f"<|im_start|>user\n{QUESTION}<|im_end|>\n<|im_start|>assistant\n"
+    )

@@ -17,6 +17,11 @@ STATE_COLOURS = {"busy": "#2e7d32"}
 WAIT_COLOURS = ["#e53935", "#fb8c00", "#8e24aa", "#1e88e5", "#6d4c41", "#00897b"]
 
 
+def _text(s: str) -> str:
+    """A label from the run's data, shown as is (matplotlib would parse "$...$" as math)."""
+    return s.replace("$", r"\$")
+
+
 def _png(fig: Figure, bottom: float = 0.55) -> bytes:
     """PNG bytes of `fig`, with fixed margins in inches (tight_layout would draw every figure
     twice): 0.8 left, `bottom`, 0.35 top."""
@@ -67,11 +72,11 @@ def timeline(lanes: dict[str, dict[str, list[tuple]]]) -> bytes | None:
     for i, name in enumerate(names):
         for label, bars in lanes[name].items():
             ax.broken_barh(bars, (i - 0.35, 0.7), facecolors=colours[label], linewidth=0)
-    ax.set_yticks(range(len(names)), names)
+    ax.set_yticks(range(len(names)), [_text(n) for n in names])
     ax.invert_yaxis()
     ax.set(xlabel="wall time (s)", title="role timeline: busy, and what each role waited on")
     for label, colour in colours.items():
-        ax.bar(0, 0, color=colour, label=label.replace("wait:", "wait on "))
+        ax.bar(0, 0, color=colour, label=_text(label.replace("wait:", "wait on ")))
     fig.legend(loc="lower center", ncol=6, fontsize=8, frameon=False)
     return _png(fig, bottom=0.85)
 
@@ -81,7 +86,7 @@ def staleness(hist: dict[int, int], trend: list[tuple[int, float]], eta: int | N
         return None
     fig, (h, tr) = _figure(2)
     h.bar(list(hist), list(hist.values()), color="#1e88e5")
-    h.set(title="staleness of trained samples", xlabel="trainer version − sample version", ylabel="count")
+    h.set(title="staleness of trained tokens", xlabel="trainer version − token version", ylabel="tokens")
     h.set_xticks(list(hist))
     tr.plot([s for s, _ in trend], [m for _, m in trend], color="#fb8c00", label="mean staleness")
     if eta is not None:
@@ -107,7 +112,7 @@ def publish_lag(lags: dict[str, list[tuple[int, float]]]) -> bytes | None:
         return None
     fig, (ax,) = _figure(1)
     for worker, pts in lags.items():
-        ax.plot([v for v, _ in pts], [lag for _, lag in pts], ".-", label=worker)
+        ax.plot([v for v, _ in pts], [lag for _, lag in pts], ".-", label=_text(worker))
     ax.set(title="weight publication lag (publish → load)", xlabel="version", ylabel="seconds")
     ax.legend(loc="best", fontsize=8)
     return _png(fig)
@@ -121,8 +126,8 @@ def throughput(tp: Throughput) -> bytes | None:
     for ax, key in zip(axes, keys):
         for role, series in sorted(tp.binned.items()):
             if key in series:
-                ax.plot(*series[key], ".-", label=role)
-        ax.set(title=f"{key} per second", xlabel="wall time (s)")
+                ax.plot(*series[key], ".-", label=_text(role))
+        ax.set(title=_text(f"{key} per second"), xlabel="wall time (s)")
         ax.legend(loc="best", fontsize=8)
     return _png(fig)
 
@@ -134,7 +139,7 @@ def reasons(counts: dict[str, dict[str, int]]) -> bytes | None:
     items = sorted(items, key=lambda x: x[1])[-15:]
     fig = Figure(figsize=(10.4, 1.6 + 0.3 * len(items)))
     ax = fig.add_subplot(1, 1, 1)
-    ax.barh([label[:70] for label, _ in items], [n for _, n in items], color="#e53935")
+    ax.barh([_text(label[:70]) for label, _ in items], [n for _, n in items], color="#e53935")
     ax.set(title="drops, quarantines and sandbox failures by reason", xlabel="count")
     return _png(fig)
 

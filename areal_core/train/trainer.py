@@ -43,7 +43,7 @@ from areal_core.models import load_pretrained, save_pretrained
 from areal_core.protocol import Sample, unique
 from areal_core.staleness import staleness_histogram
 from areal_core.store import Store
-from areal_core.train import checkpoint
+from areal_core.train import checkpoint, lora
 from areal_core.train.algorithm import required_inputs
 from areal_core.train.backlog import BacklogRecorder
 from areal_core.train.batch import GroupBuffer
@@ -102,9 +102,9 @@ class Trainer:
         main = self.dist.is_main
         torch.manual_seed(self.cfg.seed)
         self.model, self.tokenizer = load_pretrained(self.store.url(LAYOUT.init_model), self.cfg.device)
-        self.model.train()
-        self.optimizer = self._make_optimizer()
         self.side_files = hf_side_files(self.model, self.tokenizer)
+        self.model, self.lora = lora.with_lora(self.model, self.cfg.train, self.dist.distributed)
+        self.optimizer = self._make_optimizer()
         tc = self.cfg.train
         self.publisher = WeightPublisher(self.store, self.side_files, tc.weight_delta, tc.weight_full_every)
         self.ref_model = None
@@ -255,7 +255,7 @@ class Trainer:
         abandoned = abandoned or []
         lr = self._set_lr()
         t0 = time.perf_counter()
-        with self.ev.span("train"):
+        with self.ev.span("train"), torch.autocast(cfg.device, torch.bfloat16, enabled=cfg.train.bf16_autocast):
             metrics = train_step(
                 self.model,
                 self.optimizer,
@@ -351,17 +351,17 @@ class Trainer:
         return publish_s
 
     def _publish(self, blob: bytes) -> float:
-        """Publish the current version (rank 0) and its `publish` record; returns seconds taken."""
-        seconds = self.publisher.publish(self.state.version, blob)
+        """Publish the current version (rank 0; under LoRA the adapter alone) and its `publish` record."""
+        seconds = self.publisher.publish(self.state.version, lora.adapter_files(self.model) if self.lora else blob)
         self.ev.emit("publish", version=self.state.version, bytes=self.publisher.last_weights_bytes, seconds=seconds)
         return seconds
 
     def _full_model(self) -> torch.nn.Module | None:
         """The model with every parameter in one process: the trainer's own model when not sharded;
         otherwise rank 0's unsharded copy refreshed from the shards (collective; None off rank 0)."""
-        if not self.dist.distributed:
-            return self.model
-        state = full_state_dict(self.model, self.dist)
+        if not self.dist.distributed and not self.lora:
+            return self.model  # under LoRA: a plain copy holding base + adapter
+        state = lora.merged_state_dict(self.model) if self.lora else full_state_dict(self.model, self.dist)
         if not self.dist.is_main:
             return None
         if self._full_copy is None:
