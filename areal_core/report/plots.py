@@ -86,7 +86,7 @@ def staleness(hist: dict[int, int], trend: list[tuple[int, float]], eta: int | N
         return None
     fig, (h, tr) = _figure(2)
     h.bar(list(hist), list(hist.values()), color="#1e88e5")
-    h.set(title="staleness of trained samples", xlabel="trainer version − sample version", ylabel="count")
+    h.set(title="staleness of trained tokens", xlabel="trainer version − token version", ylabel="tokens")
     h.set_xticks(list(hist))
     tr.plot([s for s, _ in trend], [m for _, m in trend], color="#fb8c00", label="mean staleness")
     if eta is not None:
