@@ -351,3 +351,36 @@ def test_a_bfloat16_rollout_engine_loads_float32_versions(tmp_path):
         assert torch.equal(p, other.state_dict()[name].to(torch.bfloat16)), name
     assert all(len(g.token_ids) == 6 or g.finish_reason == "stop" for g in gens)
     assert all(torch.isfinite(torch.tensor(g.logprobs)).all() for g in gens)
+
+
+def test_adapter_versions_that_cannot_apply_are_refused_with_the_reason(tmp_path):
+    import json
+
+    from safetensors.torch import save
+
+    from areal_core.layout import LAYOUT
+    from areal_core.train.lora import adapter_files
+    from areal_core.weights import WeightsError
+    from areal_core.weights.publisher import WeightPublisher
+    from areal_core.weights.reader import load_state_dict
+
+    store, peft = lora_store(tmp_path, tiny_llama(tied=False, bias=False))
+    publisher = WeightPublisher(store, {"config.json": b"{}"})
+    files = adapter_files(peft)
+    a = torch.zeros(4, 48)
+    stray = {"base_model.model.model.layers.7.mlp.up_proj.lora_A.weight": a}
+    stray["base_model.model.model.layers.7.mlp.up_proj.lora_B.weight"] = torch.zeros(96, 4)
+    publisher.publish(1, {**files, "adapter_model.safetensors": save(stray)})
+    with pytest.raises(WeightsError, match=r"v1: the adapter does not apply.*'model.layers.7.mlp.up_proj'"):
+        load_state_dict(store, 1)
+    cfg = json.loads(files["adapter_config.json"])
+    publisher.publish(2, {**files, "adapter_config.json": json.dumps({**cfg, "r": "x"}).encode()})
+    with pytest.raises(WeightsError, match="v2: the adapter does not apply"):
+        load_state_dict(store, 2)
+    with pytest.raises(ValueError, match="an adapter version is"):
+        publisher.publish(3, {"adapter_model.safetensors": files["adapter_model.safetensors"]})
+    other, _ = lora_store(tmp_path / "other", tiny_llama(tied=False, bias=False))  # base never read
+    other.delete(LAYOUT.committed(LAYOUT.init_model))
+    WeightPublisher(other, {"config.json": b"{}"}).publish(4, files)
+    with pytest.raises(WeightsError, match="init_model is not committed"):
+        load_state_dict(other, 4)

@@ -15,6 +15,7 @@ never on top of a previous version: loading versions in any order gives the same
 from __future__ import annotations
 
 import json
+import math
 
 import torch
 from safetensors.torch import load as st_load
@@ -25,8 +26,10 @@ ADAPTER_CONFIG = "adapter_config.json"
 
 def lora_scale(cfg: dict) -> float:
     """s = alpha / r, or alpha / √r with rsLoRA."""
-    r = cfg["r"]
-    return cfg["lora_alpha"] / (r**0.5 if cfg.get("use_rslora") else r)
+    r, alpha = cfg.get("r"), cfg.get("lora_alpha")
+    if type(r) is not int or r < 1 or type(alpha) not in (int, float) or not math.isfinite(alpha):
+        raise ValueError(f"adapter_config.json needs an integer r >= 1 and a finite lora_alpha, got {r!r}, {alpha!r}")
+    return alpha / (r**0.5 if cfg.get("use_rslora") else r)
 
 
 def adapted_modules(files: dict[str, bytes]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:

@@ -139,7 +139,7 @@ def _adapter_weights(store: Store, version: int, manifest: dict[str, Any]) -> di
     files = {n: _read_checked(store, version, manifest, n) for n in (ADAPTER_WEIGHTS, ADAPTER_CONFIG)}
     try:
         return merged_weights(base_tensors(store), files)
-    except (ValueError, KeyError, json.JSONDecodeError) as exc:
+    except Exception as exc:  # noqa: BLE001 - a malformed adapter file or config, or a shape mismatch
         raise WeightsError(f"weights v{version}: the adapter does not apply to {LAYOUT.init_model}: {exc}") from None
 
 
