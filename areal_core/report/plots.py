@@ -113,7 +113,7 @@ def publish_lag(lags: dict[str, list[tuple[int, float]]]) -> bytes | None:
     fig, (ax,) = _figure(1)
     for worker, pts in lags.items():
         ax.plot([v for v, _ in pts], [lag for _, lag in pts], ".-", label=_text(worker))
-    ax.set(title="weight publication lag (publish → load)", xlabel="version", ylabel="seconds")
+    ax.set(title="weight publication lag (publish start → loaded)", xlabel="version", ylabel="seconds")
     ax.legend(loc="best", fontsize=8)
     return _png(fig)
 

@@ -86,8 +86,9 @@ def backlog(records: Records, t0: float) -> dict[str, list[float]]:
 
 
 def publish_lag(records: Records) -> dict[str, list[tuple[int, float]]]:
-    """worker -> [(version, seconds from the trainer's publish of v to this worker's load of v)]."""
-    published = {int(r["version"]): float(r["t"]) for r in kinds(records, "publish")}
+    """worker -> [(version, seconds from the start of the trainer's publish of v (its record's t
+    less its "seconds") to this worker's `load` of v)]: writing, noticing and loading the weights."""
+    published = {int(r["version"]): float(r["t"]) - float(r.get("seconds", 0.0)) for r in kinds(records, "publish")}
     out: dict[str, list[tuple[int, float]]] = defaultdict(list)
     for r in kinds(records, "load"):
         v = int(r["version"])
