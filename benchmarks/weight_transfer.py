@@ -3,6 +3,7 @@ and delta publication (train.weight_delta) on real optimizer steps.
 
     PYTHONPATH=. .venv/bin/python benchmarks/weight_transfer.py --out /tmp/weight_transfer.json
     PYTHONPATH=. .venv/bin/python benchmarks/weight_transfer.py --models tiny --s3   # + a moto S3 store
+    PYTHONPATH=. .venv/bin/python benchmarks/weight_transfer.py --models smollm2 --steps 3 --repeats 2
 
 For each model (the default tiny model, ModelConfig(); and a larger shape from the flags) the
 benchmark makes a chain of real weight versions: AdamW (the trainer's betas, lr --lr) steps on
@@ -21,6 +22,14 @@ measured. Then, on a store (a local folder; with --s3 also a moto S3 server):
                   for a reader that follows every version, and a late joiner's load of the last
                   version (full snapshot + every delta after it)
 
+  adapter         (pretrained models, --lora-rank) the chain trained with LoRA instead, each
+                  version published as the adapter alone (WeightPublisher.publish_adapter):
+                  stored bytes, publish, publish→loaded for a reader holding the base (it merges
+                  the adapter into init_model's weights, the engines' load path), and staging a
+                  whole merged checkpoint for a server (reader.stage_verified, what vLLM loads)
+
+`--models smollm2` measures the real SmolLM2-135M-Instruct (areal_core.pretrained, fetched and
+converted once), trained on the arithmetic problems as chat questions.
 Medians over versions/repeats. Other lrs in --lrs are measured for delta size only.
 """
 
@@ -95,6 +104,60 @@ def version_chain(cfg: ModelConfig, lr: float, steps: int, warmup: int, batch: i
     return model, blobs
 
 
+def pretrained_chain(path: str, lr: float, steps: int, warmup: int, batch: int, seed: int, lora_rank: int = 0):
+    """(model, versions) of a pretrained checkpoint: safetensors bytes per version, or with
+    `lora_rank` the adapter files (train/lora.py) per version of a LoRA-wrapped copy."""
+    from areal_core.models import load_pretrained
+    from areal_core.train.lora import adapter_files, apply_lora
+
+    model, tokenizer = load_pretrained(path)
+    train, _ = load_task(TaskConfig(num_train=256, num_eval=16), seed)
+    examples = sft_examples(tokenizer, train)
+    if lora_rank:
+        model = apply_lora(model, r=lora_rank, alpha=2.0 * lora_rank)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.99))
+    rng = random.Random(seed)
+    snapshot = (lambda: adapter_files(model)) if lora_rank else (lambda: state_dict_bytes(model))
+    versions = []
+    for i in range(warmup + steps + 1):
+        if i >= warmup:
+            versions.append(snapshot())
+        if i < warmup + steps:
+            loss = sft_loss(model, rng.sample(examples, batch), tokenizer.pad_token_id)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+    return model, versions
+
+
+def measure_adapter(store_uri: str, init_path: str, adapters: list[dict[str, bytes]], args) -> dict[str, Any]:
+    """LoRA versions on a store whose init_model is `init_path`: stored bytes, publish and
+    publish→loaded (a reader merging into the base), and staging a merged checkpoint."""
+    from areal_core.layout import LAYOUT
+    from areal_core.weights.reader import stage_verified
+
+    uri = f"{store_uri}/lora-{uuid.uuid4().hex[:6]}"
+    store = Store(uri)
+    store.put_dir(init_path, LAYOUT.init_model)
+    store.write_json(LAYOUT.committed(LAYOUT.init_model), {})
+    rows = publish_followed(uri, adapters, False, args.full_every, args.poll)[1:]  # v0 also reads the base
+    staged = []
+    for v in range(1, len(adapters)):
+        t, _ = timed(
+            lambda v=v: stage_verified(store, v, Path(tempfile.mkdtemp(prefix="stage-", dir=args.root or None)))
+        )
+        staged.append(t)
+    return {
+        "adapter_mb": med([r["bytes"] / 1e6 for r in rows]),
+        "adapter_publish_s": med([r["publish_s"] for r in rows]),
+        "adapter_loaded_s": med([r["loaded_s"] for r in rows]),
+        "adapter_stage_merged_s": med(staged),
+    }
+
+
 # -- the reader: the rollout worker's WeightWatcher in its own process ---------------------------
 def _reader(uri: str, poll_s: float, queue, stop) -> None:
     from areal_core.weights.watcher import WeightWatcher
@@ -127,7 +190,7 @@ def publish_followed(uri: str, blobs: list[bytes], delta: bool, full_every: int,
         rows = []
         for v, blob in enumerate(blobs):
             t0 = time.monotonic()
-            publish_s = pub.publish(v, blob)
+            publish_s = pub.publish_adapter(v, blob) if isinstance(blob, dict) else pub.publish(v, blob)
             while True:
                 got, t_loaded, _ = queue.get(timeout=120)
                 if got == v:
@@ -237,6 +300,32 @@ def start_moto() -> tuple[subprocess.Popen, str]:
     return proc, f"s3://{bucket}"
 
 
+def measure_pretrained(name: str, root: Path, args, bucket: str | None) -> dict[str, Any]:
+    """Full, delta and LoRA-adapter publication of a real checkpoint (areal_core.pretrained)."""
+    from areal_core.pretrained import ensure
+
+    path = str(ensure(name))
+    t_chain, (model, blobs) = timed(
+        lambda: pretrained_chain(path, args.lr, args.steps, args.warmup, args.batch, args.seed)
+    )
+    print(f"{name}: {len(blobs[0]) / 1e6:.1f} MB, {args.steps} full steps in {t_chain:.0f}s", flush=True)
+    uri = bucket and f"{bucket}/{name}" or str(root / name)
+    out = {"model": f"{name} (full fine-tuning, lr {args.lr:g})", **measure(uri, model, blobs, args)}
+    print(markdown([out]), flush=True)
+    del model, blobs
+    t_chain, (_, adapters) = timed(
+        lambda: pretrained_chain(path, args.lr * 10, args.steps, args.warmup, args.batch, args.seed, args.lora_rank)
+    )
+    print(f"{name}: LoRA r={args.lora_rank}, {args.steps} steps in {t_chain:.0f}s", flush=True)
+    out.update(lora_rank=args.lora_rank, **measure_adapter(uri, path, adapters, args))
+    print(
+        f"| {name} LoRA r={out['lora_rank']} | {out['adapter_mb']:.2f} MB | publish {out['adapter_publish_s']:.3f} s |"
+        f" publish→loaded {out['adapter_loaded_s']:.3f} s | stage merged {out['adapter_stage_merged_s']:.3f} s |",
+        flush=True,
+    )
+    return out
+
+
 def markdown(results: list[dict]) -> str:
     lines = [
         "| model | store | MB | raw copy s (MB/s) | serialize s | publish s | publish→loaded s | loaded / raw |"
@@ -256,7 +345,8 @@ def markdown(results: list[dict]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", default="tiny,large", help="comma list of tiny, large")
+    ap.add_argument("--models", default="tiny,large", help="comma list of tiny, large, smollm2")
+    ap.add_argument("--lora-rank", type=int, default=16, help="pretrained models: the LoRA chain's rank")
     ap.add_argument("--hidden", type=int, default=1024, help="large model: hidden size")
     ap.add_argument("--layers", type=int, default=8, help="large model: layers")
     ap.add_argument("--intermediate", type=int, default=ModelConfig().intermediate_size, help="large model: MLP width")
@@ -293,6 +383,9 @@ def main() -> None:
         if args.s3:
             moto, bucket = start_moto()
         for name in args.models.split(","):
+            if name == "smollm2":
+                results.append(measure_pretrained(name, root, args, moto and bucket))
+                continue
             cfg = shapes[name]
             label = f"{name} (h{cfg.hidden_size} L{cfg.num_layers} i{cfg.intermediate_size})"
             t_chain, (model, blobs) = timed(

@@ -169,9 +169,7 @@ def test_report_numbers_agree_exactly_with_the_trainers_own(dropping_run):
         hist.update({int(k): v for k, v in a["staleness_histogram"].items()})
     assert tot.staleness == dict(hist)
     trend = dict(series.staleness(data.records, [])[1])
-    assert [trend[r["step"] - 1] for r in data.rows] == pytest.approx(
-        [r["staleness_mean"] for r in data.rows], abs=1e-3
-    )
+    assert [trend[r["step"]] for r in data.rows] == pytest.approx([r["staleness_mean"] for r in data.rows], abs=1e-3)
     page = build_report(dropping_run["uri"])
     assert f"<td>steps trained</td><td>{tot.steps}</td>" in page
     assert f"<td>samples dropped (stale)</td><td>{tot.dropped_samples}</td>" in page

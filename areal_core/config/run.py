@@ -124,6 +124,10 @@ class RolloutConfig(ConfigModel):
     group_size: Int = Field(8, ge=2, description="samples per prompt (>= 2 for group-relative advantages)")
     max_batch_groups: Int = Field(8, gt=0, description="groups generated together in one engine batch")
     max_new_tokens: Int = Field(24, gt=0, description="longest response (per turn for agents)")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="built-in engines' weight dtype (bfloat16: faster decoding on CPUs with avx512_bf16; behaviour log-probs then differ slightly from the trainer's)",
+    )
     temperature: Float = Field(1.0, ge=0, description="sampling temperature (the trainer's log-probs use the same)")
     top_p: Float = Field(1.0, gt=0, le=1, description="nucleus sampling threshold")
     top_k: Int = Field(0, description="top-k sampling (0: off)")
@@ -208,6 +212,14 @@ class TrainConfig(ConfigModel):
     weight_delta: Bool = Field(False, description="publish each version as a compressed delta against the previous one")
     weight_full_every: Int = Field(
         8, gt=0, description="with weight_delta: a full snapshot when the version is a multiple of this"
+    )
+    lora_rank: Int = Field(
+        0, ge=0, description="LoRA rank r (0: full fine-tuning); >0 trains and publishes only the adapter"
+    )
+    lora_alpha: Float = Field(16.0, gt=0, description="LoRA scale numerator: updates are (alpha / r)·B·A")
+    bf16_autocast: Bool = Field(
+        False,
+        description="the trainer's forward and backward passes under bf16 autocast (weights and optimizer stay fp32)",
     )
 
     @model_validator(mode="after")

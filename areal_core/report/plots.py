@@ -86,7 +86,7 @@ def staleness(hist: dict[int, int], trend: list[tuple[int, float]], eta: int | N
         return None
     fig, (h, tr) = _figure(2)
     h.bar(list(hist), list(hist.values()), color="#1e88e5")
-    h.set(title="staleness of trained samples", xlabel="trainer version − sample version", ylabel="count")
+    h.set(title="staleness of trained tokens", xlabel="trainer version − token version", ylabel="tokens")
     h.set_xticks(list(hist))
     tr.plot([s for s, _ in trend], [m for _, m in trend], color="#fb8c00", label="mean staleness")
     if eta is not None:
@@ -113,7 +113,7 @@ def publish_lag(lags: dict[str, list[tuple[int, float]]]) -> bytes | None:
     fig, (ax,) = _figure(1)
     for worker, pts in lags.items():
         ax.plot([v for v, _ in pts], [lag for _, lag in pts], ".-", label=_text(worker))
-    ax.set(title="weight publication lag (publish → load)", xlabel="version", ylabel="seconds")
+    ax.set(title="weight publication lag (publish start → loaded)", xlabel="version", ylabel="seconds")
     ax.legend(loc="best", fontsize=8)
     return _png(fig)
 

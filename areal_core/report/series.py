@@ -58,8 +58,9 @@ def timeline(records: Records, t0: float, resolution_s: float = 0.0) -> dict[str
 
 
 def staleness(records: Records, audits: Rows) -> tuple[dict[int, int], list[tuple[int, float]]]:
-    """(histogram {staleness: count}, trend [(step, mean staleness)]) from the `trained` events,
-    else from the audit records' staleness_histogram."""
+    """(histogram {staleness: trained tokens}, trend [(step, mean staleness)]) from the `trained`
+    events, else from the audit records' staleness_histogram (both count policy tokens). Steps are
+    numbered as in the metrics rows: the audit's step s is the metrics' step s + 1."""
     src = [(int(r["step"]), r.get("staleness") or {}) for r in kinds(records, "trained") if "step" in r]
     if not src:
         src = [(int(a["step"]), a.get("staleness_histogram") or {}) for a in audits if "step" in a]
@@ -70,7 +71,7 @@ def staleness(records: Records, audits: Rows) -> tuple[dict[int, int], list[tupl
         hist.update(counts)
         n = sum(counts.values())
         if n:
-            trend.append((step, sum(k * v for k, v in counts.items()) / n))
+            trend.append((step + 1, sum(k * v for k, v in counts.items()) / n))
     return dict(sorted(hist.items())), trend
 
 
@@ -85,8 +86,9 @@ def backlog(records: Records, t0: float) -> dict[str, list[float]]:
 
 
 def publish_lag(records: Records) -> dict[str, list[tuple[int, float]]]:
-    """worker -> [(version, seconds from the trainer's publish of v to this worker's load of v)]."""
-    published = {int(r["version"]): float(r["t"]) for r in kinds(records, "publish")}
+    """worker -> [(version, seconds from the start of the trainer's publish of v (its record's t
+    less its "seconds") to this worker's `load` of v)]: writing, noticing and loading the weights."""
+    published = {int(r["version"]): float(r["t"]) - float(r.get("seconds", 0.0)) for r in kinds(records, "publish")}
     out: dict[str, list[tuple[int, float]]] = defaultdict(list)
     for r in kinds(records, "load"):
         v = int(r["version"])
@@ -219,5 +221,5 @@ def step_metrics(records: Records, rows: Rows) -> dict[int, dict[str, float]]:
     for v, ls in lags.items():
         out[v]["publish_lag_s"] = sum(ls) / len(ls)
     for step, mean in staleness(records, [])[1]:
-        out[step + 1]["staleness_mean"] = mean
+        out[step]["staleness_mean"] = mean
     return {s: out[s] for s in sorted(out)}

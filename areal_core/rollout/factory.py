@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from areal_core.config import RunConfig
 from areal_core.layout import LAYOUT
 from areal_core.models import load_pretrained
@@ -37,6 +39,7 @@ def build_engine(cfg: RunConfig, store: Store, version: int, index: int = 0) -> 
         return build_remote_engine(cfg, store, version, tokenizer.eos_token_id, index), tokenizer
     model, tokenizer = load_pretrained(store.url(LAYOUT.init_model), cfg.device)
     model.load_state_dict(load_state_dict(store, version), strict=False)
+    model.to(getattr(torch, cfg.rollout.dtype))  # later versions are cast as they are loaded
     return build_local_engine(cfg, model, tokenizer, version, seed=cfg.seed * 7919 + index), tokenizer
 
 

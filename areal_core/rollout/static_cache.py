@@ -1,12 +1,13 @@
-"""A Llama-family decoder (Qwen2, Qwen3, Llama, Mistral) run over a pre-allocated per-slot KV cache.
+"""A Llama-family decoder (Qwen2, Qwen3, Llama, Mistral; tied or untied embeddings, with or without
+attention / MLP biases) run over a pre-allocated per-slot KV cache.
 
 The cache is one static buffer per layer, `KV: [2, slots, kv_heads, max_len, head_dim]`, allocated
 once; a slot (row) holds one sequence from position 0, so every row has its own length and
 no left padding is needed. The runner reads the weights of a `transformers` model (fusing q/k/v
 and gate/up into one matrix each; `refresh()` re-reads them after a weight swap) and computes:
 
-    h      = x + W_o · Attn(RoPE(W_q·n(x)), RoPE(W_k·n(x)), W_v·n(x))     n = RMSNorm
-    x'     = h + W_down · (silu(W_gate·n(h)) ⊙ W_up·n(h))
+    h      = x + W_o · Attn(RoPE(W_q·n(x) + b_q), RoPE(W_k·n(x) + b_k), W_v·n(x) + b_v) + b_o
+    x'     = h + W_down · (silu(W_gate·n(h) + b_g) ⊙ (W_up·n(h) + b_u)) + b_down     n = RMSNorm
     Attn   = softmax(q·Kᵀ/√d + M) · V,   M[i, j] = 0 if j ≤ pos_i else −∞   (decode, per row)
     RoPE(x)_t = x_t·cos θ_t + rotate_half(x_t)·sin θ_t   (the model's own cos/sin table)
 
@@ -17,6 +18,10 @@ leaves unchanged (v is not permuted), so the outputs equal the model's.
 
 `prefill` runs whole (right-padded) sequences causally and writes their K/V into given rows;
 `decode` runs one token per active row 0..n−1 at that row's position.
+
+Anything else (another architecture, activation, sliding window, a context-dependent RoPE) is
+refused by `check_supported` with an `UnsupportedModel` naming it; the torch engine, which runs
+the model's own HF forward, serves those.
 """
 
 from __future__ import annotations
@@ -40,8 +45,11 @@ class _Layer:
     w_qkv: torch.Tensor
     b_qkv: torch.Tensor | None
     w_o: torch.Tensor
+    b_o: torch.Tensor | None
     w_gate_up: torch.Tensor
+    b_gate_up: torch.Tensor | None
     w_down: torch.Tensor
+    b_down: torch.Tensor | None
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
 
@@ -50,7 +58,11 @@ def check_supported(model: torch.nn.Module) -> None:
     cfg = model.config
     kind = getattr(cfg, "model_type", "?")
     if kind not in SUPPORTED:
-        raise UnsupportedModel(f"continuous engine supports {sorted(SUPPORTED)} decoders, not {kind!r}")
+        arch = ",".join(getattr(cfg, "architectures", None) or [type(model).__name__])
+        raise UnsupportedModel(
+            f"continuous engine supports {sorted(SUPPORTED)} decoders, not {kind!r} ({arch}): "
+            "use rollout.engine=torch (the model's own forward) or vllm"
+        )
     if getattr(cfg, "hidden_act", "silu") != "silu":
         raise UnsupportedModel(f"continuous engine needs hidden_act=silu, got {cfg.hidden_act!r}")
     if getattr(cfg, "use_sliding_window", False) and getattr(cfg, "sliding_window", None):
@@ -112,6 +124,7 @@ class StaticCacheDecoder:
                     [self._permute_heads(a.q_proj.bias, H), self._permute_heads(a.k_proj.bias, KVH), a.v_proj.bias]
                 )
             gate_up = torch.cat([m.gate_proj.weight, m.up_proj.weight])
+            gate_up_bias = None if m.gate_proj.bias is None else torch.cat([m.gate_proj.bias, m.up_proj.bias])
             q_norm = getattr(getattr(a, "q_norm", None), "weight", None)
             k_norm = getattr(getattr(a, "k_norm", None), "weight", None)
             if fresh:
@@ -122,8 +135,11 @@ class StaticCacheDecoder:
                         w_qkv=qkv,
                         b_qkv=bias,
                         w_o=a.o_proj.weight,
+                        b_o=a.o_proj.bias,
                         w_gate_up=gate_up,
+                        b_gate_up=gate_up_bias,
                         w_down=m.down_proj.weight,
+                        b_down=m.down_proj.bias,
                         q_norm=None if q_norm is None else q_norm[self._perm].clone(),
                         k_norm=None if k_norm is None else k_norm[self._perm].clone(),
                     )
@@ -132,6 +148,8 @@ class StaticCacheDecoder:
                 L = self.layers[i]
                 L.w_qkv.copy_(qkv)
                 L.w_gate_up.copy_(gate_up)
+                if gate_up_bias is not None:
+                    L.b_gate_up.copy_(gate_up_bias)
                 if bias is not None:
                     L.b_qkv.copy_(bias)
                 if q_norm is not None:
@@ -166,8 +184,14 @@ class StaticCacheDecoder:
 
     def _mlp_into(self, L: _Layer, x: torch.Tensor) -> torch.Tensor:
         """x + W_down·(silu(W_gate·n(x)) ⊙ W_up·n(x)), the residual folded into the GEMM."""
-        g, u = F.linear(self._rms(x, L.ln2), L.w_gate_up).chunk(2, dim=-1)
-        return torch.addmm(x, F.silu(g).mul_(u), L.w_down.t())
+        g, u = F.linear(self._rms(x, L.ln2), L.w_gate_up, L.b_gate_up).chunk(2, dim=-1)
+        out = torch.addmm(x, F.silu(g).mul_(u), L.w_down.t())
+        return out if L.b_down is None else out.add_(L.b_down)
+
+    def _attn_out_into(self, L: _Layer, x: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
+        """x + W_o·att + b_o, the residual folded into the GEMM."""
+        out = torch.addmm(x, att, L.w_o.t())
+        return out if L.b_o is None else out.add_(L.b_o)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         return F.linear(self._rms(h, self.norm), self.lm_head)
@@ -187,7 +211,7 @@ class StaticCacheDecoder:
             self.kv[i][0, rows, :, :P] = k
             self.kv[i][1, rows, :, :P] = v
             att = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale, enable_gqa=True)
-            x = torch.addmm(x, att.transpose(1, 2).reshape(r * P, H * D), L.w_o.t())
+            x = self._attn_out_into(L, x, att.transpose(1, 2).reshape(r * P, H * D))
             x = self._mlp_into(L, x)
         last = x.view(r, P, -1)[torch.arange(r, device=x.device), lens - 1]
         return self.logits(last)
@@ -224,7 +248,7 @@ class StaticCacheDecoder:
             q = qkv[:, : H * D].reshape(n * KVH, G, D)
             scores = torch.baddbmm(bias, q, keys.transpose(1, 2), alpha=self.scale)
             att = torch.bmm(torch.softmax(scores, dim=-1), vals)  # [n·KVH, G, d]
-            x = torch.addmm(x, att.view(n, H * D), L.w_o.t())
+            x = self._attn_out_into(L, x, att.view(n, H * D))
             x = self._mlp_into(L, x)
         return self.logits(x)
 

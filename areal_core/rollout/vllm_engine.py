@@ -22,6 +22,11 @@ decode steps and without losing a token:
    new weights (the prefix cache of old-weight blocks is emptied too);
 5. `POST /update_weight_version {"new_version": "N"}`, then `POST /resume`.
 
+A LoRA version (only the adapter in the store) is staged as a whole checkpoint with the adapter
+merged into the run's init_model (`weights.reader.stage_verified`), so the same reload applies
+and in-flight requests switch at the swap (vLLM's own LoRA binds an adapter to a request at
+submission; docs/vllm.md).
+
 `interrupt="abort"` is the other path (for servers without keep): `/pause?mode=abort`
 returns in-flight requests early with `finish_reason="abort"`; the engine re-submits each
 as prompt + tokens so far, which the server queues until `/resume`, so the continuation

@@ -2,21 +2,21 @@
 gradient-checkpointing toggle.
 
 Publication: `adapter_files(model)` gives {"adapter_model.safetensors", "adapter_config.json"}
-(peft's on-disk format, a few MB instead of the full model). A consumer holding the base model
-loads them with `merge_adapter(base_model, files)`, which adds scale·B·A into the base weights in
-place: no peft needed on the inference side.
+(peft's on-disk format, a few MB instead of the full model), which the trainer publishes as a
+version (`WeightPublisher.publish_adapter`). Consumers merge it into the base weights with
+`weights.adapter.merged_weights` (W + scale·B·A): no peft on the inference side.
 """
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import torch
-from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
-ADAPTER_CONFIG = "adapter_config.json"
+from areal_core.weights.adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS, merged_weights
+
 QWEN2_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -43,15 +43,21 @@ def apply_lora(
     return get_peft_model(model, cfg)
 
 
+def with_lora(model, train_cfg, distributed: bool = False) -> tuple[Any, bool]:
+    """(model in train mode, whether it is LoRA): wrapped with LoRA when `train_cfg.lora_rank` > 0
+    (r, alpha from the config; only the adapter trains, and AdamW keeps no state for the frozen
+    base), else as is."""
+    if train_cfg.lora_rank <= 0:
+        return model.train(), False
+    if distributed:
+        raise ValueError("train.lora_rank > 0 runs on one trainer process (world size 1)")
+    return apply_lora(model, r=train_cfg.lora_rank, alpha=train_cfg.lora_alpha).train(), True
+
+
 def trainable_parameters(model) -> tuple[int, int]:
     """(trainable, total) parameter counts."""
     params = list(model.parameters())
     return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
-
-
-def _scale(cfg: dict) -> float:
-    r = cfg["r"]
-    return cfg["lora_alpha"] / (r**0.5 if cfg.get("use_rslora") else r)
 
 
 def adapter_state_dict(model) -> dict[str, torch.Tensor]:
@@ -85,20 +91,11 @@ def merge_adapter(base_model, files: dict[str, bytes]) -> int:
 
     Returns the number of weight matrices updated. Call it on a model holding the base weights
     (merging twice adds the delta twice)."""
-    cfg = json.loads(files[ADAPTER_CONFIG])
-    scale = _scale(cfg)
-    tensors = st_load(files[ADAPTER_WEIGHTS])
     params = dict(base_model.named_parameters())
-    merged = 0
-    for key, a in tensors.items():
-        if ".lora_A." not in key:
-            continue
-        b = tensors[key.replace(".lora_A.", ".lora_B.")]
-        module = key.split(".lora_A.")[0].removeprefix("base_model.model.")
-        weight = params[f"{module}.weight"]
-        weight += (scale * (b.float() @ a.float())).to(weight.dtype)
-        merged += 1
-    return merged
+    merged = merged_weights(params, files)
+    for name, w in merged.items():
+        params[name].copy_(w)
+    return len(merged)
 
 
 def merged_state_dict(model) -> dict[str, torch.Tensor]:

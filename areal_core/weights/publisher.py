@@ -9,6 +9,9 @@ and the high bytes of a small optimizer update are mostly zero. An unchanged ten
 to nothing. The manifest's `weights` entry names the base version, the codec and the sha256 of
 the rebuilt model.safetensors; a reader (`reader.py`) rebuilds full snapshot + deltas in order
 and checks that sha256, so what it loads is bit for bit what a full publication holds.
+
+LoRA runs publish only the adapter (`publish_adapter`, `adapter.py`): a few MB per version
+instead of the whole model; readers merge it into the run's init_model.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from safetensors.torch import save as st_save
 from areal_core.layout import LAYOUT
 from areal_core.store import Store
 from areal_core.weights import DELTA_FILE, WEIGHTS_FILE, sha256
+from areal_core.weights.adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from areal_core.weights.delta import encode_delta
 from areal_core.weights.reader import delta_base
 
@@ -42,7 +46,8 @@ def state_dict_bytes(model: torch.nn.Module) -> bytes:
     # Tied tensors (lm_head = embed_tokens) are stored once, as HF does.
     sd = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     if getattr(model.config, "tie_word_embeddings", False):
-        sd.pop("lm_head.weight", None)
+        for key in [k for k in sd if k == "lm_head.weight" or k.endswith(".lm_head.weight")]:
+            sd.pop(key)  # also a LoRA-wrapped model's base_model.model.lm_head.weight
     return st_save(sd, metadata={"format": "pt"})
 
 
@@ -80,8 +85,11 @@ class WeightPublisher:
         self._prev: tuple[int, bytes] | None = None
         self.last_weights_bytes = 0
 
-    def publish(self, version: int, weights: bytes) -> float:
-        """Publish `weights` as `version` (write files, MANIFEST.json, LATEST). Returns seconds taken."""
+    def publish(self, version: int, weights: bytes | dict[str, bytes]) -> float:
+        """Publish `weights` (safetensors bytes, or a LoRA adapter's files) as `version` (write files,
+        MANIFEST.json, LATEST). Returns seconds taken."""
+        if isinstance(weights, dict):
+            return self.publish_adapter(version, weights)
         if not self.delta:
             self.last_weights_bytes = len(weights)
             return publish(self.store, version, weights, self.side_files)
@@ -99,6 +107,16 @@ class WeightPublisher:
         _write_version(self.store, version, {name: data, **self.side_files}, info)
         self._prev = (version, weights)
         self.last_weights_bytes = len(data)
+        return time.perf_counter() - t0
+
+    def publish_adapter(self, version: int, files: dict[str, bytes]) -> float:
+        """Publish a LoRA adapter (`adapter.ADAPTER_WEIGHTS`, `ADAPTER_CONFIG`) as `version`. Returns seconds taken."""
+        if set(files) != {ADAPTER_WEIGHTS, ADAPTER_CONFIG}:
+            raise ValueError(f"an adapter version is {ADAPTER_WEIGHTS} + {ADAPTER_CONFIG}, got {sorted(files)}")
+        t0 = time.perf_counter()
+        _write_version(self.store, version, {**files, **self.side_files}, None)
+        self._prev = None
+        self.last_weights_bytes = sum(len(d) for d in files.values())
         return time.perf_counter() - t0
 
 

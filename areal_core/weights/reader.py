@@ -10,6 +10,10 @@ Two ways out: `load_state_dict` (in-process engines: a state dict to swap betwee
 and `stage_verified` (servers that load an HF folder from their own disk, vLLM and SGLang: the
 version is copied to a local staging folder, written under a temporary name and renamed only
 once every file matched, so a server never loads bytes that failed their check).
+
+A LoRA version (`adapter.py`: the adapter files instead of model.safetensors) is merged into the
+run's init_model here: `load_state_dict` gives the merged adapted weights (all an engine holding
+the base model needs), `stage_verified` a whole merged model.safetensors for the server.
 """
 
 from __future__ import annotations
@@ -24,10 +28,12 @@ from typing import Any
 
 import torch
 from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
 
 from areal_core.layout import LAYOUT
 from areal_core.store import Store
 from areal_core.weights import DELTA_FILE, WEIGHTS_FILE, WeightsError, sha256
+from areal_core.weights.adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS, merged_weights
 from areal_core.weights.delta import decode_delta
 
 
@@ -40,8 +46,10 @@ def read_manifest(store: Store, version: int) -> dict[str, Any]:
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise WeightsError(f"weights v{version}: {LAYOUT.manifest_name} is not JSON") from None
     files = manifest.get("files") if isinstance(manifest, dict) else None
-    if not isinstance(files, dict) or (WEIGHTS_FILE not in files and DELTA_FILE not in files):
+    if not isinstance(files, dict) or not {WEIGHTS_FILE, DELTA_FILE, ADAPTER_WEIGHTS} & set(files):
         raise WeightsError(f"weights v{version}: {LAYOUT.manifest_name} lists no {WEIGHTS_FILE}")
+    if ADAPTER_WEIGHTS in files and ADAPTER_CONFIG not in files:
+        raise WeightsError(f"weights v{version}: {LAYOUT.manifest_name} lists no {ADAPTER_CONFIG}")
     if manifest.get("version") != version:
         raise WeightsError(f"weights v{version}: {LAYOUT.manifest_name} names version {manifest.get('version')!r}")
     return manifest
@@ -106,11 +114,44 @@ _last_loaded: dict[str, tuple[int, bytes]] = {}  # store uri -> newest delta-run
 _last_lock = threading.Lock()
 
 
+def is_adapter(manifest: dict[str, Any]) -> bool:
+    return ADAPTER_WEIGHTS in manifest["files"]
+
+
+_bases: dict[str, dict[str, torch.Tensor]] = {}  # store uri -> init_model tensors (LoRA runs)
+
+
+def base_tensors(store: Store) -> dict[str, torch.Tensor]:
+    """The tensors of the run's init_model (the base of LoRA versions), read once per store."""
+    with _last_lock:
+        if store.uri in _bases:
+            return _bases[store.uri]
+    if not store.exists(LAYOUT.committed(LAYOUT.init_model)):
+        raise WeightsError(f"a LoRA version needs its base, and {LAYOUT.init_model} is not committed")
+    tensors: dict[str, torch.Tensor] = {}
+    for rel in sorted(store.find(LAYOUT.init_model, ".safetensors")):
+        tensors.update(st_load(store.read_bytes(rel)))
+    with _last_lock:
+        return _bases.setdefault(store.uri, tensors)
+
+
+def _adapter_weights(store: Store, version: int, manifest: dict[str, Any]) -> dict[str, torch.Tensor]:
+    files = {n: _read_checked(store, version, manifest, n) for n in (ADAPTER_WEIGHTS, ADAPTER_CONFIG)}
+    try:
+        return merged_weights(base_tensors(store), files)
+    except Exception as exc:  # noqa: BLE001 - a malformed adapter file or config, or a shape mismatch
+        raise WeightsError(f"weights v{version}: the adapter does not apply to {LAYOUT.init_model}: {exc}") from None
+
+
 def load_state_dict(store: Store, version: int) -> dict[str, torch.Tensor]:
     """The verified state dict of a published version; raises WeightsError.
 
-    In a delta-published run the verified bytes of the newest version loaded (per store) are
-    kept, so the next version costs one delta instead of a rebuild from the full snapshot."""
+    A LoRA version gives only the adapted weights, merged into the base (`adapter.py`). In a
+    delta-published run the verified bytes of the newest version loaded (per store) are kept, so
+    the next version costs one delta instead of a rebuild from the full snapshot."""
+    manifest = read_manifest(store, version)
+    if is_adapter(manifest):
+        return _adapter_weights(store, version, manifest)
     with _last_lock:
         have = _last_loaded.get(store.uri)
     data, delta_run = _load(store, version, have)
@@ -142,6 +183,12 @@ def stage_verified(store: Store, version: int, staging_root: str | Path) -> Path
                 raise WeightsError(f"weights v{version}: {LAYOUT.manifest_name} names an unsafe file {name!r}")
             if name == DELTA_FILE:  # rebuilt, every file checked: from the staged base or the full snapshot
                 (tmp / WEIGHTS_FILE).write_bytes(_rebuild(store, version, manifest, root))
+                continue
+            if name == ADAPTER_CONFIG:
+                continue
+            if name == ADAPTER_WEIGHTS:  # a whole checkpoint: init_model with the adapter merged in
+                merged = {**base_tensors(store), **_adapter_weights(store, version, manifest)}
+                (tmp / WEIGHTS_FILE).write_bytes(st_save(merged, metadata={"format": "pt"}))
                 continue
             (tmp / name).write_bytes(_read_checked(store, version, manifest, name))
         (tmp / LAYOUT.manifest_name).write_text(json.dumps(manifest))
