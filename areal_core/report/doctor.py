@@ -20,6 +20,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from areal_core.report import series
 from areal_core.report.timing import RoleTime, role_time
 
 WAIT_HIGH = 0.25
@@ -126,8 +127,8 @@ def _windows_mean(values: list[float], w: int) -> list[float]:
 
 def dropped_share(records: list[dict[str, Any]]) -> tuple[int, int]:
     """(trained samples, samples the trainer dropped: stale or of an abandoned version), from the
-    `trained` events."""
-    trained_ev = [r for r in records if r.get("kind") == "trained"]
+    `trained` events (the last of each step: `series.trained`)."""
+    trained_ev = series.trained(records)
     trained = sum(int(r.get("samples", 0)) for r in trained_ev)
     return trained, sum(int(r.get("dropped", 0)) + int(r.get("abandoned", 0)) for r in trained_ev)
 
