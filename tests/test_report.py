@@ -412,3 +412,16 @@ def test_a_restarted_trainer_repeating_a_step_is_counted_once_by_its_last_record
     assert tot.staleness == {0: 14, 2: 4}
     assert series.staleness(records, [])[1] == [(1, 0.0), (2, 1.0)]
     assert dropped_share(records) == (14, 3)
+
+
+def test_a_hand_edited_root_gets_a_report_or_a_one_line_error_never_a_trace(tmp_path):
+    """A config whose `train` is no mapping, a metrics file with a non-integer step and a null
+    reward: the report is built from what makes sense; nothing prints a traceback."""
+    store = Store(str(tmp_path / "run"))
+    store.write_text(LAYOUT.config, "train: 3\n")
+    store.write_text(
+        LAYOUT.metrics, '{"step": 1, "reward_mean": null}\n{"step": "x"}\n{"step": 2, "reward_mean": 0.5}\n'
+    )
+    done = cli(store.uri, "-o", str(tmp_path / "r.html"))
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert [r["step"] for r in load_run(store).rows] == [1, 2]

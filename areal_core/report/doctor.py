@@ -144,7 +144,7 @@ def _health(records: list[dict[str, Any]], rows: Sequence[dict[str, Any]], stall
         )
         for name, behind in stalled_workers(records, stall_s)
     ]
-    rewards = [float(r["reward_mean"]) for r in rows if "reward_mean" in r]
+    rewards = [float(r["reward_mean"]) for r in rows if r.get("reward_mean") is not None]
     if len(rewards) >= 6:
         w = max(3, len(rewards) // 10)
         means = _windows_mean(rewards, w)
@@ -159,8 +159,8 @@ def _health(records: list[dict[str, Any]], rows: Sequence[dict[str, Any]], stall
                     "lower the learning rate or η; check the reward",
                 )
             )
-    iw = [(r["step"], float(r["importance_weight_max"])) for r in rows if "importance_weight_max" in r]
-    kl = [(r["step"], float(r["kl_behav_prox"])) for r in rows if "kl_behav_prox" in r]
+    iw = [(r["step"], float(r["importance_weight_max"])) for r in rows if r.get("importance_weight_max") is not None]
+    kl = [(r["step"], float(r["kl_behav_prox"])) for r in rows if r.get("kl_behav_prox") is not None]
     big = max(iw, key=lambda x: x[1], default=None)
     far = max(kl, key=lambda x: x[1], default=None)
     if (big and big[1] > IW_MAX) or (far and far[1] > KL_MAX):
