@@ -7,6 +7,8 @@ trainer's audit records, for pyarrow, DuckDB and pandas (docs/dataset.md).
 
 One row a sample of the layer (`graded` by default; `ungraded`, or a re-graded layer by name),
 trained or not. Shard columns (protocol.SCHEMA) plus, per sample:
+  root                      the run root holding the shard: the run's own, or for a fork an
+                            ancestor's (the parent shards it references, and its pending samples)
   shard_seq, row            the shard's sequence number under its worker and the row in it
   policy_tokens             Σ loss_mask
   min_version, max_version  over the policy tokens (−1 when none)
@@ -32,6 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from areal_core.forks import read_fork
 from areal_core.layout import LAYOUT
 from areal_core.protocol import SCHEMA, SCHEMA_VERSION
 from areal_core.store import Store
@@ -40,6 +43,7 @@ log = logging.getLogger("areal.dataset")
 
 TOKEN_COLUMNS = ("input_ids", "behav_logprobs", "token_rewards")  # the wide ones: only with tokens=True
 BASE_COLUMNS = [n for n in SCHEMA.names if n not in TOKEN_COLUMNS]
+REL = "__rel"  # internal: a row's shard path relative to its root
 STATUSES = ("trained", "dropped", "abandoned", "untrained")
 
 
@@ -81,11 +85,52 @@ def samples_table(run: str | Store, layer: str = "graded", tokens: bool = False)
     """`open_run` as one pyarrow Table."""
     store = _store(run)
     columns = SCHEMA.names if tokens else BASE_COLUMNS
-    table = _scan(store, layer, columns)
-    table = _with_shard_position(table, store)
-    table = _with_token_stats(table)
+    table = _with_token_stats(_rows(store, layer, columns))
     table = _with_reward_reason(table)
-    return _join_audit(table, read_audit(store))
+    return _join_audit(table, read_audit(store)).drop_columns([REL])
+
+
+def _rows(store: Store, layer: str, columns: list[str]) -> pa.Table:
+    """The layer's rows with root, shard_seq, row (and REL). A fork's graded layer also holds the
+    parent's rows it may train on (module docstring), from the parent's own rows (recursively)."""
+    table = _with_shard_position(_scan(store, layer, columns), store)
+    if layer != "graded" or not store.exists(LAYOUT.fork_parent):
+        return table
+    ref = read_fork(store)
+    inherited = _rows(Store(ref.parent), layer, columns)
+    where = pc.binary_join_element_wise(inherited["root"], inherited[REL], "|")
+    referenced = pa.array([f"{root}|{rel}" for rel, root in ref.shards.items()], pa.string())
+    listed = _np(pc.is_in(where, value_set=referenced)) & _on_lineage(inherited, ref.version, ref.abandoned)
+    keys = read_audit(store)["key"]
+    identity = pc.binary_join_element_wise(inherited["worker_id"], inherited["sample_id"], "/")
+    named = _np(pc.is_in(identity, value_set=keys)) | _np(pc.is_in(inherited["sample_id"], value_set=keys))
+    # the parent's later samples may share an identity with the fork's own (the same group index)
+    own = _np(pc.is_in(identity, value_set=pc.binary_join_element_wise(table["worker_id"], table["sample_id"], "/")))
+    return pa.concat_tables([table, inherited.filter(pa.array(listed | (named & ~own)))])
+
+
+def _np(mask: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    return np.asarray(mask.to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _on_lineage(table: pa.Table, version: int, abandoned: list[list[int]]) -> np.ndarray:
+    """forks.on_lineage over a table, shard by shard: False for the rows of a group one of whose
+    policy tokens has a version above `version` or inside an abandoned [lo, hi]."""
+    n = table.num_rows
+    if n == 0:
+        return np.zeros(0, bool)
+    parents = pc.list_parent_indices(table["loss_mask"].combine_chunks()).to_numpy()
+    on = pc.list_flatten(table["loss_mask"].combine_chunks()).to_numpy(zero_copy_only=False) > 0
+    v = pc.list_flatten(table["versions"].combine_chunks()).to_numpy(zero_copy_only=False)
+    bad = on & (v > version)
+    for lo, hi in abandoned:
+        bad |= on & (v >= lo) & (v <= hi)
+    bad_row = np.bincount(parents[bad], minlength=n) > 0
+    group = pc.binary_join_element_wise(table["root"], table[REL], table["group_id"], "|")
+    bad_groups = group.filter(pa.array(bad_row))
+    return ~_np(
+        pc.is_in(group, value_set=bad_groups.combine_chunks() if bad_groups.num_chunks else pa.array([], pa.string()))
+    )
 
 
 def _scan(store: Store, layer: str, columns: list[str]) -> pa.Table:
@@ -131,10 +176,12 @@ def _checked(table: pa.Table, dataset: ds.FileSystemDataset) -> pa.Table:
 
 
 def _with_shard_position(table: pa.Table, store: Store) -> pa.Table:
-    """shard_seq from the file name, and row = the sample's position within its shard (the scan
-    keeps each file's rows in order)."""
+    """root (the run root holding the shard), shard_seq from the file name, and row = the sample's
+    position within its shard (the scan keeps each file's rows in order); REL: the shard's path."""
     files = pc.dictionary_encode(table["__filename"]).combine_chunks()
-    seqs = np.array([LAYOUT.shard_worker_seq(p)[1] for p in files.dictionary.to_pylist()], dtype=np.int32)
+    paths = files.dictionary.to_pylist()
+    seqs = np.array([LAYOUT.shard_worker_seq(p)[1] for p in paths], dtype=np.int32)
+    rels = pa.array([p[len(store.root) + 1 :] for p in paths], pa.string())
     codes = files.indices.to_numpy()
     order = np.argsort(codes, kind="stable")  # each file's rows together, in scan order
     sorted_codes = codes[order]
@@ -143,7 +190,12 @@ def _with_shard_position(table: pa.Table, store: Store) -> pa.Table:
     row[order] = np.arange(len(codes)) - np.repeat(starts, np.diff(np.r_[starts, len(codes)]))
     seq = seqs[codes] if len(codes) else np.zeros(0, np.int32)
     table = table.drop_columns(["__filename"])
-    return table.append_column("shard_seq", pa.array(seq)).append_column("row", pa.array(row.astype(np.int32)))
+    return (
+        table.append_column("root", pa.array([store.uri] * len(codes), pa.string()))
+        .append_column("shard_seq", pa.array(seq))
+        .append_column("row", pa.array(row.astype(np.int32)))
+        .append_column(REL, rels.take(pa.array(codes)) if len(codes) else pa.array([], pa.string()))
+    )
 
 
 def _with_token_stats(table: pa.Table) -> pa.Table:

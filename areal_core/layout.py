@@ -28,6 +28,7 @@ class Layout:
     lineage/parent.json                           a fork's reference to its parent (forks.py)
     lineage/children/{id}.json                    in a forked run: one record per fork made of it
     lineage/replay.json                           a replay's source run, settings and comparison
+    lineage/request.json, lineage/result.json     a fork's or replay's request (first) and result (last)
     labels/, exports/preference_pairs.parquet     human labels in; preference pairs out
     sessions/ (a proxy store: trajectories/ + online/cursor.json + online/consumed/{run}.txt.gz),
     online/{run}/: a retraining run
@@ -77,6 +78,8 @@ class Layout:
     fork_parent = f"{lineage_dir}/parent.json"  # a forked root: parent, step, shards by reference, cursors
     fork_children_dir = f"{lineage_dir}/children"
     replay_record = f"{lineage_dir}/replay.json"
+    derived_request = f"{lineage_dir}/request.json"  # a fork's or replay's request: its first object (run/derived.py)
+    derived_result = f"{lineage_dir}/result.json"  # what it returned: its last object, the root is complete
     # Everything that belongs to one training attempt (cleared for a new run; config, prompts,
     # init_model and labels stay).
     run_state = (

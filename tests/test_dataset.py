@@ -168,7 +168,50 @@ def test_the_same_dataset_on_s3(s3_bucket):
     for folder in (LAYOUT.graded_dir, LAYOUT.trained_dir):
         remote.copy_dir(folder, folder, source=local)
     a, b = samples_table(local), samples_table(remote)
-    assert a.equals(b) and a.num_rows > 0
+    assert set(a["root"].to_pylist()) == {local.uri} and set(b["root"].to_pylist()) == {remote.uri}
+    assert a.drop_columns(["root"]).equals(b.drop_columns(["root"])) and a.num_rows > 0
     run = open_run(remote)  # noqa: F841
     assert duckdb.sql("SELECT count(*) FROM run WHERE status = 'trained'").fetchall() == [(40,)]
     assert json.loads(remote.read_text(LAYOUT.trained_record(0)))["step"] == 0
+
+
+def test_a_forks_dataset_holds_the_parent_rows_it_references_or_trained(tmp_path):
+    """Hand-made parent and fork at v4: the referenced shard's groups on the lineage, the pending
+    sample its audit names from a consumed shard; not the parent's own trained rows, an off-lineage
+    group, nor a later parent sample that shares an identity with one of the fork's own."""
+    from areal_core.forks import ForkRef, write_fork
+
+    parent, child = Store(str(tmp_path / "p")), Store(str(tmp_path / "c"))
+
+    def s(sid: str, gid: str, versions: list[int]) -> Sample:
+        return Sample(sid, gid, "p", "w", [1, 2, 3, 4], 2, [0, 0, 1, 1], [0.0] * 4, [-1, -1, *versions], reward=1.0)
+
+    consumed = [s("a0", "ga", [3, 3]), s("a1", "ga", [3, 4])]  # a1 pending at the fork, a0 trained by P
+    referenced = [s("b0", "gb", [4, 4]), s("b1", "gb", [4, 4]), s("c0", "gc", [4, 5]), s("c1", "gc", [4, 4])]
+    later = [s("d0", "gd", [5, 5])]  # P's after the fork; the fork makes its own d0
+    for seq, rows in enumerate((consumed, referenced, later)):
+        parent.write_bytes(LAYOUT.graded_shard("w", seq), encode_shard(rows))
+    parent.write_json(
+        LAYOUT.trained_record(0),
+        {"step": 0, "trainer_version": 3, "samples": [["a0", 3]], "sample_workers": ["w"], "dropped": []},
+    )
+    write_fork(child, ForkRef(parent.uri, 4, 4, {LAYOUT.graded_shard("w", 1): parent.uri}, {}))
+    child.write_bytes(LAYOUT.graded_shard("w", 3), encode_shard([s("d0", "gd", [4, 4]), s("d1", "gd", [4, 4])]))
+    child.write_json(
+        LAYOUT.trained_record(4),
+        {
+            "step": 4,
+            "trainer_version": 4,
+            "samples": [["a1", 3], ["b0", 4], ["b1", 4], ["d0", 4], ["d1", 4]],
+            "sample_workers": ["w"] * 5,
+            "dropped": [],
+        },
+    )
+    rows = {(r["root"], r["sample_id"]): r for r in samples_table(child).to_pylist()}
+    assert sorted(rows) == sorted(
+        [(parent.uri, "a1"), (parent.uri, "b0"), (parent.uri, "b1"), (child.uri, "d0"), (child.uri, "d1")]
+    )
+    assert all(r["status"] == "trained" and r["step"] == 4 for r in rows.values())
+    assert [rows[k]["step_index"] for k in sorted(rows, key=lambda k: rows[k]["step_index"])] == [0, 1, 2, 3, 4]
+    assert rows[(parent.uri, "a1")]["shard_seq"] == 0 and rows[(parent.uri, "a1")]["row"] == 1
+    assert open_run(child, layer="ungraded").count_rows() == 0  # only the graded layer inherits

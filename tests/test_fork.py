@@ -6,11 +6,13 @@ are refused in one line and write nothing. On S3, through the Flyte workflow as 
 from __future__ import annotations
 
 import hashlib
+import shutil
 import subprocess
 import sys
 
 import pytest
 
+from areal_core.dataset import samples_table
 from areal_core.forks import ForkRef, WorkerCursor, on_lineage, read_fork, write_fork
 from areal_core.layout import LAYOUT
 from areal_core.protocol import Sample, decode_shard, write_shard
@@ -103,6 +105,21 @@ def test_a_fork_continues_from_v_k_to_done_and_leaves_the_parent_as_it_was(paren
     new_groups = {s.group_id for rel in own for s in decode_shard(child.read_bytes(rel))}
     assert not {int(g.rsplit("-g", 1)[1]) for g in new_groups} & set(cursor.groups)
 
+    # the child as a dataset: every sample it trained (its own, the referenced parent shards', the
+    # checkpoint's pending ones) with its step, and the root holding it
+    rows = samples_table(child).to_pylist()
+    trained = {f"{r['worker_id']}/{r['sample_id']}": r for r in rows if r["status"] == "trained"}
+    assert len(trained) == len(child_ids) and len(rows) == len(
+        {(r["root"], r["worker_id"], r["sample_id"]) for r in rows}
+    )
+    for s in range(K, 8):
+        for i, identity in enumerate(record_ids(child.read_json(LAYOUT.trained_record(s)))):
+            assert (trained[identity]["step"], trained[identity]["step_index"]) == (s, i)
+    own = {s.identity() for rel in child.find(LAYOUT.graded_dir, ".arrow") for s in decode_shard(child.read_bytes(rel))}
+    assert {i for i, r in trained.items() if r["root"] == child.uri} == own & trained.keys()
+    from_parent = {i for i, r in trained.items() if r["root"] == parent.uri}
+    assert from_parent and from_parent == trained.keys() - own and not from_parent & set(parent_ids)
+
     # lineage: both roots and MLflow
     record = parent.read_json(LAYOUT.fork_child(child_id(child.uri)))
     assert (record["child"], record["step"]) == (child.uri, K)
@@ -137,7 +154,7 @@ def test_bad_forks_are_refused_in_one_line_and_write_nothing(parent, tmp_path):
     assert not into.exists()
     (into / "weights").mkdir(parents=True)
     (into / "weights" / "LATEST").write_text("3")
-    with pytest.raises(DerivedRunError, match="already holds"):
+    with pytest.raises(DerivedRunError, match="already holds a run"):
         fork(parent.uri, K, str(into))
     assert (into / "weights" / "LATEST").read_text() == "3"
     assert listing(parent) == before and parent.find(LAYOUT.fork_children_dir) == children
@@ -237,3 +254,139 @@ def test_a_forked_rollout_worker_continues_its_parents_cursor(tmp_path):
     write_shard(store, LAYOUT.ungraded_shard("rollout-0", 9), [sample("x", "rollout-0-g0000005", [4, 4])] * 2)
     again = recover_progress(store, "rollout-0")
     assert (again.next_seq, again.groups) == (10, {0, 1, 2, 4, 5})
+
+
+def parent_copy(parent: Store, where) -> Store:
+    shutil.copytree(parent.local_path(), where)
+    return Store(str(where))
+
+
+@pytest.mark.slow
+def test_a_retried_fork_continues_or_returns_its_result_and_another_request_is_refused(parent, tmp_path, monkeypatch):
+    """A fork that died partway (here: after lineage/parent.json, before MLflow) is continued by a
+    retry of the same request, its shard list as first frozen; a retry of a finished fork returns
+    its result and writes nothing; another request into that root is refused."""
+    from areal_core.run import tracking
+
+    src = parent_copy(parent, tmp_path / "parent")
+    into, fresh = tmp_path / "child", tmp_path / "fresh"
+    overrides = ["train.steps=8", "train.lr=1e-4"]
+    real = tracking.Tracker.create
+    with monkeypatch.context() as m:
+        m.setattr(
+            tracking.Tracker, "create", classmethod(lambda cls, *a: (_ for _ in ()).throw(RuntimeError("pod lost")))
+        )
+        with pytest.raises(RuntimeError, match="pod lost"):
+            fork(src.uri, K, str(into), overrides)
+    assert tracking.Tracker.create == real
+    child = Store(str(into))
+    assert child.find("") and read_fork(child) and not child.exists(LAYOUT.derived_result)
+    frozen = read_fork(child).shards
+    fork(src.uri, K, str(fresh), overrides)  # the fork a single attempt makes at this moment
+    # the parent runs on meanwhile: a later shard on the lineage's versions is not the retry's
+    late = [sample(f"rollout-0-g0000998-{i}", "rollout-0-g0000998", [K, K]) for i in range(2)]
+    write_shard(src, LAYOUT.graded_shard("rollout-0", 998), late)
+    out = fork(src.uri, K, str(into), overrides)
+    assert read_fork(child).shards == frozen and out["shards"] == len(frozen)
+    assert child.read_json(LAYOUT.derived_result) == out and out["run_uri"] == child.uri
+    # the retried child is that child: the same checkpoint, config, shard list and cursor
+    same = (*Store(str(fresh)).find(LAYOUT.checkpoints_dir), LAYOUT.metrics, LAYOUT.discarded_groups)
+    assert all(child.read_bytes(p) == Store(str(fresh)).read_bytes(p) for p in same)
+    assert child.read_text(LAYOUT.config) == Store(str(fresh)).read_text(LAYOUT.config).replace(str(fresh), str(into))
+    assert read_fork(child).shards == read_fork(Store(str(fresh))).shards
+    assert read_fork(child).workers == read_fork(Store(str(fresh))).workers
+    before = listing(child)
+    assert fork(src.uri, K, str(into), overrides) == out  # finished: the same result, nothing written
+    assert listing(child) == before
+    with pytest.raises(DerivedRunError, match="already holds another request"):
+        fork(src.uri, K, str(into), ["train.steps=8"])
+    with pytest.raises(DerivedRunError, match="already holds another request"):
+        fork(src.uri, 2, str(into), overrides)
+    assert listing(child) == before
+
+
+@pytest.mark.slow
+def test_clumsy_forks_are_refused_in_one_line_and_write_nothing(parent, tmp_path, monkeypatch):
+    """Unknown config keys, steps past the last checkpoint, roots spelled with '..', a root inside
+    the parent's; and a parent still running that drops the checkpoint while it is copied."""
+    src = parent_copy(parent, tmp_path / "parent")
+    before = listing(src)
+    into = tmp_path / "child"
+    for overrides, message in (
+        (["train.lrr=1e-4"], "unknown config key 'train.lrr'"),
+        (["train.lr"], "must look like key=value"),
+        (["train.lr=fast"], "config key 'train.lr' must be a number"),
+    ):
+        with pytest.raises(DerivedRunError, match=message):
+            fork(src.uri, K, str(into), overrides)
+    for step in (STEPS + 1, 99, -1):
+        with pytest.raises(DerivedRunError, match=rf"at step {step}; available steps: 2, 4, {STEPS}"):
+            fork(src.uri, step, str(into))
+    with pytest.raises(DerivedRunError, match="own root"):
+        fork(src.uri, K, f"{tmp_path}/x/../parent")
+    with pytest.raises(DerivedRunError, match="inside the source run's root"):
+        fork(src.uri, K, f"{src.local_path()}/forks/a")
+    assert not into.exists() and listing(src) == before
+    # the parent is still running and rotates its checkpoints: step K goes while it is copied
+    real = Store.copy_dir
+
+    def rotating(self, folder, dst, source=None):
+        real(self, folder, dst, source)
+        if source is not None and folder == LAYOUT.checkpoint_dir(K):
+            source.delete(LAYOUT.checkpoint_file(K, MODEL_FILE))  # the trainer's delete, half done
+
+    monkeypatch.setattr(Store, "copy_dir", rotating)
+    with pytest.raises(DerivedRunError, match=f"checkpoint step {K} of .* was removed while it was copied"):
+        fork(src.uri, K, str(into))
+    monkeypatch.undo()
+    assert not Store(str(into)).exists(LAYOUT.derived_result)
+    cli = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "areal_core.run.fork",
+            src.uri,
+            "--step",
+            "4",
+            "--into",
+            str(tmp_path / "c2"),
+            "--set",
+            "algo.nosuch=1",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert cli.returncode == 2 and cli.stderr.strip().count("\n") == 0 and "algo.nosuch" in cli.stderr
+    assert not (tmp_path / "c2").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.s3
+def test_a_fork_on_s3_retries_refuses_dot_segments_and_reads_as_a_dataset(parent, s3_bucket, monkeypatch):
+    """The parent on S3 (a copy of the fixture's): a fork that died partway is finished by its
+    retry, '..' in an S3 root is refused, and the child's dataset holds the referenced parent shards
+    with their root."""
+    from areal_core.run import tracking
+
+    src = Store(f"{s3_bucket}/runs/parent")
+    src.copy_dir("", "", source=parent)
+    into = f"{s3_bucket}/runs/child"
+    with pytest.raises(DerivedRunError, match="'.' or '..' segments"):
+        fork(src.uri, K, f"{s3_bucket}/runs/x/../child")
+    with monkeypatch.context() as m:
+        m.setattr(
+            tracking.Tracker, "create", classmethod(lambda cls, *a: (_ for _ in ()).throw(RuntimeError("pod lost")))
+        )
+        with pytest.raises(RuntimeError, match="pod lost"):
+            fork(src.uri, K, into, ["train.steps=8"])
+    out = fork(src.uri, K, into, ["train.steps=8"])
+    child = Store(into)
+    assert out == child.read_json(LAYOUT.derived_result) == fork(src.uri, K, into, ["train.steps=8"])
+    ref = read_fork(child)
+    assert ref.shards and set(ref.shards.values()) == {src.uri}
+    rows = samples_table(child).to_pylist()
+    referenced = {LAYOUT.shard_worker_seq(rel) for rel in ref.shards}
+    assert {(r["worker_id"], r["shard_seq"]) for r in rows} == referenced  # nothing of its own yet
+    assert {r["root"] for r in rows} == {src.uri}

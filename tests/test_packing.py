@@ -8,9 +8,11 @@ from areal_core.models import build_tiny_model
 from areal_core.train.entropy import token_logprobs_and_entropy
 from areal_core.train.logprobs import token_logprobs
 from areal_core.train.packing import (
+    PREFIX_SEGMENT,
     first_fit_decreasing,
     micro_batches_by_tokens,
     pack,
+    pack_groups,
     packed_logits,
     packed_token_logprobs,
 )
@@ -110,3 +112,79 @@ def test_packed_gradients_match_padded(model):
         (fn() * weights).sum().backward()
         grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
     assert torch.allclose(grads[0], grads[1], atol=1e-5)
+
+
+def grouped_batch(seed=0):
+    """Three groups: members share a prompt (one member twice, one member one token past it)."""
+    g = torch.Generator().manual_seed(seed)
+    seqs, groups = [], []
+    for gi, plen in enumerate([2, 6, 4]):
+        prompt = torch.randint(3, VOCAB, (plen,), generator=g).tolist()
+        for _ in range(4):
+            n = int(torch.randint(1, 6, (1,), generator=g))
+            seqs.append(prompt + torch.randint(3, VOCAB, (n,), generator=g).tolist())
+            groups.append(gi)
+    seqs.append(list(seqs[-1]))  # an identical member: each member still keeps one own token
+    groups.append(2)
+    ids = torch.zeros(len(seqs), max(map(len, seqs)), dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)], attn[i, : len(s)] = torch.tensor(s), 1
+    return ids, attn, torch.tensor(groups)
+
+
+def test_pack_groups_stores_each_prompt_once():
+    ids, attn, groups = grouped_batch()
+    tree = pack_groups(ids, attn, groups)
+    assert tree.input_ids.shape[0] == 3
+    lengths = attn.sum(1)
+    for g, plen in enumerate([2, 6, 4]):
+        members = (groups == g).nonzero().flatten()
+        prefix = min(plen, int(lengths[members].min()) - 1)
+        assert int((tree.segment_ids[g] >= 0).sum()) == int(lengths[members].sum()) - prefix * len(members)
+        assert (tree.segment_ids[g, :prefix] == PREFIX_SEGMENT).all()
+    # every predicted token is the one at its destination, predicted from the token before it
+    assert torch.equal(tree.target, ids.reshape(-1)[tree.dst])
+    assert torch.equal(tree.input_ids.reshape(-1)[tree.prev], ids.reshape(-1)[tree.dst - 1])
+
+
+@pytest.mark.parametrize("attn_impl", ["sdpa", "eager"])
+def test_group_packing_matches_padded(model, attn_impl):
+    model.set_attn_implementation(attn_impl)
+    ids, attn, groups = grouped_batch(seed=1)
+    with torch.no_grad():
+        want, want_h = token_logprobs_and_entropy(model, ids, attn, temperature=0.7)
+        got, got_h = packed_token_logprobs(model, ids, attn, 0.7, group_index=groups, with_entropy=True)
+    m = attn.float()
+    m[:, 0] = 0
+    assert torch.allclose(got, want * m, atol=2e-5) and torch.allclose(got_h, want_h * m, atol=2e-5)
+    assert (got[attn == 0] == 0).all()
+
+
+def test_group_packing_gradients_match_padded(model):
+    model.set_attn_implementation("sdpa")
+    ids, attn, groups = grouped_batch(seed=2)
+    weights = torch.randn(ids.shape, generator=torch.Generator().manual_seed(3)) * attn
+    grads = []
+    for fn in (
+        lambda: token_logprobs(model, ids, attn),
+        lambda: packed_token_logprobs(model, ids, attn, group_index=groups),
+    ):
+        model.zero_grad()
+        (fn() * weights).sum().backward()
+        grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
+    assert torch.allclose(grads[0], grads[1], atol=1e-5)
+
+
+def test_group_packing_needs_the_tree_mask(model):
+    """Negative control: without the tree mask (plain causal over the row) a suffix attends to the
+    suffixes before it and the log-probs change."""
+    model.set_attn_implementation("sdpa")
+    ids, attn, groups = grouped_batch(seed=4)
+    tree = pack_groups(ids, attn, groups)
+    with torch.no_grad():
+        isolated = model(
+            input_ids=tree.input_ids, position_ids=tree.position_ids, attention_mask=tree.attention_mask_4d()
+        ).logits
+        leaked = model(input_ids=tree.input_ids, position_ids=tree.position_ids).logits
+    assert (isolated - leaked).abs().max() > 1e-3

@@ -195,8 +195,8 @@ def test_groups_started_together_are_one_engine_call_and_one_shard(tmp_path):
     """Single-turn through the one worker loop: the groups admission lets start at once are
     batched into one generate call and written as one ungraded shard, named by the worker."""
     import asyncio
-    from types import SimpleNamespace
 
+    from areal_core.config import RunConfig
     from areal_core.models import build_tokenizer
     from areal_core.proxy.examples import ScriptedEngine
     from areal_core.rollout.admission import Admission
@@ -206,8 +206,10 @@ def test_groups_started_together_are_one_engine_call_and_one_shard(tmp_path):
     tasks = [{"prompt_id": f"p{i}", "prompt": f"what is {i} plus {i}?", "answer": str(2 * i)} for i in range(6)]
     tok = build_tokenizer([t["prompt"] + " #### 12" for t in tasks], 300)
     engine = ScriptedEngine(tok, lambda _: "#### 12")
-    rollout = SimpleNamespace(group_size=3, max_new_tokens=8, temperature=1.0, top_p=1.0, top_k=0)
-    workflow = SingleTurnWorkflow(WorkflowContext(SimpleNamespace(rollout=rollout), tok))
+    cfg = RunConfig.model_validate(
+        {"rollout": {"group_size": 3, "max_new_tokens": 8, "temperature": 1.0, "top_p": 1.0, "top_k": 0}}
+    )
+    workflow = SingleTurnWorkflow(WorkflowContext(cfg, tok))
     store = Store(str(tmp_path / "run"))
     adm = Admission(num_prompts=len(tasks), seed=0, batch_groups=2, eta=0)
     aengine = AsyncEngine(engine)

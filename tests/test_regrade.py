@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import duckdb
 import pyarrow as pa
@@ -17,6 +22,7 @@ from areal_core.reward.math import gsm8k_reward
 from areal_core.reward.regrade import RegradeError, regrade
 from areal_core.reward.regrade import main as regrade_cli
 from areal_core.store import Store
+from tests.conftest import ROOT
 from tests.finished_run import finished_run
 
 PARITY = "tests.test_regrade:parity"
@@ -160,3 +166,54 @@ def test_regrade_on_s3(s3_bucket):
     with pytest.raises(RegradeError, match="already exists"):
         regrade(store.uri, reward=PARITY, into="parity")
     assert json.loads(store.read_text(LAYOUT.regrade_record("parity")))["shards"] == len(before)
+
+
+# a re-grade that writes two shards (one per pool call), then hangs until it is killed
+HANGS_AFTER_TWO = """
+import sys, time, areal_core.reward.regrade as r
+r.BATCH_SAMPLES = 1
+real, calls = r._grade_and_write, []
+def hang(*args):
+    calls.append(1)
+    if len(calls) > 2:
+        time.sleep(600)
+    real(*args)
+r._grade_and_write = hang
+r.main(sys.argv[1:])
+"""
+
+
+def kill_when(proc: subprocess.Popen, ready, timeout_s: float = 300) -> None:
+    """SIGKILL the process group of `proc` (it and its pool) once `ready()` holds."""
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the process never got there"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+
+
+@pytest.mark.slow
+def test_a_regrade_killed_midway_is_continued_by_its_retry(tmp_path):
+    """A re-grade SIGKILLed after two shards: the retried task (the same request) keeps those two
+    as written, grades the rest and commits the layer a single run would have written."""
+    run_uri, _ = finished_run()
+    store = copy_run(Store(run_uri), Store(str(tmp_path / "copy")))
+    sources = store.find(LAYOUT.graded_dir, ".arrow")
+    layer = LAYOUT.layer_dir("killed")
+    argv = [store.uri, "--into", "killed", "--reward", PARITY, "--pool-size", "1"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", HANGS_AFTER_TWO, *argv], cwd=ROOT, env=env, start_new_session=True)
+    kill_when(proc, lambda: len(store.find(layer, ".arrow")) >= 2)
+    written = digest(store, layer)
+    assert len([p for p in written if p.endswith(".arrow")]) == 2 < len(sources)
+    assert not store.exists(LAYOUT.committed(layer))
+    with pytest.raises(RegradeError, match="another request"):  # not taken over by another reward
+        regrade(store, reward="areal_core.reward.math:gsm8k_reward", into="killed")
+    report = regrade(store, reward=PARITY, into="killed")
+    assert report.resumed_shards == 2 and report.shards == len(sources)
+    assert all(digest(store, layer)[p] == h for p, h in written.items() if p.endswith(".arrow"))
+    check_parity_regrade(store, "killed", report)
+    with pytest.raises(RegradeError, match="already exists"):
+        regrade(store, reward=PARITY, into="killed")

@@ -5,6 +5,7 @@ refused in one line and write nothing."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from areal_core.run.derived import DerivedRunError
 from areal_core.run.replay import record_ids, replay
 from areal_core.store import Store
 from tests.conftest import ROOT, TINY
+from tests.test_regrade import kill_when
 
 STEPS = 6
 
@@ -93,6 +95,10 @@ def test_bad_replays_are_refused_in_one_line_and_write_nothing(source, tmp_path)
         replay(source.uri, str(into), ["rollout.temperature=0.5"])
     with pytest.raises(DerivedRunError, match="source run's own root"):
         replay(source.uri, source.uri)
+    with pytest.raises(DerivedRunError, match="source run's own root"):
+        replay(source.uri, f"{into}/../../{source.local_path().parent.name}/run")
+    with pytest.raises(DerivedRunError, match="unknown config key 'algo.nosuch'"):
+        replay(source.uri, str(into), ["algo.nosuch=1"])
     assert not into.exists()
     (into / "x").mkdir(parents=True)
     (into / "x" / "f").write_text("mine")
@@ -115,3 +121,40 @@ def test_bad_replays_are_refused_in_one_line_and_write_nothing(source, tmp_path)
         timeout=120,
     )
     assert cli.returncode == 2 and cli.stderr.strip().count("\n") == 0 and "replay:" in cli.stderr
+
+
+# a replay that trains two steps, then hangs in the third until it is killed
+HANGS_AT_STEP_2 = """
+import sys, time, areal_core.run.replay as r
+real = r.ReplayTrainer.step
+def step(self, *args):
+    if self.state.step >= 2:
+        time.sleep(600)
+    return real(self, *args)
+r.ReplayTrainer.step = step
+sys.exit(r.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_a_replay_killed_midway_is_redone_by_its_retry(source, tmp_path):
+    """A replay SIGKILLed after two steps: the retried task (the same request) trains again from
+    the start into the same root and reproduces the run; a retry of the finished replay returns its
+    result; another request into that root is refused."""
+    into = tmp_path / "killed"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    argv = [source.uri, "--into", str(into), "--set", "train.lr=3e-3"]
+    proc = subprocess.Popen([sys.executable, "-c", HANGS_AT_STEP_2, *argv], cwd=ROOT, env=env, start_new_session=True)
+    dst = Store(str(into))
+    kill_when(proc, lambda: dst.exists(LAYOUT.trained_record(1)))
+    assert not dst.done() and not dst.exists(LAYOUT.derived_result)
+    out = replay(source.uri, str(into), ["train.lr=3e-3"])
+    assert out["max_rel_diff"]["loss"] <= 1e-5 and out["max_rel_diff"]["grad_norm"] <= 1e-5
+    assert [record_ids(r) for r in records(dst)] == [record_ids(r) for r in records(source)]
+    assert len(dst.read_text(LAYOUT.metrics).splitlines()) == STEPS  # the dead attempt's rows are gone
+    assert dst.done() and dst.read_json(LAYOUT.replay_record)["state"] == "done"
+    assert replay(source.uri, str(into), ["train.lr=3e-3"]) == out
+    with pytest.raises(DerivedRunError, match="another request"):
+        replay(source.uri, str(into), ["train.lr=1e-4"])
+    with pytest.raises(DerivedRunError, match="another request"):
+        replay(source.uri, str(into), ["train.lr=3e-3"], layer="fixed")

@@ -3,6 +3,9 @@ its contract check, and a fresh root holding the source's config, prompts and in
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from areal_core.config import ConfigError, RunConfig, load_config, to_flat_dict, to_yaml
 from areal_core.layout import LAYOUT
 from areal_core.store import Store
@@ -30,14 +33,38 @@ def derived_config(source: RunConfig, overrides: list[str], into: str, fixed: tu
     return cfg
 
 
-def fresh_root(into: str, source: Store) -> Store:
-    """The new run root; DerivedRunError when it is the source or already holds anything."""
+def fresh_root(into: str, source: Store, request: dict[str, Any]) -> tuple[Store, str]:
+    """The new run root and where it stands: 'new' (empty), 'unfinished' (an earlier attempt of
+    this same `request`, e.g. a retried task: continue it) or 'finished' (its result is written).
+    DerivedRunError when it is the source's root or inside it, an S3 key with '.' or '..'
+    segments, or when it holds anything else (another request's root, or other files)."""
     store = Store(into)
-    if store.uri.rstrip("/") == source.uri.rstrip("/"):
+    src = source.uri.rstrip("/")
+    if store.uri.rstrip("/") == src:
         raise DerivedRunError(f"{into} is the source run's own root: give a new run root")
-    if store.find(""):
+    if store.uri.startswith(src + "/"):
+        raise DerivedRunError(f"{into} is inside the source run's root {src}: give a root outside it")
+    if not store.local and {".", ".."} & set(store.uri.split("://", 1)[1].split("/")):
+        raise DerivedRunError(f"{into}: an object-store root with '.' or '..' segments is ambiguous; spell it out")
+    if not store.find(""):
+        return store, "new"
+    found = store.read_json(LAYOUT.derived_request) if store.exists(LAYOUT.derived_request) else None
+    if found is None:
         raise DerivedRunError(f"{store.uri} already holds a run (or other files): give a new, empty run root")
-    return store
+    if found != request:
+        raise DerivedRunError(
+            f"{store.uri} already holds another request ({json.dumps(found, sort_keys=True)[:200]}): "
+            "give a new, empty run root"
+        )
+    return store, "finished" if store.exists(LAYOUT.derived_result) else "unfinished"
+
+
+def begin(store: Store, request: dict[str, Any]) -> None:
+    """Record `request` as the new root's first object (a conditional write: of two attempts
+    started at once, one records it; the other goes on only if it asked the same)."""
+    body = json.dumps(request, sort_keys=True).encode()
+    if not store.write_if(LAYOUT.derived_request, body, None) and store.read_json(LAYOUT.derived_request) != request:
+        raise DerivedRunError(f"{store.uri} was claimed at the same moment by another request: give a new root")
 
 
 def copy_base(source: Store, store: Store, cfg: RunConfig) -> None:

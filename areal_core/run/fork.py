@@ -16,9 +16,11 @@ written), and in MLflow the tags areal.fork.parent_store / parent_step / parent_
 and areal.fork.child.{id} on P's.
 
 Refused, in one line, before anything is written: a step with no committed checkpoint (the
-available steps are listed), a child root that is not empty (or is P's), train.steps ≤ k,
-overrides of what P's checkpoint fixes (model, task, SFT, seed: the weights and the prompt
-order), and the GAE estimator when the checkpoint holds no critic.
+available steps are listed), unknown config keys, a child root that is P's (or inside it, or
+an S3 key with '..') or holds anything but an earlier attempt of this same request,
+train.steps ≤ k, overrides of what P's checkpoint fixes (model, task, SFT, seed: the weights and
+the prompt order), and the GAE estimator when the checkpoint holds no critic. P may still be
+running: a checkpoint it rotates away while it is copied fails the fork, never half-copied.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from areal_core.forks import ForkRef, WorkerCursor, on_lineage, read_fork, write
 from areal_core.layout import LAYOUT
 from areal_core.protocol import ShardError, decode_identities, decode_shard
 from areal_core.rollout.admission import group_index
-from areal_core.run.derived import DerivedRunError, copy_base, derived_config, fresh_root
+from areal_core.run.derived import DerivedRunError, begin, copy_base, derived_config, fresh_root
 from areal_core.store import Store
 from areal_core.train.algorithm import required_inputs
 from areal_core.train.checkpoint import SEEN_FILE, STATE_FILE, committed_steps
@@ -101,12 +103,22 @@ def cursor(parent: Store, step: int, state: dict[str, Any]) -> tuple[dict[str, s
 
 def fork(run_uri: str, step: int, into: str, overrides: list[str] | None = None) -> dict[str, Any]:
     """Make the child root `into` from run `run_uri` at checkpoint `step` with `overrides`;
-    returns lineage/parent.json's content (without the shard list) and the child's URI."""
+    returns lineage/parent.json's content (without the shard list) and the child's URI.
+
+    Retry-safe: the request (parent, step, overrides) is the child's first object and the result
+    its last (run/derived.py); a retry of the same request continues an unfinished child (its
+    frozen shard list kept) or returns the finished one's result; any other request is refused."""
     from areal_core.run.ownership import claim
     from areal_core.run.tracking import Tracker
 
     parent = Store(run_uri)
     pcfg = load_run_config(parent)
+    overrides = list(overrides or [])
+    cfg = derived_config(pcfg, overrides, into, FIXED, "a fork")
+    request = {"fork": parent.uri, "step": step, "overrides": overrides}
+    store, state = fresh_root(into, parent, request)
+    if state == "finished":
+        return store.read_json(LAYOUT.derived_result)
     steps = committed_steps(parent)
     if step not in steps:
         raise DerivedRunError(
@@ -114,41 +126,43 @@ def fork(run_uri: str, step: int, into: str, overrides: list[str] | None = None)
             f"{', '.join(map(str, steps)) or 'none'} (train.checkpoint_every={pcfg.train.checkpoint_every}, "
             f"train.keep_checkpoints={pcfg.train.keep_checkpoints})"
         )
-    overrides = list(overrides or [])
-    cfg = derived_config(pcfg, overrides, into, FIXED, "a fork")
     if cfg.train.steps <= step:
         raise DerivedRunError(f"train.steps ({cfg.train.steps}) must be above the fork step {step}")
     if "values" in required_inputs(cfg.algo) and not parent.exists(LAYOUT.checkpoint_file(step, CRITIC_FILE)):
         raise DerivedRunError(
             f"algo.adv_estimator=gae needs a critic, and checkpoint step {step} of {parent.uri} has none"
         )
-    store = fresh_root(into, parent)
-    state = parent.read_json(LAYOUT.checkpoint_file(step, STATE_FILE))
-    shards, workers = cursor(parent, step, state)
-    ptracker = Tracker.attach(parent)
-    ref = ForkRef(
-        parent=parent.uri,
-        step=step,
-        version=state["version"],
-        shards=shards,
-        workers=workers,
-        abandoned=state.get("abandoned", []),
-        parent_run_id=ptracker.run_id or "",
-        overrides=overrides,
-        created_at=time.time(),
-    )
-    claim(store, cfg.lease, resume=False)
+    ref = read_fork(store) if state == "unfinished" else None  # an earlier attempt's list stays frozen
+    if ref is None:
+        state_k = parent.read_json(LAYOUT.checkpoint_file(step, STATE_FILE))
+        shards, workers = cursor(parent, step, state_k)
+        ref = ForkRef(
+            parent=parent.uri,
+            step=step,
+            version=state_k["version"],
+            shards=shards,
+            workers=workers,
+            abandoned=state_k.get("abandoned", []),
+            parent_run_id=Tracker.attach(parent).run_id or "",
+            overrides=overrides,
+            created_at=time.time(),
+        )
+    if state == "new":
+        begin(store, request)
+    if not store.exists(LAYOUT.lease):  # an earlier attempt's claim is this fork's own
+        claim(store, cfg.lease, resume=False)
     copy_base(parent, store, cfg)
-    store.copy_dir(LAYOUT.checkpoint_dir(step), LAYOUT.checkpoint_dir(step), source=parent)
+    copy_checkpoint(parent, store, step, pcfg.train.keep_checkpoints)
     if parent.exists(LAYOUT.metrics):
         store.write_bytes(LAYOUT.metrics, parent.read_bytes(LAYOUT.metrics))
-    store.write_json(LAYOUT.discarded_groups, {"groups": int(state["counters"].get("discarded_groups", 0))})
+    counters = parent.read_json(LAYOUT.checkpoint_file(step, STATE_FILE))["counters"]
+    store.write_json(LAYOUT.discarded_groups, {"groups": int(counters.get("discarded_groups", 0))})
     write_fork(store, ref)
-    tracker = Tracker.create(store, cfg)
+    tracker = Tracker.create(store, cfg)  # an earlier attempt's MLflow run is reused
     for key, value in (("parent_store", parent.uri), ("parent_step", str(step)), ("parent_run_id", ref.parent_run_id)):
         tracker.set_tag(f"areal.fork.{key}", value)
     name = child_id(store.uri)
-    ptracker.set_tag(f"areal.fork.child.{name}", f"{store.uri} from step {step}")
+    Tracker.attach(parent).set_tag(f"areal.fork.child.{name}", f"{store.uri} from step {step}")
     parent.write_json(
         LAYOUT.fork_child(name),
         {
@@ -161,7 +175,27 @@ def fork(run_uri: str, step: int, into: str, overrides: list[str] | None = None)
         },
     )
     summary = {k: v for k, v in ref.to_json().items() if k not in ("shards", "workers")}
-    return summary | {"run_uri": store.uri, "shards": len(shards), "child_run_id": tracker.run_id or ""}
+    result = summary | {"run_uri": store.uri, "shards": len(ref.shards), "child_run_id": tracker.run_id or ""}
+    store.write_json(LAYOUT.derived_result, result)  # last: the child is complete
+    return result
+
+
+def copy_checkpoint(parent: Store, store: Store, step: int, keep: int) -> None:
+    """Copy P's checkpoint `step` into the child; DerivedRunError when it changed meanwhile (a
+    parent still running drops its older checkpoints as it writes new ones: train.keep_checkpoints),
+    so that a half-deleted checkpoint never becomes the child's."""
+    folder = LAYOUT.checkpoint_dir(step)
+    before = parent.find(folder)
+    changed = (
+        f"checkpoint step {step} of {parent.uri} was removed while it was copied (the run is still "
+        f"running and keeps its newest {keep}): fork a newer step"
+    )
+    try:
+        store.copy_dir(folder, folder, source=parent)
+    except FileNotFoundError:
+        raise DerivedRunError(changed) from None
+    if LAYOUT.committed(folder) not in before or parent.find(folder) != before or store.find(folder) != before:
+        raise DerivedRunError(changed)
 
 
 def fork_task(run_uri: str, step: int, into: str, overrides: str) -> dict[str, str]:

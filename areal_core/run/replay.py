@@ -45,7 +45,7 @@ from areal_core.context import load_run_config, set_threads
 from areal_core.forks import read_fork
 from areal_core.layout import LAYOUT
 from areal_core.protocol import Sample, ShardError, decode_shard
-from areal_core.run.derived import DerivedRunError, copy_base, derived_config, fresh_root
+from areal_core.run.derived import DerivedRunError, begin, copy_base, derived_config, fresh_root
 from areal_core.store import Store
 from areal_core.train.batch import GroupBuffer
 from areal_core.train.trainer import Trainer
@@ -179,11 +179,19 @@ def replay(run_uri: str, into: str, overrides: list[str] | None = None, layer: s
         raise DerivedRunError(f"{source.uri} is a fork (it started from a checkpoint): replay its parent run")
     overrides = list(overrides or [])
     cfg = derived_config(src_cfg, overrides, into, FIXED, "a replay")
-    store = fresh_root(into, source)
+    request = {"replay": source.uri, "layer": layer, "overrides": overrides}
+    store, state = fresh_root(into, source, request)
+    if state == "finished":
+        return store.read_json(LAYOUT.derived_result)
     records = load_records(source)[: cfg.train.steps]  # train.steps=N replays the first N steps
     ids = [i for rec in records for i in record_ids(rec)]
     lookup = graded_samples(source, set(ids), "sample_workers" in records[0], layer)
-    run_id = claim(store, cfg.lease, resume=False)
+    if state == "new":
+        begin(store, request)
+    run_id = claim(store, cfg.lease, resume=state == "unfinished")  # a live earlier attempt is refused
+    if state == "unfinished":  # an attempt that died: train again from the start
+        for rel in (LAYOUT.trainer_dir, LAYOUT.final_model, LAYOUT.done, LAYOUT.events_dir, LAYOUT.status_dir):
+            store.delete(rel, recursive=True)
     copy_base(source, store, cfg)
     head = {"source": source.uri, "layer": layer, "overrides": overrides, "steps": len(records), "samples": len(ids)}
     store.write_json(LAYOUT.replay_record, {**head, "state": "running"})
@@ -204,6 +212,7 @@ def replay(run_uri: str, into: str, overrides: list[str] | None = None, layer: s
     tracker.finish()
     record = {**head, "state": "done", "source_trainer": source_trainer_time(source), **result}
     store.write_json(LAYOUT.replay_record, record)
+    store.write_json(LAYOUT.derived_result, record)  # last: the replay is complete
     log.info(
         "replayed %d steps of %s into %s: max rel diff %s", len(records), source.uri, store.uri, result["max_rel_diff"]
     )

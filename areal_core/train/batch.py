@@ -24,25 +24,27 @@ class TrainBatch:
 
 
 def collate(samples: list[Sample], pad_id: int) -> TrainBatch:
+    """Right-padded [N, T] tensors of the samples, T the longest; one tensor built per column."""
     width = max(len(s.input_ids) for s in samples)
-    n = len(samples)
-    ids = torch.full((n, width), pad_id, dtype=torch.long)
-    attn = torch.zeros((n, width), dtype=torch.long)
-    mask = torch.zeros((n, width), dtype=torch.float32)
-    behav = torch.zeros((n, width), dtype=torch.float32)
-    vers = torch.full((n, width), -1, dtype=torch.long)
+
+    def padded(col: str, fill, dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor([(v := getattr(s, col)) + [fill] * (width - len(v)) for s in samples], dtype=dtype)
+
+    ids = padded("input_ids", pad_id, torch.long)
+    lengths = torch.tensor([len(s.input_ids) for s in samples])
+    attn = (torch.arange(width)[None, :] < lengths[:, None]).long()
     groups: dict[str, int] = {}
-    for i, s in enumerate(samples):
-        t = len(s.input_ids)
-        ids[i, :t] = torch.tensor(s.input_ids)
-        attn[i, :t] = 1
-        mask[i, :t] = torch.tensor(s.loss_mask, dtype=torch.float32)
-        behav[i, :t] = torch.tensor(s.behav_logprobs)
-        vers[i, :t] = torch.tensor(s.versions)
-        groups.setdefault(s.group_id, len(groups))
+    gidx = torch.tensor([groups.setdefault(s.group_id, len(groups)) for s in samples])
     rewards = torch.tensor([float(s.reward or 0.0) for s in samples])
-    gidx = torch.tensor([groups[s.group_id] for s in samples])
-    return TrainBatch(ids, attn, mask, behav, vers, rewards, gidx)
+    return TrainBatch(
+        ids,
+        attn,
+        padded("loss_mask", 0, torch.float32),
+        padded("behav_logprobs", 0.0, torch.float32),
+        padded("versions", -1, torch.long),
+        rewards,
+        gidx,
+    )
 
 
 class GroupBuffer:

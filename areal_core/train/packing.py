@@ -13,10 +13,17 @@ Two ways to tell the model about the boundaries (HF Qwen2, transformers ≥ 5):
 Unused tail positions of a packed row hold a filler segment (pad tokens, own positions), which
 nothing attends to and whose outputs are dropped. `packed_token_logprobs` returns the same
 [N, T] layout as `areal_core.train.logprobs.token_logprobs`.
+
+Groups share their prompt: with `group_index`, each group becomes one row holding the group's
+longest common prefix once, then every member's own suffix (`pack_groups`), under a tree mask
+(a suffix attends to the prefix and to itself, causally). The hidden state of a token depends
+only on the tokens before it, so this is the same computation with the prefix done once: for
+8 samples of a ~25-token prompt and ~15 response tokens, 145 instead of 320 tokens per group.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -133,6 +140,7 @@ def packed_token_logprobs(
     pad_id: int = 0,
     mode: str = "position_ids",
     with_entropy: bool = False,
+    group_index: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Packed equivalent of `token_logprobs`: logp[:, t] = log π(x_t | x_<t), 0 at t = 0 and on padding.
 
@@ -140,8 +148,14 @@ def packed_token_logprobs(
     packed into rows of ≤ `row_len` tokens (0: the micro-batch's longest sequence, which keeps
     dense-mask attention no dearer than padding; use `row_len = token_budget` for a single row
     with varlen flash attention). With `with_entropy`, also returns the entropy [N, T].
-    Gradients flow to the model when called outside `torch.no_grad()`.
+    Gradients flow to the model when called outside `torch.no_grad()`. With `group_index` [N] (and
+    no budget or row length), each group's common prefix is computed once (`pack_groups`) unless
+    a group's row would exceed `MAX_TREE_ROW` tokens.
     """
+    if group_index is not None and token_budget <= 0 and row_len <= 0:
+        tree = pack_groups(input_ids.cpu(), attention_mask.cpu(), group_index.cpu(), pad_id)
+        if tree.input_ids.shape[1] <= MAX_TREE_ROW:
+            return tree_token_logprobs(model, tree, temperature, with_entropy)
     n, t = input_ids.shape
     dev = input_ids.device
     logp = torch.zeros(n, t, device=dev)
@@ -164,3 +178,93 @@ def packed_token_logprobs(
             h = torch.nn.functional.pad(entropy_from_logits(z), (1, 0))
             ent = ent.index_put((idx,), torch.nn.functional.pad(_unpack(h, packed), (0, t - sub_t)).to(dev))
     return (logp, ent) if with_entropy else logp
+
+
+PREFIX_SEGMENT = -2  # segment id of a group's shared prefix (filler is -1, a suffix its row index)
+MAX_TREE_ROW = 1024  # a longer group row falls back to `pack` (its dense [L, L] mask would cost more)
+
+
+@dataclass
+class TreeRows:
+    """One row per group: the common prefix once, then each member's suffix; and for every
+    predicted token (sequence position t ≥ 1) where its logits are and where it goes."""
+
+    input_ids: torch.Tensor  # [G, L]
+    position_ids: torch.Tensor  # [G, L]: the prefix 0..p-1, each suffix p..len-1, filler continuing
+    segment_ids: torch.Tensor  # [G, L]: PREFIX_SEGMENT, the member's row index, or -1 (filler)
+    prev: torch.Tensor  # [M] flat index into [G·L] of the token before each predicted token …
+    target: torch.Tensor  # [M] … the predicted token …
+    dst: torch.Tensor  # [M] … and its flat index in the padded [N·T] layout
+    shape: tuple[int, int]
+
+    def attention_mask_4d(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Additive [G, 1, L, L]: 0 where key ≤ query and the key is in the query's segment or the
+        prefix, else dtype min."""
+        seg = self.segment_ids
+        L = seg.shape[1]
+        allowed = (seg[:, :, None] == seg[:, None, :]) | (seg == PREFIX_SEGMENT)[:, None, :]
+        allowed &= torch.ones(L, L, dtype=torch.bool).tril()
+        return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)[:, None]
+
+
+def pack_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, group_index: torch.Tensor, pad_id: int = 0):
+    """Right-padded rows [N, T] -> `TreeRows`: per group, the longest common prefix p of its
+    members (at most the shortest member's length − 1, so each keeps a token), stored once."""
+    n, t = input_ids.shape
+    lengths = attention_mask.long().sum(1).tolist()
+    ids = input_ids.tolist()
+    members: dict[int, list[int]] = {}
+    for r, g in enumerate(group_index.tolist()):
+        members.setdefault(g, []).append(r)
+    rows, prev, target, dst = [], [], [], []
+    for rs in members.values():
+        seqs = [ids[r][: lengths[r]] for r in rs]
+        p = min(len(os.path.commonprefix(seqs)), min(map(len, seqs)) - 1)
+        toks, pos, seg = seqs[0][:p], list(range(p)), [PREFIX_SEGMENT] * p
+        base = len(rows)
+        for r, s in zip(rs, seqs):
+            start, k = len(toks), len(s)
+            toks += s[p:]
+            pos += range(p, k)
+            seg += [r] * (k - p)
+            # the token before position i (1 ≤ i < k) sits at i-1 in the prefix, or in the suffix
+            prev.append((base, list(range(p)) + list(range(start, start + k - 1 - p))))
+            target += s[1:]
+            dst += range(r * t + 1, r * t + k)
+        rows.append((toks, pos, seg))
+    width = max((len(r[0]) for r in rows), default=1)
+    out_ids = torch.full((len(rows), width), pad_id, dtype=input_ids.dtype)
+    out_pos = torch.zeros((len(rows), width), dtype=torch.long)
+    out_seg = torch.full((len(rows), width), -1, dtype=torch.long)
+    for g, (toks, pos, seg) in enumerate(rows):
+        k = len(toks)
+        out_ids[g, :k] = torch.tensor(toks, dtype=input_ids.dtype)
+        out_pos[g] = torch.tensor(pos + list(range(width - k)))
+        out_seg[g, :k] = torch.tensor(seg)
+    flat_prev = [g * width + i for g, local in prev for i in local]
+    as_long = lambda xs: torch.tensor(xs, dtype=torch.long)  # noqa: E731
+    return TreeRows(out_ids, out_pos, out_seg, as_long(flat_prev), as_long(target), as_long(dst), (n, t))
+
+
+def tree_token_logprobs(model, tree: TreeRows, temperature: float = 1.0, with_entropy: bool = False):
+    """`packed_token_logprobs` over `pack_groups` rows: one forward pass under the tree mask, then
+    logp = z[prev, target] − logsumexp(z[prev]) with z = logits / temperature."""
+    dev = model.device if hasattr(model, "device") else tree.input_ids.device
+    dtype = next(model.parameters()).dtype
+    logits = model(
+        input_ids=tree.input_ids.to(dev),
+        position_ids=tree.position_ids.to(dev),
+        attention_mask=tree.attention_mask_4d(dtype).to(dev),
+        use_cache=False,
+    ).logits
+    z = logits.float().reshape(-1, logits.shape[-1])
+    if temperature != 1.0:
+        z = z / temperature
+    prev, target, dst = tree.prev.to(dev), tree.target.to(dev), tree.dst.to(dev)
+    n, t = tree.shape
+    lp = z[prev, target] - torch.logsumexp(z, dim=-1)[prev]
+    logp = torch.zeros(n * t, device=dev, dtype=lp.dtype).index_put((dst,), lp).view(n, t)
+    if not with_entropy:
+        return logp
+    h = entropy_from_logits(z)[prev]
+    return logp, torch.zeros(n * t, device=dev, dtype=h.dtype).index_put((dst,), h).view(n, t)

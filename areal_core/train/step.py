@@ -60,13 +60,15 @@ def policy_logprobs(
     model, batch: TrainBatch, rows: torch.Tensor | None, cfg: RunConfig, pad_id: int, entropy: bool = False
 ):
     """Per-token log-probs (and entropy) of `rows` of the batch (all when None), packed without
-    padding when configured."""
-    ids, attn = batch.input_ids, batch.attention_mask
+    padding when configured (each group's shared prompt computed once)."""
+    ids, attn, groups = batch.input_ids, batch.attention_mask, batch.group_index
     if rows is not None:
-        ids, attn = ids[rows], attn[rows]
+        ids, attn, groups = ids[rows], attn[rows], groups[rows]
     temperature = cfg.rollout.temperature or 1.0
     if cfg.train.packing:
-        return packed_token_logprobs(model, ids, attn, temperature, pad_id=pad_id, with_entropy=entropy)
+        return packed_token_logprobs(
+            model, ids, attn, temperature, pad_id=pad_id, with_entropy=entropy, group_index=groups
+        )
     if entropy:
         return token_logprobs_and_entropy(model, ids, attn, temperature)
     return token_logprobs(model, ids, attn, temperature)
@@ -118,6 +120,7 @@ def train_step(
     `critic` (needed for adv_estimator=gae) is trained on the same loss (its value term) with
     its own optimizer. `phase(name, seconds)` (e.g. `EventLog.add`) is told the seconds spent in
     "forward" (no-grad passes and the loss), "backward" and "optimizer" (clipping and the step)."""
+    t0 = time.perf_counter()
     ctx = ctx or DistContext()
     world = ctx.world_size
     algo, n_mb = cfg.algo, cfg.train.ppo_minibatches
@@ -130,7 +133,8 @@ def train_step(
         raise ValueError("algo.adv_estimator=gae needs a critic (areal_core/train/value_head.py)")
     batch = _to(collate(samples, pad_id), ctx.torch_device if ctx.distributed else _device(model))
     plan = plan_minibatches(batch, n_mb, ctx.rank, world)
-    lap = _Laps(phase)
+    lap = _Laps(phase, t0)
+    lap("collate")  # the batch tensors and the minibatch plan (the laps start at the call)
 
     prox_all = ref_all = None
     with torch.no_grad():
@@ -211,8 +215,8 @@ class _Laps:
     """Tells `phase(name, seconds)` the time since the previous lap (nothing when `phase` is None).
     On an accelerator the seconds are host time: queued kernels land in a later phase."""
 
-    def __init__(self, phase: Callable[[str, float], None] | None):
-        self.phase, self.t = phase, time.perf_counter()
+    def __init__(self, phase: Callable[[str, float], None] | None, t0: float | None = None):
+        self.phase, self.t = phase, time.perf_counter() if t0 is None else t0
 
     def __call__(self, name: str) -> None:
         if self.phase is not None:

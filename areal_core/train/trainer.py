@@ -27,7 +27,6 @@ different weights.
 
 from __future__ import annotations
 
-import json
 import logging
 import tempfile
 import time
@@ -61,6 +60,7 @@ from areal_core.train.distributed import (
     state_dict_bytes_rank0,
 )
 from areal_core.train.lineage import holds_version_in, newest_published, resume_version
+from areal_core.train.metrics_file import MetricsFile
 from areal_core.train.schedule import lr_factor
 from areal_core.train.step import train_step
 from areal_core.train.value_head import Critic
@@ -148,16 +148,16 @@ class Trainer:
                 self.ref_model = shard_model(self.ref_model, self.dist)
         self.consumed = set(self.state.consumed)  # shard paths read (so a shard is read once)
         self.seen = set(self.state.seen)  # sample identities consumed (so a sample is used once)
-        self._metrics_lines: list[str] = []
         self._backlog, self._batch_times = BacklogRecorder(self.store, self.ev), (0.0, 0.0, 0.0)
-        if main and self.store.exists(LAYOUT.metrics):
-            old = self.store.read_text(LAYOUT.metrics).splitlines()
-            self._metrics_lines = [line for line in old if line and json.loads(line)["step"] <= self.state.step]
+        self.metrics_file = MetricsFile(self.store, self.state.step) if main else None
         self._resume_versions()
 
     def _make_optimizer(self) -> torch.optim.Optimizer:
         tc = self.cfg.train
-        return torch.optim.AdamW(self.model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay, betas=(0.9, 0.99))
+        fused = not self.dist.distributed  # one kernel for all parameters (3x less CPU than per tensor)
+        return torch.optim.AdamW(
+            self.model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay, betas=(0.9, 0.99), fused=fused
+        )
 
     def _resume_versions(self) -> None:
         """Publish the starting weights under a number no other weights ever had (train/lineage.py)."""
@@ -292,8 +292,10 @@ class Trainer:
         if st.counters.get("abandoned_samples"):
             metrics["abandoned_samples"] = st.counters["abandoned_samples"]
         if cfg.train.eval_every and st.step % cfg.train.eval_every == 0:
+            t_eval, cpu_eval = time.perf_counter(), time.process_time()
             with self.ev.span("eval"):
                 metrics["eval_accuracy"] = self.evaluate()
+            metrics.update(eval_s=time.perf_counter() - t_eval, eval_cpu_s=time.process_time() - cpu_eval)
         return metrics
 
     def _set_lr(self) -> float:
@@ -421,10 +423,10 @@ class Trainer:
                 with self.ev.span("train"):
                     time.sleep(cfg.train.slow_step_s)
             last = self.step(samples, dropped, abandoned)
+            last.update({f"phase_{k}_s": v for k, v in self.ev.end_step(step).items()})  # the profile
             if main:
                 with self.ev.span("metrics"):
                     self._log_metrics(last, time.time() - t_start)
-            self.ev.end_step(step)
         self.finish()
         return last
 
@@ -453,11 +455,9 @@ class Trainer:
             elapsed_s=elapsed_s,
             **rounded,
         )
-        self._append_metrics({"step": st.step, **rounded})
-
-    def _append_metrics(self, row: dict) -> None:
-        self._metrics_lines.append(json.dumps(row))
-        self.store.write_text(LAYOUT.metrics, "\n".join(self._metrics_lines) + "\n")
+        tc = self.cfg.train
+        must = "eval_accuracy" in metrics or st.step % tc.checkpoint_every == 0 or st.step >= tc.steps
+        self.metrics_file.append({"step": st.step, **rounded}, must_write=must)
 
     def finish(self) -> None:
         model = self._full_model()  # collective
