@@ -425,3 +425,27 @@ def test_a_hand_edited_root_gets_a_report_or_a_one_line_error_never_a_trace(tmp_
     done = cli(store.uri, "-o", str(tmp_path / "r.html"))
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     assert [r["step"] for r in load_run(store).rows] == [1, 2]
+
+
+def test_stale_drops_of_a_step_a_resumed_trainer_repeats_are_counted_once():
+    """The drop-reason chart's stale and abandoned counts are the trainer's audit, as the summary's:
+    a step trained again after a resume counts by its last `trained` record; drops not yet in an
+    audit (the step in progress, or a lost attempt's) are not counted."""
+    tr = {"role": "trainer", "worker": "0", "abandoned": 0, "samples": 8}
+    drop = {"kind": "drop", "role": "trainer", "worker": "0", "reason": "stale"}
+    records = [
+        drop | {"t": 1.0, "n": 2},
+        tr | {"t": 2.0, "kind": "trained", "step": 0, "dropped": 2},
+        drop | {"t": 3.0, "n": 3},
+        tr | {"t": 4.0, "kind": "trained", "step": 1, "dropped": 3},  # lost: resumed from step 0
+        drop | {"t": 5.0, "n": 5},  # the lost attempt's step in progress
+        drop | {"t": 10.0, "n": 1},
+        tr | {"t": 11.0, "kind": "trained", "step": 1, "dropped": 1, "abandoned": 2},
+        drop | {"t": 12.0, "n": 4},  # the step in progress now
+        {"t": 12.5, "kind": "drop", "role": "rollout", "worker": "0", "reason": "engine_failed", "n": 1},
+    ]
+    got = series.reasons(records)["drop"]
+    assert got == {"stale": 2 + 1, "abandoned_version": 2, "engine_failed": 1}
+    no_step_yet = [r for r in records if r["t"] < 2.0]
+    assert series.reasons(no_step_yet)["drop"] == {"stale": 2}
+    assert series.totals(records, [], []).dropped_samples == 3

@@ -148,15 +148,27 @@ def throughput(records: Records, t0: float, bins: int = 40, min_bin_s: float = 5
     )
 
 
+AUDITED_DROPS = {"stale": "dropped", "abandoned_version": "abandoned"}  # reason -> `trained` field
+
+
 def reasons(records: Records) -> dict[str, dict[str, int]]:
-    """{"drop": {reason: samples}, "quarantine": {reason: shards}, "sandbox": {reason: failures}}."""
+    """{"drop": {reason: samples}, "quarantine": {reason: shards}, "sandbox": {reason: failures}}.
+    Once the trainer has trained a step, its "stale" and "abandoned_version" counts are those of
+    its audit (the `trained` records, last per step), as in `totals`: its `drop` events repeat
+    when a resumed trainer trains a step again."""
     out: dict[str, Counter[str]] = {"drop": Counter(), "quarantine": Counter(), "sandbox": Counter()}
+    audited = trained(records)
     for r in kinds(records, "drop"):
+        if audited and r["role"] == "trainer" and r.get("reason") in AUDITED_DROPS:
+            continue
         out["drop"][str(r.get("reason", "?"))] += int(r.get("n", 1))
+    for r in audited:
+        for reason, key in AUDITED_DROPS.items():
+            out["drop"][reason] += int(r.get(key, 0))
     for kind in ("quarantine", "sandbox"):
         for r in kinds(records, kind):
             out[kind][str(r.get("reason", "?"))[:120]] += 1
-    return {k: dict(v.most_common()) for k, v in out.items()}
+    return {k: {r: n for r, n in v.most_common() if n} for k, v in out.items()}
 
 
 MISMATCH = ("kl_behav_prox", "importance_weight_min", "importance_weight_mean", "importance_weight_max")
