@@ -17,7 +17,7 @@ from areal_core.layout import LAYOUT
 from areal_core.procs import kill_group
 from areal_core.report import series
 from areal_core.report.data import load_run
-from areal_core.report.doctor import diagnose, limiting_role, stalled_workers
+from areal_core.report.doctor import diagnose, dropped_share, limiting_role, stalled_workers
 from areal_core.report.html import build_report, page
 from areal_core.run import pipeline
 from areal_core.run.launcher import launch, start_role, stop_all
@@ -396,3 +396,32 @@ def test_hostile_names_and_reasons_are_shown_as_text(tmp_path):
     page_file = tmp_path / "report.html"
     page_file.write_text(page(html))
     assert cli(str(tmp_path / "run"), "-o", str(page_file)).returncode == 0
+
+
+def test_a_restarted_trainer_repeating_a_step_is_counted_once_by_its_last_record():
+    """A trainer resumed from a checkpoint trains the steps after it again and writes a second
+    `trained` record for each: the report and the doctor count the last one only (events.py)."""
+    first = {"kind": "trained", "role": "trainer", "worker": "0", "abandoned": 0}
+    records = [
+        first | {"t": 1001.0, "step": 0, "samples": 8, "staleness": {"0": 10}, "dropped": 1},
+        first | {"t": 1002.0, "step": 1, "samples": 8, "staleness": {"1": 10}, "dropped": 0},  # lost attempt
+        first | {"t": 1010.0, "step": 1, "samples": 6, "staleness": {"0": 4, "2": 4}, "dropped": 2},  # resumed
+    ]
+    tot = series.totals(records, [], [])
+    assert (tot.steps, tot.trained_samples, tot.dropped_samples) == (2, 14, 3)
+    assert tot.staleness == {0: 14, 2: 4}
+    assert series.staleness(records, [])[1] == [(1, 0.0), (2, 1.0)]
+    assert dropped_share(records) == (14, 3)
+
+
+def test_a_hand_edited_root_gets_a_report_or_a_one_line_error_never_a_trace(tmp_path):
+    """A config whose `train` is no mapping, a metrics file with a non-integer step and a null
+    reward: the report is built from what makes sense; nothing prints a traceback."""
+    store = Store(str(tmp_path / "run"))
+    store.write_text(LAYOUT.config, "train: 3\n")
+    store.write_text(
+        LAYOUT.metrics, '{"step": 1, "reward_mean": null}\n{"step": "x"}\n{"step": 2, "reward_mean": 0.5}\n'
+    )
+    done = cli(store.uri, "-o", str(tmp_path / "r.html"))
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert [r["step"] for r in load_run(store).rows] == [1, 2]

@@ -33,7 +33,7 @@ def _jsonl(text: str) -> list[dict[str, Any]]:
             row = json.loads(line)
         except json.JSONDecodeError:  # a line cut by a crash mid-write of a hand-copied root
             continue
-        if isinstance(row, dict) and "step" in row:
+        if isinstance(row, dict) and isinstance(row.get("step"), int):
             out.append(row)
     return out
 

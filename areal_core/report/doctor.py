@@ -20,6 +20,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from areal_core.report import series
 from areal_core.report.timing import RoleTime, role_time
 
 WAIT_HIGH = 0.25
@@ -126,8 +127,8 @@ def _windows_mean(values: list[float], w: int) -> list[float]:
 
 def dropped_share(records: list[dict[str, Any]]) -> tuple[int, int]:
     """(trained samples, samples the trainer dropped: stale or of an abandoned version), from the
-    `trained` events."""
-    trained_ev = [r for r in records if r.get("kind") == "trained"]
+    `trained` events (the last of each step: `series.trained`)."""
+    trained_ev = series.trained(records)
     trained = sum(int(r.get("samples", 0)) for r in trained_ev)
     return trained, sum(int(r.get("dropped", 0)) + int(r.get("abandoned", 0)) for r in trained_ev)
 
@@ -143,7 +144,7 @@ def _health(records: list[dict[str, Any]], rows: Sequence[dict[str, Any]], stall
         )
         for name, behind in stalled_workers(records, stall_s)
     ]
-    rewards = [float(r["reward_mean"]) for r in rows if "reward_mean" in r]
+    rewards = [float(r["reward_mean"]) for r in rows if r.get("reward_mean") is not None]
     if len(rewards) >= 6:
         w = max(3, len(rewards) // 10)
         means = _windows_mean(rewards, w)
@@ -158,8 +159,8 @@ def _health(records: list[dict[str, Any]], rows: Sequence[dict[str, Any]], stall
                     "lower the learning rate or η; check the reward",
                 )
             )
-    iw = [(r["step"], float(r["importance_weight_max"])) for r in rows if "importance_weight_max" in r]
-    kl = [(r["step"], float(r["kl_behav_prox"])) for r in rows if "kl_behav_prox" in r]
+    iw = [(r["step"], float(r["importance_weight_max"])) for r in rows if r.get("importance_weight_max") is not None]
+    kl = [(r["step"], float(r["kl_behav_prox"])) for r in rows if r.get("kl_behav_prox") is not None]
     big = max(iw, key=lambda x: x[1], default=None)
     far = max(kl, key=lambda x: x[1], default=None)
     if (big and big[1] > IW_MAX) or (far and far[1] > KL_MAX):

@@ -22,6 +22,13 @@ def kinds(records: Records, *names: str) -> Records:
     return [r for r in records if r.get("kind") in names]
 
 
+def trained(records: Records) -> Records:
+    """The `trained` records, one per step: the last (by "t") of each, as a trainer resumed from
+    a checkpoint trains the steps after it again and records them again (events.py)."""
+    last = {int(r["step"]): r for r in sorted(kinds(records, "trained"), key=lambda r: r["t"]) if "step" in r}
+    return [last[s] for s in sorted(last)]
+
+
 def run_start(records: Records) -> float:
     """The run's t = 0: the earliest start of any record (a span's t0 counts)."""
     return min((float(r.get("t0", r["t"])) for r in records), default=0.0)
@@ -61,12 +68,12 @@ def staleness(records: Records, audits: Rows) -> tuple[dict[int, int], list[tupl
     """(histogram {staleness: trained tokens}, trend [(step, mean staleness)]) from the `trained`
     events, else from the audit records' staleness_histogram (both count policy tokens). Steps are
     numbered as in the metrics rows: the audit's step s is the metrics' step s + 1."""
-    src = [(int(r["step"]), r.get("staleness") or {}) for r in kinds(records, "trained") if "step" in r]
+    src = [(int(r["step"]), r.get("staleness") or {}) for r in trained(records)]
     if not src:
         src = [(int(a["step"]), a.get("staleness_histogram") or {}) for a in audits if "step" in a]
     hist: Counter[int] = Counter()
     trend = []
-    for step, h in sorted(src):
+    for step, h in sorted(src, key=lambda x: x[0]):
         counts = {int(k): int(v) for k, v in h.items()}
         hist.update(counts)
         n = sum(counts.values())
@@ -158,7 +165,7 @@ MISMATCH = ("kl_behav_prox", "importance_weight_min", "importance_weight_mean", 
 def mismatch(rows: Rows) -> dict[str, list[float]]:
     """{"step", "kl_behav_prox", "importance_weight_{min,mean,max}"} per trained step: how far the
     behaviour policy was from the proximal one (train/losses.py logs them)."""
-    rows = [r for r in rows if all(k in r for k in MISMATCH)]
+    rows = [r for r in rows if all(r.get(k) is not None for k in MISMATCH)]
     return {"step": [int(r["step"]) for r in rows], **{k: [float(r[k]) for r in rows] for k in MISMATCH}}
 
 
@@ -175,13 +182,13 @@ class Totals:
 
 
 def totals(records: Records, rows: Rows, audits: Rows) -> Totals:
-    trained = kinds(records, "trained")
+    last = trained(records)
     hist, _ = staleness(records, audits)
-    if trained:
-        steps = len({int(r["step"]) for r in trained})
-        samples = sum(int(r.get("samples", 0)) for r in trained)
-        dropped = sum(int(r.get("dropped", 0)) for r in trained)
-        abandoned = sum(int(r.get("abandoned", 0)) for r in trained)
+    if last:
+        steps = len(last)
+        samples = sum(int(r.get("samples", 0)) for r in last)
+        dropped = sum(int(r.get("dropped", 0)) for r in last)
+        abandoned = sum(int(r.get("abandoned", 0)) for r in last)
     else:
         steps = len(audits)
         samples = sum(len(a.get("samples", [])) for a in audits)
