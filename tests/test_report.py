@@ -449,3 +449,12 @@ def test_stale_drops_of_a_step_a_resumed_trainer_repeats_are_counted_once():
     no_step_yet = [r for r in records if r["t"] < 2.0]
     assert series.reasons(no_step_yet)["drop"] == {"stale": 2}
     assert series.totals(records, [], []).dropped_samples == 3
+
+
+def test_the_downtime_between_a_crash_and_a_resumed_attempt_counts_as_no_ones_time():
+    """A run that stopped for 15 min and resumed (a retried task): each worker's fractions are of
+    the time it was up, so the trainer that waited 75% of it is not diluted into a bottleneck."""
+    retried = [r | {"t": r["t"] + 900, "t0": r["t0"] + 900, "t1": r["t1"] + 900} for r in ROLLOUT_BOUND]
+    records = ROLLOUT_BOUND + retried
+    assert limiting_role(records) == "rollout"
+    assert "waited for batches 75%" in diagnose(records)[0].line()

@@ -1,6 +1,8 @@
 """Where each role's time went, from the `span` events (areal_core/events.py): pure functions.
 
-A worker's window is [its first record, its last record] (a span counts from its t0). Its wait
+A worker's window is the time it was up: the union of its records' stretches (a span from its
+t0 to its t1, any other record at its t) with the gaps under `IDLE_GAP_S` filled; a longer
+silence (a crashed worker's downtime before a retried attempt) is no one's time. Its wait
 fraction on `on` is |∪ wait spans on `on`| / |window|, its busy fraction |∪ busy spans| / |window|
 (nested busy phases count once); a role's fraction is the mean over its workers. Time neither
 busy nor waiting (setup, untimed work) counts as neither.
@@ -14,6 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 Interval = tuple[float, float]
+IDLE_GAP_S = 60.0  # a live role records at least every few seconds (events.py: switch, flush)
 
 
 def union(intervals: Iterable[Interval], gap: float = 0.0) -> list[Interval]:
@@ -42,17 +45,12 @@ def record_start(rec: dict[str, Any]) -> float:
     return float(rec["t0"]) if rec.get("kind") == "span" and "t0" in rec else float(rec["t"])
 
 
-def worker_windows(records: Iterable[dict[str, Any]]) -> dict[tuple[str, str], Interval]:
-    """(role, worker) -> (first record's start, last record's t)."""
-    out: dict[tuple[str, str], list[float]] = {}
+def worker_windows(records: Iterable[dict[str, Any]], gap: float = IDLE_GAP_S) -> dict[tuple[str, str], list[Interval]]:
+    """(role, worker) -> the stretches it was up: its records' [start, t], gaps under `gap` joined."""
+    out: dict[tuple[str, str], list[Interval]] = defaultdict(list)
     for rec in records:
-        key = (rec["role"], rec["worker"])
-        lo, hi = record_start(rec), float(rec["t"])
-        if key in out:
-            out[key][0], out[key][1] = min(out[key][0], lo), max(out[key][1], hi)
-        else:
-            out[key] = [lo, hi]
-    return {k: (a, b) for k, (a, b) in out.items()}
+        out[(rec["role"], rec["worker"])].append((record_start(rec), float(rec["t"])))
+    return {k: union(v, gap) for k, v in out.items()}
 
 
 def worker_spans(records: Iterable[dict[str, Any]]) -> dict[tuple[str, str], dict[str, list[Interval]]]:
@@ -72,7 +70,7 @@ class RoleTime:
 
     role: str
     workers: int
-    window_s: float  # the mean worker window
+    window_s: float  # the mean worker window (seconds up)
     busy: float
     wait: float  # any wait
     wait_on: dict[str, float]  # wait fraction per cause ("batch", "admission", "shards", ...)
@@ -89,16 +87,20 @@ def role_time(records: list[dict[str, Any]], since: float | None = None) -> dict
     spans = worker_spans(records)
     per_role: dict[str, list[tuple[float, float, float, dict[str, float]]]] = defaultdict(list)
     for key, labels in spans.items():
-        lo, hi = windows[key]
-        if since is not None:
-            lo = max(lo, since)
-        if hi - lo <= 0:
+        up = clip(windows[key], since if since is not None else -float("inf"), float("inf"))
+        window = length(up)
+        if window <= 0:
             continue
-        busy = length(clip(union(labels.get("busy", [])), lo, hi))
+
+        def share(ivs: Iterable[Interval], up: list[Interval] = up) -> float:
+            merged = union(ivs)
+            return sum(length(clip(merged, a, b)) for a, b in up)
+
+        busy = share(labels.get("busy", []))
         waits = {k: v for k, v in labels.items() if k.startswith("wait:")}
-        wait_all = length(clip(union(iv for v in waits.values() for iv in v), lo, hi))
-        wait_on = {k[5:]: length(clip(union(v), lo, hi)) / (hi - lo) for k, v in waits.items()}
-        per_role[key[0]].append((hi - lo, busy / (hi - lo), wait_all / (hi - lo), wait_on))
+        wait_all = share(iv for v in waits.values() for iv in v)
+        wait_on = {k[5:]: share(v) / window for k, v in waits.items()}
+        per_role[key[0]].append((window, busy / window, wait_all / window, wait_on))
     out = {}
     for role, rows in per_role.items():
         n = len(rows)
