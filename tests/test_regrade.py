@@ -217,3 +217,12 @@ def test_a_regrade_killed_midway_is_continued_by_its_retry(tmp_path):
     check_parity_regrade(store, "killed", report)
     with pytest.raises(RegradeError, match="already exists"):
         regrade(store, reward=PARITY, into="killed")
+
+
+def test_a_pool_of_no_processes_is_refused_before_claiming_a_layer():
+    run_uri, _ = finished_run()
+    store = Store(run_uri)
+    for size in (0, -1):
+        with pytest.raises(RegradeError, match="pool_size"):
+            regrade(store, reward=PARITY, into="nopool", pool_size=size)
+    assert not store.find(LAYOUT.layer_dir("nopool"))

@@ -98,9 +98,11 @@ def regrade(
 
     Refuses (RegradeError, before writing) `into` equal to `source` or to a layer of the run
     itself (`graded`, `ungraded`), a committed `into`, an unfinished `into` made by another
-    request, and a source layer that is missing or not committed. Returns the report; the
+    request, a source layer that is missing or not committed, and a pool_size under 1. Returns the report; the
     changes (rewards that differ in float32) are also written to `changes.parquet`.
     """
+    if pool_size < 1:
+        raise RegradeError(f"pool_size={pool_size}: a re-grade needs at least one grading process")
     store = run if isinstance(run, Store) else Store(run)
     t0 = time.monotonic()
     cfg = load_run_config(store)
