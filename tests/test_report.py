@@ -458,3 +458,18 @@ def test_the_downtime_between_a_crash_and_a_resumed_attempt_counts_as_no_ones_ti
     records = ROLLOUT_BOUND + retried
     assert limiting_role(records) == "rollout"
     assert "waited for batches 75%" in diagnose(records)[0].line()
+
+
+def test_a_version_published_again_after_a_resume_lags_from_the_publish_each_load_saw():
+    """A resumed trainer publishes its checkpoint's version again: a worker's load of the first
+    publish is measured from that first publish, never from the later one (a negative lag)."""
+    pub = {"kind": "publish", "role": "trainer", "worker": "0", "version": 5, "bytes": 1}
+    load = {"kind": "load", "role": "rollout", "worker": "0", "version": 5, "seconds": 0.1}
+    records = [
+        pub | {"t": 100.0, "seconds": 1.0},
+        load | {"t": 101.5},
+        pub | {"t": 500.0, "seconds": 2.0},
+        load | {"t": 503.0},
+    ]
+    assert series.publish_lag(records) == {"rollout-0": [(5, 2.5), (5, 5.0)]}
+    assert series.step_metrics(records, [])[5]["publish_lag_s"] == 3.75

@@ -94,13 +94,19 @@ def backlog(records: Records, t0: float) -> dict[str, list[float]]:
 
 def publish_lag(records: Records) -> dict[str, list[tuple[int, float]]]:
     """worker -> [(version, seconds from the start of the trainer's publish of v (its record's t
-    less its "seconds") to this worker's `load` of v)]: writing, noticing and loading the weights."""
-    published = {int(r["version"]): float(r["t"]) - float(r.get("seconds", 0.0)) for r in kinds(records, "publish")}
+    less its "seconds") to this worker's `load` of v)]: writing, noticing and loading the weights.
+    A version published again (a trainer resumed from its checkpoint) counts each load from the
+    latest publish of v that began before it (the first, when none did: clock skew)."""
+    published: dict[int, list[float]] = defaultdict(list)
+    for r in kinds(records, "publish"):
+        published[int(r["version"])].append(float(r["t"]) - float(r.get("seconds", 0.0)))
     out: dict[str, list[tuple[int, float]]] = defaultdict(list)
     for r in kinds(records, "load"):
-        v = int(r["version"])
-        if v in published:
-            out[f"{r['role']}-{r['worker']}"].append((v, float(r["t"]) - published[v]))
+        v, t = int(r["version"]), float(r["t"])
+        starts = published.get(v)
+        if starts:  # none before the load: clocks of two machines a little apart; the first publish
+            before = [s for s in starts if s <= t]
+            out[f"{r['role']}-{r['worker']}"].append((v, t - (max(before) if before else min(starts))))
     return {k: sorted(v) for k, v in sorted(out.items())}
 
 
