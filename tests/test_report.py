@@ -473,3 +473,13 @@ def test_a_version_published_again_after_a_resume_lags_from_the_publish_each_loa
     ]
     assert series.publish_lag(records) == {"rollout-0": [(5, 2.5), (5, 5.0)]}
     assert series.step_metrics(records, [])[5]["publish_lag_s"] == 3.75
+
+
+def test_throughput_per_active_second_leaves_out_the_downtime_before_a_resumed_attempt():
+    """100 completions in 10 s, a 15-min stop, 100 more in 10 s: 10 per active second."""
+    base = {"kind": "count", "role": "rollout", "worker": "0", "completions": 10}
+    records = [base | {"t": 1000.0 + t} for t in range(0, 11)]
+    records += [base | {"t": 1910.0 + t} for t in range(0, 11)]
+    tp = series.throughput(records, 1000.0)
+    assert tp.totals["rollout"]["completions"] == 220
+    assert tp.rates["rollout"]["completions"] == pytest.approx(220 / 20)

@@ -12,7 +12,7 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from areal_core.report.timing import union, worker_spans
+from areal_core.report.timing import length, union, worker_spans, worker_windows
 
 Records = list[dict[str, Any]]
 Rows = Sequence[dict[str, Any]]
@@ -118,22 +118,23 @@ class Throughput:
     """Per role: totals, the mean rate over the role's active window, and binned rates."""
 
     totals: dict[str, dict[str, int]]  # role -> {completions|tokens|grades: n}
-    rates: dict[str, dict[str, float]]  # role -> {...: n / window seconds}
+    rates: dict[str, dict[str, float]]  # role -> {...: n / seconds the role was up}
     binned: dict[str, dict[str, tuple[list[float], list[float]]]]  # role -> key -> (bin centres, per s)
 
 
 def throughput(records: Records, t0: float, bins: int = 40, min_bin_s: float = 5.0) -> Throughput:
-    """Counts from the `count` events: total, total / (last - first record of the role), and the
+    """Counts from the `count` events: total, total / the seconds any worker of the role was up
+    (report/timing.py: its records' stretches, long silences left out), and the
     rate in at most `bins` equal time bins over the run, each at least `min_bin_s` long (a role
     counts once per flush, every 2 s: narrower bins would be spikes and gaps)."""
     counts = kinds(records, "count")
     end = max((float(r["t"]) for r in records), default=t0)
     width = max((end - t0) / bins, min_bin_s)
     bins = max(1, min(bins, int((end - t0) / width) + 1))
-    span: dict[str, list[float]] = {}
-    for r in records:
-        lo = span.setdefault(r["role"], [float(r["t"]), float(r["t"])])
-        lo[0], lo[1] = min(lo[0], float(r.get("t0", r["t"]))), max(lo[1], float(r["t"]))
+    up: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for (role, _), ivs in worker_windows(records).items():
+        up[role] += ivs
+    active = {role: length(union(ivs)) for role, ivs in up.items()}
     totals: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     hist: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0] * bins))
     for r in counts:
@@ -143,10 +144,7 @@ def throughput(records: Records, t0: float, bins: int = 40, min_bin_s: float = 5
                 totals[r["role"]][key] += int(r[key])
                 hist[r["role"]][key][i] += int(r[key]) / width
     centres = [t0 + (i + 0.5) * width - t0 for i in range(bins)]
-    rates = {
-        role: {k: n / max(span[role][1] - span[role][0], 1e-9) for k, n in keys.items()}
-        for role, keys in totals.items()
-    }
+    rates = {role: {k: n / max(active[role], 1e-9) for k, n in keys.items()} for role, keys in totals.items()}
     return Throughput(
         totals={r: dict(k) for r, k in totals.items()},
         rates=rates,
