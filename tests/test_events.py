@@ -398,6 +398,21 @@ def test_the_progress_line_shows_the_backlog_and_the_limiting_role(tmp_path, cap
     assert line.endswith(f" · backlog 7 ungraded, 2 graded · limit: {limit}")
 
 
+def test_a_malformed_event_never_stops_the_progress_line(tmp_path, capsys):
+    """A hand-written backlog record without its keys, and a span without times: the line still prints."""
+    from areal_core.run.launcher import Progress
+
+    store = Store(str(tmp_path))
+    now = time.time()
+    store.write_text(LAYOUT.events_part("trainer", "0", 0), json.dumps({"t": now, "kind": "backlog"}) + "\n")
+    store.write_text(LAYOUT.events_part("rollout", "0", 0), json.dumps({"t": now, "kind": "span"}) + "\n")
+    store.heartbeat("trainer", "0", step=10, steps=20, elapsed_s=5.0)
+    bar = Progress(store, True, events_every_s=0)
+    bar.update()
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("[progress] step 10/20") and "backlog ? ungraded, ? graded" in line
+
+
 def test_the_progress_line_reads_each_part_once(tmp_path, capsys):
     from areal_core.run.launcher import Progress
 

@@ -121,8 +121,8 @@ class Progress:
     def suffix(self) -> str:
         """ " · backlog U ungraded, G graded · limit: ROLE" (the parts known so far)."""
         out = ""
-        if self.backlog is not None:
-            out += f" · backlog {self.backlog['ungraded']} ungraded, {self.backlog['graded']} graded"
+        if self.backlog is not None:  # a hand-written record may lack a key: the line never stops a run
+            out += f" · backlog {self.backlog.get('ungraded', '?')} ungraded, {self.backlog.get('graded', '?')} graded"
         if self.limit:
             out += f" · limit: {self.limit}"
         return out
@@ -133,13 +133,16 @@ class Progress:
         try:
             st = self.store.read_json(LAYOUT.status("trainer", "0"))
             step = st.get("step", 0)
-            if step != self.last_step:
-                self._read_events()
         except FileNotFoundError:  # no heartbeat yet
             return
         except Exception:  # a heartbeat being rewritten, or the store is unreachable now
             self.skipped += 1
             return
+        if step != self.last_step:
+            try:
+                self._read_events()
+            except Exception:  # unreadable or malformed events: the line goes on without them
+                self.skipped += 1
         total = st.get("steps", 0)
         if step == self.last_step:
             return
