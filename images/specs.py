@@ -50,7 +50,9 @@ COMMON = [
     "math-verify",
     "pyyaml",
     "pydantic>=2.6",
-    "matplotlib",
+    "matplotlib",  # the run report (areal_core/report/plots.py)
+    "jinja2",  # chat templates rendered by the tokenizer (proxy/templating.py)
+    "gguf>=0.10",  # `model.path: pretrained:smollm2` (areal_core/pretrained.py)
     "peft>=0.13",  # LoRA (train/lora.py)
     "zstandard>=0.22",  # delta weight publication (weights/delta.py)
     # the proxy and the remote engines' clients, and the agent examples
