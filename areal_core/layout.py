@@ -158,13 +158,16 @@ class Layout:
     def layer_shard(self, layer: str, worker: str, seq: int) -> str:
         return f"{self.layer_dir(layer)}/{worker}/{seq:08d}.arrow"
 
+    regrade_record_name = "REGRADE.json"
+    regrade_changes_name = "changes.parquet"
+
     def regrade_record(self, layer: str) -> str:
         """A re-graded layer's request (written first) and, when done, its summary."""
-        return f"{self.layer_dir(layer)}/REGRADE.json"
+        return f"{self.layer_dir(layer)}/{self.regrade_record_name}"
 
     def regrade_changes(self, layer: str) -> str:
         """The rewards a re-grade changed: identity, worker_id, sample_id, old and new reward."""
-        return f"{self.layer_dir(layer)}/changes.parquet"
+        return f"{self.layer_dir(layer)}/{self.regrade_changes_name}"
 
     @staticmethod
     def shard_worker_seq(rel: str) -> tuple[str, int]:

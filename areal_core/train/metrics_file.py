@@ -1,4 +1,4 @@
-"""trainer/metrics.jsonl: one JSON row per step, written off the step's critical path.
+"""The trainer's metrics file (`LAYOUT.metrics`): one JSON row per step, written off the step's critical path.
 
 A store object cannot be appended to, so the file is rewritten whole; doing that every step
 costs O(n²) bytes over a run. It is rewritten at most every `flush_every_s`, and always at the
