@@ -87,6 +87,60 @@ def test_interruption_with_equal_weights_gives_identical_tokens(params):
         assert b.versions == [0] * min(4, n) + [1] * max(0, n - 4)
 
 
+class StageAtCall:
+    """Wraps `engine.<method>`: stages `state_dict` as `version` right before its call number
+    `at` (0-based); the continuous engine's `_step`, the torch engine's `_forward`."""
+
+    def __init__(self, engine, method, at, version, state_dict):
+        self.engine, self.at, self.version, self.sd, self.calls = engine, at, version, state_dict, 0
+        self.original = getattr(engine, method)
+        setattr(engine, method, self)
+
+    def __call__(self, *args):
+        if self.calls == self.at:
+            self.engine.stage_weights(self.version, self.sd)
+        self.calls += 1
+        return self.original(*args)
+
+
+@pytest.mark.parametrize("mid", [False, True])
+@pytest.mark.parametrize("engine_cls", [ContinuousEngine, TorchEngine])
+def test_without_mid_generation_swaps_a_version_waits_for_the_next_call(engine_cls, mid):
+    """swap_mid_generation=False: a version staged mid-call is installed at the next call's
+    start; the call in flight keeps its weights and tokens, with nothing re-prefilled. True:
+    the same staging swaps within the call."""
+    kwargs = {"slots": 8} if engine_cls is ContinuousEngine else {}
+    base = engine_cls(model(), PAD, EOS, **kwargs).generate(prompts(), GREEDY)
+    new = model(seed=5)
+    eng = engine_cls(model(), PAD, EOS, swap_mid_generation=mid, **kwargs)
+    StageAtCall(eng, "_step" if engine_cls is ContinuousEngine else "_forward", 3, 2, new.state_dict())
+    gens = eng.generate(prompts(), GREEDY)
+    if mid:
+        assert eng.swaps == 1 and any(2 in g.versions for g in gens)
+        return
+    assert eng.swaps == 0 and eng.version == 0
+    assert [g.token_ids for g in gens] == [g.token_ids for g in base]
+    assert all(set(g.versions) == {0} for g in gens)
+    if engine_cls is ContinuousEngine:
+        assert eng.stats["reprefill_tokens"] == 0
+    after = eng.generate(prompts(), GREEDY)  # the next call starts under the staged version
+    assert eng.swaps == 1 and eng.version == 2
+    assert all(set(g.versions) == {2} for g in after)
+    ref = engine_cls(model(seed=5), PAD, EOS, **kwargs).generate(prompts(), GREEDY)
+    assert [g.token_ids for g in after] == [g.token_ids for g in ref]
+
+
+def test_swap_mid_generation_is_a_rollout_setting_the_factory_passes_on():
+    from areal_core.rollout.factory import build_local_engine
+
+    tok = build_tokenizer(["1 2 3 4 5 + - = ####"], 300)
+    cfg = load_config("configs/default.yaml", ["rollout.swap_mid_generation=false"])
+    m = build_tiny_model(CFG, len(tok), 0)
+    assert build_local_engine(cfg, m, tok, 0, seed=1).swap_mid_generation is False
+    cfg = load_config("configs/default.yaml", ["rollout.engine=torch"])
+    assert build_local_engine(cfg, m, tok, 0, seed=1).swap_mid_generation is True
+
+
 def test_versions_switch_at_the_right_token_with_new_weights():
     new = model(seed=5)
     eng = ContinuousEngine(model(), PAD, EOS, slots=8)

@@ -132,6 +132,10 @@ class RolloutConfig(ConfigModel):
     top_p: Float = Field(1.0, gt=0, le=1, description="nucleus sampling threshold")
     top_k: Int = Field(0, description="top-k sampling (0: off)")
     poll_interval_s: Float = Field(0.02, description="seconds between checks for new weights and admission")
+    swap_mid_generation: Bool = Field(
+        True,
+        description="built-in engines: install a new weight version between two decode steps and re-prefill the rows in flight under it (AReaL's interruptible generation); false: only between engine calls (tokens up to one version older, no re-prefill)",
+    )
     admission: Bool = Field(
         True, description="AReaL's admission rule (staleness bound at generation); off only for tests of the hard bound"
     )

@@ -9,8 +9,9 @@ prefilled into the free rows in the same step, so a long request never holds bac
 
 Weight swaps happen between steps: `receive` / `stage_weights` (any thread, `local_engine.py`)
 stages a version; at the next step boundary the engine installs it, drops the KV cache of every
-active row and re-prefills prompt + generated tokens under the new weights, then continues. The version is read once per
-step, after the install, so token t of a request carries exactly the version whose weights
+active row and re-prefills prompt + generated tokens under the new weights, then continues
+(`swap_mid_generation=False`: only at a step with no active row, i.e. the next call's first).
+The version is read once per step, after the install, so token t of a request carries exactly the version whose weights
 produced the logits it was sampled from.
 
 Randomness is counter-based per request (seed, token index), so a seeded request gives the
@@ -80,11 +81,12 @@ class ContinuousEngine(LocalEngine):
         prefill_tokens: int = 8192,
         tokenizer=None,
         policy: str = "continuous",
+        swap_mid_generation: bool = True,
     ):
         check_supported(model)
         if policy not in {"continuous", "static"}:
             raise ValueError(f"policy must be 'continuous' or 'static', got {policy!r}")
-        super().__init__(model, version)
+        super().__init__(model, version, swap_mid_generation)
         self.pad_id, self.eos_id = pad_id, eos_id
         self.device = next(model.parameters()).device
         self.slots, self.max_seq_len, self.prefill_tokens = slots, max_seq_len, prefill_tokens
@@ -188,7 +190,7 @@ class ContinuousEngine(LocalEngine):
     def _step(self, b: _Batch, pending: deque[int], n: int, step: int) -> int:
         """One engine step; returns the number of active rows after it."""
         runner = self.runner
-        swapped = self._install_staged()
+        swapped = self._install_staged() if (self.swap_mid_generation or not n) else False
         parts: list[torch.Tensor] = []
         if n and swapped:  # drop the cache: re-prefill prompt + generated tokens under the new weights
             seqs = [b.prompts[r] + b.out_tok[r, : b.gen[r]].tolist() for r in b.row_req[:n]]

@@ -46,14 +46,17 @@ def build_engine(cfg: RunConfig, store: Store, version: int, index: int = 0) -> 
 def build_local_engine(cfg: RunConfig, model: Any, tokenizer: Any, version: int, seed: int) -> Any:
     """An engine over `model` in this process."""
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    mid = cfg.rollout.swap_mid_generation
     if cfg.rollout.engine == "continuous":
         from areal_core.rollout.continuous_engine import ContinuousEngine
 
         slots = cfg.rollout.max_batch_groups * cfg.rollout.group_size
-        return ContinuousEngine(model, pad, eos, version, seed=seed, slots=slots, tokenizer=tokenizer)
+        return ContinuousEngine(
+            model, pad, eos, version, seed=seed, slots=slots, tokenizer=tokenizer, swap_mid_generation=mid
+        )
     from areal_core.rollout.torch_engine import TorchEngine
 
-    return TorchEngine(model, pad, eos, version, seed=seed)
+    return TorchEngine(model, pad, eos, version, seed=seed, swap_mid_generation=mid)
 
 
 def build_remote_engine(cfg: RunConfig, store: Store, version: int, eos_id: int | None, index: int = 0) -> Any:

@@ -4,7 +4,9 @@ thread and is installed between two decode steps.
 `receive(store, v)` (the weight watcher's thread) reads and verifies weights/v{v}
 (`weights.reader.load_state_dict`) and stages the state dict in a one-slot mailbox that keeps
 only the newest version; the engine's own thread installs it at the next step boundary
-(`_install_staged`), and the generation loop then re-prefills under the new weights.
+(`_install_staged`), and the generation loop then re-prefills under the new weights. With
+`swap_mid_generation` off a version is installed only when no row is mid-generation (at the
+start of the next `generate` call, or while idle): tokens up to one version older, no re-prefill.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ from areal_core.weights.reader import load_state_dict
 class LocalEngine:
     """Base of the in-process engines: `model`, `version`, `swaps`, and the staged-weights mailbox."""
 
-    def __init__(self, model: torch.nn.Module, version: int):
+    def __init__(self, model: torch.nn.Module, version: int, swap_mid_generation: bool = True):
         self.model = model.eval()
         self.version = version
+        self.swap_mid_generation = swap_mid_generation
         self.swaps = 0
         self._staged: tuple[int, dict[str, torch.Tensor]] | None = None
         self._staged_lock = threading.Lock()

@@ -41,8 +41,16 @@ def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.G
 
 
 class TorchEngine(LocalEngine):
-    def __init__(self, model: torch.nn.Module, pad_id: int, eos_id: int, version: int = 0, seed: int = 0):
-        super().__init__(model, version)
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        pad_id: int,
+        eos_id: int,
+        version: int = 0,
+        seed: int = 0,
+        swap_mid_generation: bool = True,
+    ):
+        super().__init__(model, version, swap_mid_generation)
         self.pad_id = pad_id
         self.eos_id = eos_id
         self.device = next(model.parameters()).device
@@ -88,7 +96,7 @@ class TorchEngine(LocalEngine):
                 break
             seq = torch.cat([seq, tok[:, None]], dim=1)
             mask = torch.cat([mask, alive[:, None].long()], dim=1)
-            if self._install_staged():
+            if self.swap_mid_generation and self._install_staged():
                 cache = DynamicCache()  # re-prefill everything under the new weights
                 logits = self._forward(seq, mask, cache)
             else:
