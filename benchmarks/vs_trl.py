@@ -1,6 +1,7 @@
 """Side by side with TRL's GRPOTrainer on the default job, from the same SFT checkpoint (issue 17).
 
     python benchmarks/vs_trl.py [--steps 800] [--seeds 1 2 3] [--trl-threads 2] [--systems ours trl]
+                                [--variant NAME] [overrides of our config...]
 
 TRL 1.16 runs in its own virtualenv (`scripts/setup_trl_venv.sh` builds .venv-trl; this script
 builds it when missing) and the project never imports it: this file re-runs itself there with
@@ -56,7 +57,8 @@ def run_ours(root: str, init: str, seed: int, args: argparse.Namespace, base: li
     from areal_core.run.launcher import launch
     from areal_core.store import Store
 
-    uri, _ = pipeline.prepare("configs/default.yaml", [*base, f"seed={seed}", f"store={root}/ours-s{seed}"])
+    name = f"ours-{args.variant}" if args.variant else "ours"
+    uri, _ = pipeline.prepare("configs/default.yaml", [*base, f"seed={seed}", f"store={root}/{name}-s{seed}"])
     store = Store(uri)
     pipeline.ensure_init_model(store, init)
     cpu0, t0 = children_cpu_s(), time.time()
@@ -67,7 +69,7 @@ def run_ours(root: str, init: str, seed: int, args: argparse.Namespace, base: li
     eval_s = sum(r.get("eval_s", 0.0) for r in evals)
     eval_cpu = sum(r.get("eval_cpu_s", 0.0) for r in evals)
     return {
-        "system": "ours",
+        "system": name,
         "seed": seed,
         "threads": "1/role",
         "wall_s": wall - eval_s,
@@ -229,6 +231,7 @@ def main() -> None:
     parser.add_argument("--trl-threads", type=int, nargs="+", default=[2])
     parser.add_argument("--systems", nargs="+", default=["ours", "trl"], choices=["ours", "trl"])
     parser.add_argument("--root", default="runs/vs-trl")
+    parser.add_argument("--variant", default="", help="names our runs (ours-NAME) when comparing overrides")
     parser.add_argument("overrides", nargs="*", help="config overrides for our side")
     args = parser.parse_args()
     from areal_core.logs import setup_logging
