@@ -58,6 +58,37 @@ def test_behaviour_logprobs_match_the_trainers_recomputation():
         assert torch.allclose(lp, torch.tensor(g.logprobs), atol=1e-4)
 
 
+@pytest.mark.parametrize("slots", [12, 5])
+def test_a_groups_shared_prompt_is_prefilled_once_with_the_same_tokens(slots):
+    """A group's samples share their prompt: it is prefilled once and its cache row copied; each
+    request still gives the tokens and log-probs it gives alone (seed s + i for request i)."""
+    group = [p for p in prompts((4, 9, 6)) for _ in range(4)]
+    params = SamplingParams(max_new_tokens=10, seed=11)
+    eng = ContinuousEngine(model(), PAD, EOS, slots=slots)
+    gens = eng.generate(group, params)
+    assert eng.stats["prefill_shared"] >= (9 if slots == 12 else 4)
+    alone = ContinuousEngine(model(), PAD, EOS, slots=1)
+    for i, (p, g) in enumerate(zip(group, gens)):
+        ref = alone.generate([p], SamplingParams(max_new_tokens=10, seed=11 + i))[0]
+        assert g.token_ids == ref.token_ids
+        assert np.allclose(g.logprobs, ref.logprobs, atol=1e-4)
+    assert alone.stats["prefill_shared"] == 0
+
+
+def test_a_call_never_reuses_the_previous_calls_sampling_settings():
+    """Two calls with the same row layout (every row runs to max_new_tokens): the second call's
+    greedy settings and seeds are its own, however Python reuses the first batch's id."""
+    eng = ContinuousEngine(model(), PAD, EOS, slots=8)
+    fresh = ContinuousEngine(model(), PAD, EOS, slots=8)
+    ps = prompts((3, 4, 5, 6))
+    one = SamplingParams(max_new_tokens=1, greedy=True)
+    want = [g.token_ids for g in fresh.generate(ps, one)]
+    for i in range(4):
+        hot = eng.generate(ps, SamplingParams(max_new_tokens=1, temperature=50.0, seed=i))
+        assert [g.token_ids for g in hot] != want  # near-uniform sampling over 40 tokens
+        assert [g.token_ids for g in eng.generate(ps, one)] == want
+
+
 class SwapAt:
     """Stages `state_dict` as `version` right before engine step `step` (0 = the first token)."""
 

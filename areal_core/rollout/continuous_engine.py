@@ -93,7 +93,9 @@ class ContinuousEngine(LocalEngine):
         self.tokenizer, self.policy = tokenizer, policy
         self.generator = torch.Generator().manual_seed(seed)  # draws request seeds
         self.runner: StaticCacheDecoder | None = None
-        self.stats = {"steps": 0, "decode_steps": 0, "prefill_chunks": 0, "tokens": 0, "reprefill_tokens": 0}
+        # prefill_shared: rows whose prefill was copied from an identical sequence's row
+        keys = ("steps", "decode_steps", "prefill_chunks", "tokens", "reprefill_tokens", "prefill_shared")
+        self.stats = dict.fromkeys(keys, 0)
         self.last_error: str | None = None
 
     # -- weights ------------------------------------------------------------------------------
@@ -259,7 +261,9 @@ class ContinuousEngine(LocalEngine):
 
     def _row_params(self, b: _Batch, req: np.ndarray) -> RowParams:
         key = req.tobytes()
-        if getattr(self, "_rp_key", None) == (id(b), key):
+        cached = getattr(self, "_rp_for", None)
+        # the batch object itself, not id(b): a finished batch's id is reused by the next one
+        if cached is not None and cached[0] is b and cached[1] == key:
             return self._rp
         ps = [b.params[r] for r in req]
         greedy = np.array([p.is_greedy for p in ps])
@@ -275,10 +279,27 @@ class ContinuousEngine(LocalEngine):
             any_greedy=bool(greedy.any()),
             any_filter=any((0 < p.top_k < vocab) or p.top_p < 1.0 for p, gr in zip(ps, greedy) if not gr),
         )
-        self._rp_key, self._rp = (id(b), key), rp
+        self._rp_for, self._rp = (b, key), rp
         return rp
 
     def _prefill(self, rows: list[int], seqs: list[list[int]], b: _Batch) -> torch.Tensor:
+        """Prefill `seqs` into cache rows `rows` and return their last-position logits [len(rows), V].
+        Identical sequences (a group's samples share their prompt) are computed once, into the
+        first one's row, and that row's cache is copied to the others."""
+        first: dict[tuple[int, ...], int] = {}
+        src = [first.setdefault(tuple(s), i) for i, s in enumerate(seqs)]
+        uniq = sorted(first.values())
+        logits = self._prefill_rows([rows[i] for i in uniq], [seqs[i] for i in uniq], b)
+        if len(uniq) == len(seqs):
+            return logits
+        dup = [i for i, j in enumerate(src) if j != i]
+        self.runner.move_rows([rows[src[i]] for i in dup], [rows[i] for i in dup], max(len(seqs[i]) for i in dup))
+        b.seq_len[[rows[i] for i in dup]] = [len(seqs[i]) for i in dup]
+        self.stats["prefill_shared"] += len(dup)
+        at = {i: k for k, i in enumerate(uniq)}
+        return logits[torch.tensor([at[j] for j in src], device=logits.device)]
+
+    def _prefill_rows(self, rows: list[int], seqs: list[list[int]], b: _Batch) -> torch.Tensor:
         """Batched prefill of `seqs` into cache rows `rows`, in chunks of ≤ prefill_tokens padded
         tokens; sets the rows' cache lengths and returns the last-position logits [len(rows), V]."""
         out = []
