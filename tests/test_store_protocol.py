@@ -120,3 +120,26 @@ def test_store_local(tmp_path):
 @pytest.mark.s3
 def test_store_s3(s3_bucket):
     _store_basics(Store(f"{s3_bucket}/run"))
+
+
+def test_local_find_lists_what_os_walk_lists(tmp_path):
+    """The local listing (one scandir per folder, no relpath per file) names the same files as
+    os.walk: hidden files skipped, hidden folders entered, symlinked folders not entered."""
+    import os
+
+    for f in ["a/x.arrow", "a/b/y.arrow", "a/b/.t.arrow", "a/b/.h/z.arrow", "c/w.json", "top.arrow"]:
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_text("")
+    os.symlink(tmp_path / "c", tmp_path / "a" / "link")
+    store = Store(str(tmp_path))
+
+    def walk(prefix: str, suffix: str) -> list[str]:
+        out = []
+        for folder, _, files in os.walk(store.path(prefix)):
+            out += [os.path.relpath(os.path.join(folder, n), tmp_path) for n in files]
+        return sorted(p for p in out if not os.path.basename(p).startswith(".") and p.endswith(suffix))
+
+    for prefix, suffix in [("", ""), ("", ".arrow"), ("a", ""), ("a/b", ".arrow"), ("c", ".json")]:
+        assert store.find(prefix, suffix) == walk(prefix, suffix)
+    assert store.find("", ".arrow") == ["a/b/.h/z.arrow", "a/b/y.arrow", "a/x.arrow", "top.arrow"]
+    assert store.find("missing") == []
