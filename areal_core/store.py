@@ -337,9 +337,14 @@ def _markers_last(
 
 def _walk_local(folder: str, rel: str, suffix: str, out: list[str]) -> None:
     """Append the non-hidden files under `folder` ending in `suffix`, as paths under `rel` ("."
-    for the root); like os.walk, symlinked folders are not entered."""
+    for the root); like os.walk, symlinked folders are not entered and a folder that cannot be
+    read (removed meanwhile, e.g. a pruned weight version) is skipped."""
     prefix = "" if rel == "." else f"{rel}/"
-    with os.scandir(folder) as entries:
+    try:
+        entries = os.scandir(folder)
+    except OSError:
+        return
+    with entries:
         for e in entries:
             if e.is_dir():
                 if not e.is_symlink():

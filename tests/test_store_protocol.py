@@ -143,3 +143,23 @@ def test_local_find_lists_what_os_walk_lists(tmp_path):
         assert store.find(prefix, suffix) == walk(prefix, suffix)
     assert store.find("", ".arrow") == ["a/b/.h/z.arrow", "a/b/y.arrow", "a/x.arrow", "top.arrow"]
     assert store.find("missing") == []
+
+
+def test_local_find_skips_a_folder_removed_while_listing(tmp_path, monkeypatch):
+    """A folder deleted between being seen and being read (the trainer prunes weight versions
+    while another process lists) is skipped, as os.walk skips it, instead of failing the poll."""
+    import os
+
+    for f in ["w/v1/a.bin", "w/v2/b.bin"]:
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_text("")
+    store = Store(str(tmp_path))
+    real = os.scandir
+
+    def scandir(path):
+        if str(path).endswith("v1"):
+            raise FileNotFoundError(path)
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    assert store.find("w") == ["w/v2/b.bin"]
