@@ -262,3 +262,86 @@ def test_online_launch_plan_serializes_with_its_cron_schedule():
     assert lp.spec.workflow_id.name == "workflows.online.online_retrain"
     defaults = lp.spec.default_inputs.parameters
     assert defaults["config"].default.scalar.primitive.string_value == "configs/agent_calculator.yaml"
+
+
+def _candidate_root(tmp_path, base_model: str, uri: str) -> Store:
+    """An online run root as `retrain_candidate` leaves it: a committed final_model/ that beat the
+    current model (0.5 against 0.2), and no sessions shards to move the cursor past."""
+    run = Store(str(tmp_path / "online-run"))
+    run.put_dir(base_model, LAYOUT.final_model)
+    run.write_json(LAYOUT.committed(LAYOUT.final_model), {"updates": 1})
+    plan = {
+        "run_id": "r1",
+        "rows": 4,
+        "shards": [],
+        "trained": True,
+        "tracking_uri": uri,
+        "model_name": "policy",
+        "experiment": "areal-flyte-online",
+        "candidate_score": 0.5,
+        "current_score": 0.2,
+        "start_model": base_model,
+        "sessions": str(tmp_path / "sessions"),
+    }
+    run.write_json(LAYOUT.online_plan, plan)
+    return run
+
+
+def _versions_and_runs(uri: str) -> tuple[list[int], int]:
+    import mlflow
+
+    client = mlflow.MlflowClient(uri)
+    exp = client.get_experiment_by_name("areal-flyte-online")
+    runs = client.search_runs([exp.experiment_id]) if exp else []
+    return sorted(int(v.version) for v in client.search_model_versions("name = 'policy'")), len(runs)
+
+
+@pytest.mark.slow
+def test_a_retried_publish_returns_the_version_it_registered(tmp_path, base_model):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run = _candidate_root(tmp_path, base_model, uri)
+    first = retrain.publish_candidate(run.uri)
+    assert first["registered"] and first["model_uri"] == "models:/policy/1"
+    again = retrain.publish_candidate(run.uri)
+    assert again == first
+    assert _versions_and_runs(uri) == ([1], 1)  # one version, one MLflow run
+
+
+@pytest.mark.slow
+def test_a_publish_that_died_after_registering_is_finished_by_its_retry(tmp_path, base_model, monkeypatch):
+    """Attempt 1 dies after creating the version but before promoting it; attempt 2 after
+    promoting but before writing online_result.json; attempt 3 completes. One version, champion."""
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run = _candidate_root(tmp_path, base_model, uri)
+    promote = registry.promote
+
+    def dies(*args):
+        raise RuntimeError("killed before promoting")
+
+    monkeypatch.setattr(registry, "promote", dies)
+    with pytest.raises(RuntimeError, match="before promoting"):
+        retrain.publish_candidate(run.uri)
+    client = mlflow.MlflowClient(uri)
+    assert _versions_and_runs(uri) == ([1], 1) and registry.aliased(client, "policy") is None
+
+    monkeypatch.setattr(registry, "promote", promote)
+    write_json = Store.write_json
+
+    def dies_on_the_result(self, rel, value):
+        if rel == LAYOUT.online_result:
+            raise RuntimeError("killed before the result")
+        return write_json(self, rel, value)
+
+    monkeypatch.setattr(Store, "write_json", dies_on_the_result)
+    with pytest.raises(RuntimeError, match="before the result"):
+        retrain.publish_candidate(run.uri)
+    assert str(registry.aliased(client, "policy").version) == "1"
+
+    monkeypatch.setattr(Store, "write_json", write_json)
+    out = retrain.publish_candidate(run.uri)
+    assert out["registered"] and out["model_uri"] == "models:/policy/1"
+    assert run.read_json(LAYOUT.online_result) == out
+    assert _versions_and_runs(uri) == ([1], 1)
+    assert str(registry.aliased(client, "policy").version) == "1"

@@ -19,7 +19,9 @@ moves to it. Promote by hand with `MlflowClient().set_registered_model_alias(nam
 
 Works with any tracking URI: a sqlite file, or an MLflow server (sqlite or Postgres backend,
 artifacts on S3: docs/cluster.md). Idempotent: a retried task finds the version it already
-created for this MLflow run instead of adding another, and uploads no file twice.
+created for this MLflow run instead of adding another, and uploads no file twice; an online
+candidate is keyed by its run root (`register_if_better(key=...)`), so a retried publish finds the
+MLflow run and the version an earlier attempt made.
 """
 
 from __future__ import annotations
@@ -206,6 +208,23 @@ def _version_for(client: Any, name: str, run_id: str, kind: str) -> Any | None:
     return None
 
 
+CANDIDATE_TAG = "candidate_key"  # on an online candidate's MLflow run: a digest of the caller's key
+
+
+def _keyed_run(client: Any, experiment: str, key_digest: str) -> str | None:
+    """The MLflow run an earlier call with the same key created (its first, if several), or None."""
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return None
+    runs = client.search_runs(
+        [exp.experiment_id],
+        filter_string=f"tags.{CANDIDATE_TAG} = '{key_digest}'",
+        order_by=["attributes.start_time ASC"],
+        max_results=1,
+    )
+    return runs[0].info.run_id if runs else None
+
+
 def register_run(
     run_uri: str,
     model_name: str,
@@ -311,16 +330,28 @@ def register_if_better(
     run_name: str = "online",
     params: dict[str, Any] | None = None,
     tags: dict[str, str] | None = None,
+    key: str = "",
 ) -> dict[str, Any]:
     """Log an MLflow run with both scores; register `model` (an HF folder, or a function writing
     one) as a new version of `model_name` and promote it to champion only when there is no current
     score or candidate_score > current_score + min_gain.
 
+    `key` names the candidate (online retraining passes its run root). A call with the key of an
+    earlier call reuses that call's MLflow run and returns the version it registered, promoting it
+    only if the earlier call died before it could (and no newer version is champion since), so a
+    retried task registers a candidate once.
+
     Returns {"registered": bool, "model_uri": "models:/name/N" of the champion after the call
-    ('' when there is none), "run_id"}.
+    ('' when there is none; with `key`, the candidate's version when it was registered), "run_id"}.
     """
+    import hashlib
+
     client = mlflow_client(tracking_uri)
-    run_id = new_run(client, experiment, run_name)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:32] if key else ""
+    run_id = (_keyed_run(client, experiment, digest) if key else None) or new_run(
+        client, experiment, run_name, {CANDIDATE_TAG: digest} if key else None
+    )
+    earlier = _version_for(client, model_name, run_id, "online") if key else None
     for k, v in (params or {}).items():
         client.log_param(run_id, k, str(v)[:500])
     client.log_metric(run_id, "candidate_score", candidate_score)
@@ -334,18 +365,19 @@ def register_if_better(
         "model_uri": f"models:/{model_name}/{current.version}" if current else "",
     }
     if better:
-        mv = create_version(
+        mv = earlier or create_version(
             client,
             model_name,
             run_id,
             "model",
             model,
-            {**(tags or {}), "heldout_score": f"{candidate_score:.4f}"},
+            {**(tags or {}), "kind": "online", "heldout_score": f"{candidate_score:.4f}"},
             f"online retrain {run_name}",
             "AReaL-Flyte online retraining",
         )
-        client.set_registered_model_alias(model_name, CANDIDATE, mv.version)
-        promote(client, model_name, mv.version)
+        if current is None or int(current.version) < int(mv.version):  # not promoted yet
+            client.set_registered_model_alias(model_name, CANDIDATE, mv.version)
+            promote(client, model_name, mv.version)
         out.update(registered=True, model_uri=f"models:/{model_name}/{mv.version}")
     client.set_tag(run_id, "registered", str(out["registered"]).lower())
     client.set_terminated(run_id)

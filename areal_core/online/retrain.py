@@ -262,7 +262,8 @@ def retrain_candidate(
 
 
 def publish_candidate(run_uri: str, min_gain: float = 0.0) -> dict[str, Any]:
-    """Register the candidate if it beats the current model (step 5), then move the cursor (6)."""
+    """Register the candidate if it beats the current model (step 5), then move the cursor (6).
+    Safe to retry: the registration is keyed by the run root, so a second call registers nothing new."""
     run = Store(run_uri)
     plan = run.read_json(LAYOUT.online_plan)
     out: dict[str, Any] = {
@@ -286,6 +287,7 @@ def publish_candidate(run_uri: str, min_gain: float = 0.0) -> dict[str, Any]:
             run_name=f"online-{plan['run_id']}",
             params={"rows": plan["rows"], "shards": len(plan["shards"]), "start_model": plan["start_model"]},
             tags={"run_uri": run.uri, "sessions": plan["sessions"], "start_model": plan["start_model"]},
+            key=run.uri,  # a retried task returns the version it registered before
         )
         out.update(registered=reg["registered"], model_uri=reg["model_uri"])
     if plan["shards"]:
