@@ -1,9 +1,10 @@
 """MLflow model registry: register a finished run's models, register an online candidate only when
 it beats the champion, and load any registered version on any device.
 
-Every registered version is an MLflow model of the `transformers` flavor (task text-generation,
-a string-in string-out signature with `max_new_tokens` and `do_sample` parameters, fp32 weights
-as safetensors), so it serves as it is:
+Every registered version is logged the one way every model is (`areal_core/run/tracking.py:log_model`):
+an MLflow model of the `transformers` flavor (task text-generation, a string-in string-out
+signature with `max_new_tokens` and `do_sample` parameters, fp32 weights as safetensors), so it
+serves as it is:
 `mlflow.pyfunc.load_model("models:/areal-flyte-policy@champion").predict(["1 + 2 ="])`.
 A version trained on cuda or npu loads on any device:
 `load_registered("models:/areal-flyte-policy@champion", device="cpu")`.
@@ -28,95 +29,22 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from areal_core.layout import LAYOUT
 from areal_core.logs import setup_logging
-from areal_core.run.tracking import Tracker, mlflow_client, new_run
+from areal_core.run.tracking import ModelFiles, Tracker, log_model, mlflow_client, new_run
 from areal_core.store import Store
 
 log = logging.getLogger("areal.registry")
 
 CHAMPION, CANDIDATE = "champion", "candidate"
-MODEL_TASK = "text-generation"
-REGISTERED_FINAL = "registered_model"  # the final model's MLflow model, in the run's artifacts
-# the libraries a served version needs, pinned to the versions that wrote it
-SERVING_REQUIREMENTS = ("torch", "transformers", "tokenizers", "safetensors")
-
-# The files of a model: a local folder, or a function that writes them into an empty folder.
-ModelFiles = str | Path | Callable[[str], None]
 
 
 # ---------------------------------------------------------------------------------------------
-# The one mechanism: upload a model's files once, then make them a registered version
+# The one mechanism: log a model once (run/tracking.py:log_model), then make it a registered version
 # ---------------------------------------------------------------------------------------------
-def log_model_files(client: Any, run_id: str, artifact_path: str, files: ModelFiles) -> None:
-    """Upload `files` under `artifact_path` of MLflow run `run_id`, unless the run has them already
-    (a retried task); a function is called (on an empty temporary folder) only when needed."""
-    import tempfile
-
-    if client.list_artifacts(run_id, artifact_path):
-        return
-    if not callable(files):
-        client.log_artifacts(run_id, str(files), artifact_path)
-        return
-    with tempfile.TemporaryDirectory() as tmp:
-        files(tmp)
-        client.log_artifacts(run_id, tmp, artifact_path)
-
-
-def signature() -> Any:
-    """The served model's signature: a string prompt in, the generated string out; parameters
-    max_new_tokens (default 64) and do_sample (default false: greedy)."""
-    from mlflow.models import ModelSignature
-    from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
-
-    params = ParamSchema([ParamSpec("max_new_tokens", "long", 64), ParamSpec("do_sample", "boolean", False)])
-    return ModelSignature(Schema([ColSpec("string")]), Schema([ColSpec("string")]), params)
-
-
-def _requirements() -> list[str]:
-    from importlib.metadata import version
-
-    return [f"{name}=={version(name).split('+')[0]}" for name in SERVING_REQUIREMENTS]
-
-
-def transformers_model(hf_files: ModelFiles) -> Callable[[str], None]:
-    """A function writing the MLflow `transformers` model (task text-generation) of an HF folder
-    (`hf_files`: a folder, or a function writing one) into an empty folder. The model is loaded on
-    cpu to write it, in float32."""
-
-    def write(folder: str) -> None:
-        import tempfile
-
-        import mlflow.transformers
-
-        from areal_core.models import load_pretrained
-
-        with tempfile.TemporaryDirectory() as tmp:
-            src = str(hf_files) if not callable(hf_files) else tmp
-            if callable(hf_files):
-                hf_files(tmp)
-            model, tokenizer = load_pretrained(src, "cpu")
-            quiet = logging.getLogger("mlflow.transformers")
-            level = quiet.level
-            quiet.setLevel(logging.ERROR)  # no model card or license on a local checkpoint: not a problem
-            try:
-                mlflow.transformers.save_model(
-                    {"model": model, "tokenizer": tokenizer},
-                    folder,
-                    task=MODEL_TASK,
-                    signature=signature(),
-                    pip_requirements=_requirements(),
-                )
-            finally:
-                quiet.setLevel(level)
-
-    return write
-
-
 def create_version(
     client: Any,
     name: str,
@@ -136,7 +64,7 @@ def create_version(
         client.get_registered_model(name)
     except MlflowException:
         client.create_registered_model(name, description=model_description)
-    log_model_files(client, run_id, artifact_path, transformers_model(files))
+    log_model(client, run_id, artifact_path, files)
     return client.create_model_version(
         name, f"runs:/{run_id}/{artifact_path}", run_id, tags=tags, description=description
     )
@@ -258,8 +186,8 @@ def register_run(
     }
     out: dict[str, Any] = {}
     final_files = store_files(store, LAYOUT.final_model, drop=(LAYOUT.committed_name,))
-    # its own artifact path: evaluation logs the raw final_model/ files into the same MLflow run
-    items = [("final", model_name, REGISTERED_FINAL, final_files, {})]
+    # the run's final_model artifact: evaluation logged it the same way (log_model), else it is logged now
+    items = [("final", model_name, LAYOUT.final_model, final_files, {})]
     steps = checkpoint.committed_steps(store) if include_checkpoint else []
     if steps:
         # a checkpoint holds model.safetensors; config and tokenizer come from init_model so it loads alone

@@ -221,8 +221,6 @@ def log_report(store: Store, tracker: Tracker, heldout: tuple[float, float] | No
 def evaluate_run(run_uri: str) -> dict[str, Any]:
     """Held-out greedy accuracy (agent runs: agent success) of the SFT checkpoint and of the final
     model, logged to MLflow."""
-    import tempfile
-
     import torch
 
     from areal_core.context import load_run_config
@@ -244,10 +242,8 @@ def evaluate_run(run_uri: str) -> dict[str, Any]:
     tracker = Tracker.attach(store)
     tracker.log_metrics({f"{metric}_before": out["before"], f"{metric}_after": out["after"]}, 0)
     out["report"] = log_report(store, tracker, (out["before"], out["after"]))
-    if tracker.enabled:
-        with tempfile.TemporaryDirectory() as tmp:
-            store.get_dir(LAYOUT.final_model, tmp)
-            tracker.log_artifacts(tmp, LAYOUT.final_model)
+    # an MLflow transformers model, like every registered version: runs:/<id>/final_model serves as it is
+    tracker.log_model(LAYOUT.final_model, lambda folder: store.get_dir(LAYOUT.final_model, folder))
     tracker.finish()
     what = f"agent success ({cfg.rollout.agent})" if cfg.rollout.agent else "greedy accuracy"
     print(f"held-out {what}: before RL {out['before']:.3f}, after RL {out['after']:.3f} ({out['gain']:+.3f})")

@@ -9,6 +9,12 @@ domain and console link (`Execution`: the tasks layer puts them in the environme
 areal_core never imports flytekit); elsewhere it gets a generated name. Every role that attaches
 logs system metrics (CPU, memory, disk, network, GPU when pynvml is present) under
 `system/<role>/...` while it runs (`Tracker.system_metrics`).
+
+Every model goes to MLflow one way, `log_model`: an MLflow model of the `transformers` flavor
+(task text-generation, a string-in string-out signature with `max_new_tokens` and `do_sample`
+parameters, fp32 weights as safetensors). The run's `final_model/` (logged by evaluation) and
+every registered version (`areal_core/online/registry.py`) are such models, so each serves as
+it is: `mlflow.pyfunc.load_model("runs:/<id>/final_model").predict(["1 + 2 ="])`.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import dataclasses
 import datetime
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +105,73 @@ def new_run(client: Any, experiment: str, fallback_name: str, tags: dict[str, st
     return client.create_run(exp_id, run_name=execution.run_name(fallback_name), tags=all_tags).info.run_id
 
 
+# The files of a model: a local HF folder, or a function that writes one into an empty folder.
+ModelFiles = str | Path | Callable[[str], None]
+MODEL_TASK = "text-generation"
+MLMODEL = "MLmodel"  # the file that makes an artifact folder an MLflow model
+# the libraries a served model needs, pinned to the versions that wrote it
+SERVING_REQUIREMENTS = ("torch", "transformers", "tokenizers", "safetensors")
+
+
+def model_signature() -> Any:
+    """The served model's signature: a string prompt in, the generated string out; parameters
+    max_new_tokens (default 64) and do_sample (default false: greedy)."""
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
+
+    params = ParamSchema([ParamSpec("max_new_tokens", "long", 64), ParamSpec("do_sample", "boolean", False)])
+    return ModelSignature(Schema([ColSpec("string")]), Schema([ColSpec("string")]), params)
+
+
+def _requirements() -> list[str]:
+    from importlib.metadata import version
+
+    return [f"{name}=={version(name).split('+')[0]}" for name in SERVING_REQUIREMENTS]
+
+
+def save_transformers_model(hf_files: ModelFiles, folder: str) -> None:
+    """Write the MLflow `transformers` model (task text-generation) of an HF folder (`hf_files`: a
+    folder, or a function writing one) into the empty `folder`; the model is loaded on cpu, in float32."""
+    import tempfile
+
+    import mlflow.transformers
+
+    from areal_core.models import load_pretrained
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src = tmp if callable(hf_files) else str(hf_files)
+        if callable(hf_files):
+            hf_files(tmp)
+        model, tokenizer = load_pretrained(src, "cpu")
+        quiet = logging.getLogger("mlflow.transformers")
+        level = quiet.level
+        quiet.setLevel(logging.ERROR)  # no model card or license on a local checkpoint: not a problem
+        try:
+            mlflow.transformers.save_model(
+                {"model": model, "tokenizer": tokenizer},
+                folder,
+                task=MODEL_TASK,
+                signature=model_signature(),
+                pip_requirements=_requirements(),
+            )
+        finally:
+            quiet.setLevel(level)
+
+
+def log_model(client: Any, run_id: str, artifact_path: str, hf_files: ModelFiles) -> None:
+    """The one way a model is logged: as the MLflow transformers model of `hf_files` under
+    `artifact_path` of run `run_id`, unless that path holds an MLflow model already (a retried
+    task, or the final model evaluation logged before registration), so no file is uploaded twice."""
+    import tempfile
+
+    if any(f.path.rsplit("/", 1)[-1] == MLMODEL for f in client.list_artifacts(run_id, artifact_path)):
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = str(Path(tmp, "model"))
+        save_transformers_model(hf_files, folder)
+        client.log_artifacts(run_id, folder, artifact_path)
+
+
 class Tracker:
     """A thin handle on one MLflow run; every method is a no-op when tracking is disabled."""
 
@@ -174,6 +247,12 @@ class Tracker:
     def log_artifacts(self, local_dir: str | Path, artifact_path: str) -> None:
         if self._client:
             self._client.log_artifacts(self.run_id, str(local_dir), artifact_path)
+
+    def log_model(self, artifact_path: str, hf_files: ModelFiles) -> None:
+        """Log a model the one way (`log_model`): `runs:/<run id>/<artifact_path>` then loads with
+        `mlflow.pyfunc.load_model`."""
+        if self._client:
+            log_model(self._client, self.run_id, artifact_path, hf_files)
 
     def set_tag(self, key: str, value: str) -> None:
         if self._client:
