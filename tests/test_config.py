@@ -1,13 +1,8 @@
-import ast
-from pathlib import Path
-
 import pytest
 
 from areal_core.config import ConfigError, RunConfig, from_yaml_text, load_config, to_flat_dict, to_yaml
 from areal_core.config.cluster import cluster_config_from_dict
 from areal_core.config.hooks import import_object
-
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "areal_core" / "config"
 
 
 def test_defaults_validate_and_round_trip():
@@ -119,26 +114,6 @@ def test_import_object_is_the_one_hook_loader():
         assert message in str(err.value) and "\n" not in str(err.value)
     with pytest.raises(ConfigError, match="is not an async function"):
         import_object("areal_core.config:load_config", key="k", coroutine=True)
-
-
-def test_the_config_package_imports_nothing_else_from_areal_core():
-    """Config sits at the bottom of the layers: no import (module level or in a function) of
-    areal_core outside areal_core.config."""
-    bad = []
-    for path in sorted(CONFIG_DIR.glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                names = [node.module or ""] if node.level == 0 else ["areal_core.config"]
-            bad += [
-                f"{path.name}: {n}"
-                for n in names
-                if n.split(".")[0] == "areal_core"
-                and not (n == "areal_core.config" or n.startswith("areal_core.config."))
-            ]
-    assert not bad, bad
 
 
 def test_bad_yaml_file(tmp_path):

@@ -229,21 +229,6 @@ def test_quarantine_is_recorded_where_it_happens(tmp_path):
     assert store.exists(LAYOUT.quarantined(rel))
 
 
-def test_overhead_of_a_step_worth_of_records_is_tiny(tmp_path):
-    """The per-step records of the trainer (about a dozen) cost microseconds, not milliseconds."""
-    ev = EventLog(Store(str(tmp_path)), "trainer", "0", flush_every_s=60)
-    for step in range(200):
-        for on in ("read", "batch_build", "train", "publish", "metrics"):
-            with ev.span(on):
-                pass
-        ev.emit("trained", step=step, samples=8, staleness={"0": 6, "1": 2}, dropped=0, abandoned=0)
-        ev.emit("publish", version=step, bytes=1, seconds=0.1)
-        ev.end_step(step)
-    ev.close()
-    assert ev.overhead_s / 200 < 2e-3
-    assert Counter(r["kind"] for r in read_events(Store(str(tmp_path))))["phases"] == 200
-
-
 @pytest.mark.slow
 def test_a_pipeline_runs_events_agree_with_the_trainers_own_records(tiny_overrides):
     """Two rollout workers flood a slow trainer (η = 1, admission off), so samples are dropped; a

@@ -12,7 +12,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -248,10 +247,6 @@ def test_hostile_program_is_contained(name, sb, tmp_path, victim, listener, monk
     assert sb.run_tests(GOOD, ADD_TESTS).score == 1.0
 
 
-def test_hostile_suite_is_large_enough():
-    assert len(HOSTILE) >= 20
-
-
 @pytest.mark.sandbox
 @pytest.mark.skipif(not HAVE_BWRAP, reason="bubblewrap not installed (.ci/run installs it)")
 def test_environment_is_empty_inside(sb, monkeypatch):
@@ -390,6 +385,8 @@ def test_explain_reasons():
     assert explain(152, "", False, lim) == "exit code 152"  # an exit code, not 128 + a signal
     assert explain(137, "", False, lim) == "exit code 137"
     assert explain(-9, "", False, lim) == "cpu time or memory limit: killed by SIGKILL"
+    assert explain(-11, "", False, lim) == "crashed: killed by SIGSEGV"  # any signal, by its name
+    assert explain(-99, "", False, lim) == "crashed: killed by 99"  # no such signal: its number
     assert explain(0, "", False, lim, output_over=True) == f"output over limit: more than {lim.output_bytes} bytes"
     assert explain(1, "Traceback\nMemoryError\n", False, lim) == "memory limit: MemoryError"
     assert explain(1, "bwrap: Can't mount proc", False, lim) == "sandbox error: bwrap: Can't mount proc"
@@ -460,7 +457,3 @@ def test_code_reward_info():
     assert code_reward(wrong, "#### 3")["info"]["error"] == "the task has no tests"
     # tests may come from meta when the reference is not a JSON spec
     assert code_reward("```python\n" + GOOD + "```", "", meta={"tests": ADD_TESTS})["reward"] == 1.0
-
-
-def test_signals_table_names_sigkill():
-    assert sandbox_mod._SIGNALS[int(signal.SIGKILL)] == "SIGKILL"
