@@ -15,7 +15,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
-GSM8K = SHARED / "datasets" / "gsm8k"
+# GSM8K's train.jsonl and test.jsonl: $AREAL_GSM8K, else ../shared/datasets/gsm8k beside the checkout
+GSM8K = Path(os.environ.get("AREAL_GSM8K") or SHARED / "datasets" / "gsm8k")
 BIN = Path(sys.executable).parent
 
 TINY = [
@@ -43,6 +44,15 @@ TINY = [
     "launcher.progress=false",
     "launcher.timeout_s=300",
 ]
+
+
+def gsm8k_file(split: str = "test") -> Path:
+    """GSM8K's `split` JSONL file; a test that needs it is skipped, with one line saying why, when
+    the data folder is absent (a clone made elsewhere passes `make test`)."""
+    path = GSM8K / f"{split}.jsonl"
+    if not path.is_file():
+        pytest.skip(f"GSM8K data not found at {GSM8K} (set AREAL_GSM8K to the folder holding {path.name})")
+    return path
 
 
 def free_port() -> int:

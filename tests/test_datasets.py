@@ -4,7 +4,7 @@ import pytest
 
 from areal_core.reward.math import gsm8k_reward
 from datasets import arithmetic, gsm8k
-from tests.conftest import GSM8K
+from tests.conftest import GSM8K, gsm8k_file
 
 
 def test_arithmetic_is_seeded_and_splits_are_disjoint():
@@ -30,6 +30,7 @@ def test_arithmetic_answers_are_gsm8k_style_and_correct():
 
 
 def test_gsm8k_loader_reads_the_shared_files():
+    gsm8k_file("test")
     rows = gsm8k.load_split(str(GSM8K), "test", limit=20)
     assert len(rows) == 20 and rows[0]["prompt_id"] == "gsm8k-test-0"
     assert rows[0]["meta"]["final"] == "18"
@@ -54,6 +55,6 @@ def test_gsm8k_loader_reads_s3(s3_bucket):
 
     uri = f"{s3_bucket}/gsm8k"
     with fsspec.open(f"{uri}/test.jsonl", "wt", **storage_options(uri)) as f:
-        f.write((GSM8K / "test.jsonl").read_text().split("\n", 3)[0] + "\n")
+        f.write(gsm8k_file("test").read_text().split("\n", 3)[0] + "\n")
     rows = gsm8k.load_split(uri, "test")
     assert len(rows) == 1 and rows[0]["meta"]["final"] == "18"

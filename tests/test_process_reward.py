@@ -17,7 +17,7 @@ from areal_core.reward.process import (
     wants_token_offsets,
 )
 from datasets import arithmetic
-from tests.conftest import GSM8K
+from tests.conftest import gsm8k_file
 
 
 @pytest.mark.parametrize(
@@ -67,7 +67,7 @@ def test_safe_eval_refuses_everything_else(expr):
 def test_gsm8k_annotations_check_out():
     """Every calculator annotation of the GSM8K test references checks out (one of them,
     `<<3/4=3/4>>`, claims a fraction)."""
-    rows = [json.loads(line) for line in (GSM8K / "test.jsonl").read_text().splitlines() if line]
+    rows = [json.loads(line) for line in gsm8k_file("test").read_text().splitlines() if line]
     steps = [s for r in rows for s in check_steps(r["answer"])]
     assert len(steps) == 4282
     assert all(s.kind == "annotation" for s in steps)

@@ -6,11 +6,11 @@ import pytest
 from areal_core.config import ConfigError
 from areal_core.reward.math import extract_answer, gsm8k_reward
 from areal_core.reward.pool import RewardPool
-from tests.conftest import GSM8K
+from tests.conftest import gsm8k_file
 
 
 def gsm8k_test_rows():
-    return [json.loads(line) for line in (GSM8K / "test.jsonl").read_text().splitlines() if line]
+    return [json.loads(line) for line in gsm8k_file("test").read_text().splitlines() if line]
 
 
 def test_every_reference_solution_scores_one_against_itself():

@@ -7,7 +7,7 @@ from fractions import Fraction
 import pytest
 
 from areal_core.reward.math import boxed_contents, extract_answer, gsm8k_reward, math_reward, parse_number
-from tests.conftest import GSM8K
+from tests.conftest import gsm8k_file
 
 
 @pytest.mark.parametrize(
@@ -100,7 +100,7 @@ def test_gsm8k_reward_scores(completion, reference, score):
 
 
 def _rows():
-    return [json.loads(line) for line in (GSM8K / "test.jsonl").read_text().splitlines() if line]
+    return [json.loads(line) for line in gsm8k_file("test").read_text().splitlines() if line]
 
 
 def test_reformatted_gsm8k_answers_still_score_one():
