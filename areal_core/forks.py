@@ -23,7 +23,7 @@ import logging
 from dataclasses import asdict, dataclass, field
 
 from areal_core.layout import LAYOUT
-from areal_core.protocol import Recorder, Sample, ShardError, decode_shard, read_shard_or_quarantine
+from areal_core.protocol import Sample, ShardError, decode_shard
 from areal_core.store import Store
 
 log = logging.getLogger("areal.forks")
@@ -82,14 +82,6 @@ def on_lineage(samples: list[Sample], version: int, abandoned: list[list[int]]) 
 
     bad = {s.group_id for s in samples if not ok(s)}
     return [s for s in samples if s.group_id not in bad]
-
-
-def read_graded(store: Store, rel: str, fork: ForkRef | None, events: Recorder | None = None) -> list[Sample] | None:
-    """What the trainer reads of graded shard `rel`: a fork's referenced shard from the root holding
-    it (its groups on the lineage), else the root's own shard (a corrupt one quarantined)."""
-    if fork is not None and rel in fork.shards:
-        return fork.read_shard(rel)
-    return read_shard_or_quarantine(store, rel, events)
 
 
 def read_fork(store: Store) -> ForkRef | None:

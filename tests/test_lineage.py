@@ -86,9 +86,18 @@ def manifests(store: Store) -> dict[int, str]:
 
 def train_steps(trainer, n: int) -> None:
     for _ in range(n):
-        samples, dropped, abandoned = trainer.next_batch()
-        assert samples is not None
-        trainer.step(samples, dropped, abandoned)
+        batch = trainer.source.next_batch(trainer.state)
+        assert batch.samples is not None
+        trainer.step(batch.samples, batch.dropped, batch.abandoned)
+
+
+def started(run_uri: str, cfg):
+    """The run's trainer after `start()` (the resumed version published)."""
+    from areal_core.train.run_trainer import build_run_trainer
+
+    trainer = build_run_trainer(run_uri, cfg)
+    trainer.start()
+    return trainer
 
 
 @pytest.mark.slow
@@ -96,8 +105,6 @@ def test_restart_from_an_older_checkpoint_never_reuses_a_published_version(tmp_p
     """checkpoint_every = 3: the trainer publishes v1..v4 (checkpoint at step 3), dies; restarted,
     it publishes the checkpoint's weights as v5 (not v3 again, then a different v4), drops the
     groups sampled by v4 and finishes. A second death before the next checkpoint moves on again."""
-    from areal_core.train.trainer import Trainer
-
     overrides = [*TINY, f"store={tmp_path / 'run'}", "sft.enabled=false", "train.steps=6"]
     run_uri, _ = pipeline.prepare("", [*overrides, "train.checkpoint_every=3", "train.eta=10"])
     pipeline.sft(run_uri)
@@ -107,7 +114,7 @@ def test_restart_from_an_older_checkpoint_never_reuses_a_published_version(tmp_p
     store.write_bytes(LAYOUT.graded_shard("w", 0), encode_shard(groups(rng, "a", 8, 0, vocab)))
 
     cfg = load_run_config(store)
-    first = Trainer(run_uri, cfg)
+    first = started(run_uri, cfg)
     train_steps(first, 4)  # checkpoint after step 3, then v4 published without one
     before = manifests(store)
     assert sorted(before) == [0, 1, 2, 3, 4] and checkpoint.committed_steps(store) == [3]
@@ -116,7 +123,7 @@ def test_restart_from_an_older_checkpoint_never_reuses_a_published_version(tmp_p
     # while it was down, rollout sampled 2 groups with v4; 4 more groups are from v3
     late = groups(rng, "b", 2, 4, vocab) + groups(rng, "c", 4, 3, vocab)
     store.write_bytes(LAYOUT.graded_shard("w", 1), encode_shard(late))
-    second = Trainer(run_uri, cfg)
+    second = started(run_uri, cfg)
     assert (second.state.step, second.state.version, second.state.abandoned) == (3, 5, [[4, 4]])
     assert store.latest_version() == 5
     ck = store.read_bytes(LAYOUT.checkpoint_file(3, "model.safetensors"))
@@ -124,7 +131,7 @@ def test_restart_from_an_older_checkpoint_never_reuses_a_published_version(tmp_p
     train_steps(second, 1)  # publishes v6 (no checkpoint at step 4) ...
     del second  # ... and dies again
 
-    third = Trainer(run_uri, cfg)  # from step 3 again: v4..v6 abandoned, its weights as v7
+    third = started(run_uri, cfg)  # from step 3 again: v4..v6 abandoned, its weights as v7
     assert (third.state.step, third.state.version, third.state.abandoned) == (3, 7, [[4, 6]])
     third.fit()
     done = store.read_json("DONE")

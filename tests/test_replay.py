@@ -126,12 +126,13 @@ def test_bad_replays_are_refused_in_one_line_and_write_nothing(source, tmp_path)
 # a replay that trains two steps, then hangs in the third until it is killed
 HANGS_AT_STEP_2 = """
 import sys, time, areal_core.run.replay as r
-real = r.ReplayTrainer.step
+from areal_core.train.trainer import Trainer
+real = Trainer.step
 def step(self, *args):
     if self.state.step >= 2:
         time.sleep(600)
     return real(self, *args)
-r.ReplayTrainer.step = step
+Trainer.step = step
 sys.exit(r.main(sys.argv[1:]))
 """
 

@@ -222,7 +222,7 @@ def test_a_role_of_a_root_with_no_lease_refuses_to_start(tmp_path):
 def test_a_copied_graded_shard_is_not_trained_twice(tmp_path):
     """A trainer with real shards: a shard copied under a new name (before and after a
     checkpoint and restart) adds no sample to the buffer and is counted."""
-    from areal_core.train.trainer import Trainer
+    from areal_core.train.run_trainer import build_run_trainer
 
     run_uri, _ = pipeline.prepare("", [*TINY, f"store={tmp_path / 'run'}"])
     pipeline.sft(run_uri)
@@ -231,17 +231,17 @@ def test_a_copied_graded_shard_is_not_trained_twice(tmp_path):
     shard = [sample("rollout-0", f"rollout-0-g0000000-{k}") for k in range(4)]
     write_shard(store, LAYOUT.graded_shard("rollout-0", 0), shard)
     store.write_bytes(LAYOUT.graded_shard("copy", 0), store.read_bytes(LAYOUT.graded_shard("rollout-0", 0)))
-    trainer = Trainer(run_uri, cfg)
-    trainer.ingest()
-    assert len(trainer.buffer.samples()) == 4 and trainer.state.counters["duplicate_samples"] == 4
+    trainer = build_run_trainer(run_uri, cfg)
+    trainer.source.ingest()
+    assert len(trainer.source.pending()) == 4 and trainer.state.counters.duplicate_samples == 4
     trainer.save_checkpoint()
-    again = Trainer(run_uri, cfg)  # restored: the identities came back with the checkpoint
+    again = build_run_trainer(run_uri, cfg)  # restored: the identities came back with the checkpoint
     store.write_bytes(LAYOUT.graded_shard("rollout-7", 3), store.read_bytes(LAYOUT.graded_shard("rollout-0", 0)))
     write_shard(store, LAYOUT.graded_shard("rollout-0", 1), [sample("rollout-0", "rollout-0-g0000001-0")])
-    again.ingest()
-    ids = sorted(s.sample_id for s in again.buffer.samples())
+    again.source.ingest()
+    ids = sorted(s.sample_id for s in again.source.pending())
     assert ids == sorted([s.sample_id for s in shard] + ["rollout-0-g0000001-0"])
-    assert again.state.counters["duplicate_samples"] == 8
+    assert again.state.counters.duplicate_samples == 8
 
 
 def test_preference_export_and_online_retraining_read_each_sample_once(tmp_path):

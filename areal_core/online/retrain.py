@@ -10,14 +10,10 @@ One run (`online_retrain`, or its two halves `retrain_candidate` then `publish_c
      each sample once and none an earlier run trained on (by `Sample.identity()`, recorded per
      run in `online/consumed/{run}.txt.gz`: a shard copied under a new name is not retrained);
   2. start model: the `champion` version of `model_name`, else `model.path`;
-     Rows whose reward is not finite or lies outside what agent.reward_{min,max} allow are left
-     out (`admissible`), and every update is checked for non-finite parameters;
-  3. train: one pass over the new rows with the run's loss (decoupled PPO by default) in
-     min(train.steps, ⌊rows / (train.batch_groups · rollout.group_size)⌋) near-equal updates
-     (at least one). Live sessions come
-     one per user, not in groups, so rows that share a prompt_id form a group and the others
-     share one group per update: the baseline is then the update's mean reward,
-     A_i = (r_i − mean r) / (std r + ε);
+  3. train: the run's one trainer (train/trainer.py) fed the rows as `SessionBatches`
+     (online/session_batches.py: one pass in near-equal updates, rows regrouped by prompt,
+     inadmissible rewards left out), with the run's loss (decoupled PPO by default), publishing
+     nothing and raising on a non-finite parameter;
   4. evaluate the candidate and the current model on the task's held-out split with the same
      metric (`heldout_score`: agent success when `rollout.agent` is set, else greedy accuracy);
   5. register the candidate as a new version only if score_candidate > score_current + min_gain,
@@ -30,24 +26,15 @@ One run (`online_retrain`, or its two halves `retrain_candidate` then `publish_c
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import logging
-import math
-import tempfile
 from typing import Any
 
 from areal_core.layout import LAYOUT
 from areal_core.logs import setup_logging
 from areal_core.online.registry import aliased, download, register_if_better, store_files
-from areal_core.protocol import (
-    Sample,
-    decode_identities,
-    encode_identities,
-    finite_reward,
-    read_shard_or_quarantine,
-    unique,
-)
+from areal_core.online.session_batches import SessionBatches, admissible
+from areal_core.protocol import Sample, decode_identities, encode_identities, read_shard_or_quarantine, unique
 from areal_core.store import Store
 
 log = logging.getLogger("areal.online")
@@ -99,74 +86,25 @@ def run_stamp(at: datetime.datetime | None = None) -> str:
     return (at or datetime.datetime.now(datetime.UTC)).strftime("%Y%m%dT%H%M%S")
 
 
-# ---------------------------------------------------------------------------------------------
-# Training on sessions
-# ---------------------------------------------------------------------------------------------
-def regroup(samples: list[Sample], pool_id: str) -> list[Sample]:
-    """Rows sharing a prompt_id (two or more) form a group; every other row joins `pool_id`."""
-    counts: dict[str, int] = {}
-    for s in samples:
-        counts[s.prompt_id] = counts.get(s.prompt_id, 0) + 1
-    return [
-        dataclasses.replace(
-            s, group_id=f"{pool_id}-{s.prompt_id}" if s.prompt_id and counts[s.prompt_id] > 1 else pool_id
-        )
-        for s in samples
-    ]
+def train_candidate(start_path: str, samples: list[Sample], cfg: Any, run: Store, score: Any) -> dict[str, Any]:
+    """The one trainer (train/trainer.py) on the model at `start_path`, fed `samples` as
+    `SessionBatches`, publishing nothing, raising on a non-finite parameter; it writes the
+    candidate to `run` (final_model/, DONE). `score(model, tokenizer)`: the held-out metric, taken
+    before and after. Returns {updates, left_out, current_score, candidate_score}."""
+    from areal_core.train.parts import load_parts
+    from areal_core.train.sinks import NullSink
+    from areal_core.train.trainer import Trainer
 
-
-def admissible(sample: Sample, low: float, high: float) -> bool:
-    """Whether a session row may be trained on: its reward and every token reward finite in
-    float32, and within the range its turns can reach, |G| <= (num_turns + 1) * max(|low|, |high|)
-    (a return sums at most one reward per turn plus the final one, each in [low, high], γ <= 1);
-    and every behaviour log-prob finite."""
-    bound = (max(sample.num_turns, 1) + 1) * max(abs(low), abs(high))
-    values = [sample.reward] + list(sample.token_rewards or [])
-    if not all(map(math.isfinite, sample.behav_logprobs)):  # a NaN log-prob NaNs the update
-        return False
-    return sample.reward is not None and all(finite_reward(v) and abs(v) <= bound for v in values)
-
-
-def check_parameters(model: Any, update: int) -> None:
-    """Raise when an update left a non-finite parameter (the candidate is then never saved)."""
-    import torch
-
-    bad = [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]
-    if bad:
-        raise FloatingPointError(f"online update {update} made {len(bad)} parameters non-finite (first: {bad[0]})")
-
-
-def train_on_sessions(model: Any, tokenizer: Any, samples: list[Sample], cfg: Any) -> list[dict[str, float]]:
-    """One pass of `train_step` over `samples` (see the module docstring); returns per-update metrics.
-    Rows that are not `admissible` under agent.reward_{min,max} are left out; every update is
-    checked for non-finite parameters."""
-    import torch
-
-    low, high = cfg.agent.reward_min, cfg.agent.reward_max
-    kept = [s for s in samples if admissible(s, low, high)]
-    if len(kept) < len(samples):
-        log.warning(
-            "online retraining: %d rows with a reward outside [%g, %g] left out", len(samples) - len(kept), low, high
-        )
-    samples = kept
-    if not samples:
-        return []
-
-    from areal_core.train.step import train_step
-
-    torch.manual_seed(cfg.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, betas=(0.9, 0.99))
-    per_update = cfg.train.batch_groups * cfg.rollout.group_size
-    n_updates = min(cfg.train.steps, max(1, len(samples) // per_update), max(1, len(samples) // 2))
-    bounds = [round(i * len(samples) / n_updates) for i in range(n_updates + 1)]  # near-equal chunks
-    metrics = []
-    model.train()
-    for i in range(n_updates):
-        batch = regroup(samples[bounds[i] : bounds[i + 1]], f"online-{i}")
-        metrics.append(train_step(model, opt, batch, cfg, tokenizer.pad_token_id))
-        check_parameters(model, i)
-    model.eval()
-    return metrics
+    cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"eval_every": 0})})  # scored here
+    parts = load_parts(start_path, cfg)
+    source = SessionBatches(samples, cfg)
+    current = score(parts.model.eval(), parts.tokenizer)
+    trainer = Trainer(parts, source, NullSink(), run, cfg, check_finite=True)
+    parts.model.train()
+    trainer.fit()
+    candidate = score(parts.model.eval(), parts.tokenizer)
+    updates = trainer.state.step
+    return {"updates": updates, "left_out": source.left_out, "current_score": current, "candidate_score": candidate}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -196,7 +134,6 @@ def retrain_candidate(
 
     from areal_core.config import load_config, to_yaml
     from areal_core.evaluate import heldout_score
-    from areal_core.models import load_pretrained, save_pretrained
     from areal_core.run.pipeline import parse_overrides
     from areal_core.run.tracking import tracking_uri as resolve_uri
 
@@ -233,30 +170,23 @@ def retrain_candidate(
 
     _, held_out = load_task(cfg.task, cfg.seed)
     records = held_out[: cfg.eval.num_samples]
-    model, tokenizer = load_pretrained(start_path, cfg.device)
-    current_score = heldout_score(model, tokenizer, cfg, records)
-    metrics = train_on_sessions(model, tokenizer, samples, cfg)
-    candidate_score = heldout_score(model, tokenizer, cfg, records)
-    with tempfile.TemporaryDirectory() as tmp:
-        save_pretrained(model, tokenizer, tmp)
-        run.put_dir(tmp, LAYOUT.final_model)
-    run.write_json(LAYOUT.committed(LAYOUT.final_model), {"updates": len(metrics)})
+    trained = train_candidate(start_path, samples, cfg, run, lambda model, tok: heldout_score(model, tok, cfg, records))
     plan.update(
         trained=True,
         start_model=start_label,
-        updates=len(metrics),
+        updates=trained["updates"],
         reward_mean=sum(s.reward or 0.0 for s in samples) / len(samples),
-        current_score=current_score,
-        candidate_score=candidate_score,
+        current_score=trained["current_score"],
+        candidate_score=trained["candidate_score"],
     )
     run.write_json(LAYOUT.online_plan, plan)
     log.info(
         "online run %s: %d rows, %d updates, held-out %.4f -> %.4f",
         run_id,
         len(samples),
-        len(metrics),
-        current_score,
-        candidate_score,
+        trained["updates"],
+        trained["current_score"],
+        trained["candidate_score"],
     )
     return run.uri
 

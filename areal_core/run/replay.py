@@ -23,8 +23,8 @@ Nothing is published and no checkpoint is written; the new root gets the audit r
 trainer/metrics.jsonl, final_model/, DONE and lineage/replay.json (the source, the overrides,
 and the largest relative difference of each step's loss and grad-norm from the run's).
 
-One step implementation: `ReplayTrainer` is the trainer (train/trainer.py) fed the recorded
-batches. With the run's config and seed the per-step loss and grad-norm match the run's
+One step implementation: the replay is the trainer (train/trainer.py) fed the recorded batches
+(`RecordedBatches`) with a sink that publishes and checkpoints nothing (`NullSink`). With the run's config and seed the per-step loss and grad-norm match the run's
 (tests/test_replay.py). Under other settings (`--set`): algo.*, train.* (lr, schedule, η,
 minibatches, clipping ...), seed, eval, tracking. The model, the task, the rollout settings (the
 behaviour distribution: rollout.temperature is the trainer's too) and train.batch_groups are
@@ -42,75 +42,21 @@ import time
 from typing import Any
 
 from areal_core.context import load_run_config, set_threads
+from areal_core.events import EventLog
 from areal_core.forks import read_fork
 from areal_core.layout import LAYOUT
 from areal_core.protocol import Sample, ShardError, decode_shard
 from areal_core.run.derived import DerivedRunError, begin, copy_base, derived_config, fresh_root
 from areal_core.store import Store
-from areal_core.train.batch import GroupBuffer
+from areal_core.train.parts import load_parts
+from areal_core.train.sinks import NullSink
+from areal_core.train.sources import RecordedBatches, record_ids
 from areal_core.train.trainer import Trainer
 
 log = logging.getLogger("areal.replay")
 
 FIXED = ("model.", "task.", "sft.", "rollout.", "agent.", "reward.", "train.batch_groups")
 COMPARED = ("loss", "grad_norm")
-
-
-class ReplayTrainer(Trainer):
-    """The trainer on recorded batches: it publishes nothing and writes no checkpoint."""
-
-    def _resume_versions(self) -> None:
-        pass
-
-    def _checkpoint_and_publish(self) -> float:
-        return 0.0
-
-    def replay(self, records: list[dict], lookup: dict[str, Sample]) -> dict[str, Any]:
-        """Train each record's batch in its order (filtered by this config's η and dynamic
-        sampling) at the record's trainer version; then the final model and DONE. Returns the
-        per-step comparison with the records' metrics."""
-        st, t0 = self.state, time.time()
-        steps, skipped = [], []
-        for rec in records:
-            st.version = rec["trainer_version"]
-            samples, dropped = self._filtered([lookup[i] for i in record_ids(rec)])
-            if not samples:
-                skipped.append(rec["step"])
-                self._count_drops(dropped, [])
-                st.step += 1
-                continue
-            metrics = self.step(samples, dropped)
-            self._log_metrics(metrics, time.time() - t0)
-            steps.append(compare(rec, metrics))
-        self.finish()
-        worst = {k: max((s[f"{k}_rel_diff"] for s in steps if f"{k}_rel_diff" in s), default=None) for k in COMPARED}
-        train_s = sum(s["train_s"] for s in steps)
-        return {
-            "per_step": steps,
-            "skipped": skipped,
-            "max_rel_diff": worst,
-            "train_s": train_s,
-            "wall_s": time.time() - t0,
-        }
-
-    def _filtered(self, batch: list[Sample]) -> tuple[list[Sample], list[Sample]]:
-        """The batch under this config: samples beyond η dropped, uninformative groups filtered
-        (DAPO), groups left with fewer than two samples dropped; the order kept."""
-        buf = GroupBuffer()
-        buf.add(batch)
-        dropped = buf.drop_stale(self.state.version, self.cfg.train.eta)
-        if self.cfg.algo.dynamic_sampling:
-            groups = len({s.group_id for s in buf.drop_uninformative()})
-            self.state.counters["filtered_groups"] = self.state.counters.get("filtered_groups", 0) + groups
-        return buf.samples(), dropped
-
-
-def record_ids(rec: dict) -> list[str]:
-    """The identities (`Sample.identity()`: worker/sample id) a step trained, in order; records
-    older than `sample_workers` name sample ids only."""
-    if "sample_workers" not in rec:
-        return [sid for sid, _ in rec["samples"]]
-    return [f"{w}/{sid}" for w, (sid, _) in zip(rec["sample_workers"], rec["samples"])]
 
 
 def compare(rec: dict, metrics: dict[str, float]) -> dict[str, float]:
@@ -123,6 +69,38 @@ def compare(rec: dict, metrics: dict[str, float]) -> dict[str, float]:
             out[f"run_{k}"] = recorded[k]
             out[f"{k}_rel_diff"] = abs(metrics[k] - recorded[k]) / max(abs(recorded[k]), 1e-12)
     return out
+
+
+def train_recorded(
+    store: Store, cfg: Any, records: list[dict], lookup: dict[str, Sample], **trainer_args: Any
+) -> dict[str, Any]:
+    """The trainer on `store`'s init_model fed each record's batch (screened by this config's η and
+    dynamic sampling) at the record's trainer version, publishing nothing; then the final model and
+    DONE. Returns the per-step comparison with the records' metrics."""
+    t0 = time.time()
+    events = EventLog(None, "trainer", "0")
+    source = RecordedBatches(records, lookup, cfg, events)
+    steps: list[dict] = []
+    parts = load_parts(store.url(LAYOUT.init_model), cfg)
+    trainer = Trainer(
+        parts,
+        source,
+        NullSink(),
+        store,
+        cfg,
+        events=events,
+        on_step=lambda batch, metrics: steps.append(compare(batch.record, metrics)),
+        **trainer_args,
+    )
+    trainer.fit()
+    worst = {k: max((s[f"{k}_rel_diff"] for s in steps if f"{k}_rel_diff" in s), default=None) for k in COMPARED}
+    return {
+        "per_step": steps,
+        "skipped": source.skipped,
+        "max_rel_diff": worst,
+        "train_s": sum(s["train_s"] for s in steps),
+        "wall_s": time.time() - t0,
+    }
 
 
 def load_records(store: Store) -> list[dict]:
@@ -206,8 +184,7 @@ def replay(run_uri: str, into: str, overrides: list[str] | None = None, layer: s
     tracker = Tracker.create(store, cfg)
     tracker.set_tag("areal.replay.source", source.uri)
     with hold(store, cfg.lease, renew=True, run_id=run_id) as lease:
-        trainer = ReplayTrainer(store.uri, cfg, evaluate=evaluate, tracker=tracker, guard=lease.check)
-        result = trainer.replay(records, lookup)
+        result = train_recorded(store, cfg, records, lookup, evaluate=evaluate, tracker=tracker, guard=lease.check)
         renew(store, run_id, "done", lease.claim)
     tracker.finish()
     record = {**head, "state": "done", "source_trainer": source_trainer_time(source), **result}

@@ -60,7 +60,7 @@ def trainer_role(run_uri: str) -> dict:
     from areal_core.run.tracking import Tracker
     from areal_core.store import Store
     from areal_core.train.distributed import env_ranks
-    from areal_core.train.trainer import run_trainer
+    from areal_core.train.run_trainer import run_trainer
 
     store = Store(run_uri)
     cfg = load_run_config(store)

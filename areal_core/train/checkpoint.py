@@ -1,6 +1,7 @@
 """Trainer checkpoints: trainer/checkpoints/step-{N}/ made visible by COMMITTED.
 
-A checkpoint holds the model, the optimizer, RNG state, the consumed-shard set, the identities
+A checkpoint holds the model (under LoRA the adapter alone: the base never changes and is
+init_model), the optimizer (state of the trained parameters only), RNG state, the consumed-shard set, the identities
 of every sample consumed (`Sample.identity()`, gzipped: a copy of a consumed shard is skipped
 after a restart too), the buffered-but-untrained samples and the counters, so a restarted
 trainer continues exactly.
@@ -14,13 +15,16 @@ from typing import Any
 
 import torch
 from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
 
 from areal_core.layout import LAYOUT
 from areal_core.protocol import Sample, decode_identities, decode_shard, encode_identities, encode_shard
 from areal_core.store import Store
+from areal_core.train.counters import TrainerCounters
 from areal_core.weights.publisher import state_dict_bytes
 
 MODEL_FILE = "model.safetensors"
+ADAPTER_FILE = "adapter.safetensors"  # a LoRA trainer's checkpoint: peft's adapter tensors
 OPTIMIZER_FILE = "optimizer.pt"
 PENDING_FILE = "pending.arrow"
 STATE_FILE = "state.json"
@@ -32,7 +36,7 @@ class TrainerState:
     step: int = 0
     version: int = 0
     consumed: list[str] = field(default_factory=list)
-    counters: dict[str, float] = field(default_factory=dict)
+    counters: TrainerCounters = field(default_factory=TrainerCounters)
     # inclusive [lo, hi] ranges of published versions outside the trainer's lineage (train/lineage.py)
     abandoned: list[list[int]] = field(default_factory=list)
     seen: list[str] = field(default_factory=list)  # identities of the consumed samples (in SEEN_FILE)
@@ -47,6 +51,7 @@ def save(
     keep: int = 2,
     model_bytes: bytes | None = None,
     optimizer_state: dict | None = None,
+    adapter: bool = False,
 ) -> None:
     """Write step-{N}/ and then COMMITTED; keep the newest `keep` checkpoints.
 
@@ -54,17 +59,22 @@ def save(
     optimizer state in single-process `state_dict()` form, for a model sharded with FSDP2
     (areal_core/train/distributed.py gathers them); by default taken from `model` and `optimizer`.
     The format is the same either way, so a checkpoint restores under any world size.
+    `adapter`: `model` is a LoRA (peft) model; the adapter tensors alone are written.
     """
     step = state.step
-    store.write_bytes(
-        LAYOUT.checkpoint_file(step, MODEL_FILE), model_bytes if model_bytes is not None else state_dict_bytes(model)
-    )
+    if adapter:
+        from areal_core.train.lora import adapter_state_dict
+
+        store.write_bytes(LAYOUT.checkpoint_file(step, ADAPTER_FILE), st_save(adapter_state_dict(model)))
+    else:
+        weights = model_bytes if model_bytes is not None else state_dict_bytes(model)
+        store.write_bytes(LAYOUT.checkpoint_file(step, MODEL_FILE), weights)
     buf = io.BytesIO()
     osd = optimizer_state if optimizer_state is not None else optimizer.state_dict()
     torch.save({"optimizer": osd, "rng": torch.get_rng_state()}, buf)
     store.write_bytes(LAYOUT.checkpoint_file(step, OPTIMIZER_FILE), buf.getvalue())
     store.write_bytes(LAYOUT.checkpoint_file(step, PENDING_FILE), encode_shard(pending) if pending else b"")
-    record = asdict(state)
+    record = asdict(state)  # the counters as a plain dict
     store.write_bytes(LAYOUT.checkpoint_file(step, SEEN_FILE), encode_identities(record.pop("seen")))
     store.write_json(LAYOUT.checkpoint_file(step, STATE_FILE), record)
     store.write_text(LAYOUT.committed(LAYOUT.checkpoint_dir(step)), str(step))
@@ -89,13 +99,20 @@ def restore(
     if not steps:
         return None
     step = steps[-1]
-    model.load_state_dict(st_load(store.read_bytes(LAYOUT.checkpoint_file(step, MODEL_FILE))), strict=False)
+    if store.exists(LAYOUT.checkpoint_file(step, ADAPTER_FILE)):
+        from peft import set_peft_model_state_dict
+
+        tensors = st_load(store.read_bytes(LAYOUT.checkpoint_file(step, ADAPTER_FILE)))
+        set_peft_model_state_dict(model, tensors)
+    else:
+        model.load_state_dict(st_load(store.read_bytes(LAYOUT.checkpoint_file(step, MODEL_FILE))), strict=False)
     blob: dict[str, Any] = torch.load(
         io.BytesIO(store.read_bytes(LAYOUT.checkpoint_file(step, OPTIMIZER_FILE))), weights_only=False
     )
     optimizer.load_state_dict(blob["optimizer"])
     torch.set_rng_state(blob["rng"])
-    state = TrainerState(**store.read_json(LAYOUT.checkpoint_file(step, STATE_FILE)))
+    record = store.read_json(LAYOUT.checkpoint_file(step, STATE_FILE))
+    state = TrainerState(**{**record, "counters": TrainerCounters.from_json(record.get("counters"))})
     state.seen = decode_identities(store.read_bytes(LAYOUT.checkpoint_file(step, SEEN_FILE)))
     raw = store.read_bytes(LAYOUT.checkpoint_file(step, PENDING_FILE))
     return state, decode_shard(raw) if raw else []

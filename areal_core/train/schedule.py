@@ -24,3 +24,12 @@ def lr_factor(step: int, total: int, warmup: int = 0, schedule: str = "constant"
     progress = min(max(step / max(total, 1), 0.0), 1.0)
     decay = 0.5 * (1 + math.cos(math.pi * progress)) if schedule == "cosine" else 1.0 - progress
     return warm * (min_ratio + (1.0 - min_ratio) * decay)
+
+
+def set_lr(optimizer, train_cfg, step: int) -> float:
+    """Set step `step`'s learning rate (base `train.lr` times `lr_factor`) on every parameter group."""
+    tc = train_cfg
+    lr = tc.lr * lr_factor(step, tc.steps, tc.lr_warmup_steps, tc.lr_schedule, tc.lr_min_ratio)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    return lr

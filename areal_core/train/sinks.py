@@ -1,0 +1,98 @@
+"""Where the trainer's versions go: a `Sink` is told when the trainer starts and after every step.
+
+    PublishingSink   the run: publish weights/v{N} (under LoRA the adapter alone) after every step,
+                     checkpoint every `train.checkpoint_every` steps and at the last; on start,
+                     publish the resumed weights under a number no other weights ever had
+                     (train/lineage.py);
+    CheckpointSink   checkpoints only (a trainer nothing rolls out from);
+    NullSink         nothing: replay and online retraining keep only their final model.
+
+Checkpoint before publishing: a restart then republishes identical weights under the same number
+(or, from an older checkpoint, continues after the newest published one). The methods are
+collective: every rank calls them; rank 0 alone writes.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from areal_core.train.lineage import newest_published, resume_version
+from areal_core.weights.publisher import WeightPublisher, prune
+
+if TYPE_CHECKING:
+    from areal_core.train.trainer import Trainer
+
+log = logging.getLogger("areal.trainer")
+
+
+class Sink:
+    """The no-op sink; subclasses override what they do."""
+
+    def start(self, trainer: Trainer) -> None:
+        """Before the first step."""
+
+    def after_step(self, trainer: Trainer) -> float:
+        """After `trainer.state` counts the step just taken; returns the seconds spent publishing."""
+        return 0.0
+
+
+NullSink = Sink
+
+
+def checkpoint_due(trainer: Trainer) -> bool:
+    tc, step = trainer.cfg.train, trainer.state.step
+    return step % tc.checkpoint_every == 0 or step == tc.steps
+
+
+class CheckpointSink(Sink):
+    def after_step(self, trainer: Trainer) -> float:
+        if checkpoint_due(trainer):
+            with trainer.ev.span("checkpoint"):
+                trainer.save_checkpoint()
+        return 0.0
+
+
+class PublishingSink(CheckpointSink):
+    def __init__(self, publisher: WeightPublisher):
+        self.publisher = publisher
+
+    def start(self, trainer: Trainer) -> None:
+        st, dist = trainer.state, trainer.dist
+        decision = None
+        if dist.is_main:
+            decision = resume_version(st.version, newest_published(trainer.store), trainer.store.latest_version())
+        decision = dist.broadcast_object(decision)
+        if decision.abandoned is not None:
+            lo, hi = decision.abandoned
+            log.warning(
+                "checkpoint version %d is older than published v%d: publishing it as v%d; v%d..v%d abandoned",
+                *(st.version, hi, decision.version, lo, hi),
+            )
+            st.abandoned.append([lo, hi])
+        st.version = decision.version
+        if decision.publish:
+            blob = None if trainer.lora else trainer.weights_bytes()  # collective
+            if dist.is_main:
+                self.publish(trainer, blob)
+
+    def after_step(self, trainer: Trainer) -> float:
+        with trainer.ev.span("publish"):
+            blob = None if trainer.lora else trainer.weights_bytes()  # collective: every rank
+        if checkpoint_due(trainer):
+            with trainer.ev.span("checkpoint"):
+                trainer.save_checkpoint(blob)
+        if not trainer.dist.is_main:
+            return 0.0
+        with trainer.ev.span("publish"):
+            seconds = self.publish(trainer, blob)
+            prune(trainer.store, trainer.state.version - max(8, 2 * trainer.cfg.train.eta + 2))
+        return seconds
+
+    def publish(self, trainer: Trainer, blob: bytes | None) -> float:
+        """Publish the trainer's current version (rank 0): the full weights `blob`, or under LoRA
+        the adapter files; and its `publish` event."""
+        version = trainer.state.version
+        seconds = self.publisher.publish(version, trainer.adapter_files() if trainer.lora else blob)
+        trainer.ev.emit("publish", version=version, bytes=self.publisher.last_weights_bytes, seconds=seconds)
+        return seconds
