@@ -134,12 +134,13 @@ def test_cursor_advances_and_the_next_run_sees_only_new_sessions(tmp_path, base_
 
 
 def test_regroup_pools_singletons_and_groups_repeated_prompts():
+    from areal_core.online.session_batches import regroup
     from areal_core.protocol import Sample
 
     def row(i: int, prompt: str) -> Sample:
         return Sample(f"s{i}", f"sess-{i}", prompt, "proxy-0", [1, 2, 3], 1, [0, 1, 1], [0, -0.1, -0.1], [-1, 0, 0])
 
-    out = retrain.regroup([row(0, "a"), row(1, "b"), row(2, "a"), row(3, "")], "pool")
+    out = regroup([row(0, "a"), row(1, "b"), row(2, "a"), row(3, "")], "pool")
     assert [s.group_id for s in out] == ["pool-a", "pool", "pool-a", "pool"]
 
 

@@ -161,11 +161,11 @@ def test_ppo_critic_pipeline_runs_without_nan_and_checkpoints_but_never_publishe
     assert not any(k.startswith(("head.", "body.")) for k in published)
     assert not any("critic" in p for p in store.find("weights"))
     # a restarted trainer gets the critic back from the checkpoint
-    from areal_core.train.trainer import Trainer
+    from areal_core.train.run_trainer import build_run_trainer
 
-    t = Trainer(store.uri, load_run_config(store))
-    assert t.state.step == 6 and t.critic is not None
-    restored = t.critic.model.state_dict()
+    t = build_run_trainer(store.uri, load_run_config(store))
+    assert t.state.step == 6 and t.parts.critic is not None
+    restored = t.parts.critic.model.state_dict()
     assert all(torch.equal(restored[k], saved[k]) for k in saved)
 
 
