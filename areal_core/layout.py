@@ -1,4 +1,4 @@
-"""`Layout`: every path under a run root, named in one place (DESIGN.md, "Store layout")."""
+"""`Layout`: every path under a run root, named in one place (docs/design.md, "Store layout")."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ _LAYER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # not hidden, not 
 
 
 class Layout:
-    """Every path under a run root, relative to it (DESIGN.md, "Store layout").
+    """Every path under a run root, relative to it (docs/design.md, "Store layout").
 
     config.yaml                                   the resolved config of the run
     prompts/part-{N:05d}.parquet                  the prepared prompt set

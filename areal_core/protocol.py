@@ -1,4 +1,4 @@
-"""Trajectory protocol: Arrow IPC shards, one row a sample (DESIGN.md).
+"""Trajectory protocol: Arrow IPC shards, one row a sample (docs/design.md, "Trajectory protocol").
 
 A shard that fails to parse or validate is moved to `quarantine/` with the reason and
 counted by the reader; it never crashes the consumer.

@@ -1,13 +1,18 @@
-"""The architecture as facts: layers import only downward, no import cycle, small files.
+"""The architecture as facts: layers import only downward, no import cycle, small files, and
+docs that describe it (every layer in docs/architecture.md, no reference to a missing file).
 
-The layer order is DESIGN.md's shape of `areal_core/` (docs/architecture.md): config at the
-bottom, then the store, the contracts, weights, the roles, the run layer and online retraining.
-Every import counts, function-local ones included, so a lazy import cannot hide a cycle.
+The layer order is the table in docs/architecture.md ("Layers"; docs/design.md for the roles):
+config at the bottom, then the store, the contracts, weights, the roles, the run layer and
+online retraining. Every import counts, function-local ones included, so a lazy import cannot
+hide a cycle.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
+import os
+import re
 from pathlib import Path
 
 import pytest
@@ -178,3 +183,86 @@ def test_no_source_file_over_500_lines(folder):
         if (n := len(p.read_text().splitlines())) > 500
     }
     assert big == {}
+
+
+# -- the docs ------------------------------------------------------------------------------------
+DOCS = sorted((ROOT / "docs").rglob("*.md")) + [ROOT / "README.md"]
+# files of other projects the docs name (SGLang's server), not paths of this repository
+EXTERNAL = {"http_server.py"}
+SKIP_DIRS = {".git", ".venv", ".venv-vllm", "runs", "mlruns", "node_modules", "__pycache__"}
+
+
+def layer_rows(text: str) -> dict[int, str]:
+    """The "Layers" table of docs/architecture.md: {layer: its modules cell}."""
+    section = text.split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
+    return {int(m[1]): m[2] for m in re.finditer(r"^\|\s*(\d+)\s*\|([^|]*)\|", section, re.M)}
+
+
+def layer_name(prefix: str) -> str:
+    """'areal_core.weights' -> 'weights/' (a package), 'areal_core.store' -> 'store.py' (a module)."""
+    name = prefix.removeprefix("areal_core.").replace(".", "/")
+    return f"{name}/" if (PACKAGE / name).is_dir() else f"{name}.py"
+
+
+def test_architecture_md_lists_every_layer_at_its_rank():
+    rows = layer_rows((ROOT / "docs" / "architecture.md").read_text())
+    missing = [f"{p} (layer {r})" for p, r in LAYERS.items() if f"`{layer_name(p)}`" not in rows.get(r, "")]
+    assert missing == [], f"docs/architecture.md's Layers table lacks {missing}"
+
+
+@functools.cache
+def repo_files() -> tuple[set[str], set[str], set[str]]:
+    """(every file path relative to ROOT, their base names, every folder name) outside build folders."""
+    paths: set[str] = set()
+    for folder, dirs, files in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if d not in SKIP_DIRS and not d.endswith(".egg-info")]
+        base = Path(folder).relative_to(ROOT)
+        paths.update((base / f).as_posix() for f in files)
+    folders = {part for rel in paths for part in rel.split("/")[:-1]}
+    return paths, {rel.rsplit("/", 1)[-1] for rel in paths}, folders
+
+
+def broken_references(doc: Path, text: str) -> list[str]:
+    """The file references of a doc that name nothing in the repository: relative markdown links
+    (to the doc's folder), and backticked paths. A backticked path counts when it starts with a
+    top-level entry of the repository (`docs/cluster.md`, `configs/default.yaml`), is a module
+    under areal_core/ (`run/prepare.py`, `layout.py:LAYOUT`), or is a bare `.py`/`.md` name;
+    store paths (`weights/LATEST`), patterns (`v{N}`) and commands are not references."""
+    paths, names, folders = repo_files()
+    top = {rel.split("/", 1)[0] for rel in paths}
+    subpackages = {p.name for p in PACKAGE.iterdir() if p.is_dir()}
+    bad = []
+    for m in re.finditer(r"(?<!!)\[[^\]\n]*\]\(([^)\s]+)\)|!\[[^\]\n]*\]\(([^)\s]+)\)", text):
+        target = (m[1] or m[2]).split("#", 1)[0]
+        if target and not re.match(r"[a-z][a-z0-9+.-]*:", target) and not (doc.parent / target).exists():
+            bad.append(f"link {target}")
+    for m in re.finditer(r"`([^`\n]+)`", text):
+        ref = re.split(r"::|:(?=[A-Za-z_])", m[1].strip())[0].rstrip("/")
+        if not re.fullmatch(r"[A-Za-z0-9_.\-/]+", ref) or ref in EXTERNAL:
+            continue
+        head = ref.split("/", 1)[0]
+        if head in top:
+            ok = ref in paths or any(p.startswith(ref + "/") for p in paths)
+        elif head in subpackages and ref.endswith(".py"):
+            ok = f"areal_core/{ref}" in paths or ref in paths
+        elif "/" not in ref and ref.endswith((".py", ".md")):
+            ok = ref in names
+        elif "/" in ref and ref.endswith((".py", ".md")) and head in folders:
+            ok = any(p.endswith("/" + ref) for p in paths)  # relative to a folder named beside it
+        else:
+            continue
+        if not ok:
+            bad.append(f"`{m[1]}`")
+    return bad
+
+
+def test_the_link_checker_sees_a_missing_file():
+    doc = ROOT / "docs" / "architecture.md"
+    text = "`DESIGN.md`, `areal_core/nope.py`, `run/nope.py:f`, [x](nope.md), `weights/LATEST`, `run/roles.py`"
+    assert broken_references(doc, text) == ["link nope.md", "`DESIGN.md`", "`areal_core/nope.py`", "`run/nope.py:f`"]
+    assert broken_references(doc, "[design](design.md) `docs/design.md` `layout.py:LAYOUT` `v{N}/`") == []
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_docs_reference_only_files_in_the_repository(doc):
+    assert broken_references(doc, doc.read_text()) == []
