@@ -81,7 +81,7 @@ class PublishingSink(CheckpointSink):
             blob = None if trainer.lora else trainer.weights_bytes()  # collective: every rank
         if checkpoint_due(trainer):
             with trainer.ev.span("checkpoint"):
-                trainer.save_checkpoint(blob)
+                trainer.save_checkpoint(blob, gathered=True)
         if not trainer.dist.is_main:
             return 0.0
         with trainer.ev.span("publish"):

@@ -105,10 +105,11 @@ class Trainer:
     def adapter_files(self) -> dict[str, bytes]:
         return lora.adapter_files(self.model)
 
-    def save_checkpoint(self, model_bytes: bytes | None = None) -> None:
-        """Checkpoint (rank 0 writes). Collective. `model_bytes`: this step's `weights_bytes()`
-        when already gathered (None: gathered here; unused under LoRA, which saves the adapter)."""
-        if model_bytes is None and not self.lora:
+    def save_checkpoint(self, model_bytes: bytes | None = None, gathered: bool = False) -> None:
+        """Checkpoint (rank 0 writes). Collective. `gathered`: `model_bytes` already holds this
+        step's `weights_bytes()` (None off rank 0), so the model is not gathered again (under LoRA
+        the adapter is saved instead)."""
+        if not gathered and not self.lora:
             model_bytes = self.weights_bytes()
         osd = indexed_optimizer_state(self.model, self.optimizer, self.dist) if self.dist.distributed else None
         if not self.dist.is_main:
