@@ -15,15 +15,31 @@ collective: every rank calls them; rank 0 alone writes.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
+from areal_core.config import RunConfig
+from areal_core.events import EventLog
+from areal_core.store import Store
+from areal_core.train.checkpoint import TrainerState
 from areal_core.train.lineage import newest_published, resume_version
 from areal_core.weights.publisher import WeightPublisher, prune
 
-if TYPE_CHECKING:
-    from areal_core.train.trainer import Trainer
-
 log = logging.getLogger("areal.trainer")
+
+
+class Trainer(Protocol):
+    """What a sink uses of the trainer (train/trainer.py)."""
+
+    cfg: RunConfig
+    state: TrainerState
+    store: Store
+    ev: EventLog
+    dist: Any
+    lora: bool
+
+    def weights_bytes(self) -> bytes | None: ...
+    def adapter_files(self) -> dict[str, bytes]: ...
+    def save_checkpoint(self, model_bytes: bytes | None = None, gathered: bool = False) -> None: ...
 
 
 class Sink:
@@ -37,7 +53,8 @@ class Sink:
         return 0.0
 
 
-NullSink = Sink
+class NullSink(Sink):
+    """Publishes and checkpoints nothing (replay, online retraining)."""
 
 
 def checkpoint_due(trainer: Trainer) -> bool:
