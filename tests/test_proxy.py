@@ -30,6 +30,7 @@ from areal_core.proxy.examples import (
     sft_calculator,
 )
 from areal_core.proxy.runner import ProxyServer
+from areal_core.proxy.segments import discounted_returns, turn_returns
 from areal_core.proxy.templating import ChatTemplate, parse_tool_calls
 from areal_core.rollout.engine import Generation
 from areal_core.rollout.torch_engine import TorchEngine
@@ -358,6 +359,28 @@ def test_header_sessions_are_separate_and_rewards_discount_backwards(scripted_se
     assert tok.decode(other_row["input_ids"]).startswith("<|im_start|>user\nhi<|im_end|>")
     assert train[5]["prompt"] not in tok.decode(other_row["input_ids"])
     assert_trajectory_is_what_was_served(other_row, [r.areal for r in resps[other]])
+
+
+@pytest.mark.parametrize(
+    "rewards, gamma, returns",
+    [
+        ([1.0, 0.0, 2.0], 0.5, [1.5, 1.0, 2.0]),  # G2 = 2, G1 = 0 + 0.5*2 = 1, G0 = 1 + 0.5*1 = 1.5
+        ([1.0, -2.0, 0.0, 4.0], 0.5, [0.5, -1.0, 2.0, 4.0]),  # 4; 0 + 2 = 2; -2 + 1 = -1; 1 - 0.5 = 0.5
+        ([1.0, 2.0, 3.0], 1.0, [6.0, 5.0, 3.0]),  # γ = 1: the sum of the rewards still to come
+        ([1.0, 2.0, 3.0], 0.0, [1.0, 2.0, 3.0]),  # γ = 0: each turn's own reward
+        ([4.0], 0.3, [4.0]),  # a single turn: its reward
+        ([], 0.5, []),
+    ],
+)
+def test_discounted_returns_by_hand(rewards, gamma, returns):
+    assert discounted_returns(rewards, gamma) == returns
+
+
+def test_turn_returns_count_missing_rewards_as_zero_and_add_the_final_to_the_last_turn():
+    assert turn_returns([None, 1.0, None], 2.0, 0.5) == [1.0, 2.0, 2.0]  # rewards [0, 1, 2]
+    assert turn_returns([None], 3.0, 0.9) == [3.0]
+    assert turn_returns([0.5, None], None, 1.0) == [0.5, 0.0]
+    assert turn_returns([None, None], None, 0.5) == []  # no reward at all: ungraded
 
 
 def test_rewritten_history_opens_a_new_segment(scripted_server):

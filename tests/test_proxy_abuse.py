@@ -21,8 +21,9 @@ import pytest
 import torch
 
 from areal_core.config import load_config
-from areal_core.models import build_tiny_model, build_tokenizer
-from areal_core.online.retrain import admissible, train_on_sessions
+from areal_core.models import build_tiny_model, build_tokenizer, load_pretrained, save_pretrained
+from areal_core.online.retrain import train_candidate
+from areal_core.online.session_batches import admissible
 from areal_core.protocol import ShardError, check_reward, encode_shard, read_shard_or_quarantine
 from areal_core.proxy.app import create_app
 from areal_core.proxy.examples import ScriptedEngine
@@ -59,46 +60,48 @@ def chat(messages: list | str, **extra) -> bytes:
 
 A = {"Authorization": f"Bearer {KEY_A}"}
 JSON = {**A, "Content-Type": "application/json"}
+CHAT, GET, POST, BAD = "/v1/chat/completions", "GET", "POST", "validation_error"
+FORM, BAD_ID, NO = "application/x-www-form-urlencoded", "invalid_token_id", "forbidden"
 # (id, method, path, headers, body, status, code): each must be answered exactly so
 ABUSE = [
-    ("not-json", "POST", "/v1/chat/completions", JSON, b"{not json", 422, "validation_error"),
-    ("nan-literal", "POST", "/v1/chat/completions", JSON, GOOD[:-1] + b', "temperature": NaN}', 422, "validation_error"),
-    ("infinity-literal", "POST", "/v1/chat/completions", JSON, GOOD[:-1] + b', "top_p": Infinity}', 422, "validation_error"),
-    ("minus-infinity", "POST", "/v1/chat/completions", JSON, GOOD[:-1] + b', "temperature": -Infinity}', 422, "validation_error"),
-    ("float-overflow", "POST", "/v1/chat/completions", JSON, GOOD[:-1] + b', "temperature": 1e999}', 422, "validation_error"),
-    ("int-overflow", "POST", "/v1/chat/completions", JSON, GOOD[:-1] + b', "max_tokens": 1' + b"0" * 40 + b"}", 422, "validation_error"),
-    ("lone-surrogate", "POST", "/v1/chat/completions", JSON, chat([{"role": "user", "content": "\ud800"}]), 422, "validation_error"),
-    ("lone-low-surrogate-key", "POST", "/v1/chat/completions", JSON, GOOD[:-1] + b', "\\udc00": 1}', 422, "validation_error"),
-    ("surrogate-as-utf8", "POST", "/v1/chat/completions", JSON, GOOD.replace(b"Ann", b"\xed\xa0\x80"), 422, "validation_error"),
-    ("invalid-utf8", "POST", "/v1/chat/completions", JSON, GOOD.replace(b"Ann", b"\xff\xfe"), 422, "validation_error"),
-    ("deep-nesting", "POST", "/v1/chat/completions", JSON, b"[" * 4000 + b"]" * 4000, 422, "validation_error"),
-    ("top-level-array", "POST", "/v1/chat/completions", JSON, b"[1, 2]", 422, "validation_error"),
-    ("messages-a-string", "POST", "/v1/chat/completions", JSON, chat("hi"), 422, "validation_error"),
-    ("unknown-role", "POST", "/v1/chat/completions", JSON, chat([{"role": "wizard", "content": "x"}]), 422, "validation_error"),
-    ("stream-a-string", "POST", "/v1/chat/completions", JSON, chat(USER, stream="maybe"), 422, "validation_error"),
-    ("negative-temperature", "POST", "/v1/chat/completions", JSON, chat(USER, temperature=-1), 422, "validation_error"),
-    ("empty-body", "POST", "/v1/chat/completions", JSON, b"", 422, "validation_error"),
-    ("text-plain", "POST", "/v1/chat/completions", {**A, "Content-Type": "text/plain"}, GOOD, 415, "unsupported_media_type"),
-    ("form", "POST", "/v1/chat/completions", {**A, "Content-Type": "application/x-www-form-urlencoded"}, b"a=1", 415, "unsupported_media_type"),
-    ("oversized", "POST", "/v1/chat/completions", JSON, chat([{"role": "user", "content": "x" * 9000}]), 413, "request_too_large"),
-    ("no-key", "POST", "/v1/chat/completions", {"Content-Type": "application/json"}, GOOD, 401, "invalid_api_key"),
-    ("wrong-key", "GET", "/v1/models", {"Authorization": "Bearer sk-nobody"}, b"", 401, "invalid_api_key"),
-    ("basic-auth", "GET", "/v1/models", {"Authorization": f"Basic {KEY_A}"}, b"", 401, "invalid_api_key"),
-    ("n-2", "POST", "/v1/chat/completions", JSON, chat(USER, n=2), 400, "unsupported_n"),
-    ("max-tokens-too-large", "POST", "/v1/chat/completions", JSON, chat(USER, max_tokens=17), 400, "max_tokens_too_large"),
-    ("bad-session-header", "POST", "/v1/chat/completions", {**JSON, "X-Session-Id": "a b"}, GOOD, 400, "invalid_session_id"),
-    ("token-id-out-of-range", "POST", "/v1/completions", JSON, b'{"model": "m", "prompt": [1, 99999]}', 400, "invalid_token_id"),
-    ("unknown-session", "POST", "/v1/sessions/nope/reward", JSON, b'{"reward": 1.0}', 404, "unknown_session"),
-    ("reward-1e39", "POST", "/v1/sessions/nope/reward", JSON, b'{"reward": 1e39}', 422, "invalid_reward"),
-    ("reward-nan", "POST", "/v1/sessions/nope/reward", JSON, b'{"reward": NaN}', 422, "validation_error"),
-    ("reward-nan-string", "POST", "/v1/sessions/nope/reward", JSON, b'{"reward": "NaN"}', 422, "validation_error"),
-    ("reward-out-of-range", "POST", "/v1/sessions/nope/reward", JSON, b'{"reward": 10.5}', 422, "invalid_reward"),
-    ("end-reward-1e39", "POST", "/v1/sessions/nope/end", JSON, b'{"reward": -1e39}', 422, "invalid_reward"),
-    ("end-discount-nan", "POST", "/v1/sessions/nope/end", JSON, b'{"discount": NaN}', 422, "validation_error"),
-    ("new-session-bad-id", "POST", "/v1/sessions", JSON, b'{"session_id": "../etc"}', 422, "validation_error"),
-    ("another-keys-key-session", "POST", "/v1/chat/completions", {**JSON, "X-Session-Id": session_id_for_key(KEY_B)}, GOOD, 403, "forbidden"),
-    ("unknown-route", "GET", "/v1/nothing", A, b"", 404, "not_found"),
-    ("wrong-method", "GET", "/v1/chat/completions", A, b"", 405, "method_not_allowed"),
+    ("not-json", POST, CHAT, JSON, b"{not json", 422, BAD),
+    ("nan-literal", POST, CHAT, JSON, GOOD[:-1] + b', "temperature": NaN}', 422, BAD),
+    ("infinity-literal", POST, CHAT, JSON, GOOD[:-1] + b', "top_p": Infinity}', 422, BAD),
+    ("minus-infinity", POST, CHAT, JSON, GOOD[:-1] + b', "temperature": -Infinity}', 422, BAD),
+    ("float-overflow", POST, CHAT, JSON, GOOD[:-1] + b', "temperature": 1e999}', 422, BAD),
+    ("int-overflow", POST, CHAT, JSON, GOOD[:-1] + b', "max_tokens": 1' + b"0" * 40 + b"}", 422, BAD),
+    ("lone-surrogate", POST, CHAT, JSON, chat([{"role": "user", "content": "\ud800"}]), 422, BAD),
+    ("lone-low-surrogate-key", POST, CHAT, JSON, GOOD[:-1] + b', "\\udc00": 1}', 422, BAD),
+    ("surrogate-as-utf8", POST, CHAT, JSON, GOOD.replace(b"Ann", b"\xed\xa0\x80"), 422, BAD),
+    ("invalid-utf8", POST, CHAT, JSON, GOOD.replace(b"Ann", b"\xff\xfe"), 422, BAD),
+    ("deep-nesting", POST, CHAT, JSON, b"[" * 4000 + b"]" * 4000, 422, BAD),
+    ("top-level-array", POST, CHAT, JSON, b"[1, 2]", 422, BAD),
+    ("messages-a-string", POST, CHAT, JSON, chat("hi"), 422, BAD),
+    ("unknown-role", POST, CHAT, JSON, chat([{"role": "wizard", "content": "x"}]), 422, BAD),
+    ("stream-a-string", POST, CHAT, JSON, chat(USER, stream="maybe"), 422, BAD),
+    ("negative-temperature", POST, CHAT, JSON, chat(USER, temperature=-1), 422, BAD),
+    ("empty-body", POST, CHAT, JSON, b"", 422, BAD),
+    ("text-plain", POST, CHAT, {**A, "Content-Type": "text/plain"}, GOOD, 415, "unsupported_media_type"),
+    ("form", POST, CHAT, {**A, "Content-Type": FORM}, b"a=1", 415, "unsupported_media_type"),
+    ("oversized", POST, CHAT, JSON, chat([{"role": "user", "content": "x" * 9000}]), 413, "request_too_large"),
+    ("no-key", POST, CHAT, {"Content-Type": "application/json"}, GOOD, 401, "invalid_api_key"),
+    ("wrong-key", GET, "/v1/models", {"Authorization": "Bearer sk-nobody"}, b"", 401, "invalid_api_key"),
+    ("basic-auth", GET, "/v1/models", {"Authorization": f"Basic {KEY_A}"}, b"", 401, "invalid_api_key"),
+    ("n-2", POST, CHAT, JSON, chat(USER, n=2), 400, "unsupported_n"),
+    ("max-tokens-too-large", POST, CHAT, JSON, chat(USER, max_tokens=17), 400, "max_tokens_too_large"),
+    ("bad-session-header", POST, CHAT, {**JSON, "X-Session-Id": "a b"}, GOOD, 400, "invalid_session_id"),
+    ("token-id-out-of-range", POST, "/v1/completions", JSON, b'{"model": "m", "prompt": [1, 99999]}', 400, BAD_ID),
+    ("unknown-session", POST, "/v1/sessions/nope/reward", JSON, b'{"reward": 1.0}', 404, "unknown_session"),
+    ("reward-1e39", POST, "/v1/sessions/nope/reward", JSON, b'{"reward": 1e39}', 422, "invalid_reward"),
+    ("reward-nan", POST, "/v1/sessions/nope/reward", JSON, b'{"reward": NaN}', 422, BAD),
+    ("reward-nan-string", POST, "/v1/sessions/nope/reward", JSON, b'{"reward": "NaN"}', 422, BAD),
+    ("reward-out-of-range", POST, "/v1/sessions/nope/reward", JSON, b'{"reward": 10.5}', 422, "invalid_reward"),
+    ("end-reward-1e39", POST, "/v1/sessions/nope/end", JSON, b'{"reward": -1e39}', 422, "invalid_reward"),
+    ("end-discount-nan", POST, "/v1/sessions/nope/end", JSON, b'{"discount": NaN}', 422, BAD),
+    ("new-session-bad-id", POST, "/v1/sessions", JSON, b'{"session_id": "../etc"}', 422, BAD),
+    ("another-keys-key-session", POST, CHAT, {**JSON, "X-Session-Id": session_id_for_key(KEY_B)}, GOOD, 403, NO),
+    ("unknown-route", GET, "/v1/nothing", A, b"", 404, "not_found"),
+    ("wrong-method", GET, CHAT, A, b"", 405, "method_not_allowed"),
 ]  # fmt: skip
 
 
@@ -333,11 +336,15 @@ def test_non_finite_rewards_never_reach_a_shard_or_a_loss(tok, tmp_path):
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        model = build_tiny_model(cfg.model, len(tok), seed=0)
-        metrics = train_on_sessions(model, tok, rows + [absurd, *poisoned], cfg)
+        start = tmp_path / "start"
+        save_pretrained(build_tiny_model(cfg.model, len(tok), seed=0), tok, str(start))
+        run = Store(str(tmp_path / "online-run"))
+        out = train_candidate(str(start), rows + [absurd, *poisoned], cfg, run, lambda model, tok: 0.0)
     finally:
         torch.set_num_threads(before)
-    assert metrics and all(torch.isfinite(p).all() for p in model.parameters())
+    assert out["updates"] >= 1 and out["left_out"] == 3  # the absurd and both poisoned rows
+    model, _ = load_pretrained(run.url("final_model"))
+    assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
 @pytest.mark.parametrize("engine_cls", [TorchEngine, ContinuousEngine])

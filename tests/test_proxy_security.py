@@ -4,7 +4,11 @@ validation (422), unknown sessions (404) and per-session isolation (403), with t
 
 from __future__ import annotations
 
+import re
 import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -16,7 +20,18 @@ from areal_core.models import build_tiny_model, build_tokenizer
 from areal_core.proxy.app import create_app
 from areal_core.proxy.examples import ScriptedEngine
 from areal_core.proxy.guard import ProxyLimits
+from areal_core.proxy.routes.errors import SESSION_ANSWERS, answer_for
 from areal_core.proxy.runner import ProxyServer
+from areal_core.proxy.sessions import (
+    InvalidReward,
+    SessionNotFound,
+    SessionOfAnotherKey,
+    SessionProblem,
+    TooManySessions,
+    TurnOutOfRange,
+    UnknownCompletion,
+    session_id_for_key,
+)
 from areal_core.rollout.torch_engine import TorchEngine
 
 KEY_A, KEY_B = "sk-alice", "sk-bob"
@@ -236,3 +251,76 @@ def test_idle_sessions_expire(tok):
         assert c.get("/sessions/idle").status_code == 404
         assert c.get("/sessions/fresh").status_code == 200
         assert httpx.get(s.url + "/health").json()["sessions"]["expired"] == 1
+
+
+# -- each session problem: its status and error type ---------------------------------------------
+def _turn(client: openai.OpenAI, sid: str) -> None:
+    client.chat.completions.create(model="m", messages=USER, extra_headers={"X-Session-Id": sid})
+
+
+def _reward(client: openai.OpenAI, sid: str, **body) -> None:
+    client.post(f"/sessions/{sid}/reward", body=body, cast_to=dict)
+
+
+def _ended(a: openai.OpenAI, b: openai.OpenAI) -> None:
+    _turn(a, "p")
+    a.post("/sessions/p/end", cast_to=dict)
+    _reward(a, "p", reward=1)
+
+
+def _filled(a: openai.OpenAI, b: openai.OpenAI, then: Callable[[], Any]) -> None:
+    _turn(a, "p")
+    _turn(a, "q")
+    then()
+
+
+RESERVED = session_id_for_key(KEY_A)
+# (id, problem, provoke(SDK client of KEY_A, of KEY_B), status, error type, code, message, the SDK's error)
+PROBLEMS = [
+    ("unknown", SessionNotFound, lambda a, b: a.post("/sessions/nope/end", body={}, cast_to=dict),
+     404, "invalid_request_error", "unknown_session", "no live session 'nope'", openai.NotFoundError),
+    ("ended", SessionNotFound, _ended,
+     404, "invalid_request_error", "unknown_session", "no live session 'p'", openai.NotFoundError),
+    ("completion", UnknownCompletion, lambda a, b: (_turn(a, "p"), _reward(a, "p", reward=1, completion_id="cmpl-x")),
+     404, "invalid_request_error", "unknown_turn", "completion 'cmpl-x' is not in session 'p'", openai.NotFoundError),
+    ("turn", TurnOutOfRange, lambda a, b: (_turn(a, "p"), _reward(a, "p", reward=1, turn=-2)),
+     400, "invalid_request_error", "unknown_turn", "turn -2 does not exist: session 'p' has 1 turns",
+     openai.BadRequestError),
+    ("reward", InvalidReward, lambda a, b: (_turn(a, "p"), _reward(a, "p", reward=10.5)),
+     422, "invalid_request_error", "invalid_reward",
+     "invalid request: reward 10.5 is outside the allowed range [-10, 10]", openai.UnprocessableEntityError),
+    ("another-key", SessionOfAnotherKey, lambda a, b: (_turn(a, "p"), b.get("/sessions/p", cast_to=dict)),
+     403, "permission_error", "forbidden", "session 'p' belongs to another API key", openai.PermissionDeniedError),
+    ("reserved-id", SessionOfAnotherKey, lambda a, b: _turn(b, RESERVED),
+     403, "permission_error", "forbidden", f"session id {RESERVED!r} is reserved for another API key",
+     openai.PermissionDeniedError),
+    ("key-quota", TooManySessions, lambda a, b: _filled(a, b, lambda: a.post("/sessions", cast_to=dict)),
+     429, "rate_limit_error", "too_many_sessions", "too many live sessions for this API key (limit 2)",
+     openai.RateLimitError),
+    ("quota", TooManySessions, lambda a, b: _filled(a, b, lambda: (_turn(b, "p"), _turn(b, "q"))),
+     429, "rate_limit_error", "too_many_sessions", "too many live sessions (limit 3)", openai.RateLimitError),
+]  # fmt: skip
+
+
+def test_every_session_problem_has_one_answer():
+    def subclasses(cls: type) -> set[type]:
+        return {cls} | {s for c in cls.__subclasses__() for s in subclasses(c)}
+
+    assert set(SESSION_ANSWERS) == subclasses(SessionProblem) - {SessionProblem} == {c[1] for c in PROBLEMS}
+    for _, problem, _, status, kind, code, _, _ in PROBLEMS:
+        assert SESSION_ANSWERS[problem][:3] == (status, kind, code), problem
+    assert answer_for(SessionProblem("new")).status == 500  # a problem without a row is the server's own fault
+    for module in ("sessions", "manager", "segments"):  # the domain speaks no HTTP: no status code, no web framework
+        source = (Path(__file__).parent.parent / "areal_core" / "proxy" / f"{module}.py").read_text()
+        assert not re.search(r"\b[1-5]\d\d\b|fastapi|starlette", source), module
+
+
+@pytest.mark.parametrize("case", PROBLEMS, ids=[c[0] for c in PROBLEMS])
+def test_each_session_problem_is_its_status_and_error_type(tok, case):
+    _, _, provoke, status, kind, code, message, sdk_error = case
+    limits = ProxyLimits(max_sessions=3, max_sessions_per_key=2)
+    app = create_app(ScriptedEngine(tok, lambda _: "ok"), tok, api_keys=[KEY_A, KEY_B], limits=limits)
+    with ProxyServer(app) as s, pytest.raises(sdk_error) as exc:
+        provoke(sdk(s, KEY_A), sdk(s, KEY_B))
+    assert exc.value.status_code == status
+    assert exc.value.response.json() == {"error": {"message": message, "type": kind, "param": None, "code": code}}

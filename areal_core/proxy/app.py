@@ -37,8 +37,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from areal_core.proxy.backend import as_backend
 from areal_core.proxy.guard import ApiKeys, GuardMiddleware, ProxyError, ProxyLimits, context_limit, error_body
+from areal_core.proxy.manager import SessionManager
 from areal_core.proxy.routes import chat, completions, health, sessions
-from areal_core.proxy.sessions import SessionError, SessionManager
+from areal_core.proxy.routes.errors import session_problem
+from areal_core.proxy.sessions import SessionProblem
 from areal_core.proxy.state import ProxyState
 from areal_core.proxy.templating import ChatTemplate
 from areal_core.rollout.engine import SamplingParams
@@ -108,7 +110,7 @@ def create_app(
     app.state.template, app.state.limits, app.state.context_limit = template, limits, state.context_limit
     app.add_middleware(GuardMiddleware, keys=keys, limits=limits)
     app.add_exception_handler(ProxyError, _proxy_error)
-    app.add_exception_handler(SessionError, _session_error)
+    app.add_exception_handler(SessionProblem, session_problem)  # each one's status: routes/errors.py
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     for module in (health, chat, completions, sessions):
@@ -135,11 +137,6 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
     body = error_body(str(exc.detail), code=code)
     return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
-
-
-async def _session_error(request: Request, exc: SessionError) -> JSONResponse:
-    kind = {403: "permission_error", 429: "rate_limit_error"}.get(exc.status, "invalid_request_error")
-    return JSONResponse(error_body(exc.message, kind, exc.code), status_code=exc.status)
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -17,8 +17,9 @@ from fastapi import Depends, Request
 from starlette.concurrency import run_in_threadpool
 
 from areal_core.proxy.guard import ApiKeys, ProxyError, ProxyLimits
+from areal_core.proxy.manager import SessionManager
 from areal_core.proxy.schemas import _SamplingFields
-from areal_core.proxy.sessions import Session, SessionManager, TurnPlan
+from areal_core.proxy.sessions import Session, TurnPlan
 from areal_core.proxy.templating import ChatTemplate, TemplateError
 from areal_core.rollout.engine import MIN_TEMPERATURE, Generation, SamplingParams
 

@@ -92,10 +92,10 @@ def _arguments_obj(arguments: Any) -> Any:
     return arguments
 
 
-def _get(obj: Any, key: str, default: Any = None) -> Any:
+def _get(obj: Any, name: str, default: Any = None) -> Any:
     if isinstance(obj, dict):
-        return obj.get(key, default)
-    return getattr(obj, key, default)
+        return obj.get(name, default)
+    return getattr(obj, name, default)
 
 
 def _role(message: Any) -> str:
@@ -106,8 +106,8 @@ def _role(message: Any) -> str:
     return role
 
 
-def canonical(message: Any) -> tuple:
-    """A hashable key of what a message says, used to match a request's history to a session.
+def fingerprint(message: Any) -> tuple:
+    """What a message says, as a hashable tuple, used to match a request's history to a session.
 
     Tool-call ids are left out, and arguments are compared as parsed JSON, because clients
     (LangChain) rebuild them; the text, roles, tool names and arguments must be equal.
@@ -141,9 +141,9 @@ def hf_message(message: Any) -> dict[str, Any]:
                     "function": {"name": _get(fn, "name"), "arguments": _arguments_obj(_get(fn, "arguments"))},
                 }
             )
-    for key in ("tool_call_id", "name"):
-        if role == "tool" and _get(message, key):
-            out[key] = _get(message, key)
+    for name in ("tool_call_id", "name"):
+        if role == "tool" and _get(message, name):
+            out[name] = _get(message, name)
     return out
 
 
@@ -155,8 +155,8 @@ def hf_tools(tools: list[Any] | None, mode: str = "full") -> list[dict[str, Any]
     out = []
     for t in tools:
         fn = _get(t, "function") or {}
-        keys = ("name",) if mode == "names" else ("name", "description", "parameters")
-        out.append({"type": "function", "function": {k: _get(fn, k) for k in keys if _get(fn, k) is not None}})
+        fields = ("name",) if mode == "names" else ("name", "description", "parameters")
+        out.append({"type": "function", "function": {f: _get(fn, f) for f in fields if _get(fn, f) is not None}})
     return out
 
 

@@ -18,7 +18,6 @@ from areal_core.proxy.schemas import (
     SessionEnded,
     SessionInfo,
 )
-from areal_core.proxy.sessions import SessionError
 from areal_core.proxy.state import State
 
 router = APIRouter(tags=["sessions"], dependencies=[Depends(bearer)])
@@ -38,12 +37,7 @@ async def get_session(session_id: str, request: Request, state: State, include_t
 
 @router.post("/v1/sessions/{session_id}/reward", responses={200: {"model": RewardApplied}, **ERRORS})
 async def set_reward(session_id: str, body: RewardRequest, request: Request, state: State):
-    reward = state.sessions.check_reward(body.reward)
-    session = state.sessions.get(session_id, owner_of(request))
-    async with session.lock:
-        if session.ended:
-            raise SessionError(404, f"no live session {session_id!r}", "unknown_session")
-        target = session.set_reward(reward, body.turn, body.completion_id)
+    target = await state.sessions.reward(session_id, owner_of(request), body.reward, body.turn, body.completion_id)
     return {"session_id": session_id, "reward": body.reward, "applied_to": target}
 
 

@@ -1,0 +1,190 @@
+"""All live sessions of one proxy: who owns which (by API key), the quotas, expiry, and ending a
+session into its trajectory rows (written as one shard in online mode). One session's record is
+proxy/sessions.py; the problems raised here are defined there too."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+from areal_core.protocol import Sample, check_reward
+from areal_core.proxy.sessions import (
+    KEY_SESSION_PREFIX,
+    InvalidReward,
+    Session,
+    SessionNotFound,
+    SessionOfAnotherKey,
+    TooManySessions,
+    key_session_id,
+)
+from areal_core.proxy.shards import ShardWriter
+from areal_core.proxy.templating import ChatTemplate
+from areal_core.store import Store
+
+
+class SessionManager:
+    """All live sessions of one proxy. Used from the server's event loop only.
+
+    Sessions are owned by the API key that created them and named within it: the table is indexed
+    by (owner, session id), so two keys may use the same X-Session-Id without meeting, and no key
+    can claim, read, reward or end another key's session, live or ended. Key-derived ids
+    ("key-...") can only be opened by their own key. Quotas: `max_sessions` live sessions in all,
+    `max_sessions_per_key` per key (`TooManySessions` above either), so one key cannot fill the table.
+    """
+
+    def __init__(
+        self,
+        template: ChatTemplate,
+        worker_id: str = "proxy-0",
+        turn_discount: float = 1.0,
+        store: Store | None = None,
+        session_ttl_s: float = 3600.0,
+        max_sessions: int = 100_000,
+        max_sessions_per_key: int = 1_000,
+        reward_range: tuple[float, float] = (-10.0, 10.0),
+    ):
+        self.template = template
+        self.worker_id = worker_id
+        self.turn_discount = turn_discount
+        self.writer = ShardWriter(store, worker_id) if store is not None else None
+        self.session_ttl_s = session_ttl_s
+        self.max_sessions, self.max_sessions_per_key = max_sessions, max_sessions_per_key
+        self.reward_range = reward_range
+        self.sessions: dict[tuple[str, str], Session] = {}  # (owner, session id) -> live session
+        self.per_key: dict[str, int] = {}  # owner -> live sessions
+        self.per_id: dict[str, int] = {}  # session id -> live sessions of that name (all keys)
+        self.on_finish: list[Callable[[Session, list[Sample]], None]] = []
+        self.counters = {"created": 0, "ended": 0, "expired": 0, "turns": 0, "rows_written": 0}
+        self._last_sweep = time.time()
+
+    def _drop(self, s: Session) -> None:
+        if self.sessions.pop((s.owner, s.id), None) is s:
+            for counts, name in ((self.per_key, s.owner), (self.per_id, s.id)):
+                counts[name] -= 1
+                if not counts[name]:
+                    del counts[name]
+
+    def _sweep(self) -> None:
+        """Drop sessions idle for longer than the TTL (never written: an abandoned episode)."""
+        self._last_sweep = time.time()
+        cutoff = time.time() - self.session_ttl_s
+        for s in [s for s in self.sessions.values() if s.updated < cutoff and not s.lock.locked()]:
+            self._drop(s)
+            s.ended = True
+            self.counters["expired"] += 1
+
+    def check_reward(self, reward: float | None) -> float | None:
+        """`reward` when it is None or finite within `reward_range`, else `InvalidReward` saying why."""
+        if reward is None:
+            return None
+        try:
+            return check_reward(reward, *self.reward_range)
+        except ValueError as exc:
+            raise InvalidReward(str(exc)) from None
+
+    def open(self, session_id: str, owner: str) -> Session:
+        """The live session `session_id` of `owner`, created if absent; `SessionOfAnotherKey` for
+        another key's key-derived id, `TooManySessions` over a quota."""
+        s = self.sessions.get((owner, session_id))
+        if s is not None:
+            return s
+        if session_id.startswith(KEY_SESSION_PREFIX) and session_id != key_session_id(owner):
+            raise SessionOfAnotherKey(session_id, reserved=True)
+        if len(self.sessions) >= self.max_sessions or time.time() - self._last_sweep > min(60.0, self.session_ttl_s):
+            self._sweep()
+        if self.per_key.get(owner, 0) >= self.max_sessions_per_key:
+            raise TooManySessions(self.max_sessions_per_key, per_key=True)
+        if len(self.sessions) >= self.max_sessions:
+            raise TooManySessions(self.max_sessions, per_key=False)
+        s = Session(session_id, owner, self.template)
+        self.sessions[(owner, session_id)] = s
+        self.per_key[owner] = self.per_key.get(owner, 0) + 1
+        self.per_id[session_id] = self.per_id.get(session_id, 0) + 1
+        self.counters["created"] += 1
+        return s
+
+    def get(self, session_id: str, owner: str) -> Session:
+        """The live session `session_id` of `owner`; `SessionOfAnotherKey` when only another key
+        has one by that name (or the id is derived from another key), else `SessionNotFound`."""
+        s = self.sessions.get((owner, session_id))
+        if s is not None:
+            return s
+        reserved = session_id.startswith(KEY_SESSION_PREFIX) and session_id != key_session_id(owner)
+        if reserved or session_id in self.per_id:
+            raise SessionOfAnotherKey(session_id)
+        raise SessionNotFound(session_id)
+
+    async def reward(
+        self,
+        session_id: str,
+        owner: str,
+        reward: float,
+        turn: int | None = None,
+        completion_id: str | None = None,
+    ) -> str:
+        """Set a reward of a live session (`Session.set_reward`); what it applied to."""
+        reward = self.check_reward(reward)
+        s = self.get(session_id, owner)
+        async with s.lock:
+            if s.ended:  # ended while this request waited for the lock
+                raise SessionNotFound(session_id)
+            return s.set_reward(reward, turn, completion_id)
+
+    def of_owner(self, owner: str) -> list[Session]:
+        """The live sessions of one key, in the order they were created."""
+        return [s for (o, _), s in self.sessions.items() if o == owner]
+
+    async def end(
+        self,
+        session_id: str,
+        owner: str,
+        reward: float | None = None,
+        discount: float | None = None,
+        group_id: str | None = None,
+        prompt_id: str = "",
+        meta: dict[str, Any] | None = None,
+        sample_prefix: str | None = None,
+        write: bool = True,
+    ) -> tuple[Session, list[Sample], list[str]]:
+        """End a session: its rows (one per segment), and the shard names written (online mode)."""
+        reward = self.check_reward(reward)
+        s = self.get(session_id, owner)
+        async with s.lock:
+            if s.ended:
+                raise SessionNotFound(session_id)
+            if reward is not None:
+                s.final_reward = reward
+            s.ended = True
+            self._drop(s)
+        samples = s.to_samples(
+            self.worker_id,
+            self.turn_discount if discount is None else discount,
+            group_id=group_id,
+            prompt_id=prompt_id,
+            meta=meta,
+            sample_prefix=sample_prefix,
+        )
+        names: list[str] = []
+        if write and self.writer is not None and samples:
+            names = await asyncio.to_thread(self.writer.write, samples)
+            self.counters["rows_written"] += len(samples)
+        self.counters["ended"] += 1
+        for hook in self.on_finish:
+            hook(s, samples)
+        return s, samples, names
+
+    async def end_all(self, owner: str, sample_prefix: str | None = None, **kwargs: Any) -> list[Sample]:
+        """End every live session of one key (an episode's key: its own session and any
+        X-Session-Id sessions it opened); rows of all of them, in the order they were created."""
+        sids = [s.id for s in self.of_owner(owner)]
+        rows: list[Sample] = []
+        for k, sid in enumerate(sids):
+            prefix = sample_prefix if len(sids) == 1 or sample_prefix is None else f"{sample_prefix}-{k}"
+            try:
+                _, samples, _ = await self.end(sid, owner, sample_prefix=prefix, **kwargs)
+            except SessionNotFound:  # ended meanwhile
+                continue
+            rows.extend(samples)
+        return rows

@@ -1,0 +1,50 @@
+"""How the routes answer a session problem: one row per `SessionProblem` (proxy/sessions.py),
+giving the status and OpenAI's error `type` and `code` for {"error": {"message", "type", "param",
+"code"}}. The domain says what went wrong; only this table says it in HTTP."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from areal_core.proxy.guard import error_body
+from areal_core.proxy.sessions import (
+    InvalidReward,
+    SessionNotFound,
+    SessionOfAnotherKey,
+    SessionProblem,
+    TooManySessions,
+    TurnOutOfRange,
+    UnknownCompletion,
+)
+
+
+class Answer(NamedTuple):
+    status: int
+    type: str  # OpenAI's error type: what an SDK makes of it
+    code: str
+    prefix: str = ""  # before the problem's message
+
+
+SESSION_ANSWERS: dict[type[SessionProblem], Answer] = {
+    SessionNotFound: Answer(404, "invalid_request_error", "unknown_session"),
+    UnknownCompletion: Answer(404, "invalid_request_error", "unknown_turn"),
+    TurnOutOfRange: Answer(400, "invalid_request_error", "unknown_turn"),
+    InvalidReward: Answer(422, "invalid_request_error", "invalid_reward", "invalid request: "),
+    SessionOfAnotherKey: Answer(403, "permission_error", "forbidden"),
+    TooManySessions: Answer(429, "rate_limit_error", "too_many_sessions"),
+}
+UNMAPPED = Answer(500, "server_error", "session_error")  # a SessionProblem added without a row above
+
+
+def answer_for(problem: SessionProblem) -> Answer:
+    """The row of the problem's class, or of the nearest class above it that has one."""
+    return next((SESSION_ANSWERS[c] for c in type(problem).__mro__ if c in SESSION_ANSWERS), UNMAPPED)
+
+
+async def session_problem(request: Request, exc: SessionProblem) -> JSONResponse:
+    """The exception handler `create_app` registers for every `SessionProblem`."""
+    a = answer_for(exc)
+    return JSONResponse(error_body(a.prefix + exc.message, a.type, a.code), status_code=a.status)
