@@ -16,6 +16,7 @@ from areal_core.train.entropy import entropy_from_logits, logprobs_and_entropy_f
 from areal_core.train.losses import (
     aggregate,
     behaviour_weights,
+    check_algorithm,
     critic_loss,
     decoupled_ppo_loss,
     kl_penalty,
@@ -530,12 +531,14 @@ def test_dpo_through_compute_loss_uses_group_pairs():
     assert loss.item() == approx(want, rel=1e-5)
 
 
-def test_yaml_examples_match_presets():
+def test_yaml_examples_are_the_presets():
     folder = ROOT / "configs" / "algorithms"
     names = {p.stem for p in folder.glob("*.yaml")}
     assert {"grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "gspo", "lite_ppo", "ppo_critic"} <= names
+    assert set(PRESETS) == names
     for name in names:
         data = yaml.safe_load((folder / f"{name}.yaml").read_text())
         assert set(data) == {"algo"}, name
         cfg = AlgorithmConfig.from_data(data["algo"] or {}, prefix="algo")
         assert cfg == from_preset(name), name
+        check_algorithm(cfg)  # its loss is a registered one

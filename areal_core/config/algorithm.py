@@ -2,25 +2,41 @@
 + loss, and the named presets. The tensor code that reads it is areal_core/train/algorithm.py.
 
     cfg = from_preset("dapo", eps_high=0.3)      # validated; ConfigError names 'algo.<key>'
+
+A preset is a file configs/algorithms/<name>.yaml (its `algo:` section); `PRESETS` reads them all.
+`algo.loss` is the name of a loss in the registry, areal_core/train/loss/, a layer above this
+one, so this model only checks that it is a string: `areal_core.train.loss.check_algorithm`
+validates it against the registry (a ConfigError naming the registered losses); `required_inputs`
+and `train_step` call it first, and so should whatever loads a config before starting work.
 """
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
 from typing import Any, Literal, Self, get_args
 
 from pydantic import Field, field_validator, model_validator
 
-from areal_core.config.base import Bool, ConfigError, ConfigModel, Float, Int, Invalid
+from areal_core.config.base import (
+    PROJECT_ROOT,
+    Bool,
+    ConfigError,
+    ConfigModel,
+    Float,
+    Int,
+    Invalid,
+    Str,
+    read_yaml_file,
+)
 
 AdvEstimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "lite_ppo", "gae"]
-Loss = Literal["decoupled_ppo", "ppo", "gspo", "gspo_token", "dpo", "ipo"]
 Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
 BehavCorrection = Literal["none", "truncate", "mask"]
 BehavLevel = Literal["token", "sequence", "geometric"]
 KlEstimator = Literal["k1", "k2", "k3"]
 
 ADV_ESTIMATORS: tuple[str, ...] = get_args(AdvEstimator)
-LOSSES: tuple[str, ...] = get_args(Loss)
 AGGREGATIONS: tuple[str, ...] = get_args(Aggregation)
 BEHAV_CORRECTIONS: tuple[str, ...] = get_args(BehavCorrection)
 BEHAV_LEVELS: tuple[str, ...] = get_args(BehavLevel)
@@ -35,7 +51,7 @@ class AlgorithmConfig(ConfigModel):
     gamma: Float = Field(1.0, gt=0, le=1)  # discount (reinforce_pp*, gae)
     lam: Float = Field(1.0, ge=0, le=1)  # GAE λ
     # policy loss
-    loss: Loss = "decoupled_ppo"  # ppo: naive, ratio to π_behav
+    loss: Str = "decoupled_ppo"  # a registered loss (areal_core/train/loss/; checked by check_algorithm)
     aggregation: Aggregation = "token_mean"
     norm_const: Float = Field(0.0, ge=0)  # Dr.GRPO constant C in tokens (0: longest response in the batch)
     eps_low: Float = Field(0.2, ge=0, lt=1)
@@ -83,64 +99,30 @@ class AlgorithmConfig(ConfigModel):
         return self
 
 
-PRESETS: dict[str, dict[str, Any]] = {
-    # today's trainer: GRPO advantages, decoupled PPO, token-mean, DAPO clip-higher, w capped at 5
-    "grpo": {},
-    "dr_grpo": {
-        "adv_estimator": "dr_grpo",
-        "aggregation": "seq_mean_token_sum_norm",
-        "eps_high": 0.2,
-    },
-    # overlong sizes fit the embedded task (rollout.max_new_tokens = 24); scale with the budget
-    "dapo": {
-        "adv_estimator": "grpo",
-        "eps_high": 0.28,
-        "dynamic_sampling": True,
-        "overlong_max_len": 24,
-        "overlong_buffer": 6,
-        "overlong_penalty": 1.0,
-    },
-    "rloo": {"adv_estimator": "rloo", "eps_high": 0.2},
-    "reinforce_pp": {
-        "adv_estimator": "reinforce_pp",
-        "eps_high": 0.2,
-        "kl_coef": 0.01,
-        "kl_estimator": "k1",
-        "kl_as_reward": True,
-    },
-    "reinforce_pp_baseline": {
-        "adv_estimator": "reinforce_pp_baseline",
-        "eps_high": 0.2,
-        "kl_coef": 0.01,
-        "kl_estimator": "k2",
-    },
-    "gspo": {
-        "loss": "gspo",
-        "aggregation": "seq_mean_token_mean",
-        "eps_low": 3e-4,
-        "eps_high": 4e-4,
-        "behav_level": "geometric",
-    },
-    "lite_ppo": {"adv_estimator": "lite_ppo", "aggregation": "token_mean", "eps_high": 0.2},
-    "ppo_critic": {
-        "adv_estimator": "gae",
-        "gamma": 1.0,
-        "lam": 0.95,
-        "adv_whiten": True,
-        "eps_high": 0.2,
-        "value_coef": 0.5,
-        "value_clip": 0.2,
-    },
-    # baselines and offline alignment
-    "naive_ppo": {"loss": "ppo"},
-    "icepop": {"behav_correction": "mask", "behav_low": 0.5, "behav_high": 2.0},
-    "dpo": {"loss": "dpo", "dpo_beta": 0.1},
-    "ipo": {"loss": "ipo", "dpo_beta": 0.1},
-}
+PRESET_DIR = PROJECT_ROOT / "configs" / "algorithms"
+
+
+@functools.cache
+def presets(folder: Path = PRESET_DIR) -> dict[str, dict[str, Any]]:
+    """name -> the `algo:` overrides of configs/algorithms/<name>.yaml, for every file there."""
+    out = {}
+    for path in sorted(folder.glob("*.yaml")):
+        data = read_yaml_file(path, "algorithm preset")
+        if not isinstance(data, dict) or set(data) - {"algo"}:
+            raise ConfigError(f"algorithm preset file '{path}' must hold one `algo:` section")
+        out[path.stem] = data.get("algo") or {}
+    return out
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PRESETS":  # read on first use, not at import
+        return presets()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def from_preset(name: str, **overrides: Any) -> AlgorithmConfig:
     """AlgorithmConfig of a named preset, with keyword overrides; validated (ConfigError)."""
-    if name not in PRESETS:
-        raise ConfigError(f"unknown algorithm preset {name!r}; expected one of {sorted(PRESETS)}")
-    return AlgorithmConfig.from_data({**PRESETS[name], **overrides}, prefix="algo")
+    known = presets()
+    if name not in known:
+        raise ConfigError(f"unknown algorithm preset {name!r}; expected one of {sorted(known)}")
+    return AlgorithmConfig.from_data({**known[name], **overrides}, prefix="algo")

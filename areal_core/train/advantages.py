@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import torch
 
+# estimators that read a critic's values (and give returns): they add the critic's value loss
+CRITIC_ESTIMATORS = frozenset({"gae"})
+
 
 def grpo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """GRPO group-normalised advantage per sample.

@@ -2,15 +2,19 @@
 
     cfg = from_preset("dapo")                            # the config: areal_core/config/algorithm.py
     adv, returns, m1 = compute_advantages(cfg, rewards, group_index, loss_mask)       # whole batch
+    loss, m2 = total_loss(cfg, LossInputs(logp=..., prox_logp=..., ..., advantages=adv[rows]))  # per minibatch
     loss, m2 = compute_loss(cfg, logp, prox_logp, behav_logp, rewards, group_index, loss_mask,
-                            advantages=adv)                                          # per minibatch
+                            advantages=adv)                      # the same, tensors as arguments
 
-`required_inputs(cfg)` says which optional tensors the trainer must compute (reference-model
-log-probs, critic values, entropy). The tensor code is imported inside the functions.
+The losses are the registry's (areal_core/train/loss/): `algo.loss` names one, and no code here
+tests a loss's name. `required_inputs(cfg)` says which optional tensors the trainer must compute
+(reference-model log-probs, critic values, entropy), as the active losses declare them. The tensor
+code is imported inside the functions.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 from areal_core.config.algorithm import AlgorithmConfig
@@ -18,16 +22,27 @@ from areal_core.config.algorithm import AlgorithmConfig
 if TYPE_CHECKING:
     import torch
 
+    from areal_core.train.loss.registry import LossInputs
+
 TOKEN_LEVEL_ESTIMATORS = ("reinforce_pp", "reinforce_pp_baseline", "gae")
+# what the trainer computes for a loss (the rest of `Loss.needs` comes from the batch or the estimator)
+TRAINER_INPUTS = frozenset({"ref_logp", "values", "old_values"})
+_WHAT = {
+    "ref_logp": "reference-model log-probs",
+    "values": "the critic's values, with gradient",
+    "old_values": "the critic's values before the update",
+}
 
 
 def required_inputs(cfg: AlgorithmConfig) -> set[str]:
-    """Optional tensors the trainer must provide: 'ref_logp', 'values' (+ 'old_values'), 'entropy'."""
-    need = set()
-    if cfg.kl_coef > 0 or cfg.loss in ("dpo", "ipo"):
-        need.add("ref_logp")
-    if cfg.adv_estimator == "gae" and cfg.loss not in ("dpo", "ipo"):
-        need |= {"values", "old_values"}
+    """Optional tensors the trainer must provide: 'ref_logp', 'values' (+ 'old_values'), 'entropy',
+    as the registered losses `cfg` activates declare them (`check_algorithm`: ConfigError for an
+    unknown `algo.loss`)."""
+    from areal_core.train.loss.registry import active_losses
+
+    need = {"ref_logp"} if cfg.kl_coef > 0 else set()
+    for loss in active_losses(cfg):
+        need |= loss.needs & TRAINER_INPUTS
     if cfg.entropy_coef > 0:
         need.add("entropy")
     return need
@@ -74,7 +89,7 @@ def compute_advantages(
     r_i −= β·Σ_t kl_t before the group statistics.
     """
     from areal_core.train import advantages as A
-    from areal_core.train.losses import kl_penalty
+    from areal_core.train.loss import kl_penalty
 
     mask = loss_mask.float()
     r = shaped_rewards(cfg, rewards, mask)
@@ -119,29 +134,59 @@ def compute_advantages(
     return adv, returns, metrics
 
 
-def _preference(cfg, logp, ref_logp, rewards, group_index, mask):
-    """Rows as preference pairs: each group of exactly two samples with different rewards; the
-    higher reward is the chosen response. Other groups are ignored."""
-    import torch
+def total_loss(cfg: AlgorithmConfig, x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+    """Total loss of one (mini/micro-)batch and its metrics, from the registered losses:
 
-    from areal_core.train.losses import preference_loss, sequence_logprobs
+      loss = policy [`algo.loss`] + β_kl·KL(π_θ‖π_ref) [unless kl_as_reward, or the loss holds its
+             own β] − c_ent·H + Σ_terms coef·term [the critic's value loss under gae]
 
-    avg = cfg.loss == "ipo"
-    pi = sequence_logprobs(logp, mask, average=avg)
-    ref = sequence_logprobs(ref_logp.detach(), mask, average=avg)
-    chosen, rejected = [], []
-    for g in torch.unique(group_index):
-        idx = torch.nonzero(group_index == g).squeeze(1)
-        if idx.numel() != 2 or rewards[idx[0]] == rewards[idx[1]]:
-            continue
-        hi = int(rewards[idx[1]] > rewards[idx[0]])
-        chosen.append(idx[hi])
-        rejected.append(idx[1 - hi])
-    if not chosen:
-        return logp.sum() * 0.0, {"pref_pairs": 0.0}
-    c, r = torch.stack(chosen), torch.stack(rejected)
-    loss, stats = preference_loss(pi[c], pi[r], ref[c], ref[r], cfg.dpo_beta, cfg.loss, cfg.dpo_label_smoothing)
-    return loss, {**stats, "pref_pairs": float(len(chosen))}
+    A loss that needs advantages gets `x.advantages`, or, when None, advantages (and returns)
+    computed here from these rows (`compute_advantages` on the whole batch is recommended when
+    the batch is split)."""
+    from areal_core.train.loss.common import kl_penalty, masked_mean
+    from areal_core.train.loss.registry import get_loss, terms
+
+    policy = get_loss(cfg.loss)
+    mask = x.mask
+    metrics: dict[str, float] = {}
+    if cfg.kl_coef > 0 and x.ref_logp is None:
+        raise ValueError("algo.kl_coef > 0 needs ref_logp (reference-model log-probs)")
+    for key in sorted(policy.needs & TRAINER_INPUTS):
+        if getattr(x, key) is None:
+            raise ValueError(f"algo.loss={cfg.loss} needs {key} ({_WHAT[key]})")
+    if "advantages" in policy.needs:
+        if x.advantages is None:
+            vals0 = x.old_values if x.old_values is not None else (x.values.detach() if x.values is not None else None)
+            adv, returns, m = compute_advantages(
+                cfg, x.rewards, x.group_index, mask, prox_logp=x.prox_logp, ref_logp=x.ref_logp, old_values=vals0
+            )
+            metrics.update(m)
+            x = dataclasses.replace(x, advantages=adv, returns=returns)
+        else:
+            metrics.update(_masked_stats("adv", x.advantages, mask))
+    policy_loss, m = policy(cfg, x)
+    metrics.update(m)
+    loss = policy_loss
+    metrics["loss_policy"] = policy_loss.item()
+    if x.ref_logp is not None:
+        kl = kl_penalty(x.logp, x.ref_logp.detach(), cfg.kl_estimator)
+        metrics["kl_ref"] = masked_mean(kl.detach(), mask).item()
+        if cfg.kl_coef > 0 and not cfg.kl_as_reward and policy.kl_term:
+            kl_term = x.reduce(kl, cfg)
+            loss = loss + cfg.kl_coef * kl_term
+            metrics["loss_kl"] = kl_term.item()
+    if x.entropy is not None:
+        ent = x.reduce(x.entropy, cfg)
+        metrics["entropy"] = masked_mean(x.entropy.detach(), mask).item()
+        if cfg.entropy_coef > 0:
+            loss = loss - cfg.entropy_coef * ent
+    for term in terms(cfg, policy):
+        value, m = term(cfg, x)
+        metrics.update(m)
+        loss = loss + term.coef(cfg) * value
+    metrics["loss"] = loss.item()
+    metrics["policy_tokens"] = mask.sum().item()
+    return loss, metrics
 
 
 def compute_loss(
@@ -152,123 +197,19 @@ def compute_loss(
     rewards: torch.Tensor,
     group_index: torch.Tensor,
     loss_mask: torch.Tensor,
-    *,
-    ref_logp: torch.Tensor | None = None,
-    values: torch.Tensor | None = None,
-    old_values: torch.Tensor | None = None,
-    entropy: torch.Tensor | None = None,
-    advantages: torch.Tensor | None = None,
-    returns: torch.Tensor | None = None,
-    global_tokens: float | None = None,
-    global_seqs: float | None = None,
+    **optional: torch.Tensor | float | None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Total loss of one (mini/micro-)batch and its metrics.
+    """`total_loss` with the tensors as arguments: `optional` holds the other `LossInputs` fields
+    (ref_logp, values, old_values, entropy, advantages, returns, global_tokens, global_seqs)."""
+    from areal_core.train.loss.registry import LossInputs
 
-    Tensors are [N, T] aligned with input positions (logp[:, t] = log π(x_t | x_<t)), rewards and
-    group_index [N]. logp carries the gradient; prox_logp, behav_logp, ref_logp and old_values
-    are constants. values[:, t] is the critic's estimate for the state that emits token t (with
-    gradient), entropy[:, t] the policy entropy there (with gradient, for the bonus).
-    `advantages` / `returns`: precomputed on the whole batch by `compute_advantages` (recommended
-    when the batch is split); otherwise computed here from these rows.
-    `global_tokens` / `global_seqs`: denominators of the whole batch for gradient accumulation.
-      loss = policy + β_kl·KL(π_θ‖π_ref) [unless kl_as_reward] − c_ent·H + c_v·critic
-    """
-    from areal_core.train.losses import (
-        aggregate,
-        behaviour_kl,
-        critic_loss,
-        decoupled_ppo_loss,
-        kl_penalty,
-        masked_mean,
+    x = LossInputs(
+        logp=logp,
+        prox_logp=prox_logp,
+        behav_logp=behav_logp,
+        mask=loss_mask.float(),
+        rewards=rewards,
+        group_index=group_index,
+        **optional,
     )
-
-    mask = loss_mask.float()
-    agg = {
-        "mode": cfg.aggregation,
-        "norm_const": cfg.norm_const,
-        "global_tokens": global_tokens,
-        "global_seqs": global_seqs,
-    }
-    metrics: dict[str, float] = {}
-    if cfg.kl_coef > 0 and ref_logp is None:
-        raise ValueError("algo.kl_coef > 0 needs ref_logp (reference-model log-probs)")
-    if cfg.loss in ("dpo", "ipo"):
-        if ref_logp is None:
-            raise ValueError(f"algo.loss={cfg.loss} needs ref_logp (reference-model log-probs)")
-        loss, m = _preference(cfg, logp, ref_logp, rewards, group_index, mask)
-        metrics.update(m)
-        policy = loss
-    else:
-        if advantages is None:
-            vals0 = old_values if old_values is not None else (values.detach() if values is not None else None)
-            advantages, returns, m = compute_advantages(
-                cfg, rewards, group_index, mask, prox_logp=prox_logp, ref_logp=ref_logp, old_values=vals0
-            )
-            metrics.update(m)
-        else:
-            metrics.update(_masked_stats("adv", advantages, mask))
-        common = {
-            "behav_correction": cfg.behav_correction,
-            "behav_low": cfg.behav_low,
-            "behav_high": cfg.behav_high,
-            "behav_level": cfg.behav_level,
-            "aggregation": cfg.aggregation,
-            "norm_const": cfg.norm_const,
-            "global_tokens": global_tokens,
-            "global_seqs": global_seqs,
-        }
-        old = prox_logp
-        if cfg.loss == "ppo":  # naive PPO: the behaviour policy is the old policy, no correction
-            old, common["behav_correction"] = behav_logp, "none"
-        policy, m = decoupled_ppo_loss(
-            logp,
-            old,
-            behav_logp,
-            advantages,
-            mask,
-            cfg.eps_low,
-            cfg.eps_high,
-            cfg.dual_clip,
-            ratio_level="sequence" if cfg.loss in ("gspo", "gspo_token") else "token",
-            seq_advantage=cfg.loss == "gspo",
-            **common,
-        )
-        metrics.update(m)
-        metrics["kl_behav_prox"] = behaviour_kl(prox_logp, behav_logp, mask)
-    loss = policy
-    metrics["loss_policy"] = policy.item()
-    if ref_logp is not None:
-        kl = kl_penalty(logp, ref_logp.detach(), cfg.kl_estimator)
-        metrics["kl_ref"] = masked_mean(kl.detach(), mask).item()
-        if cfg.kl_coef > 0 and not cfg.kl_as_reward and cfg.loss not in ("dpo", "ipo"):
-            kl_term = aggregate(kl, mask, **agg)
-            loss = loss + cfg.kl_coef * kl_term
-            metrics["loss_kl"] = kl_term.item()
-    if entropy is not None:
-        ent = aggregate(entropy, mask, **agg)
-        metrics["entropy"] = masked_mean(entropy.detach(), mask).item()
-        if cfg.entropy_coef > 0:
-            loss = loss - cfg.entropy_coef * ent
-    if cfg.adv_estimator == "gae" and cfg.loss not in ("dpo", "ipo"):
-        if values is None or returns is None:
-            raise ValueError(
-                "algo.adv_estimator=gae needs values (with gradient), old_values, and returns "
-                "when advantages are passed in (both come from compute_advantages)"
-            )
-        old_v = old_values if old_values is not None else values.detach()
-        vloss, m = critic_loss(
-            values,
-            old_v.detach(),
-            returns.detach(),
-            mask,
-            cfg.value_clip,
-            cfg.aggregation,
-            norm_const=cfg.norm_const,
-            global_tokens=global_tokens,
-            global_seqs=global_seqs,
-        )
-        metrics.update(m)
-        loss = loss + cfg.value_coef * vloss
-    metrics["loss"] = loss.item()
-    metrics["policy_tokens"] = mask.sum().item()
-    return loss, metrics
+    return total_loss(cfg, x)

@@ -18,8 +18,9 @@ Per step, with the batch B (every rank receives all of it; rank 0 chose it):
      collective calls;
   4. backward, gradient clipping (the global norm over every shard), optimizer step.
 
-Not supported with more than one rank: loss dpo/ipo (their mean over pairs has no global
-denominator in `compute_loss`) and the gae estimator (the critic of `value_head.py` is not sharded).
+Not supported with more than one rank: the losses that declare `distributed = False` in the loss
+registry (areal_core/train/loss/): the preference losses (their mean over pairs has no global
+denominator) and the critic's value term (the critic of `value_head.py` is not sharded).
 """
 
 from __future__ import annotations
@@ -33,11 +34,12 @@ import torch
 
 from areal_core.config import RunConfig
 from areal_core.protocol import Sample
-from areal_core.train.algorithm import compute_advantages, compute_loss, required_inputs
+from areal_core.train.algorithm import compute_advantages, required_inputs, total_loss
 from areal_core.train.batch import TrainBatch, collate
 from areal_core.train.distributed import DistContext, clip_grad_norm
 from areal_core.train.entropy import token_logprobs_and_entropy
 from areal_core.train.logprobs import token_logprobs
+from areal_core.train.loss.registry import LossInputs, check_algorithm
 from areal_core.train.packing import packed_token_logprobs
 from areal_core.train.value_head import Critic
 
@@ -124,8 +126,7 @@ def train_step(
     ctx = ctx or DistContext()
     world = ctx.world_size
     algo, n_mb = cfg.algo, cfg.train.ppo_minibatches
-    if ctx.distributed and (algo.loss in ("dpo", "ipo") or algo.adv_estimator == "gae"):
-        raise NotImplementedError(f"distributed step: loss {algo.loss} / estimator {algo.adv_estimator}")
+    check_algorithm(algo, distributed=ctx.distributed)  # ConfigError: an unknown loss, or one rank only
     need = required_inputs(algo)
     if "ref_logp" in need and ref_model is None:
         raise ValueError("this algorithm needs a reference model")
@@ -173,23 +174,23 @@ def train_step(
         values = None
         if critic is not None:  # the critic's values of these rows, with gradient
             values = critic.token_values(batch.input_ids[rows], batch.attention_mask[rows], **vkw)
-        loss, mb_stats = compute_loss(
-            mb_algo,
-            logp,
-            prox,
-            batch.behav_logprobs[rows],
-            batch.rewards[rows],
-            batch.group_index[rows],
-            mask,
-            ref_logp=None if ref_all is None else ref_all[rows],
-            entropy=ent,
+        inputs = LossInputs(
+            logp=logp,
+            prox_logp=prox,
+            behav_logp=batch.behav_logprobs[rows],
+            mask=mask.float(),
+            rewards=batch.rewards[rows],
+            group_index=batch.group_index[rows],
             advantages=adv[rows],
             returns=None if returns is None else returns[rows],
+            ref_logp=None if ref_all is None else ref_all[rows],
             values=values,
             old_values=None if old_v is None else old_v[rows],
+            entropy=ent,
             global_tokens=mb.global_tokens if ctx.distributed else None,
             global_seqs=mb.global_seqs if ctx.distributed else None,
         )
+        loss, mb_stats = total_loss(mb_algo, inputs)
         optimizer.zero_grad(set_to_none=True)
         if critic is not None:
             critic.zero_grad()

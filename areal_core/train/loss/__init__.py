@@ -1,0 +1,57 @@
+"""Policy, critic, preference and regulariser losses: one module per loss, found through the registry.
+
+    from areal_core.train.loss import get_loss, LossInputs
+    loss, metrics = get_loss(cfg.loss)(cfg, LossInputs(logp=..., prox_logp=..., ...))
+
+`registry.py` holds the API (`Loss`, `LossInputs`, `register`, `get_loss`, `known_losses`,
+`active_losses`, `check_algorithm`); `common.py` the shared math (aggregation, behaviour weights,
+KL estimators). Each other module is one loss, its formula in its docstring. Adding a loss is one
+module here plus one preset in configs/algorithms/. The pure functions are re-exported below.
+"""
+
+from areal_core.train.loss.common import (
+    aggregate,
+    behaviour_kl,
+    behaviour_weights,
+    kl_penalty,
+    masked_mean,
+    per_row,
+    sequence_logprobs,
+    usable_behaviour,
+)
+from areal_core.train.loss.critic import critic_loss
+from areal_core.train.loss.decoupled_ppo import decoupled_ppo_loss
+from areal_core.train.loss.preference import preference_loss, preference_pairs
+from areal_core.train.loss.registry import (
+    Loss,
+    LossInputs,
+    active_losses,
+    check_algorithm,
+    get_loss,
+    known_losses,
+    register,
+    terms,
+)
+
+__all__ = [
+    "Loss",
+    "LossInputs",
+    "active_losses",
+    "aggregate",
+    "behaviour_kl",
+    "behaviour_weights",
+    "check_algorithm",
+    "critic_loss",
+    "decoupled_ppo_loss",
+    "get_loss",
+    "kl_penalty",
+    "known_losses",
+    "masked_mean",
+    "per_row",
+    "preference_loss",
+    "preference_pairs",
+    "register",
+    "sequence_logprobs",
+    "terms",
+    "usable_behaviour",
+]
