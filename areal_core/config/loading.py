@@ -4,6 +4,12 @@
 
 Every key is checked: an unknown key, a wrong type or an out-of-range value raises
 `ConfigError` with a one-line message naming the key.
+
+Every YAML text (files, override values, the run root's config.yaml) is read by
+`config.base.load_yaml_text`: at most MAX_YAML_BYTES, MAX_YAML_NODES values, MAX_YAML_DEPTH
+levels, no anchors or aliases, no tags but the plain ones; a Str field holds at most
+MAX_STR_CHARS characters, a Text field (a prompt) MAX_TEXT_CHARS. A hostile config is one
+ConfigError line, with a bounded excerpt of the value, in well under a second.
 """
 
 from __future__ import annotations
@@ -14,30 +20,44 @@ from typing import Any
 
 import yaml
 
-from areal_core.config.base import ConfigError, read_yaml_file
+from areal_core.config.base import (
+    MAX_YAML_BYTES,
+    MAX_YAML_DEPTH,
+    MAX_YAML_KEY_CHARS,
+    ConfigError,
+    clip,
+    excerpt,
+    load_yaml_text,
+    read_yaml_file,
+)
 from areal_core.config.hooks import import_object
 from areal_core.config.run import RunConfig, resolve_python
 
 
 def parse_override(text: str) -> tuple[str, Any]:
-    """`"train.lr=3e-4"` -> ("train.lr", 3e-4); the value is parsed as YAML."""
+    """`"train.lr=3e-4"` -> ("train.lr", 3e-4); the value is parsed as YAML, within the bounds
+    of `load_yaml_text` (so no anchors or aliases)."""
+    if len(text) > MAX_YAML_BYTES:
+        raise ConfigError(f"override {excerpt(text)} is {len(text)} characters, over the {MAX_YAML_BYTES} limit")
     if "=" not in text:
-        raise ConfigError(f"override '{text}' must look like key=value")
+        raise ConfigError(f"override '{clip(text, 120)}' must look like key=value")
     key, raw = text.split("=", 1)
     key = key.strip()
     if not key:
-        raise ConfigError(f"override '{text}' has an empty key")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"override '{text}': value is not valid YAML ({exc})") from None
+        raise ConfigError(f"override '{clip(text, 120)}' has an empty key")
+    parts = key.split(".")
+    if len(parts) > MAX_YAML_DEPTH or max(map(len, parts)) > MAX_YAML_KEY_CHARS:
+        raise ConfigError(
+            f"override key '{clip(key, 120)}' is longer than {MAX_YAML_DEPTH} parts of {MAX_YAML_KEY_CHARS} characters"
+        )
+    value = load_yaml_text(raw, f"override '{clip(key, 120)}': value") if raw.strip() else ""
     return key, value
 
 
 def _merge(base: dict[str, Any], data: Any, where: str) -> dict[str, Any]:
     """`data` laid over `base`: mappings merge key by key, anything else replaces."""
     if not isinstance(data, dict):
-        raise ConfigError(f"config section '{where}' must be a mapping, got {data!r}")
+        raise ConfigError(f"config section '{clip(where)}' must be a mapping, got {excerpt(data)}")
     out = dict(base)
     for key, value in data.items():
         old = out.get(key)
@@ -120,10 +140,11 @@ def load_config(
 
 
 def from_yaml_text(text: str) -> RunConfig:
-    """Rebuild a config saved by `to_yaml` (the run root's config.yaml)."""
-    data = yaml.safe_load(text) or {}
+    """Rebuild a config saved by `to_yaml` (the run root's config.yaml), read within the bounds
+    of `load_yaml_text`."""
+    data = load_yaml_text(text, "config text") or {}
     if not isinstance(data, dict):
-        raise ConfigError(f"config section '<root>' must be a mapping, got {data!r}")
+        raise ConfigError(f"config section '<root>' must be a mapping, got {excerpt(data)}")
     return validate(RunConfig.from_data(data))
 
 
@@ -131,8 +152,15 @@ def to_dict(cfg: RunConfig) -> dict[str, Any]:
     return cfg.model_dump()
 
 
+class _NoAliasDumper(yaml.SafeDumper):
+    """Writes a value seen twice twice: `load_yaml_text` refuses anchors and aliases."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
 def to_yaml(cfg: RunConfig) -> str:
-    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+    return yaml.dump(to_dict(cfg), Dumper=_NoAliasDumper, sort_keys=False)
 
 
 def to_flat_dict(cfg: RunConfig) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Literal, Self
 from pydantic import Field, model_validator
 
 from areal_core.config.algorithm import AlgorithmConfig
-from areal_core.config.base import PROJECT_ROOT, Bool, ConfigModel, Float, Int, Invalid, Str
+from areal_core.config.base import PROJECT_ROOT, Bool, ConfigModel, Float, Int, Invalid, Str, Text
 from areal_core.config.device import Device
 
 DEFAULT_VLLM_PYTHON = ".venv-vllm/bin/python"  # made by `make vllm-venv`
@@ -37,7 +37,7 @@ class TaskConfig(ConfigModel):
     max_value: Int = Field(99, description="arithmetic: largest operand")
     max_steps: Int = Field(1, description="arithmetic: number of worked steps (1..3)")
     ops: Str = Field("+-", description="arithmetic: the operators used, from '+-*'")
-    system_prompt: Str = Field(
+    system_prompt: Text = Field(
         "",
         description="a system message before every question in the model's chat template (rollout, SFT, evaluation); empty: none",
     )
