@@ -23,7 +23,7 @@ import logging
 from dataclasses import asdict, dataclass, field
 
 from areal_core.layout import LAYOUT
-from areal_core.protocol import Sample, ShardError, decode_shard
+from areal_core.protocol import DEFAULT_LIMITS, Sample, ShardError, ShardLimits, decode_shard
 from areal_core.store import Store
 
 log = logging.getLogger("areal.forks")
@@ -59,12 +59,12 @@ class ForkRef:
         """The referenced shards not in `consumed` (the trainer's shards read)."""
         return [rel for rel in self.shards if rel not in consumed]
 
-    def read_shard(self, rel: str) -> list[Sample] | None:
+    def read_shard(self, rel: str, limits: ShardLimits = DEFAULT_LIMITS) -> list[Sample] | None:
         """The samples on C's lineage in the referenced shard `rel`; None (logged) when it does not
         parse. The root holding it (P's, or an ancestor's for a fork of a fork) is only read."""
         root = self.shards[rel]
         try:
-            samples = decode_shard(Store(root).read_bytes(rel))
+            samples = decode_shard(Store(root).read_bytes(rel), limits)
         except ShardError as exc:
             log.warning("referenced shard %s/%s does not parse, skipped: %s", root, rel, exc)
             return None

@@ -84,11 +84,14 @@ def chat_prompt(tokenizer: Any, question: str, system: str = "") -> list[int]:
 
 
 def load_pretrained(path: str, device: str = "cpu") -> tuple[Any, Any]:
-    """(model, tokenizer) from a local folder or an fsspec URI of an HF checkpoint."""
+    """(model, tokenizer) from a local folder or an fsspec URI of an HF checkpoint, checked against
+    its MANIFEST.json when it has one (init_model/ does: areal_core/manifest.py)."""
     from areal_core.logs import quiet_libraries
+    from areal_core.manifest import verify_local_dir
 
     quiet_libraries()
     local = localize(path)
+    verify_local_dir(local)
     tokenizer = AutoTokenizer.from_pretrained(local)
     model = AutoModelForCausalLM.from_pretrained(local, dtype=torch.float32).to(device)
     return model, tokenizer

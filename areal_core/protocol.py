@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from areal_core.ipc_reader import IpcError, read_ipc_file
 from areal_core.layout import LAYOUT
 from areal_core.store import Store
 
@@ -156,22 +158,76 @@ def encode_shard(samples: list[Sample]) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def decode_shard(data: bytes) -> list[Sample]:
-    """Parse and validate a shard; raises ShardError with the reason."""
+@dataclass(frozen=True)
+class ShardLimits:
+    """What a reader accepts of a shard before any value is trusted. `vocab_size`, `max_version`:
+    known to the trainer only (its model's vocabulary; its own version, the newest any policy
+    token can have been sampled by)."""
+
+    max_bytes: int = 256 << 20
+    max_rows: int = 1 << 16
+    max_tokens: int = 1 << 17  # per sample; the trainer lowers it to the model's context
+    vocab_size: int | None = None
+    max_version: int | None = None
+
+
+DEFAULT_LIMITS = ShardLimits()
+PER_TOKEN = ("loss_mask", "behav_logprobs", "versions")
+
+
+def _check_table(table: pa.Table, limits: ShardLimits) -> None:
+    """The per-token invariants, vectorised before a row becomes Python objects: equal lengths,
+    at most `max_tokens` tokens, token ids in [0, vocab), policy-token versions in [0, max_version]."""
+    if table.num_rows == 0:
+        return
+    lengths = pc.list_value_length(table["input_ids"])
+    longest = pc.max(lengths).as_py() or 0
+    if longest > limits.max_tokens:
+        raise ShardError(f"a sample of {longest} tokens (at most {limits.max_tokens})")
+    for name in PER_TOKEN + ("token_rewards",):
+        other = pc.list_value_length(table[name])
+        same = (
+            pc.equal(other, lengths)
+            if name != "token_rewards"
+            else pc.or_kleene(pc.is_null(other), pc.equal(other, lengths))
+        )
+        if not pc.all(pc.fill_null(same, False)).as_py():
+            raise ShardError(f"a sample whose {name} differs in length from input_ids")
+    ids = pc.list_flatten(table["input_ids"])
+    lo, hi = pc.min_max(ids).values()
+    vocab = limits.vocab_size
+    if (lo.as_py() or 0) < 0 or (vocab is not None and (hi.as_py() or 0) >= vocab):
+        raise ShardError(f"token ids span [{lo}, {hi}], outside [0, {vocab if vocab is not None else 'inf'})")
+    policy = pc.equal(pc.list_flatten(table["loss_mask"]), 1)
+    versions = pc.filter(pc.list_flatten(table["versions"]), policy)
+    if len(versions):
+        vlo, vhi = pc.min_max(versions).values()
+        newest = limits.max_version
+        if vlo.as_py() < 0 or (newest is not None and vhi.as_py() > newest):
+            raise ShardError(f"policy-token versions span [{vlo}, {vhi}], outside [0, {newest}]")
+
+
+def decode_shard(data: bytes, limits: ShardLimits = DEFAULT_LIMITS) -> list[Sample]:
+    """Parse and validate a shard (ipc_reader.py: no read out of bounds, no inflation, bounded
+    rows; then the schema and `_check_table`'s invariants); raises ShardError with the reason."""
+    if len(data) > limits.max_bytes:
+        raise ShardError(f"{len(data)} bytes (at most {limits.max_bytes})")
     try:
-        table = pa.ipc.open_file(pa.BufferReader(data)).read_all()
-    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
-        raise ShardError(f"not a readable Arrow IPC file ({len(data)} bytes): {exc}") from None
-    version = (table.schema.metadata or {}).get(b"areal.schema_version", b"").decode()
+        table = read_ipc_file(data, limits.max_rows)
+    except IpcError as exc:
+        raise ShardError(str(exc)) from None
+    version = (table.schema.metadata or {}).get(b"areal.schema_version", b"").decode(errors="replace")
     if version != SCHEMA_VERSION:
-        raise ShardError(f"schema version {version or 'missing'!r}, expected {SCHEMA_VERSION!r}")
+        raise ShardError(f"schema version {version[:40] or 'missing'!r}, expected {SCHEMA_VERSION!r}")
     missing = [n for n in SCHEMA.names if n not in table.schema.names]
     if missing:
         raise ShardError(f"missing columns {missing}")
     try:
-        return from_table(table.select(SCHEMA.names).cast(SCHEMA))
-    except (pa.ArrowInvalid, TypeError, json.JSONDecodeError) as exc:
-        raise ShardError(f"bad values: {exc}") from None
+        table = table.select(SCHEMA.names).cast(SCHEMA)
+        _check_table(table, limits)
+        return from_table(table)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, TypeError, json.JSONDecodeError) as exc:
+        raise ShardError(f"bad values: {str(exc)[:300]}") from None
 
 
 def unique(samples: list[Sample], seen: set[str]) -> list[Sample]:
@@ -212,11 +268,13 @@ class Recorder(Protocol):
     def emit(self, kind: str, **fields: Any) -> None: ...
 
 
-def read_shard_or_quarantine(store: Store, rel: str, events: Recorder | None = None) -> list[Sample] | None:
+def read_shard_or_quarantine(
+    store: Store, rel: str, events: Recorder | None = None, limits: ShardLimits = DEFAULT_LIMITS
+) -> list[Sample] | None:
     """The shard's samples, or None after moving a corrupt shard to quarantine/ (and recording a
     `quarantine` event when `events` is given)."""
     try:
-        return decode_shard(store.read_bytes(rel))
+        return decode_shard(store.read_bytes(rel), limits)
     except ShardError as exc:
         quarantine(store, rel, str(exc))
         if events is not None:

@@ -68,20 +68,23 @@ def test_the_constructor_writes_nothing_and_start_publishes(tmp_path):
 def test_counters_are_typed_and_survive_a_checkpoint(tmp_path):
     run_uri, store = prepared(tmp_path, "train.eta=0")
     write_groups(store, 0, 2, version=0)
-    write_groups(store, 1, 1, version=-5)  # older than v - eta: dropped
-    store.write_bytes(LAYOUT.graded_shard("w", 2), b"not arrow")  # quarantined
     cfg = load_run_config(store)
     trainer = build_run_trainer(run_uri, cfg)
     trainer.start()
     batch = trainer.source.next_batch(trainer.state)
-    assert batch.samples is not None and len(batch.dropped) == 4
-    trainer.step(batch.samples, batch.dropped, batch.abandoned)
-    c = trainer.state.counters
-    assert (c.trained_samples, c.dropped_samples, c.quarantined_shards) == (8, 4, 1)
+    trainer.step(batch.samples, batch.dropped, batch.abandoned)  # now at v1
+    write_groups(store, 1, 1, version=0)  # older than v1 - eta: dropped
+    store.write_bytes(LAYOUT.graded_shard("w", 2), b"not arrow")  # quarantined
+    batch = trainer.source.next_batch(trainer.state)
+    assert batch.samples is None and len(batch.dropped) == 4
     trainer.save_checkpoint()
+    c = trainer.state.counters
+    assert (c.trained_samples, c.quarantined_shards) == (8, 1)
+    assert c.discarded_groups == 1  # the dropped group is given back to admission
     again = build_run_trainer(run_uri, cfg)
     assert again.state.counters == c and isinstance(again.state.counters, TrainerCounters)
-    assert store.read_json(LAYOUT.checkpoint_file(1, checkpoint.STATE_FILE))["counters"]["dropped_samples"] == 4
+    saved = store.read_json(LAYOUT.checkpoint_file(1, checkpoint.STATE_FILE))["counters"]
+    assert saved["quarantined_shards"] == 1 and saved["trained_samples"] == 8
     with pytest.raises(ValueError, match="unknown trainer counters"):
         TrainerCounters.from_json({"dropped_sampels": 3})
     assert TrainerCounters.from_json({"dropped_samples": 3}).trained_samples == 0  # an older checkpoint

@@ -40,7 +40,7 @@ from areal_core.rollout.admission import group_index
 from areal_core.run.derived import DerivedRunError, begin, copy_base, derived_config, fresh_root
 from areal_core.store import Store
 from areal_core.train.algorithm import required_inputs
-from areal_core.train.checkpoint import SEEN_FILE, STATE_FILE, committed_steps
+from areal_core.train.checkpoint import SEEN_FILE, STATE_FILE, committed_steps, verify
 from areal_core.train.value_head import CRITIC_FILE
 
 FIXED = ("model.", "task.", "sft.", "seed")
@@ -196,6 +196,9 @@ def copy_checkpoint(parent: Store, store: Store, step: int, keep: int) -> None:
         raise DerivedRunError(changed) from None
     if LAYOUT.committed(folder) not in before or parent.find(folder) != before or store.find(folder) != before:
         raise DerivedRunError(changed)
+    problems = verify(store, step)
+    if problems:
+        raise DerivedRunError(f"checkpoint step {step} of {parent.uri} fails verification: {'; '.join(problems[:3])}")
 
 
 def fork_task(run_uri: str, step: int, into: str, overrides: str) -> dict[str, str]:

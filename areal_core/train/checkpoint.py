@@ -10,6 +10,8 @@ trainer continues exactly.
 from __future__ import annotations
 
 import io
+import json
+import logging
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -18,6 +20,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from areal_core.layout import LAYOUT
+from areal_core.manifest import MANIFEST_NAME, failures, make_manifest
 from areal_core.protocol import Sample, decode_identities, decode_shard, encode_identities, encode_shard
 from areal_core.store import Store
 from areal_core.train.counters import TrainerCounters
@@ -29,6 +32,8 @@ OPTIMIZER_FILE = "optimizer.pt"
 PENDING_FILE = "pending.arrow"
 STATE_FILE = "state.json"
 SEEN_FILE = "seen.txt.gz"
+
+log = logging.getLogger("areal.trainer")
 
 
 @dataclass
@@ -62,24 +67,35 @@ def save(
     `adapter`: `model` is a LoRA (peft) model; the adapter tensors alone are written.
     """
     step = state.step
+    files: dict[str, bytes] = {}
     if adapter:
         from areal_core.train.lora import adapter_state_dict
 
-        store.write_bytes(LAYOUT.checkpoint_file(step, ADAPTER_FILE), st_save(adapter_state_dict(model)))
+        files[ADAPTER_FILE] = st_save(adapter_state_dict(model))
     else:
-        weights = model_bytes if model_bytes is not None else state_dict_bytes(model)
-        store.write_bytes(LAYOUT.checkpoint_file(step, MODEL_FILE), weights)
+        files[MODEL_FILE] = model_bytes if model_bytes is not None else state_dict_bytes(model)
     buf = io.BytesIO()
     osd = optimizer_state if optimizer_state is not None else optimizer.state_dict()
     torch.save({"optimizer": osd, "rng": torch.get_rng_state()}, buf)
-    store.write_bytes(LAYOUT.checkpoint_file(step, OPTIMIZER_FILE), buf.getvalue())
-    store.write_bytes(LAYOUT.checkpoint_file(step, PENDING_FILE), encode_shard(pending) if pending else b"")
+    files[OPTIMIZER_FILE] = buf.getvalue()
+    files[PENDING_FILE] = encode_shard(pending) if pending else b""
     record = asdict(state)  # the counters as a plain dict
-    store.write_bytes(LAYOUT.checkpoint_file(step, SEEN_FILE), encode_identities(record.pop("seen")))
-    store.write_json(LAYOUT.checkpoint_file(step, STATE_FILE), record)
+    files[SEEN_FILE] = encode_identities(record.pop("seen"))
+    files[STATE_FILE] = json.dumps(record, indent=1, sort_keys=True).encode()
+    for name, data in files.items():
+        store.write_bytes(LAYOUT.checkpoint_file(step, name), data)
+    for rel in store.find(LAYOUT.checkpoint_dir(step)):  # written beside (the critic's files)
+        name = rel.rsplit("/", 1)[-1]
+        if name not in files and name not in (MANIFEST_NAME, LAYOUT.committed_name):
+            files[name] = store.read_bytes(rel)
+    store.write_json(LAYOUT.checkpoint_file(step, MANIFEST_NAME), make_manifest(files, step=step))
     store.write_text(LAYOUT.committed(LAYOUT.checkpoint_dir(step)), str(step))
     for old in committed_steps(store)[:-keep]:
         store.delete(LAYOUT.checkpoint_dir(old), recursive=True)
+
+
+class CheckpointError(RuntimeError):
+    """Committed checkpoints exist and none of them verifies."""
 
 
 def committed_steps(store: Store) -> list[int]:
@@ -91,14 +107,47 @@ def committed_steps(store: Store) -> list[int]:
     return sorted(steps)
 
 
+def verify(store: Store, step: int) -> list[str]:
+    """What is wrong with committed checkpoint `step`: files missing or failing the sha256 its
+    MANIFEST.json records (empty when it verifies; a checkpoint older than manifests verifies)."""
+    rel = LAYOUT.checkpoint_file(step, MANIFEST_NAME)
+    if not store.exists(rel):
+        return []
+    try:
+        manifest = store.read_json(rel)
+    except ValueError as exc:
+        return [f"{MANIFEST_NAME} does not parse ({exc})"]
+
+    def read(name: str) -> bytes | None:
+        path = LAYOUT.checkpoint_file(step, name)
+        return store.read_bytes(path) if "/" not in name and store.exists(path) else None
+
+    return failures(manifest, read)
+
+
 def restore(
     store: Store, model: torch.nn.Module, optimizer: torch.optim.Optimizer
 ) -> tuple[TrainerState, list[Sample]] | None:
-    """Load the newest committed checkpoint into model and optimizer; None when there is none."""
+    """Load the newest committed checkpoint that verifies into model and optimizer (a newer one
+    that fails is skipped, said in one line); None when there is none; CheckpointError when
+    checkpoints exist and none verifies (starting over would silently lose the run)."""
     steps = committed_steps(store)
     if not steps:
         return None
-    step = steps[-1]
+    for step in reversed(steps):
+        problems = verify(store, step)
+        if not problems:
+            try:
+                return _load(store, step, model, optimizer)
+            except Exception as exc:  # a checkpoint from before manifests, damaged
+                problems = [f"does not load: {type(exc).__name__}: {str(exc)[:200]}"]
+        log.warning("checkpoint %s skipped: %s", LAYOUT.checkpoint_dir(step), "; ".join(problems[:3]))
+    raise CheckpointError(f"{store.uri}: none of the committed checkpoints {steps} verifies; refusing to start over")
+
+
+def _load(
+    store: Store, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> tuple[TrainerState, list[Sample]]:
     if store.exists(LAYOUT.checkpoint_file(step, ADAPTER_FILE)):
         from peft import set_peft_model_state_dict
 
@@ -106,8 +155,9 @@ def restore(
         set_peft_model_state_dict(model, tensors)
     else:
         model.load_state_dict(st_load(store.read_bytes(LAYOUT.checkpoint_file(step, MODEL_FILE))), strict=False)
+    # weights_only: a pickle from the store must not run code (the state dict is tensors and numbers)
     blob: dict[str, Any] = torch.load(
-        io.BytesIO(store.read_bytes(LAYOUT.checkpoint_file(step, OPTIMIZER_FILE))), weights_only=False
+        io.BytesIO(store.read_bytes(LAYOUT.checkpoint_file(step, OPTIMIZER_FILE))), weights_only=True
     )
     optimizer.load_state_dict(blob["optimizer"])
     torch.set_rng_state(blob["rng"])

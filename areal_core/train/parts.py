@@ -8,6 +8,7 @@ replay reproduces a run's steps bit for bit from the same seed.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +17,7 @@ import torch
 
 from areal_core.config import RunConfig
 from areal_core.models import load_pretrained
-from areal_core.protocol import Sample
+from areal_core.protocol import DEFAULT_LIMITS, Sample, ShardLimits
 from areal_core.store import Store
 from areal_core.train import checkpoint, lora
 from areal_core.train.algorithm import required_inputs
@@ -95,3 +96,11 @@ def load_parts(
         if ref_model is not None:
             parts.ref_model = shard_model(ref_model, dist)
     return parts
+
+
+def shard_limits(model: torch.nn.Module) -> ShardLimits:
+    """What the trainer accepts of a graded shard: token ids within the model's vocabulary and
+    samples within its context (a longer one would fail or silently wrap position embeddings)."""
+    config = model.config
+    context = getattr(config, "max_position_embeddings", None) or DEFAULT_LIMITS.max_tokens
+    return dataclasses.replace(DEFAULT_LIMITS, vocab_size=config.vocab_size, max_tokens=context)

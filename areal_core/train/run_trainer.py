@@ -12,7 +12,7 @@ from areal_core.forks import read_fork
 from areal_core.layout import LAYOUT
 from areal_core.store import Store
 from areal_core.train.distributed import env_ranks, shutdown
-from areal_core.train.parts import load_parts
+from areal_core.train.parts import load_parts, shard_limits
 from areal_core.train.sinks import PublishingSink
 from areal_core.train.sources import GradedShards
 from areal_core.train.trainer import Evaluate, MetricsTracker, Trainer
@@ -33,7 +33,8 @@ def build_run_trainer(
     store = Store(run_uri)
     events = events or EventLog(None, "trainer", "0")
     parts = load_parts(store.url(LAYOUT.init_model), cfg, restore_from=store)
-    source = GradedShards(store, cfg, parts.state, events, fork=read_fork(store), pending=parts.pending)
+    limits = shard_limits(parts.model)
+    source = GradedShards(store, cfg, parts.state, events, fork=read_fork(store), pending=parts.pending, limits=limits)
     tc = cfg.train
     sink = PublishingSink(WeightPublisher(store, parts.side_files, tc.weight_delta, tc.weight_full_every))
     return Trainer(parts, source, sink, store, cfg, evaluate=evaluate, tracker=tracker, guard=guard, events=events)

@@ -16,6 +16,7 @@ import torch
 from areal_core.config.hooks import import_object
 from areal_core.context import load_run_config, set_threads
 from areal_core.layout import LAYOUT
+from areal_core.manifest import write_local_manifest
 from areal_core.models import (
     build_tiny_model,
     build_tokenizer,
@@ -107,6 +108,7 @@ def run_sft(run_uri: str) -> str:
     model.eval()
     with tempfile.TemporaryDirectory() as tmp:
         save_pretrained(model, tokenizer, tmp)
+        write_local_manifest(tmp)  # every role checks init_model against it (models.load_pretrained)
         store.put_dir(tmp, LAYOUT.init_model)
     store.write_json(LAYOUT.committed(LAYOUT.init_model), {"sft_steps": sc.steps if sc.enabled else 0})
     return store.url(LAYOUT.init_model)

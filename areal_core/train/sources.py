@@ -12,6 +12,7 @@ the run's trainer would have dropped.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from abc import ABC, abstractmethod
@@ -22,7 +23,7 @@ from areal_core.config import RunConfig
 from areal_core.events import EventLog
 from areal_core.forks import ForkRef
 from areal_core.layout import LAYOUT
-from areal_core.protocol import Sample, read_shard_or_quarantine, unique
+from areal_core.protocol import DEFAULT_LIMITS, Sample, ShardLimits, read_shard_or_quarantine, unique
 from areal_core.store import Store
 from areal_core.train.backlog import BacklogRecorder
 from areal_core.train.batch import GroupBuffer
@@ -105,8 +106,9 @@ class GradedShards(BatchSource):
         *,
         fork: ForkRef | None = None,
         pending: Iterable[Sample] = (),
+        limits: ShardLimits = DEFAULT_LIMITS,
     ):
-        self.store, self.cfg, self.ev, self.fork = store, cfg, events, fork
+        self.store, self.cfg, self.ev, self.fork, self.limits = store, cfg, events, fork, limits
         self.counters = state.counters
         self.consumed = set(state.consumed)
         self.seen = set(state.seen)
@@ -114,15 +116,18 @@ class GradedShards(BatchSource):
         self.buffer.add(list(pending))
         self._backlog = BacklogRecorder(store, events)
 
-    def ingest(self) -> int:
-        """Read the shards not read yet into the buffer; returns how many of the root's own were new."""
+    def ingest(self, version: int | None = None) -> int:
+        """Read the shards not read yet into the buffer; returns how many of the root's own were new.
+        `version`: the trainer's; a shard with a policy token of a later version is quarantined
+        (no rollout can have sampled with weights not yet published)."""
         graded = self.store.find(LAYOUT.graded_dir, ".arrow")
         new = [p for p in graded if p not in self.consumed]
         self._backlog(graded, len(new), len(self.buffer))
         for rel in self.fork.unread(self.consumed) if self.fork else []:
-            self._add(rel, self.fork.read_shard(rel))
+            self._add(rel, self.fork.read_shard(rel, self.limits))  # later versions: off the fork's lineage
+        own = dataclasses.replace(self.limits, max_version=version)
         for rel in new:
-            self._add(rel, read_shard_or_quarantine(self.store, rel, self.ev))
+            self._add(rel, read_shard_or_quarantine(self.store, rel, self.ev, own))
         return len(new)
 
     def _add(self, rel: str, samples: list[Sample] | None) -> None:
@@ -141,7 +146,7 @@ class GradedShards(BatchSource):
 
     def next_batch(self, state: TrainerState) -> Batch:
         t0 = time.time()
-        self.ingest()
+        self.ingest(state.version)
         t1 = time.time()
         tc = self.cfg.train
         dynamic = self.cfg.algo.dynamic_sampling

@@ -1,0 +1,257 @@
+"""Hostile objects in the store (issue 24): every shard is validated before it is trusted, every
+checkpoint and init_model is checked against its manifest, and the run goes on, counting what it
+refused. Each crafted object is written where a real role would find it."""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+import resource
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+import torch
+
+from areal_core.context import load_run_config
+from areal_core.ipc_reader import is_compressed
+from areal_core.layout import LAYOUT
+from areal_core.manifest import MANIFEST_NAME, ManifestError, make_manifest
+from areal_core.protocol import SCHEMA, Sample, ShardError, ShardLimits, decode_shard, encode_shard, to_table
+from areal_core.run import pipeline
+from areal_core.store import Store
+from areal_core.train import checkpoint
+from areal_core.train.run_trainer import build_run_trainer
+from tests.conftest import TINY
+from tests.test_lineage import groups
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def sample(i: int = 0, ids=None, versions=None, mask=None) -> Sample:
+    ids = ids or [5, 6, 7, 8]
+    n = len(ids)
+    mask = mask or [0, 0] + [1] * (n - 2)
+    versions = versions or [-1, -1] + [0] * (n - 2)
+    return Sample(f"s{i}", "g", "p", "w", ids, 2, mask, [0.0] * n, versions, reward=1.0)
+
+
+def ipc(table: pa.Table, **options) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema, options=pa.ipc.IpcWriteOptions(**options)) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def bad_offsets_shard() -> bytes:
+    """A valid shard whose input_ids offsets are rewritten to [0, 10^8, 5]: pyarrow's file reader
+    accepts it and to_pylist then reads out of bounds (SIGSEGV)."""
+    good = encode_shard([sample(0), sample(1)])
+    at = good.find(struct.pack("<3i", 0, 4, 8))
+    assert at > 0
+    return good[:at] + struct.pack("<3i", 0, 10**8, 5) + good[at + 12 :]
+
+
+def mismatched_lengths_shard() -> bytes:
+    table = to_table([sample(0)])
+    cols = {n: table[n] for n in SCHEMA.names}
+    cols["versions"] = pa.array([[-1, -1, 0]], pa.list_(pa.int32()))  # 3 versions for 4 tokens
+    return ipc(pa.table(cols, schema=SCHEMA))
+
+
+# -- shards ------------------------------------------------------------------------------------
+def test_the_crafted_offsets_crash_pyarrow_but_not_decode_shard():
+    data = bad_offsets_shard()
+    probe = (
+        "import sys, pyarrow as pa; pa.ipc.open_file(pa.BufferReader(sys.stdin.buffer.read())).read_all().to_pylist()"
+    )
+    crashed = subprocess.run([sys.executable, "-c", probe], input=data, capture_output=True, timeout=60)
+    assert crashed.returncode != 0  # what the trainer did before: a segfault, every resume
+    with pytest.raises(ShardError, match="[Oo]ffset"):
+        decode_shard(data)
+
+
+@pytest.mark.parametrize(
+    ("make", "limits", "reason"),
+    [
+        (lambda: encode_shard([sample(0, ids=[5, 6, 7, 99])]), ShardLimits(vocab_size=50), "token ids"),
+        (lambda: encode_shard([sample(0, ids=[-3, 6, 7, 8])]), ShardLimits(), "token ids"),
+        (lambda: encode_shard([sample(0, versions=[-1, -1, 0, 9])]), ShardLimits(max_version=4), "versions"),
+        (lambda: encode_shard([sample(0, versions=[-1, -1, -2, 0])]), ShardLimits(), "versions"),
+        (
+            lambda: encode_shard([sample(0, ids=list(range(5, 69)))]),
+            ShardLimits(max_tokens=16),
+            "tokens",
+        ),
+        (mismatched_lengths_shard, ShardLimits(), "length"),
+        (lambda: encode_shard([sample(k) for k in range(9)]), ShardLimits(max_rows=8), "rows"),
+        (lambda: encode_shard([sample(0)]), ShardLimits(max_bytes=100), "bytes"),
+        (lambda: b"ARROW1\x00\x00" + os.urandom(200) + b"ARROW1", ShardLimits(), "Arrow IPC"),
+        (lambda: encode_shard([sample(0)])[:-40], ShardLimits(), "Arrow IPC"),
+        (lambda: b"", ShardLimits(), "Arrow IPC"),
+    ],
+)
+def test_a_shard_that_breaks_a_limit_is_refused_with_the_reason(make, limits, reason):
+    with pytest.raises(ShardError, match=reason):
+        decode_shard(make(), limits)
+
+
+def test_a_compression_bomb_is_refused_before_it_inflates():
+    bomb = ipc(pa.table({"input_ids": pa.array([[0] * 1_000_000] * 400, pa.list_(pa.int32()))}), compression="zstd")
+    assert len(bomb) < 200_000  # 1.6 GB of int32 zeros
+    message = pa.ipc.read_message(pa.BufferReader(bomb[8:]))  # the schema
+    assert message.type == "schema"
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(ShardError, match="compressed"):
+        decode_shard(bomb)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 400_000  # KiB: nothing inflated
+
+
+def test_the_compression_flag_is_read_from_the_message_metadata():
+    plain, packed = (ipc(to_table([sample()]), compression=c) for c in (None, "lz4"))
+    flags = []
+    for data in (plain, packed):
+        reader = pa.ipc.MessageReader.open_stream(pa.BufferReader(data[8:]))
+        reader.read_next_message()  # the schema
+        flags.append(is_compressed(reader.read_next_message().metadata.to_pybytes()))
+    assert flags == [False, True]
+
+
+# -- the trainer goes on ------------------------------------------------------------------------
+def prepared(tmp_path, *extra: str) -> tuple[str, Store]:
+    run_uri, _ = pipeline.prepare("", [*TINY, f"store={tmp_path / 'run'}", "sft.enabled=false", *extra])
+    pipeline.sft(run_uri)
+    return run_uri, Store(run_uri)
+
+
+def test_the_trainer_quarantines_every_crafted_shard_and_reaches_done(tmp_path):
+    run_uri, store = prepared(tmp_path, "train.steps=2", "train.eta=4")
+    cfg = load_run_config(store)
+    vocab = store.read_json(f"{LAYOUT.init_model}/config.json")["vocab_size"]
+    rng = random.Random(0)
+    crafted = {
+        "offsets": bad_offsets_shard(),
+        "oov": encode_shard([sample(0, ids=[5, 6, 7, vocab]), sample(1)]),
+        "negative": encode_shard([sample(0, ids=[5, -1, 7, 8]), sample(1)]),
+        "future": encode_shard([sample(0, versions=[-1, -1, 0, 3]), sample(1)]),
+        "long": encode_shard([sample(0, ids=[5] * 40000)]),
+        "lengths": mismatched_lengths_shard(),
+        "bomb": ipc(pa.table({"x": pa.array([[0] * 10**6] * 50, pa.list_(pa.int32()))}), compression="zstd"),
+    }
+    for k, name in enumerate(crafted):
+        store.write_bytes(LAYOUT.graded_shard(f"evil-{name}", k), crafted[name])
+    store.write_bytes(f"{LAYOUT.graded_dir}/w/copy-of-1.arrow", encode_shard(groups(rng, "a", 4, 0, vocab)))
+    trainer = build_run_trainer(run_uri, cfg)
+    trainer.fit()
+    done = store.read_json(LAYOUT.done)
+    assert done["step"] == 2 and done["counters"]["quarantined_shards"] == len(crafted)
+    assert done["counters"]["trained_samples"] == 2 * 2 * 4  # the odd name is just a name
+    reasons = [store.read_json(r)["reason"] for r in store.find(LAYOUT.quarantine_dir, ".json")]
+    assert len(reasons) == len(crafted) and all(reasons)
+
+
+def test_a_trainer_resumes_past_a_bad_shard(tmp_path):
+    run_uri, store = prepared(tmp_path, "train.steps=2")
+    cfg = load_run_config(store)
+    vocab = store.read_json(f"{LAYOUT.init_model}/config.json")["vocab_size"]
+    store.write_bytes(LAYOUT.graded_shard("w", 0), encode_shard(groups(random.Random(1), "a", 2, 0, vocab)))
+    first = build_run_trainer(run_uri, cfg)
+    first.start()
+    batch = first.source.next_batch(first.state)
+    first.step(batch.samples, batch.dropped)
+    first.save_checkpoint()
+    del first  # killed; meanwhile a shard that used to segfault every resume arrives
+    store.write_bytes(LAYOUT.graded_shard("w", 1), bad_offsets_shard())
+    store.write_bytes(LAYOUT.graded_shard("w", 2), encode_shard(groups(random.Random(2), "b", 2, 1, vocab)))
+    again = build_run_trainer(run_uri, cfg)
+    again.fit()
+    assert store.read_json(LAYOUT.done)["counters"]["quarantined_shards"] == 1
+    assert store.exists(LAYOUT.quarantined(LAYOUT.graded_shard("w", 1)))
+
+
+# -- checkpoints and init_model -----------------------------------------------------------------
+def two_checkpoints(tmp_path) -> tuple[str, Store, object]:
+    run_uri, store = prepared(tmp_path, "train.steps=4", "train.checkpoint_every=1", "train.eta=8")
+    cfg = load_run_config(store)
+    vocab = store.read_json(f"{LAYOUT.init_model}/config.json")["vocab_size"]
+    store.write_bytes(LAYOUT.graded_shard("w", 0), encode_shard(groups(random.Random(3), "a", 4, 0, vocab)))
+    trainer = build_run_trainer(run_uri, cfg)
+    trainer.start()
+    for _ in range(2):
+        batch = trainer.source.next_batch(trainer.state)
+        trainer.step(batch.samples, batch.dropped)
+    assert checkpoint.committed_steps(store) == [1, 2]
+    assert store.exists(LAYOUT.checkpoint_file(2, MANIFEST_NAME))
+    return run_uri, store, cfg
+
+
+def flip(store: Store, rel: str, at: int = -100) -> None:
+    data = bytearray(store.read_bytes(rel))
+    data[at] ^= 0x01
+    store.write_bytes(rel, bytes(data))
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda s: flip(s, LAYOUT.checkpoint_file(2, checkpoint.MODEL_FILE)),
+        lambda s: flip(s, LAYOUT.checkpoint_file(2, checkpoint.OPTIMIZER_FILE)),
+        lambda s: flip(s, LAYOUT.checkpoint_file(2, checkpoint.STATE_FILE), at=5),
+        lambda s: s.write_bytes(
+            LAYOUT.checkpoint_file(2, checkpoint.MODEL_FILE),
+            s.read_bytes(LAYOUT.checkpoint_file(2, checkpoint.MODEL_FILE))[:1000],
+        ),
+        lambda s: s.delete(LAYOUT.checkpoint_file(2, checkpoint.SEEN_FILE)),
+        lambda s: s.write_text(LAYOUT.checkpoint_file(2, MANIFEST_NAME), "{not json"),
+    ],
+    ids=["model-bit", "optimizer-bit", "state-bit", "truncated", "missing", "manifest"],
+)
+def test_a_damaged_newest_checkpoint_is_skipped_for_the_older_one(tmp_path, damage, caplog):
+    run_uri, store, cfg = two_checkpoints(tmp_path)
+    damage(store)
+    resumed = build_run_trainer(run_uri, cfg)
+    assert resumed.state.step == 1  # step 2 failed verification: step 1's weights, optimizer, state
+    skipped = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert len(skipped) == 1 and "step-000002" in skipped[0]
+
+
+def test_no_verifying_checkpoint_refuses_to_start_over(tmp_path):
+    run_uri, store, cfg = two_checkpoints(tmp_path)
+    for step in (1, 2):
+        flip(store, LAYOUT.checkpoint_file(step, checkpoint.MODEL_FILE))
+    with pytest.raises(checkpoint.CheckpointError, match="none of the committed checkpoints"):
+        build_run_trainer(run_uri, cfg)
+
+
+class Evil:
+    def __reduce__(self):
+        return (Path.touch, (Path(os.environ["EVIL_MARK"]),))
+
+
+def test_a_pickle_in_the_store_never_runs_code_even_with_a_forged_manifest(tmp_path, monkeypatch):
+    run_uri, store, cfg = two_checkpoints(tmp_path)
+    mark = tmp_path / "pwned"
+    monkeypatch.setenv("EVIL_MARK", str(mark))
+    buf = io.BytesIO()
+    torch.save({"optimizer": Evil(), "rng": torch.get_rng_state()}, buf)
+    store.write_bytes(LAYOUT.checkpoint_file(2, checkpoint.OPTIMIZER_FILE), buf.getvalue())
+    files = {
+        r.rsplit("/", 1)[-1]: store.read_bytes(r)
+        for r in store.find(LAYOUT.checkpoint_dir(2))
+        if not r.endswith((MANIFEST_NAME, LAYOUT.committed_name))
+    }
+    store.write_json(LAYOUT.checkpoint_file(2, MANIFEST_NAME), make_manifest(files, step=2))  # forged
+    resumed = build_run_trainer(run_uri, cfg)
+    assert resumed.state.step == 1 and not mark.exists()
+
+
+def test_a_flipped_byte_in_init_model_stops_every_role_that_loads_it(tmp_path):
+    run_uri, store = prepared(tmp_path)
+    assert store.exists(f"{LAYOUT.init_model}/{MANIFEST_NAME}")
+    flip(store, f"{LAYOUT.init_model}/model.safetensors")
+    with pytest.raises(ManifestError, match="model.safetensors fails its sha256"):
+        build_run_trainer(run_uri, load_run_config(store))
