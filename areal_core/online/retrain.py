@@ -136,8 +136,10 @@ def retrain_candidate(
     from areal_core.evaluate import heldout_score
     from areal_core.run.pipeline import parse_overrides
     from areal_core.run.tracking import tracking_uri as resolve_uri
+    from areal_core.train.loss import check_algorithm
 
     cfg = load_config(config_path or None, parse_overrides(overrides))
+    check_algorithm(cfg.algo)
     torch.set_num_threads(max(1, cfg.threads_per_role))
     run_id = run_id or run_stamp()
     run = Store(Store(cfg.store).url(LAYOUT.online_run(run_id)))

@@ -71,6 +71,9 @@ def prepare(
     (same run id, same config); there must be one.
     """
     cfg = load_config(config_path or None, parse_overrides(overrides), typed)
+    from areal_core.train.loss import check_algorithm  # torch: not at import (tasks import this module)
+
+    check_algorithm(cfg.algo)  # an unknown loss is refused before any work
     store = Store(cfg.store)
     check_root(store)
     if resume:

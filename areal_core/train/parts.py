@@ -29,6 +29,7 @@ from areal_core.train.distributed import (
     load_full_optimizer_state_dict,
     shard_model,
 )
+from areal_core.train.loss import check_algorithm
 from areal_core.train.value_head import Critic
 from areal_core.weights.publisher import hf_side_files
 
@@ -65,6 +66,7 @@ def load_parts(
     checkpoint (if any) restored into them. Collective under torchrun: every rank restores the
     full model and optimizer, then shards them."""
     dist = dist or init_distributed(cfg.device)
+    check_algorithm(cfg.algo, dist.distributed)
     torch.manual_seed(cfg.seed)
     model, tokenizer = load_pretrained(model_url, cfg.device)
     side_files = hf_side_files(model, tokenizer)
