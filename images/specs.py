@@ -1,7 +1,8 @@
 """Container images, one per device: cpu, cuda, npu (Ascend). Local `pyflyte run` never builds them;
 `pyflyte run --remote` / `pyflyte register` build and push them (ImageSpec) before registering.
 
-Environment (read at import, i.e. at registration time):
+Environment (read when an image is made, i.e. when a task is serialized for registration; never
+at import):
   AREAL_IMAGE_REGISTRY     registry to push to (default: localhost:30000, the Flyte sandbox's)
   AREAL_CUDA_ENGINE        inference engine baked into the cuda image: vllm (default) or sglang
   AREAL_CUDA_BASE_IMAGE    the CUDA base image of the cuda image (its toolkit is there in case
@@ -29,7 +30,7 @@ from flytekit import ImageSpec
 
 from areal_core.config.device import DEVICES
 
-REGISTRY = os.environ.get("AREAL_IMAGE_REGISTRY", "localhost:30000")
+DEFAULT_REGISTRY = "localhost:30000"
 CUDA_ENGINES = ("vllm", "sglang")
 
 COMMON = [
@@ -75,7 +76,7 @@ CUDA_STACK = {
     "sglang": ["torch==2.8.0", "sglang[all]==0.5.3"],
 }
 CUDA_TRAINING = ["megatron-core>=0.13"]
-CUDA_BASE = os.environ.get("AREAL_CUDA_BASE_IMAGE", f"nvidia/cuda:{CUDA_VERSION}.1-cudnn-devel-ubuntu22.04")
+CUDA_BASE = f"nvidia/cuda:{CUDA_VERSION}.1-cudnn-devel-ubuntu22.04"
 # a layer of its own, after torch is installed (see the module docstring)
 FLASH_ATTN_COMMANDS = [
     "uv pip install setuptools wheel packaging ninja",  # what flash-attn's setup.py imports
@@ -89,14 +90,18 @@ NPU_COMMANDS = [
     "VLLM_TARGET_DEVICE=empty pip install --no-binary vllm vllm==0.11.0",
     "pip install vllm-ascend==0.11.0",
 ]
-CANN_BASE = os.environ.get("AREAL_CANN_BASE_IMAGE", "quay.io/ascend/cann:8.3.rc2-910b-ubuntu22.04-py3.11")
-CANN_PYTHON = os.environ.get("AREAL_CANN_PYTHON", "/usr/local/python3.11/bin/python3")
+CANN_BASE = "quay.io/ascend/cann:8.3.rc2-910b-ubuntu22.04-py3.11"
+CANN_PYTHON = "/usr/local/python3.11/bin/python3"
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(name) or default
 
 
 def cpu_image(registry: str | None = None) -> ImageSpec:
     return ImageSpec(
         name="areal-flyte-cpu",
-        registry=registry or REGISTRY,
+        registry=registry or _env("AREAL_IMAGE_REGISTRY", DEFAULT_REGISTRY),
         python_version="3.11",
         packages=["torch==2.13.0", *COMMON],
         pip_extra_index_url=["https://download.pytorch.org/whl/cpu"],
@@ -105,13 +110,13 @@ def cpu_image(registry: str | None = None) -> ImageSpec:
 
 
 def cuda_image(registry: str | None = None, engine: str | None = None) -> ImageSpec:
-    engine = engine or os.environ.get("AREAL_CUDA_ENGINE", "vllm")
+    engine = engine or _env("AREAL_CUDA_ENGINE", "vllm")
     if engine not in CUDA_ENGINES:
         raise ValueError(f"AREAL_CUDA_ENGINE must be one of {CUDA_ENGINES}, got {engine!r}")
     return ImageSpec(
         name=f"areal-flyte-cuda-{engine}",
-        registry=registry or REGISTRY,
-        base_image=CUDA_BASE,
+        registry=registry or _env("AREAL_IMAGE_REGISTRY", DEFAULT_REGISTRY),
+        base_image=_env("AREAL_CUDA_BASE_IMAGE", CUDA_BASE),
         python_version="3.11",
         apt_packages=["git", "build-essential"],
         packages=[*CUDA_STACK[engine], *CUDA_TRAINING, *COMMON],
@@ -123,9 +128,9 @@ def cuda_image(registry: str | None = None, engine: str | None = None) -> ImageS
 def npu_image(registry: str | None = None) -> ImageSpec:
     return ImageSpec(
         name="areal-flyte-ascend",
-        registry=registry or REGISTRY,
-        base_image=CANN_BASE,
-        python_exec=CANN_PYTHON,
+        registry=registry or _env("AREAL_IMAGE_REGISTRY", DEFAULT_REGISTRY),
+        base_image=_env("AREAL_CANN_BASE_IMAGE", CANN_BASE),
+        python_exec=_env("AREAL_CANN_PYTHON", CANN_PYTHON),
         packages=[*NPU_STACK, *COMMON],
         pip_extra_index_url=["https://download.pytorch.org/whl/cpu"],
         commands=NPU_COMMANDS,

@@ -48,3 +48,18 @@ def bind_execution() -> Execution:
     execution = Execution(ex.name, ex.project, ex.domain, console_endpoint())
     os.environ.update(execution.env())
     return execution
+
+
+def refuse_local_workflow(workflow: str) -> None:
+    """A workflow whose nodes must run concurrently fails at once under flytekit's local executor,
+    which runs nodes one at a time (its pools would wait forever for a trainer that never starts)."""
+    from flytekit.core.context_manager import ExecutionState, FlyteContextManager
+
+    state = FlyteContextManager.current_context().execution_state
+    if state is not None and state.mode == ExecutionState.Mode.LOCAL_WORKFLOW_EXECUTION:
+        raise RuntimeError(
+            f"{workflow} runs its rollout pool, reward pool and trainer concurrently, which flytekit's local "
+            f"executor cannot do (it runs nodes one at a time). Use `pyflyte run --remote --copy all "
+            f"workflows/grpo.py {workflow}`, or `workflows/grpo.py grpo` on one machine, or start each role "
+            "with `pyflyte run tasks/roles.py <role> --run_uri ...` as separate processes."
+        )

@@ -7,8 +7,9 @@ from typing import NamedTuple
 from flytekit import task
 
 from areal_core.run import fork as fork_lib
+from tasks.deferred import ONE_MACHINE
 from tasks.execution import bind_execution
-from tasks.resources import IMAGE, SECRETS, SMALL
+from tasks.resources import SECRETS, SMALL
 
 
 class Forked(NamedTuple):
@@ -16,7 +17,7 @@ class Forked(NamedTuple):
     sft_checkpoint: str  # the child's initial model (run_async_rl's input)
 
 
-@task(container_image=IMAGE, requests=SMALL, secret_requests=SECRETS)
+@task(task_config=ONE_MACHINE, requests=SMALL, secret_requests=SECRETS)
 def fork_run(run: str, step: int, into: str, overrides: str) -> Forked:
     """Make the child root `into` from `run`'s checkpoint at `step` under `overrides`."""
     bind_execution()

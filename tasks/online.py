@@ -8,8 +8,10 @@ from typing import NamedTuple
 from flytekit import task
 
 from areal_core.online import retrain
+from areal_core.run.cluster import scheduled
+from tasks.deferred import ONE_MACHINE
 from tasks.execution import bind_execution
-from tasks.resources import IMAGE, ROLE, SECRETS, SMALL, scheduled
+from tasks.resources import ROLE, SECRETS, SMALL
 
 
 class OnlineResult(NamedTuple):
@@ -20,7 +22,7 @@ class OnlineResult(NamedTuple):
     candidate_score: float
 
 
-@task(container_image=IMAGE, requests=ROLE, retries=1, secret_requests=SECRETS)
+@task(task_config=ONE_MACHINE, requests=ROLE, retries=1, secret_requests=SECRETS)
 def retrain_on_sessions(
     config: str, overrides: str, sessions: str, model_name: str, kickoff_time: datetime.datetime
 ) -> str:
@@ -29,7 +31,7 @@ def retrain_on_sessions(
     return retrain.retrain_task(config, overrides, sessions, model_name, scheduled(kickoff_time))
 
 
-@task(container_image=IMAGE, requests=SMALL, retries=2, secret_requests=SECRETS)
+@task(task_config=ONE_MACHINE, requests=SMALL, retries=2, secret_requests=SECRETS)
 def register_if_better(run_uri: str, min_gain: float) -> OnlineResult:
     """Register the candidate only when it beats the champion (then promoted), then move the cursor."""
     bind_execution()

@@ -21,8 +21,9 @@ from areal_core.config import RunConfig
 from areal_core.layout import LAYOUT
 from areal_core.run import pipeline
 from areal_core.store import Store
+from tasks.deferred import ONE_MACHINE
 from tasks.execution import bind_execution
-from tasks.resources import IMAGE, ROLE, SECRETS, SMALL
+from tasks.resources import ROLE, SECRETS, SMALL
 
 # bump the version when the SFT code changes what it produces for the same key
 SFT_CACHE = Cache(version="2", ignored_inputs=("run_uri",))
@@ -50,7 +51,7 @@ def model_dir(run_uri: str, name: str) -> FlyteDirectory:
     return FlyteDirectory(str(store.local_path(name)) if store.local else store.url(name), remote_directory=False)
 
 
-@task(container_image=IMAGE, requests=SMALL, secret_requests=SECRETS)
+@task(task_config=ONE_MACHINE, requests=SMALL, secret_requests=SECRETS)
 def prepare(cfg: RunConfig, config: str, overrides: str, resume: bool) -> Prepared:
     """Validate the config (YAML files < the typed config's changes < overrides), then write
     config.yaml and the prompt set to the run root."""
@@ -58,7 +59,7 @@ def prepare(cfg: RunConfig, config: str, overrides: str, resume: bool) -> Prepar
     return Prepared(run_uri=run_uri, sft_key=key)
 
 
-@task(container_image=IMAGE, requests=ROLE, cache=SFT_CACHE, secret_requests=SECRETS)
+@task(task_config=ONE_MACHINE, requests=ROLE, cache=SFT_CACHE, secret_requests=SECRETS)
 def sft(run_uri: str, sft_key: str) -> str:
     """SFT warm start, cached on `sft_key` alone; returns the checkpoint's URI."""
     return pipeline.sft(run_uri)
@@ -76,7 +77,7 @@ def publish_report(html: str) -> None:
     Deck.publish()
 
 
-@task(container_image=IMAGE, requests=ROLE, retries=2, secret_requests=SECRETS, enable_deck=True)
+@task(task_config=ONE_MACHINE, requests=ROLE, retries=2, secret_requests=SECRETS, enable_deck=True)
 def run_async_rl(run_uri: str, sft_checkpoint: str) -> Models:
     """All roles as local processes on one machine, with the run's report as a Deck refreshed
     while they run; returns the initial and final models."""
@@ -85,7 +86,7 @@ def run_async_rl(run_uri: str, sft_checkpoint: str) -> Models:
     return Models(init_model=model_dir(run_uri, LAYOUT.init_model), final_model=model_dir(run_uri, LAYOUT.final_model))
 
 
-@task(container_image=IMAGE, requests=ROLE, enable_deck=True, secret_requests=SECRETS)
+@task(task_config=ONE_MACHINE, requests=ROLE, enable_deck=True, secret_requests=SECRETS)
 def evaluate(run_uri: str, init_model: FlyteDirectory, final_model: FlyteDirectory) -> Accuracy:
     """Held-out greedy accuracy before and after RL, logged to MLflow, with the run's final report
     (and the held-out scores) as a Deck."""

@@ -7,7 +7,8 @@ from typing import NamedTuple
 from flytekit import task
 
 from areal_core.reward.regrade import regrade
-from tasks.resources import IMAGE, ROLE, SECRETS
+from tasks.deferred import ONE_MACHINE
+from tasks.resources import ROLE, SECRETS
 
 
 class Regraded(NamedTuple):
@@ -17,7 +18,7 @@ class Regraded(NamedTuple):
     samples_per_s: float
 
 
-@task(container_image=IMAGE, requests=ROLE, retries=2, secret_requests=SECRETS)
+@task(task_config=ONE_MACHINE, requests=ROLE, retries=2, secret_requests=SECRETS)
 def regrade_run(run: str, layer: str, reward: str, pool_size: int) -> Regraded:
     """Re-grade `run`'s graded samples with `reward` ('' = the run's own) into the layer `layer`
     (a retry continues the same request; a committed layer is never written again)."""

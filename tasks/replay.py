@@ -9,9 +9,10 @@ from flytekit.types.directory import FlyteDirectory
 
 from areal_core.layout import LAYOUT
 from areal_core.run import replay as replay_lib
+from tasks.deferred import ONE_MACHINE
 from tasks.execution import bind_execution
 from tasks.pipeline import model_dir
-from tasks.resources import IMAGE, ROLE, SECRETS
+from tasks.resources import ROLE, SECRETS
 
 
 class ReplayResult(NamedTuple):
@@ -23,7 +24,7 @@ class ReplayResult(NamedTuple):
     final_model: FlyteDirectory
 
 
-@task(container_image=IMAGE, requests=ROLE, secret_requests=SECRETS)
+@task(task_config=ONE_MACHINE, requests=ROLE, secret_requests=SECRETS)
 def replay_run(run: str, into: str, overrides: str, layer: str = "graded") -> ReplayResult:
     """Train on `run`'s samples (rewards from `layer`) in their recorded order into the new root `into`; the
     largest relative loss / grad-norm difference from the run's steps (-1: not recorded)."""

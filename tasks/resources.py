@@ -1,9 +1,8 @@
-"""Images and resources the tasks request (cluster values; the local executor ignores them).
+"""What the tasks request, in flytekit's terms (cluster values; the local executor ignores them).
 
-Single-machine tasks (tasks/pipeline.py, tasks/roles.py) use IMAGE, SMALL and ROLE. The cluster
-workflow (tasks/cluster.py, workflows/grpo.py: grpo_cluster) reads its topology AT IMPORT with
-`areal_core.config.cluster.load_cluster_config`, because Flyte fixes resources, images and
-replica counts when a workflow is registered:
+Single-machine tasks (tasks/pipeline.py, fork, replay, regrade, online) request SMALL or ROLE.
+The cluster's tasks take their pods from the cluster config (areal_core/config/cluster.py), read
+when a task is serialized for registration, never at import (tasks/deferred.py):
 
     AREAL_CLUSTER_CONFIG=configs/my-cluster.yaml pyflyte run --remote --copy all workflows/grpo.py grpo_cluster
 
@@ -17,26 +16,13 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from flytekit import PodTemplate, Resources, Secret
+from flytekit import ImageSpec, PodTemplate, Resources, Secret
 
 from areal_core.config.cluster import PodSpec
 from areal_core.config.device import Device
-from images.specs import cpu_image
 
-IMAGE = cpu_image()
 SMALL = Resources(cpu="1", mem="2Gi")
 ROLE = Resources(cpu="2", mem="8Gi")
-
-# The kickoff_time default of a workflow that a schedule also launches: a manual run. FlyteAdmin
-# accepts a schedule only when its kickoff input is a plain datetime (not Optional), so "not
-# scheduled" is this value rather than None.
-UNSCHEDULED = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
-
-
-def scheduled(kickoff_time: datetime.datetime) -> datetime.datetime | None:
-    """The schedule's kickoff time, or None for a manual run (UNSCHEDULED)."""
-    same = kickoff_time.replace(tzinfo=kickoff_time.tzinfo or datetime.UTC) == UNSCHEDULED
-    return None if same else kickoff_time
 
 
 _ENV = Secret.MountType.ENV_VAR
@@ -89,3 +75,11 @@ def task_kwargs(spec: PodSpec, device: Device) -> dict[str, Any]:
     if device == "npu" and spec.accelerators:
         out.update(requests=None, limits=None, pod_template=_npu_pod_template(spec))
     return out
+
+
+def image_name(spec: ImageSpec) -> str:
+    """The fully qualified name the image will be pushed under (recorded with registered models)."""
+    try:
+        return spec.image_name()
+    except Exception:  # no builder available: the spec's own name
+        return f"{spec.registry}/{spec.name}"

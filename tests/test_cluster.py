@@ -16,8 +16,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests import test_run_cluster
 from tests.conftest import ROOT, TINY
 from tests.test_flyte import serialize
+
+env_cluster = test_run_cluster.env_cluster  # the fixture
 
 PYFLYTE = str(Path(sys.executable).parent / "pyflyte")
 
@@ -56,15 +59,15 @@ def test_cluster_workflow_runs_the_three_roles_concurrently(cluster_wf):
         "tasks.cluster.start_run",
         "rollout_pool",
         "reward_pool",
-        "tasks.cluster.trainer_elastic",
+        "tasks.roles.trainer",
         "tasks.pipeline.evaluate",
         "tasks.register.register",
     }
     start = by_name["tasks.cluster.start_run"].id
-    roles = [by_name["rollout_pool"], by_name["reward_pool"], by_name["tasks.cluster.trainer_elastic"]]
+    roles = [by_name["rollout_pool"], by_name["reward_pool"], by_name["tasks.roles.trainer"]]
     for role in roles:  # no edges among the three: each waits only for start_run
         assert list(role.upstream_node_ids) == [start]
-    assert by_name["tasks.cluster.trainer_elastic"].id in by_name["tasks.pipeline.evaluate"].upstream_node_ids
+    assert by_name["tasks.roles.trainer"].id in by_name["tasks.pipeline.evaluate"].upstream_node_ids
     assert by_name["tasks.pipeline.evaluate"].id in by_name["tasks.register.register"].upstream_node_ids
     assert set(cluster_wf.template.interface.inputs) == {
         "cfg",
@@ -101,10 +104,10 @@ def test_pools_are_map_tasks_with_every_replica_at_once(cluster_wf):
 
 
 def test_pool_tasks_carry_resources_image_and_retries():
-    from tasks.cluster import reward_pool_worker, rollout_pool_worker
+    from tasks.roles import reward_worker, rollout_worker
 
     cfg = cluster_yaml()
-    for role, task in (("rollout", rollout_pool_worker), ("reward", reward_pool_worker)):
+    for role, task in (("rollout", rollout_worker), ("reward", reward_worker)):
         t = serialize(task).template
         assert t.metadata.retries.retries == cfg[role]["retries"]
         assert resources(t.container.resources.requests) == cfg[role]["requests"]
@@ -115,10 +118,10 @@ def test_pool_tasks_carry_resources_image_and_retries():
 
 
 def test_trainer_is_an_elastic_pytorchjob_from_the_cluster_config():
-    from tasks.cluster import trainer_elastic
+    from tasks.roles import trainer
 
     tc = cluster_yaml()["trainer"]
-    t = serialize(trainer_elastic).template
+    t = serialize(trainer).template
     assert tc["nnodes"] > 1 and t.type == "pytorch"  # a PyTorchJob (one node would be a plain pod)
     assert t.custom == {
         "workerReplicas": {"replicas": tc["nnodes"]},
@@ -173,72 +176,94 @@ def test_flyte_yaml_is_a_pyflyte_config_with_placeholders():
 
 
 # -- images and resources per device -----------------------------------------------------------
-def _device_task(device: str, spec_yaml: dict, fn_task, elastic: dict | None = None):
+def _fresh(role: str):
+    """A new task of `role`'s function and pod: it reads the cluster config when it is
+    serialized, so a config chosen after it was defined is the one it gets."""
     from flytekit import task
-    from flytekitplugins.kfpytorch import Elastic
 
-    from areal_core.config.cluster import PodSpec, TrainerSpec
+    import tasks.roles
+    from tasks.deferred import Pod, Torchrun
+
+    fn = {"rollout": tasks.roles.rollout_worker, "reward": tasks.roles.reward_worker, "trainer": tasks.roles.trainer}
+    config = Torchrun() if role == "trainer" else Pod(role)
+    return task(task_config=config)(fn[role].task_function)
+
+
+def _on(device: str, **pods) -> dict:
+    data = cluster_yaml() | {"device": device}
+    for name, values in pods.items():
+        data[name] = data[name] | values
+    return data
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda", "npu"])
+def test_every_cluster_task_runs_in_the_image_of_the_configured_device(device, env_cluster):
+    """The device of the config in force when the task is serialized picks the image (and the
+    accelerator stack with it: tests/test_images.py); the pod is told its device and image."""
     from images.specs import image_for
-    from tasks.resources import task_kwargs
+    from tasks.resources import image_name
 
-    spec = (TrainerSpec if elastic else PodSpec)(**spec_yaml)
-    kwargs = task_kwargs(spec, device)
-    if elastic:
-        kwargs["task_config"] = Elastic(**elastic)
-    return task(container_image=image_for(device), **kwargs)(fn_task.task_function)
-
-
-def test_images_per_device():
-    from images.specs import image_for
-
-    cpu, cuda, npu = image_for("cpu"), image_for("cuda"), image_for("npu")
-    assert cpu.name == "areal-flyte-cpu" and any(p.startswith("torch==") for p in cpu.packages)
-    assert cuda.base_image.startswith("nvidia/cuda:12.8") and {"megatron-core", "vllm"} <= {
-        p.split("=")[0].split(">")[0] for p in cuda.packages
-    }
-    assert any("flash-attn" in c for c in cuda.commands)  # its own layer: tests/test_images.py
-    assert cuda.env["AREAL_DEVICE"] == "cuda"
-    assert npu.base_image.startswith("quay.io/ascend/cann:") and "torch-npu==2.7.1" in npu.packages
-    assert any("vllm-ascend" in c for c in npu.commands)
-    assert image_for("ascend").name == npu.name
-    assert len({cpu.image_name(), cuda.image_name(), npu.image_name()}) == 3
-    with pytest.raises(ValueError, match="unknown device"):
-        image_for("tpu")
+    pool, trainer = _fresh("rollout"), _fresh("trainer")  # defined before the config is chosen
+    env_cluster(_on(device))
+    want = image_name(image_for(device))
+    for task in (pool, trainer):
+        t = serialize(task).template
+        c = t.container if t.container else None
+        image = c.image if c else t.k8s_pod.pod_spec["containers"][0]["image"]
+        env = c.env if c else {e["name"]: e["value"] for e in t.k8s_pod.pod_spec["containers"][0]["env"]}
+        assert image == want and env["AREAL_DEVICE"] == device and env["AREAL_IMAGE"] == want
+        assert json.loads(env["AREAL_CLUSTER_SPEC"])["device"] == device
+    assert want.split("/")[-1].split(":")[0] == {"cpu": "areal-flyte-cpu", "cuda": "areal-flyte-cuda-vllm"}.get(
+        device, "areal-flyte-ascend"
+    )
 
 
-def test_cuda_pods_request_gpus_and_an_accelerator_type():
-    from tasks.cluster import rollout_pool_worker, trainer_elastic
-
-    pool = _device_task(
-        "cuda",
-        {"requests": {"cpu": "8", "mem": "64Gi"}, "accelerators": 1, "accelerator_type": "nvidia-h100"},
-        rollout_pool_worker,
+def test_cuda_pods_request_gpus_and_an_accelerator_type(env_cluster):
+    pool, trainer = _fresh("rollout"), _fresh("trainer")
+    env_cluster(
+        _on(
+            "cuda",
+            rollout={"requests": {"cpu": "8", "mem": "64Gi"}, "limits": {}, "accelerators": 1},
+            trainer={
+                "requests": {"cpu": "32", "mem": "256Gi"},
+                "limits": {},
+                "accelerators": 8,
+                "accelerator_type": "nvidia-h100",
+                "nnodes": 4,
+                "nproc_per_node": 8,
+            },
+        )
     )
     t = serialize(pool).template
     assert resources(t.container.resources.requests) == {"cpu": "8", "mem": "64Gi", "gpu": "1"}
     assert t.container.image.startswith("localhost:30000/areal-flyte-cuda-vllm:")
-    assert t.extended_resources.gpu_accelerator.device == "nvidia-h100"
-    trainer = _device_task(
-        "cuda",
-        {"requests": {"cpu": "32", "mem": "256Gi"}, "accelerators": 8, "nnodes": 4, "nproc_per_node": 8},
-        trainer_elastic,
-        elastic={"nnodes": 4, "nproc_per_node": 8, "increase_shared_mem": False},
-    )
     t = serialize(trainer).template
+    assert t.type == "pytorch" and t.extended_resources.gpu_accelerator.device == "nvidia-h100"
     assert t.custom["workerReplicas"]["replicas"] == 4 and t.custom["elasticConfig"]["nprocPerNode"] == 8
     assert resources(t.container.resources.requests)["gpu"] == "8"
 
 
-def test_npu_pods_request_ascend_devices_in_the_pod_spec():
-    from tasks.cluster import rollout_pool_worker
-
-    pool = _device_task("npu", {"requests": {"cpu": "8", "mem": "64Gi"}, "accelerators": 2}, rollout_pool_worker)
+def test_npu_pods_request_ascend_devices_in_the_pod_spec(env_cluster):
+    pool = _fresh("rollout")
+    env_cluster(_on("npu", rollout={"requests": {"cpu": "8", "mem": "64Gi"}, "limits": {}, "accelerators": 2}))
     t = serialize(pool).template
     pod = t.k8s_pod.pod_spec
     primary = next(c for c in pod["containers"] if c["name"] == "primary")
     assert primary["resources"]["limits"]["huawei.com/Ascend910"] == "2"
     assert primary["resources"]["requests"] == {"cpu": "8", "memory": "64Gi", "huawei.com/Ascend910": "2"}
     assert primary["image"].startswith("localhost:30000/areal-flyte-ascend:")
+
+
+def test_a_one_node_trainer_is_a_pod_running_torchrun_with_shared_memory(env_cluster):
+    """nnodes = 1 is a plain pod (no PyTorchJob: no operator needed) whose torchrun starts
+    nproc_per_node ranks; without a configured /dev/shm size it gets the pod's memory."""
+    trainer = _fresh("trainer")
+    env_cluster(_on("cpu", trainer={"nnodes": 1, "nproc_per_node": 2, "shared_memory": ""}))
+    t = serialize(trainer).template
+    assert t.type == "python-task" and not t.custom
+    assert t.extended_resources.shared_memory.size_limit == ""  # as large as the pod's memory
+    assert t.extended_resources.shared_memory.mount_path == "/dev/shm"
+    assert (trainer.task_config.nnodes, trainer.task_config.nproc_per_node) == (1, 2)
 
 
 # -- the cluster config --------------------------------------------------------------------------
@@ -280,20 +305,6 @@ def test_cluster_config_comes_from_the_environment(tmp_path, monkeypatch):
     assert load_cluster_config().rollout.replicas == 7
 
 
-def test_prepare_forces_the_cluster_worker_counts_and_device(tmp_path):
-    from areal_core.config.cluster import cluster_config_from_dict
-    from areal_core.context import load_run_config
-    from areal_core.store import Store
-    from tasks.cluster import prepare_for_cluster
-
-    cluster = cluster_config_from_dict({"rollout": {"replicas": 3}, "reward": {"replicas": 2}})
-    overrides = " ".join([*TINY, f"store={tmp_path / 'runs'}", "rollout.num_workers=1"])
-    run_uri, _ = prepare_for_cluster("", overrides, False, cluster, store_suffix="20250106T030000Z")
-    assert run_uri.endswith("/runs/20250106T030000Z")  # a scheduled run gets its own root
-    cfg = load_run_config(Store(run_uri))
-    assert (cfg.rollout.num_workers, cfg.reward.num_workers, cfg.device) == (3, 2, "cpu")
-
-
 def test_cluster_workflow_refuses_the_local_executor(tmp_path):
     """Its concurrent nodes would deadlock one after another: it fails at once, before any work."""
     from workflows.grpo import grpo_cluster
@@ -301,6 +312,25 @@ def test_cluster_workflow_refuses_the_local_executor(tmp_path):
     with pytest.raises(Exception, match="cannot do"):
         grpo_cluster(overrides=f"store={tmp_path / 'r'}")
     assert not (tmp_path / "r").exists()
+
+
+def test_a_local_run_of_the_trainer_task_runs_it_once_in_process(tmp_path, monkeypatch):
+    """`pyflyte run tasks/roles.py trainer` on one machine: no torchrun (the cluster layout has
+    2 nodes, which would wait for a rendezvous), the function runs here and returns the model."""
+    from areal_core.run import roles
+    from tasks.roles import trainer
+
+    calls = []
+
+    def trains(run_uri: str) -> None:
+        calls.append((run_uri, os.getpid()))
+        (Path(run_uri) / "final_model").mkdir()
+
+    monkeypatch.setattr(roles, "trainer_task", trains)
+    assert trainer.task_config.nnodes == cluster_yaml()["trainer"]["nnodes"] > 1
+    out = trainer(run_uri=str(tmp_path))
+    assert calls == [(str(tmp_path), os.getpid())]
+    assert Path(out.path).name == "final_model"
 
 
 # -- megatron backend (config checks only: unverified without a GPU) ------------------------------
@@ -345,19 +375,6 @@ def test_megatron_config_checks():
         check_megatron_config(load_config(None, []), MegatronParallel())
     with pytest.raises(ImportError, match="megatron-core"):
         import_megatron()
-
-
-def test_prepare_rejects_a_megatron_layout_that_does_not_fit_the_model(tmp_path):
-    from areal_core.config import ConfigError
-    from areal_core.config.cluster import cluster_config_from_dict
-    from tasks.cluster import prepare_for_cluster
-
-    cluster = cluster_config_from_dict(
-        {"device": "cuda", "trainer": {"backend": "megatron", "tensor_parallel": 8, "nproc_per_node": 8}}
-    )
-    with pytest.raises(ConfigError, match="tensor parallel 8 must divide model.num_heads=2"):
-        prepare_for_cluster("", " ".join([*TINY, f"store={tmp_path / 'r'}"]), False, cluster)
-    assert not (tmp_path / "r").exists()
 
 
 # -- MLflow registry ---------------------------------------------------------------------------
@@ -527,8 +544,8 @@ def test_cluster_topology_as_separate_pyflyte_runs_on_s3(tmp_path, s3_bucket):
 
 
 @pytest.mark.slow
-def test_the_module_reads_its_topology_from_the_env_at_import(tmp_path):
-    """A cuda cluster file, imported in a fresh process: every task and the PyTorchJob follow it."""
+def test_the_topology_is_read_from_the_env_when_serialized(tmp_path):
+    """A cuda cluster file named in a fresh process: every task and the PyTorchJob follow it."""
     data = cluster_yaml()
     data["device"] = "cuda"
     data["rollout"].update(replicas=8, accelerators=1)
@@ -540,11 +557,11 @@ def test_the_module_reads_its_topology_from_the_env_at_import(tmp_path):
         import json
         from tests.test_flyte import serialize
         from workflows.grpo import grpo_cluster
-        from tasks.cluster import trainer_elastic, rollout_pool_worker
+        from tasks.roles import trainer, rollout_worker
         from flytekit.models.task import Resources as R
         wf = serialize(grpo_cluster)
-        t = serialize(trainer_elastic).template
-        r = serialize(rollout_pool_worker).template
+        t = serialize(trainer).template
+        r = serialize(rollout_worker).template
         pools = [n.array_node.to_flyte_idl().parallelism for n in wf.template.nodes if n.array_node]
         print("RESULT", json.dumps({"custom": t.custom, "image": t.container.image, "pools": pools,
             "gpu": [x.value for x in r.container.resources.requests if x.name == R.ResourceName.GPU],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -37,10 +38,107 @@ def serialize(entity):
     return get_serializable(OrderedDict(), settings, entity)
 
 
-def test_areal_core_never_imports_flytekit():
-    imports = re.compile(r"^\s*(import flytekit|from flytekit[\w.]* import)", re.M)
-    offenders = [p for p in (ROOT / "areal_core").rglob("*.py") if imports.search(p.read_text())]
-    assert offenders == []
+# -- nothing is decided at import --------------------------------------------------------------
+# Flyte fixes images, resources and schedules at registration: tasks/, workflows/ and images/ read
+# them when an entity is serialized or run (tasks/deferred.py), never while a module is imported.
+IMPORT_TIME_PACKAGES = ("tasks", "workflows", "images")
+_ENV_NAMES = {"environ", "getenv", "getenvb", "environb"}
+# calls that read a config file, the environment's config or the cluster config
+_READERS = {
+    "open",
+    "read_text",
+    "read_bytes",
+    "safe_load",
+    "load_config",
+    "load_cluster_config",
+    "cluster_config_path",
+    "read_yaml_file",
+    "registered_cluster",
+    "auto",  # flytekit's Config.auto() / PlatformConfig.auto()
+}
+
+
+def import_time_reads(source: str) -> list[str]:
+    """What a module's import-time code (top-level statements, class bodies, decorators and
+    default values; not function bodies) does to read the environment or a config file."""
+    found: list[str] = []
+    stack: list[ast.AST] = list(ast.parse(source).body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            args = node.args
+            stack += [*getattr(node, "decorator_list", []), *args.defaults, *(d for d in args.kw_defaults if d)]
+            continue
+        if isinstance(node, ast.Attribute) and node.attr in _ENV_NAMES:
+            found.append(f"line {node.lineno}: .{node.attr}")
+        elif isinstance(node, ast.ImportFrom) and node.module == "os":
+            found += [f"line {node.lineno}: from os import {a.name}" for a in node.names if a.name in _ENV_NAMES]
+        elif isinstance(node, ast.Call):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+            if name in _READERS or name in _ENV_NAMES:
+                found.append(f"line {node.lineno}: {name}()")
+        stack.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def test_no_module_of_tasks_or_workflows_reads_the_environment_or_a_config_at_import():
+    bad = {
+        "X = os.environ.get('AREAL_X')": ["line 1: .environ"],
+        "from os import getenv\nY = getenv('Y')": ["line 1: from os import getenv", "line 2: getenv()"],
+        "@task(**task_kwargs(load_cluster_config().rollout))\ndef f():\n    pass": ["line 1: load_cluster_config()"],
+        "def f(path=os.getenv('P')):\n    pass": ["line 1: .getenv"],
+        "class C:\n    spec = yaml.safe_load(open('configs/cluster.yaml'))": ["safe_load()", "open()"],
+        "if True:\n    SCHEDULE = Path('c.yaml').read_text()": ["line 2: read_text()"],
+    }
+    for source, want in bad.items():
+        got = import_time_reads(source)
+        assert all(any(w in g for g in got) for w in want), (source, got)
+    fine = "def f():\n    return os.environ['A'], open('c.yaml').read()\n\n"
+    fine += "class C:\n    def m(self):\n        os.getenv('B')"
+    assert import_time_reads(fine) == []
+    offenders = {}
+    for package in IMPORT_TIME_PACKAGES:
+        for path in sorted((ROOT / package).glob("*.py")):
+            if reads := import_time_reads(path.read_text()):
+                offenders[str(path.relative_to(ROOT))] = reads
+    assert offenders == {}
+
+
+def test_every_module_imports_without_the_cluster_config_and_serializing_reads_it():
+    """In a fresh interpreter whose cluster config file does not exist and whose image settings
+    are invalid (either would fail if read), every module of tasks/, workflows/ and images/ imports
+    and opens no config file; serializing grpo_cluster then reads the config, and fails naming it."""
+    script = (
+        "import importlib, json, pathlib, sys\n"
+        "opened = []\n"
+        "sys.addaudithook(lambda e, a: opened.append(str(a[0])) if e == 'open' and isinstance(a[0], str) "
+        "and a[0].endswith(('.yaml', '.yml')) else None)\n"
+        f"for package in {IMPORT_TIME_PACKAGES!r}:\n"
+        "    for p in sorted(pathlib.Path(package).glob('*.py')):\n"
+        "        importlib.import_module(package if p.stem == '__init__' else f'{package}.{p.stem}')\n"
+        "imported = list(opened)\n"
+        "from tests.test_flyte import serialize\n"
+        "from workflows.grpo import grpo_cluster\n"
+        "try:\n"
+        "    serialize(grpo_cluster); error = ''\n"
+        "except Exception as exc:\n"
+        "    error = str(exc)\n"
+        "print('RESULT' + json.dumps({'imported': imported, 'error': error}))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AREAL_", "PYTEST"))} | {
+        "PYTHONPATH": str(ROOT),
+        "AREAL_CLUSTER_CONFIG": "/nonexistent/cluster.yaml",
+        "AREAL_IMAGE_REGISTRY": "Not A Registry!",
+        "AREAL_CUDA_ENGINE": "no-such-engine",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.split("RESULT", 1)[1])
+    assert got["imported"] == []
+    assert "cluster config file '/nonexistent/cluster.yaml' does not exist" in got["error"]
 
 
 def test_grpo_workflow_serializes_with_its_four_nodes():
@@ -73,8 +171,9 @@ def test_every_workflow_input_has_a_description():
 def test_models_are_flyte_directories_and_the_sft_cache_ignores_the_run_root():
     from flytekit.models.core.types import BlobType
 
-    from tasks.cluster import start_run, trainer_elastic
+    from tasks.cluster import start_run
     from tasks.pipeline import evaluate, run_async_rl
+    from tasks.roles import trainer
 
     multipart = BlobType.BlobDimensionality.MULTIPART
     outputs = serialize(run_async_rl).template.interface.outputs
@@ -82,20 +181,21 @@ def test_models_are_flyte_directories_and_the_sft_cache_ignores_the_run_root():
         "init_model": multipart,
         "final_model": multipart,
     }
-    assert serialize(trainer_elastic).template.interface.outputs["o0"].type.blob.dimensionality == multipart
+    assert serialize(trainer).template.interface.outputs["o0"].type.blob.dimensionality == multipart
     assert serialize(start_run).template.interface.outputs["init_model"].type.blob.dimensionality == multipart
     ins = serialize(evaluate).template.interface.inputs
     assert ins["init_model"].type.blob.dimensionality == ins["final_model"].type.blob.dimensionality == multipart
 
 
 def test_cluster_habits_interruptible_pools_secrets_and_a_failure_node():
-    from tasks.cluster import prepare_cluster, reward_pool_worker, rollout_pool_worker, trainer_elastic
+    from tasks.cluster import prepare_cluster
+    from tasks.roles import reward_worker, rollout_worker, trainer
     from workflows.grpo import grpo_cluster
 
-    for task in (rollout_pool_worker, reward_pool_worker):
+    for task in (rollout_worker, reward_worker):
         assert serialize(task).template.metadata.interruptible is True
-    assert not serialize(trainer_elastic).template.metadata.interruptible  # its restarts are torchrun's
-    for task in (prepare_cluster, rollout_pool_worker, trainer_elastic):
+    assert not serialize(trainer).template.metadata.interruptible  # its restarts are torchrun's
+    for task in (prepare_cluster, rollout_worker, trainer):
         secrets = serialize(task).template.security_context.secrets
         assert {(s.group, s.env_var) for s in secrets} == {
             ("areal-s3", "AWS_ACCESS_KEY_ID"),
@@ -121,19 +221,26 @@ def test_config_layers_compose_yaml_then_typed_then_overrides():
 
 
 def test_tasks_carry_cache_retries_and_resources():
+    """Single-machine tasks keep what their decorators declare, in the cpu image; each role task
+    is defined once and has its cluster pod (configs/cluster.yaml), whoever runs it."""
+    import yaml
+
     from tasks.pipeline import evaluate, run_async_rl, sft
     from tasks.roles import reward_worker, rollout_worker, trainer
 
     sft_t = serialize(sft).template
     assert sft_t.metadata.discoverable and sft_t.metadata.discovery_version == "2"
     assert list(sft_t.metadata.cache_ignore_input_vars) == ["run_uri"]  # scheduled runs hit it
+    assert sft_t.container.image.startswith("localhost:30000/areal-flyte-cpu:")
     assert serialize(run_async_rl).template.metadata.retries.retries == 2
-    for task in (rollout_worker, reward_worker, trainer):
+    assert "AREAL_CLUSTER_SPEC" not in serialize(evaluate).template.container.env
+    cluster = yaml.safe_load((ROOT / "configs" / "cluster.yaml").read_text())
+    for role, task in (("rollout", rollout_worker), ("reward", reward_worker), ("trainer", trainer)):
         t = serialize(task).template
-        assert t.metadata.retries.retries == 3
-        limits = {r.name: r.value for r in t.container.resources.requests}
-        assert limits  # cpu and memory requested
-    assert serialize(evaluate).template.metadata is not None
+        assert t.metadata.retries.retries == cluster[role]["retries"]
+        assert t.metadata.timeout.total_seconds() == cluster[role]["timeout_s"]
+        requests = {r.name: r.value for r in t.container.resources.requests}
+        assert sorted(requests.values()) == sorted(cluster[role]["requests"].values())
 
 
 def test_sft_cache_hit_is_shared_across_run_roots_and_recomputed_when_gone(tmp_path):
@@ -173,10 +280,10 @@ def test_failure_handler_marks_the_mlflow_run_failed(tmp_path, mlflow_server):
     import mlflow
 
     from areal_core.run import pipeline
+    from areal_core.run.cluster import UNSCHEDULED, cluster_config, registered_cluster
     from areal_core.run.tracking import Tracker
     from areal_core.store import Store
-    from tasks.cluster import CLUSTER, cluster_config, mark_failed
-    from tasks.resources import UNSCHEDULED
+    from tasks.cluster import mark_failed
 
     overrides = " ".join(
         [
@@ -185,7 +292,7 @@ def test_failure_handler_marks_the_mlflow_run_failed(tmp_path, mlflow_server):
             f"tracking.uri={mlflow_server}",
         ]
     )
-    cfg, full = cluster_config("", overrides, CLUSTER)
+    cfg, full = cluster_config("", overrides, registered_cluster())
     run_uri, _ = pipeline.prepare("", full)
     tracker = Tracker.create(Store(run_uri), cfg)
     assert mlflow.MlflowClient(mlflow_server).get_run(tracker.run_id).info.status == "RUNNING"
@@ -270,9 +377,10 @@ def test_every_task_of_the_cluster_workflows_requests_the_store_and_mlflow_secre
     import tasks.online
     import tasks.pipeline
     import tasks.register
+    import tasks.roles
 
     found = {}
-    for module in (tasks.cluster, tasks.pipeline, tasks.register, tasks.online):
+    for module in (tasks.cluster, tasks.pipeline, tasks.register, tasks.online, tasks.roles):
         for value in vars(module).values():
             if isinstance(value, PythonFunctionTask) and value.name.startswith(module.__name__ + "."):
                 secrets = serialize(value).template.security_context.secrets
@@ -326,22 +434,6 @@ def test_fast_registration_ships_the_code_and_configs_the_pods_need():
     ]
     assert len(lines) >= 5
     assert [(str(p.relative_to(ROOT)), line) for p, line in lines if "--copy all" not in line] == []
-
-
-def test_a_cluster_run_with_vllm_uses_the_images_python_not_the_local_venv():
-    """No image holds the project's .venv-vllm: on the cluster the vLLM server runs on the pod's
-    own python (the image's); the run config's check of the interpreter must not fail there."""
-    from areal_core.config import RunConfig
-    from tasks.cluster import CLUSTER, cluster_config
-
-    cfg, full = cluster_config("configs/default.yaml", "rollout.engine=vllm", CLUSTER)
-    assert cfg.rollout.server.python == sys.executable and full[0] == f"rollout.server.python={sys.executable}"
-    own = "/usr/bin/python3"
-    assert (
-        cluster_config("", f"rollout.engine=vllm rollout.server.python={own}", CLUSTER)[0].rollout.server.python == own
-    )
-    typed = RunConfig.model_validate({"rollout": {"engine": "vllm", "server": {"python": own}}})
-    assert cluster_config("", "", CLUSTER, typed=typed)[0].rollout.server.python == own
 
 
 def test_a_role_that_fails_locally_marks_the_mlflow_run_failed(tmp_path, mlflow_server, monkeypatch):

@@ -1,7 +1,9 @@
 """The container images provide what the code imports: every third-party top-level import under
 areal_core/, tasks/, workflows/ and datasets/ (parsed with ast, function-local imports included)
-is a distribution that each ImageSpec installs; the device-only ones are in the right images
-only; the cuda image installs flash-attn in a layer of its own after torch."""
+is a distribution that the build flytekit renders for each device's image (`image_for`, what the
+cluster's tasks run in) installs; the device-only ones are in the right images only; the cuda
+image installs flash-attn in a layer of its own after torch; the registry, engine and base images
+come from the environment when an image is made, not at import."""
 
 from __future__ import annotations
 
@@ -13,26 +15,23 @@ from pathlib import Path
 
 import pytest
 
-from images.specs import cpu_image, cuda_image, npu_image
+from areal_core.config.device import DEVICES
+from images.specs import cuda_image, image_for
 
 ROOT = Path(__file__).resolve().parents[1]
 SCANNED = ("areal_core", "tasks", "workflows", "datasets")
 FIRST_PARTY = {p.name for p in ROOT.iterdir() if p.is_dir() and any(p.glob("*.py"))}
 
-IMAGES = {
-    "cpu": cpu_image("test"),
-    "cuda": cuda_image("test", "vllm"),
-    "cuda-sglang": cuda_image("test", "sglang"),
-    "ascend": npu_image("test"),
-}
+# the image of each device, as the cluster's tasks get it, and the cuda image's other engine
+IMAGES = {device: image_for(device, "test") for device in DEVICES} | {"cuda-sglang": cuda_image("test", "sglang")}
 CUDA = {"cuda", "cuda-sglang"}
 # Modules only some images can have (GPU or NPU builds; not installed on the development
 # machine): module -> (distribution, the images that must install it; the others must not).
 DEVICE_ONLY = {
     "megatron": ("megatron-core", CUDA),
     "flash_attn": ("flash-attn", CUDA),
-    "torch_npu": ("torch-npu", {"ascend"}),
-    "vllm": ("vllm", {"cuda", "ascend"}),
+    "torch_npu": ("torch-npu", {"npu"}),
+    "vllm": ("vllm", {"cuda", "npu"}),
     "sglang": ("sglang", {"cuda-sglang"}),
 }
 
@@ -60,11 +59,28 @@ def command_installs(command: str) -> list[str]:
     return out
 
 
-def installed(spec) -> set[str]:
-    """Every distribution the image installs: its packages, then what its build commands install."""
-    names = {requirement_name(p) for p in spec.packages or []}
-    for command in spec.commands or []:
-        names.update(command_installs(command))
+def render(spec, folder: Path) -> tuple[str, str]:
+    """The build flytekit's default builder makes of `spec`: (Dockerfile, the requirements file
+    its main install step reads)."""
+    from flytekit.image_spec.default_builder import create_docker_context
+
+    folder.mkdir(parents=True, exist_ok=True)
+    create_docker_context(spec, folder)
+    return (folder / "Dockerfile").read_text(), (folder / "requirements_uv.txt").read_text()
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory) -> dict[str, tuple[str, str]]:
+    tmp = tmp_path_factory.mktemp("images")
+    return {name: render(spec, tmp / name) for name, spec in IMAGES.items()}
+
+
+def installed(dockerfile: str, requirements: str) -> set[str]:
+    """Every distribution a rendered build installs: its requirements file, then every `pip install`
+    of its RUN steps."""
+    names = {requirement_name(line) for line in requirements.splitlines() if line.strip() and line[0] != "#"}
+    for block in dockerfile.split("\nRUN ")[1:]:
+        names.update(command_installs(block.replace("\\\n", " ")))
     return names
 
 
@@ -95,9 +111,9 @@ def test_the_parsers():
 
 
 @pytest.mark.parametrize("image", sorted(IMAGES))
-def test_every_third_party_import_is_installed_in_the_image(image):
+def test_every_third_party_import_is_installed_in_the_image(image, rendered):
     dists = importlib.metadata.packages_distributions()
-    have = installed(IMAGES[image])
+    have = installed(*rendered[image])
     missing = {}
     for module, files in sorted(third_party_imports().items()):
         if module in DEVICE_ONLY:
@@ -110,9 +126,9 @@ def test_every_third_party_import_is_installed_in_the_image(image):
 
 
 @pytest.mark.parametrize("module", sorted(DEVICE_ONLY))
-def test_device_only_packages_are_in_the_right_images_only(module):
+def test_device_only_packages_are_in_the_right_images_only(module, rendered):
     dist, images = DEVICE_ONLY[module]
-    assert {name for name, spec in IMAGES.items() if dist in installed(spec)} == images
+    assert {name for name in IMAGES if dist in installed(*rendered[name])} == images
 
 
 def test_device_only_imports_are_declared():
@@ -122,9 +138,7 @@ def test_device_only_imports_are_declared():
 
 
 @pytest.mark.parametrize("image", sorted(CUDA))
-def test_flash_attn_is_built_in_its_own_layer_after_torch(image, tmp_path):
-    from flytekit.image_spec.default_builder import create_docker_context
-
+def test_flash_attn_is_built_in_its_own_layer_after_torch(image, rendered):
     spec = IMAGES[image]
     packages = {requirement_name(p) for p in spec.packages}
     assert "torch" in packages and "flash-attn" not in packages  # not in torch's install step
@@ -132,18 +146,29 @@ def test_flash_attn_is_built_in_its_own_layer_after_torch(image, tmp_path):
     (flash,) = [c for c in spec.commands if "flash-attn" in command_installs(c)]
     assert "--no-build-isolation" in flash.split()  # it builds against the installed torch
     # the builder installs the packages in one RUN, then the commands in a later RUN
-    create_docker_context(spec, tmp_path)
-    dockerfile = (tmp_path / "Dockerfile").read_text()
-    assert "torch==" in (tmp_path / "requirements_uv.txt").read_text()
+    dockerfile, requirements = rendered[image]
+    assert "torch==" in requirements
     runs = [block for block in dockerfile.split("\nRUN ") if "uv pip install" in block]
     step = next(i for i, block in enumerate(runs) if "requirements_uv.txt" in block)
     layer = next(i for i, block in enumerate(runs) if "flash-attn" in block)
     assert layer > step
 
 
-@pytest.mark.parametrize("image", sorted(IMAGES))
-def test_every_image_renders_a_dockerfile(image, tmp_path):
-    from flytekit.image_spec.default_builder import create_docker_context
+def test_image_settings_are_read_when_an_image_is_made(monkeypatch):
+    """Registry, engine and base images come from the environment when a task is serialized (the
+    image is made then), so changing them after import changes the image; a bad engine is refused."""
+    import images.specs
 
-    create_docker_context(IMAGES[image], tmp_path)
-    assert (tmp_path / "Dockerfile").exists()
+    monkeypatch.setenv("AREAL_IMAGE_REGISTRY", "registry.example.com/areal")
+    monkeypatch.setenv("AREAL_CUDA_ENGINE", "sglang")
+    monkeypatch.setenv("AREAL_CUDA_BASE_IMAGE", "nvidia/cuda:12.8.1-devel-ubuntu24.04")
+    cuda = images.specs.image_for("cuda")
+    assert cuda.image_name().startswith("registry.example.com/areal/areal-flyte-cuda-sglang:")
+    assert cuda.base_image == "nvidia/cuda:12.8.1-devel-ubuntu24.04"
+    assert "sglang" in {requirement_name(p) for p in cuda.packages}
+    assert images.specs.image_for("ascend").name == images.specs.image_for("npu").name
+    monkeypatch.setenv("AREAL_CUDA_ENGINE", "tensorrt")
+    with pytest.raises(ValueError, match="AREAL_CUDA_ENGINE must be one of"):
+        images.specs.image_for("cuda")
+    with pytest.raises(ValueError, match="unknown device 'tpu'"):
+        images.specs.image_for("tpu")

@@ -58,22 +58,30 @@ def _env(template) -> dict[str, str]:
 
 
 def test_the_cluster_config_travels_with_the_registered_tasks(cluster_package, tmp_path):
-    """A pod imports tasks/cluster.py without $AREAL_CLUSTER_CONFIG (or the file): it must rebuild
-    the registered config from its task spec alone, not fall back to configs/cluster.yaml."""
+    """Registration reads the config file named in $AREAL_CLUSTER_CONFIG; a pod has neither the
+    variable nor the file. Its task spec carries the config: a fresh interpreter with nothing but
+    the trainer task's declared environment gets the registered pools, layout, device and image,
+    not configs/cluster.yaml's."""
     tasks = cluster_package.tasks
-    cluster_tasks = [t for name, t in tasks.items() if name.startswith(("tasks.cluster.", "tasks.register."))]
+    cluster_tasks = [
+        t for name, t in tasks.items() if name.startswith(("tasks.cluster.", "tasks.register.", "tasks.roles."))
+    ]
     assert len(cluster_tasks) >= 6
     specs = {_env(t)["AREAL_CLUSTER_SPEC"] for t in cluster_tasks}
     assert len(specs) == 1
-    trainer = tasks["tasks.cluster.trainer_elastic"]
+    trainer = tasks["tasks.roles.trainer"]
     assert trainer.type == "python-task"  # nnodes 1: one pod, torchrun inside it
     wf = cluster_package.workflows["workflows.grpo.grpo_cluster"]
     assert sorted(n.array_node.parallelism for n in wf.nodes if n.WhichOneof("target") == "array_node") == [2, 3]
-    # the pod's view: a fresh interpreter with nothing but the trainer task's declared environment
+    # the pod's view: what the trainer task launches under torchrun, and what the tasks report
     script = (
-        "import json; from tasks import cluster as c; "
-        "print('RESULT', json.dumps([c.CLUSTER.rollout.replicas, c.CLUSTER.reward.replicas, "
-        "c.ELASTIC.nnodes, c.ELASTIC.nproc_per_node, c.DEVICE, c.IMAGE_NAME, c.ROLLOUT_INDICES]))"
+        "import json\n"
+        "from areal_core.run.cluster import pod_identity, pool_indices, registered_cluster\n"
+        "from tasks.roles import trainer\n"
+        "c = registered_cluster()\n"
+        "print('RESULT', json.dumps([c.rollout.replicas, c.reward.replicas, trainer.task_config.nnodes,\n"
+        "    trainer.task_config.nproc_per_node, pod_identity(lambda: 'not registered')['device'],\n"
+        "    pod_identity(lambda: 'not registered')['image'], pool_indices(c, 'rollout')]))\n"
     )
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), "HOME": str(tmp_path)} | _env(trainer)
     out = subprocess.run(
@@ -146,7 +154,7 @@ def test_grpo_cluster_runs_as_pods_to_done_and_a_registered_model(
     names = {nid: cluster_package.tasks[ex.runs[nid].template.id.name].id.name for nid in by_node}
     pools = {n: len(by_node[nid]) for nid, n in names.items() if "map_" in n}
     assert sorted(pools.values()) == [2, 3] and any("rollout" in n and c == 3 for n, c in pools.items())
-    trainer = next(nid for nid, n in names.items() if n == "tasks.cluster.trainer_elastic")
+    trainer = next(nid for nid, n in names.items() if n == "tasks.roles.trainer")
     assert len(by_node[trainer]) == 1
     assert all("AREAL_CLUSTER_CONFIG" not in p.env for p in ex.pods())
     store = Store(run_uri)
@@ -185,7 +193,7 @@ def test_a_failed_cluster_run_runs_the_failure_node(cluster_package, tmp_path, s
     run_uri = f"{s3_bucket}/runs/failed"
     overrides = tracked_overrides(run_uri, mlflow_server, "train.steps=200", "tracking.experiment=podemu-failed")
     wf = "workflows.grpo.grpo_cluster"
-    trainer = "tasks.cluster.trainer_elastic"
+    trainer = "tasks.roles.trainer"
     ex = Execution(
         cluster_package, wf, s3_bucket, ROOT, tmp_path / "pods", s3_server, SECRETS, timeout_s=1200, evict={trainer: 15}
     )

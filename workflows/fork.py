@@ -25,7 +25,7 @@ def fork(run: str, step: int, into: str, overrides: str = "") -> Accuracy:
     :param run: the run root to fork (a local path or s3://...)
     :param step: a step with a committed checkpoint (trainer/checkpoints/step-N)
     :param into: a new, empty run root for the child
-    :param overrides: dotted key=value settings over the parent's config (train.*, algo.*, rollout.* ...; not model, task, sft or seed), whitespace-separated with shell quoting
+    :param overrides: dotted key=value settings over the parent's config (train.*, algo.*, ...; not model, sft, seed)
     """
     child = fork_run(run=run, step=step, into=into, overrides=overrides)
     models = run_async_rl(run_uri=child.run_uri, sft_checkpoint=child.sft_checkpoint)

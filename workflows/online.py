@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import datetime
 
-from flytekit import CronSchedule, LaunchPlan, workflow
+from flytekit import CronSchedule, workflow
 
-from tasks.cluster import FAILURE_NOTIFICATIONS
+from areal_core.run.cluster import UNSCHEDULED
+from tasks.cluster import failure_notifications
+from tasks.deferred import DeferredLaunchPlan
 from tasks.online import OnlineResult, register_if_better, retrain_on_sessions
-from tasks.resources import UNSCHEDULED
 
 NIGHTLY_CRON = "0 3 * * *"
 
@@ -45,7 +46,7 @@ def online_retrain(
     :param overrides: dotted key=value overrides, whitespace-separated with shell quoting, applied last
     :param model_name: the MLflow registered model to compare with and register under
     :param min_gain: how much better (held-out score) the candidate must be to be registered
-    :param kickoff_time: set by the schedule: names the run; the 1970-01-01 default is a manual run (named by the current time)
+    :param kickoff_time: set by the schedule: names the run; 1970-01-01 (default): a manual run, named by the time
     """
     run_uri = retrain_on_sessions(
         config=config, overrides=overrides, sessions=sessions, model_name=model_name, kickoff_time=kickoff_time
@@ -53,10 +54,12 @@ def online_retrain(
     return register_if_better(run_uri=run_uri, min_gain=min_gain)
 
 
-online_retrain_nightly = LaunchPlan.get_or_create(
-    workflow=online_retrain,
-    name="online_retrain_nightly",
-    default_inputs={"config": "configs/agent_calculator.yaml", "model_name": "areal-online-policy"},
-    schedule=CronSchedule(schedule=NIGHTLY_CRON, kickoff_time_input_arg="kickoff_time"),
-    notifications=FAILURE_NOTIFICATIONS,
-)
+def nightly() -> dict:
+    return {
+        "default_inputs": {"config": "configs/agent_calculator.yaml", "model_name": "areal-online-policy"},
+        "schedule": CronSchedule(schedule=NIGHTLY_CRON, kickoff_time_input_arg="kickoff_time"),
+        "notifications": failure_notifications(),  # the cluster config's schedule.notify
+    }
+
+
+online_retrain_nightly = DeferredLaunchPlan.deferred("online_retrain_nightly", online_retrain, nightly)

@@ -35,7 +35,7 @@ def regrade(run: str, layer: str, reward: str = "", pool_size: int = 2) -> Regra
 def regrade_and_replay(
     run: str, layer: str, into: str, reward: str = "", pool_size: int = 2, overrides: str = ""
 ) -> Replayed:
-    """Re-grade a run into a new layer, then train again on its samples with the new rewards, in their recorded order, into a new run root; evaluate.
+    """Re-grade a run into a new layer, retrain on its samples with the new rewards in their recorded order; evaluate.
 
     :param run: the run root (a local path or s3://...)
     :param layer: the new layer's name (letters, digits, '.', '_', '-')

@@ -31,7 +31,7 @@ def replay(run: str, into: str, overrides: str = "", layer: str = "graded") -> R
 
     :param run: the run root to replay (a local path or s3://...)
     :param into: a new, empty run root for the replay
-    :param overrides: dotted key=value settings over the run's config (algo.*, train.*, seed ...), whitespace-separated with shell quoting
+    :param overrides: dotted key=value settings over the run's config (algo.*, train.*, seed ...), split as a shell does
     :param layer: the samples' rewards: 'graded' (the run's) or a committed re-graded layer (workflows/regrade.py)
     """
     result = replay_run(run=run, into=into, overrides=overrides, layer=layer)
