@@ -13,7 +13,7 @@ from areal_core.config.algorithm import PRESETS, AlgorithmConfig, from_preset
 from areal_core.train import advantages as A
 from areal_core.train.algorithm import compute_advantages, compute_loss, required_inputs
 from areal_core.train.entropy import entropy_from_logits, logprobs_and_entropy_from_logits
-from areal_core.train.losses import (
+from areal_core.train.loss import (
     aggregate,
     behaviour_weights,
     check_algorithm,

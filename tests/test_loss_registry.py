@@ -14,8 +14,6 @@ import torch
 
 from areal_core.config import ConfigError
 from areal_core.config.algorithm import PRESETS, AlgorithmConfig, from_preset
-from areal_core.train import loss as package
-from areal_core.train import losses
 from areal_core.train.algorithm import compute_loss, required_inputs, total_loss
 from areal_core.train.loss import registry
 from areal_core.train.loss.registry import Loss, LossInputs, check_algorithm, get_loss, known_losses, register
@@ -147,10 +145,3 @@ def test_a_registered_loss_runs_through_the_trainer_entry_points(test_loss):
     assert m["test_reinforce_calls"] == 1.0 and m["loss"] == loss.item() and "adv_mean" in m
     x = LossInputs(logp=logp, prox_logp=logp, behav_logp=logp, mask=mask, rewards=rewards, group_index=gi)
     assert total_loss(cfg, x)[0].item() == loss.item()
-
-
-def test_the_package_and_the_first_import_path_export_the_same_functions():
-    assert package.__all__ and losses.__all__ == package.__all__
-    for name in package.__all__:
-        assert getattr(losses, name) is getattr(package, name), name
-    assert losses.decoupled_ppo_loss.__module__ == "areal_core.train.loss.decoupled_ppo"

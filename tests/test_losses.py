@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from areal_core.train.advantages import grpo_advantages
-from areal_core.train.losses import behaviour_weights, decoupled_ppo_loss, masked_mean
+from areal_core.train.loss import behaviour_weights, decoupled_ppo_loss, masked_mean
 
 
 def test_grpo_advantages_by_hand():

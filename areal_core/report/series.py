@@ -180,7 +180,7 @@ MISMATCH = ("kl_behav_prox", "importance_weight_min", "importance_weight_mean", 
 
 def mismatch(rows: Rows) -> dict[str, list[float]]:
     """{"step", "kl_behav_prox", "importance_weight_{min,mean,max}"} per trained step: how far the
-    behaviour policy was from the proximal one (train/losses.py logs them)."""
+    behaviour policy was from the proximal one (train/loss/decoupled_ppo.py logs them)."""
     rows = [r for r in rows if all(r.get(k) is not None for k in MISMATCH)]
     return {"step": [int(r["step"]) for r in rows], **{k: [float(r[k]) for r in rows] for k in MISMATCH}}
 
