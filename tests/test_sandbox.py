@@ -23,6 +23,7 @@ import pytest
 
 from areal_core.reward import sandbox as sandbox_mod
 from areal_core.reward.code import code_reward, extract_code
+from areal_core.reward.grading import run_tests
 from areal_core.reward.pool import RewardPool
 from areal_core.reward.sandbox import Limits, Sandbox, SandboxUnavailable, explain
 from datasets import code_tasks
@@ -120,7 +121,7 @@ HOSTILE = {
         "import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True:\n    pass\n",
         r"killed by SIGKILL|timeout",
     ),
-    "sleep_forever": ("import time\ntime.sleep(3600)\n", r"timeout: wall clock over 2s"),
+    "sleep_forever": ("import time\ntime.sleep(3600)\n", r"timeout: loading the program ran over 2s"),
     "memory_hog": ("x = bytearray(8 * 2**30)\n", r"memory limit"),
     "memory_creep": ("chunks = []\nwhile True:\n    chunks.append(bytearray(2**24))\n", r"memory limit"),
     "huge_output": ("while True:\n    print('x' * 65536)\n", r"file size limit"),
@@ -194,11 +195,11 @@ HOSTILE = {
         r"not permitted",
     ),
     "segfault": ("import ctypes\nctypes.string_at(0)\n", r"crashed: killed by SIGSEGV"),
-    "exit_zero_before_tests": ("import os\nos._exit(0)\n", r"harness did not finish"),
+    "exit_zero_before_tests": ("import os\nos._exit(0)\n", r"left early \(exit code 0\)"),
     "sys_exit_zero": ("import sys\nsys.exit(0)\n", r"SystemExit: 0"),
     "print_fake_pass_token": (
         "import os\nprint('\\n' + '0' * 32)\nos._exit(0)\n",
-        r"harness did not finish",
+        r"left early \(exit code 0\)",
     ),
 }
 
@@ -225,7 +226,7 @@ def test_hostile_program_is_contained(name, sb, tmp_path, victim, listener, monk
     }
     pattern = HOSTILE[name][1].format(**values)
 
-    report = sb.run_tests(hostile_program(name, **values), ADD_TESTS, parallel=2)
+    report = run_tests(sb, hostile_program(name, **values), ADD_TESTS, parallel=2)
 
     assert report.total == 2
     if name == "write_project_dir" and ROOT.is_relative_to("/tmp"):
@@ -244,7 +245,7 @@ def test_hostile_program_is_contained(name, sb, tmp_path, victim, listener, monk
     assert not Path("/pwned").exists() and not Path("/usr/lib/pwned").exists()
     assert wait_no_sandbox_processes(exclude={victim.pid}) == []
     # and the sandbox keeps serving
-    assert sb.run_tests(GOOD, ADD_TESTS).score == 1.0
+    assert run_tests(sb, GOOD, ADD_TESTS).score == 1.0
 
 
 @pytest.mark.sandbox
@@ -265,7 +266,7 @@ def test_environment_is_empty_inside(sb, monkeypatch):
 def test_scores_fraction_of_tests_passed(sb):
     program = "def add(a, b):\n    return a * b if a < 0 else a + b\n"
     tests = ADD_TESTS + ["assert add(-2, -2) == -4", "assert add(0, 5) == 5"]
-    report = sb.run_tests(program, tests, parallel=2)
+    report = run_tests(sb, program, tests, parallel=2)
     assert (report.passed, report.total, report.score) == (2, 4, 0.5)
     assert [r.ok for r in report.results] == [True, False, False, True]
     # judged outside the sandbox, by value
@@ -288,7 +289,7 @@ def test_cpu_limit_fires_before_the_wall_clock(sb):
 def test_stdin_stdout_tests(sb):
     program = "a, b = map(int, input().split())\nprint(a + b)\n"
     tests = [{"stdin": "1 2\n", "stdout": "3"}, {"stdin": "5 5\n", "stdout": "11\n"}, {"stdin": "", "stdout": "0"}]
-    report = sb.run_tests(program, tests)
+    report = run_tests(sb, program, tests)
     assert [r.ok for r in report.results] == [True, False, False]
     assert report.results[1].reason == "wrong output: '10'"
     assert "EOFError" in report.results[2].reason
@@ -296,14 +297,25 @@ def test_stdin_stdout_tests(sb):
 
 @pytest.mark.sandbox
 @pytest.mark.skipif(not HAVE_BWRAP, reason="bubblewrap not installed (.ci/run installs it)")
-def test_tests_run_in_parallel(sb):
-    """Four tests sleeping 1 s each take about two rounds with parallel=2, not four."""
+def test_code_tests_share_one_load_of_the_program(sb):
+    """Four code tests of a program that sleeps 1 s at import: one load (one session), not four."""
     program = "import time\ntime.sleep(1.0)\n" + GOOD
     t0 = time.monotonic()
-    report = sb.run_tests(program, ADD_TESTS * 2, parallel=2)
+    report = run_tests(sb, program, ADD_TESTS * 2, parallel=2)
+    took = time.monotonic() - t0
+    assert report.score == 1.0, report.results
+    assert 1.0 <= took < 2.5, took
+
+
+@pytest.mark.sandbox
+@pytest.mark.skipif(not HAVE_BWRAP, reason="bubblewrap not installed (.ci/run installs it)")
+def test_stdin_stdout_tests_run_in_parallel(sb):
+    """Four stdin/stdout tests sleeping 1 s each take about two rounds with parallel=2, not four."""
+    program = "import time\ntime.sleep(1.0)\nprint(sum(map(int, input().split())))\n"
+    t0 = time.monotonic()
+    report = run_tests(sb, program, [{"stdin": "1 2\n", "stdout": "3"}] * 4, parallel=2)
     took = time.monotonic() - t0
     assert report.score == 1.0
-    # each test slept 1 s; run two at a time, their walls overlap: the sum is about twice the total
     assert took >= 2.0, took
     assert sum(r.wall_s for r in report.results) > 1.5 * took, (took, report.results)
 
@@ -314,9 +326,9 @@ def test_every_code_task_canonical_solution_passes_and_a_stub_fails(sb):
     tasks = code_tasks.TASKS
     assert len(tasks) >= 12
     for task in tasks:
-        good = sb.run_tests(task["solution"], task["tests"], parallel=2)
+        good = run_tests(sb, task["solution"], task["tests"], parallel=2)
         assert good.score == 1.0, (task["name"], good.results)
-        stub = sb.run_tests("def stub(*a, **k):\n    return None\n", task["tests"][:1])
+        stub = run_tests(sb, "def stub(*a, **k):\n    return None\n", task["tests"][:1])
         assert stub.score == 0.0, task["name"]
 
 

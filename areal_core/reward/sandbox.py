@@ -26,23 +26,15 @@ Inside, the first process is `sandbox_runner.py` (pid 1 of the sandbox, which no
 can kill). It forks the program and reports how it ended, `exit N` or `signal N` from the real
 wait status, on a file descriptor of its own: an `exit(137)` is never mistaken for a SIGKILL.
 
-`Sandbox.run_tests(program, tests)` runs each test in its own sandbox, `parallel` at a time,
-and scores the fraction passed. The verdict is always computed outside the sandbox, from
-values the program cannot forge without computing them, and the expected values never enter it:
-
-* a stdin/stdout pair (`{"stdin": "1 2\\n", "stdout": "3"}`): the program runs as `__main__`
-  with the stdin; its whole stdout (up to `Limits.output_bytes`, 1 MiB by default) is compared
-  here with the expected text (trailing spaces and blank lines ignored). More output than the
-  limit is the failure "output over limit", never a truncated comparison. It must exit 0.
-* assert code (`"assert add(1, 2) == 3"`, or `{"code": ...}`): split by `checks.plan_test`;
-  only the expressions of the program go in, their values come back as typed JSON and the
-  asserts are evaluated here (`checks.verdict`).
+`Sandbox.run(program, stdin)` runs a program as `__main__` (mode `main`: stdin/stdout tests);
+`Sandbox.spawn("serve", ...)` starts one that serves calls to the program's functions over a
+pair of pipes (mode `serve`, driven by `areal_core.reward.boundary`). Scoring unit tests is
+`areal_core.reward.grading.run_tests`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import select
@@ -52,12 +44,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
-
-from areal_core.reward.checks import plan_test, verdict
 
 
 class SandboxUnavailable(RuntimeError):
@@ -66,7 +55,8 @@ class SandboxUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class Limits:
-    wall_s: float = 5.0  # wall clock per run; the whole sandbox is killed after it
+    wall_s: float = 5.0  # wall clock per run, per test, and for loading the program; the sandbox is killed after it
+    call_s: float = 0.0  # wall clock per call of a program function (0: wall_s)
     cpu_s: int = 3  # CPU seconds per process (SIGXCPU, then SIGKILL one second later)
     memory_mb: int = 512  # address space per process (RLIMIT_AS)
     nproc: int = 16  # processes + threads (RLIMIT_NPROC, counted in the sandbox's user namespace)
@@ -92,8 +82,7 @@ class RunResult:
     wall_s: float
     timed_out: bool = False
     reason: str = ""  # why it failed, in words ("" when it exited 0)
-    output_over: bool = False  # stdout (or the test results) went past Limits.output_bytes
-    results: str = ""  # the assert steps' values (tests mode)
+    output_over: bool = False  # stdout went past Limits.output_bytes
 
     @property
     def ok(self) -> bool:
@@ -136,6 +125,7 @@ _SIGNALS = {int(s): s.name for s in signal.Signals}
 _PROBED: dict[tuple[str, ...], str] = {}
 _RUNNER = (Path(__file__).parent / "sandbox_runner.py").read_text()
 STDERR_CHARS = 4096
+_FILES = ("stdin", "stdout", "stderr", "status")
 
 
 def _tmpfs_size_supported(bwrap: str) -> bool:
@@ -229,15 +219,33 @@ class Sandbox:
 
     def run(self, program: str, stdin: str = "", limits: Limits | None = None) -> RunResult:
         """Run `program` (Python source) as `__main__` (/task/main.py) with `stdin`."""
-        return self._run("main", {"main.py": program}, stdin, limits or self.limits)
+        limits = limits or self.limits
+        run = self.spawn("main", {"main.py": program}, limits, stdin=stdin)
+        try:
+            timed_out = not run.wait(limits.wall_s)
+            if timed_out:
+                run.kill()
+            return run.result(timed_out)
+        except BaseException:
+            run.kill()
+            raise
+        finally:
+            run.close()
 
-    def run_plan(self, program: str, steps: list[dict[str, Any]], limits: Limits | None = None) -> RunResult:
-        """Run `program` as module `solution`, then an assert test's steps (`checks.plan_test`)."""
-        files = {"solution.py": program, "plan.json": json.dumps({"steps": steps})}
-        return self._run("tests", files, "", limits or self.limits)
+    def spawn(
+        self,
+        mode: str,
+        files: dict[str, str],
+        limits: Limits,
+        stdin: str = "",
+        channel: tuple[int, ...] = (),
+    ) -> Spawned:
+        """Start a sandbox running `_runner.py MODE` over `files` (at /task); `channel` fds are passed in.
 
-    def _run(self, mode: str, files: dict[str, str], stdin: str, limits: Limits) -> RunResult:
+        The caller waits, kills and reads it (`Spawned`), then closes it (which removes its files).
+        """
         work = Path(tempfile.mkdtemp(prefix="areal-sbx-"))
+        stack = contextlib.ExitStack()
         try:
             task = work / "task"
             task.mkdir()
@@ -247,53 +255,70 @@ class Sandbox:
             task.chmod(0o755)
             work.chmod(0o755)
             (work / "stdin").write_text(stdin)
-            return self._execute(mode, work, limits)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-
-    def _execute(self, mode: str, work: Path, limits: Limits) -> RunResult:
-        kwargs: dict[str, Any] = {}
-        if self.uid is not None:
-            kwargs.update(user=self.uid, group=self.uid, extra_groups=[])
-        t0 = time.monotonic()
-        timed_out = False
-        names = ("stdin", "stdout", "stderr", "status", "results")
-        with contextlib.ExitStack() as stack:
-            fin, fout, ferr, fstatus, fresults = (
-                stack.enter_context(open(work / n, "rb" if n == "stdin" else "wb")) for n in names
+            fin, fout, ferr, fstatus = (
+                stack.enter_context(open(work / n, "rb" if n == "stdin" else "wb")) for n in _FILES
             )
-            fds = [str(fstatus.fileno())] + ([str(fresults.fileno())] if mode == "tests" else [])
-            argv = [self.python, "-I", "-S", "-B", "/task/_runner.py", mode, *fds]
+            fds = [fstatus.fileno(), *channel]
+            argv = [self.python, "-I", "-S", "-B", "/task/_runner.py", mode, *map(str, fds)]
+            kwargs: dict[str, Any] = {}
+            if self.uid is not None:
+                kwargs.update(user=self.uid, group=self.uid, extra_groups=[])
+            t0 = time.monotonic()
             proc = subprocess.Popen(
-                self.command((work / "task").as_posix(), argv, limits),
+                self.command(task.as_posix(), argv, limits),
                 stdin=fin,
                 stdout=fout,
                 stderr=ferr,
                 env={"PATH": "/usr/bin:/bin"},  # nothing of the parent's environment
                 start_new_session=True,
                 close_fds=True,
-                pass_fds=[int(fd) for fd in fds],
+                pass_fds=fds,
                 cwd=work,
                 **kwargs,
             )
-            try:
-                if not _wait(proc, limits.wall_s):
-                    timed_out = True
-                    _kill_group(proc)
-            except BaseException:
-                _kill_group(proc)
-                raise
-        wall = time.monotonic() - t0
-        sizes = {n: (work / n).stat().st_size for n in names[1:]}
+        except BaseException:
+            stack.close()
+            shutil.rmtree(work, ignore_errors=True)
+            raise
+        stack.close()  # the sandbox holds its own copies
+        return Spawned(proc, work, mode, limits, t0)
+
+
+@dataclass
+class Spawned:
+    """A started sandbox: wait for it, kill it, read how it ended, close it."""
+
+    proc: subprocess.Popen
+    work: Path
+    mode: str
+    limits: Limits
+    t0: float
+
+    def wait(self, timeout: float) -> bool:
+        """True when it exited within `timeout` seconds."""
+        return _wait(self.proc, timeout)
+
+    def kill(self) -> None:
+        """Kill bwrap's process group (and with it the sandbox's pid namespace)."""
+        if self.proc.returncode is None:
+            _kill_group(self.proc)
+
+    def stderr_tail(self) -> str:
+        return _read(self.work / "stderr", STDERR_CHARS * 4, tail=True)[-STDERR_CHARS:]
+
+    def result(self, timed_out: bool = False) -> RunResult:
+        """How the run ended (call after it exited or was killed)."""
+        limits, work = self.limits, self.work
+        wall = time.monotonic() - self.t0
+        sizes = {n: (work / n).stat().st_size for n in _FILES[1:3]}
         out_limit = min(limits.output_bytes, limits.fsize_mb * 2**20 - 1)
-        over = sizes["stdout" if mode == "main" else "results"] > out_limit
-        capped = max(sizes["stdout"], sizes["stderr"], sizes["results"]) >= limits.fsize_mb * 2**20
-        stdout = _read(work / "stdout", out_limit)
-        stderr = _read(work / "stderr", STDERR_CHARS * 4, tail=True)[-STDERR_CHARS:]
-        results = _read(work / "results", out_limit) if mode == "tests" else ""
+        over = self.mode == "main" and sizes["stdout"] > out_limit
+        capped = max(sizes.values()) >= limits.fsize_mb * 2**20
+        stdout = _read(work / "stdout", out_limit) if self.mode == "main" else ""
+        stderr = self.stderr_tail()
         status = _parse_status((work / "status").read_bytes()[:64])
         if status is None and not timed_out:
-            last = stderr.strip().splitlines()[-1:] or [f"bwrap exit code {proc.returncode}"]
+            last = stderr.strip().splitlines()[-1:] or [f"bwrap exit code {self.proc.returncode}"]
             reason = (
                 f"sandbox error: {last[0][:300]}"
                 if last[0].startswith("bwrap")
@@ -301,41 +326,11 @@ class Sandbox:
             )
         else:
             reason = explain(status, stderr, timed_out, limits, capped, over, out_limit)
-        return RunResult(status, stdout, stderr, wall, timed_out, reason, over, results)
+        return RunResult(status, stdout, stderr, wall, timed_out, reason, over)
 
-    # -- unit tests -------------------------------------------------------------------------
-    def run_test(self, program: str, test: str | dict[str, Any], limits: Limits | None = None) -> TestOutcome:
-        if isinstance(test, str):
-            test = {"code": test}
-        if "code" in test:
-            plan = plan_test(test["code"])
-            res = self.run_plan(program, plan.steps, limits=limits)
-            if res.timed_out or res.output_over or res.returncode != 0:
-                return TestOutcome(False, res.reason or "the test harness did not finish", res.wall_s)
-            ok, reason = verdict(plan, res.results)
-            return TestOutcome(ok, reason, res.wall_s)
-        if "stdin" in test or "stdout" in test:
-            res = self.run(program, stdin=test.get("stdin", ""), limits=limits)
-            if not res.ok:
-                return TestOutcome(False, res.reason, res.wall_s)
-            if _norm(res.stdout) == _norm(str(test.get("stdout", ""))):
-                return TestOutcome(True, "", res.wall_s)
-            got = _norm(res.stdout)[:80]
-            return TestOutcome(False, f"wrong output: {got!r}", res.wall_s)
-        raise ValueError(f"a test is assert code or a {{'stdin', 'stdout'}} pair, not {sorted(test)}")
-
-    def run_tests(
-        self,
-        program: str,
-        tests: list[str | dict[str, Any]],
-        parallel: int = 2,
-        limits: Limits | None = None,
-    ) -> TestReport:
-        """Each test in its own sandbox, `parallel` at a time; the report keeps the tests' order."""
-        if not tests:
-            return TestReport()
-        with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(tests)))) as pool:
-            return TestReport(list(pool.map(lambda t: self.run_test(program, t, limits), tests)))
+    def close(self) -> None:
+        self.kill()
+        shutil.rmtree(self.work, ignore_errors=True)
 
 
 def _wait(proc: subprocess.Popen, timeout: float) -> bool:
@@ -386,10 +381,6 @@ def _parse_status(raw: bytes) -> int | None:
     if not m:
         return None
     return int(m.group(2)) if m.group(1) == b"exit" else -int(m.group(2))
-
-
-def _norm(text: str) -> str:
-    return "\n".join(line.rstrip() for line in text.strip().splitlines())
 
 
 _KNOWN_ERRORS = [
