@@ -1,10 +1,82 @@
-"""`Layout`: every path under a run root, named in one place (docs/design.md, "Store layout")."""
+"""`Layout`: every path under a run root, named in one place (docs/design.md, "Store layout"),
+and `check_name`, the one validator of every name that becomes part of a store path.
+
+    check_name("rollout-0", "worker id")      # 'rollout-0'
+    check_name("../prompts", "labels file")   # BadName: labels file '../prompts' holds a path separator ...
+    inside("/runs/a", "labels/../../b")       # BadName: ... resolves outside the run root
+"""
 
 from __future__ import annotations
 
+import posixpath
 import re
+import unicodedata
 
 _LAYER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # not hidden, not a path
+_SEQ = re.compile(r"[0-9]{1,18}")  # a shard's sequence number as the writers name it
+MAX_NAME_CHARS = 128  # a name that becomes one folder or file name (file systems allow 255 bytes)
+_SEPARATORS = frozenset("/\\")
+_CONTROL = frozenset(("Cc", "Cf", "Cs", "Zl", "Zp"))  # control, format (bidi, zero-width), surrogate, line breaks
+_RULE = f"a name is 1-{MAX_NAME_CHARS} characters, not '.'/'..' or hidden, with no '/', '\\', NUL or control character"
+
+
+class BadName(ValueError):
+    """A name (label, layer, worker, session, run root) that cannot become part of a store path;
+    the message (one line) says which rule it breaks."""
+
+
+def check_name(name: object, what: str = "name") -> str:
+    """`name` when it can be one folder or file name under a run root, else BadName. Refused:
+    empty, longer than MAX_NAME_CHARS, `.` and `..` and any hidden name (the store's temporary
+    and lock files start with '.'), a separator in any form ('/', '\\'), NUL and every control or
+    format character. Look-alikes of separators (U+2215 '∕', U+FF0F '／') are ordinary characters.
+    Used by every Layout path builder that takes a name, and by the entry points that take one
+    (labels, re-grade layers, worker ids, proxy session ids, `--into` roots)."""
+    if not isinstance(name, str):
+        raise BadName(f"{what} must be a string, got {type(name).__name__}")
+    shown = repr(name[:40]) + ("..." if len(name) > 40 else "")
+
+    def bad(why: str) -> BadName:
+        return BadName(f"{what} {shown} {why}; {_RULE}")
+
+    if not name:
+        raise bad("is empty")
+    if len(name) > MAX_NAME_CHARS:
+        raise bad(f"is {len(name)} characters, over {MAX_NAME_CHARS}")
+    if name in (".", ".."):
+        raise bad("is a relative folder")
+    if name[0] == ".":
+        raise bad("starts with '.' (hidden)")
+    for ch in name:
+        if ch in _SEPARATORS:
+            raise bad("holds a path separator")
+        if unicodedata.category(ch) in _CONTROL:
+            raise bad(f"holds the control character U+{ord(ch):04X}")
+    return name
+
+
+def check_root(uri: str, what: str = "run root") -> str:
+    """`uri` when it can be a new run root (`--into` of fork and replay): no NUL or control
+    character anywhere, and its last segment a valid name (check_name: not '.', '..', hidden or
+    overlong). BadName otherwise."""
+    body = str(uri).split("://", 1)[-1].rstrip("/")
+    for ch in body:
+        if unicodedata.category(ch) in _CONTROL:
+            raise BadName(f"{what} {str(uri)[:80]!r} holds the control character U+{ord(ch):04X}")
+    check_name(body.rsplit("/", 1)[-1], f"{what} {str(uri)[:80]!r}: its folder name")
+    return uri
+
+
+def inside(root: str, rel: str) -> str:
+    """`root/rel`, after checking that it stays under `root` once '.' and '..' are resolved
+    (lexically: the same rule for a local path and an object key); BadName when it does not."""
+    full = f"{root}/{rel}" if rel else root
+    if "." in rel:
+        base = posixpath.normpath(root)
+        norm = posixpath.normpath(full)
+        if norm != base and not norm.startswith(base.rstrip("/") + "/"):
+            raise BadName(f"path {rel[:80]!r} resolves outside the run root {root[:80]!r}")
+    return full
 
 
 class Layout:
@@ -125,7 +197,7 @@ class Layout:
     # -- trajectories ------------------------------------------------------------------------------
     def shard_dir(self, stage: str, worker: str) -> str:
         """stage: 'ungraded' or 'graded'."""
-        return f"{self.trajectories_dir}/{stage}/{worker}"
+        return f"{self.trajectories_dir}/{check_name(stage, 'layer')}/{check_name(worker, 'worker id')}"
 
     def shard(self, stage: str, worker: str, seq: int) -> str:
         return f"{self.shard_dir(stage, worker)}/{seq:08d}.arrow"
@@ -148,7 +220,8 @@ class Layout:
         trajectories/regraded/ (a name that is not a plain folder name: ValueError)."""
         if layer in self.base_layers:
             return f"{self.trajectories_dir}/{layer}"
-        if not _LAYER_NAME.fullmatch(layer or ""):
+        check_name(layer, "layer name")
+        if not _LAYER_NAME.fullmatch(layer):
             raise ValueError(
                 f"layer name {layer!r}: use 1-64 letters, digits, '.', '_' or '-', starting with a "
                 "letter or digit (it becomes a folder name)"
@@ -156,7 +229,16 @@ class Layout:
         return f"{self.regraded_dir}/{layer}"
 
     def layer_shard(self, layer: str, worker: str, seq: int) -> str:
-        return f"{self.layer_dir(layer)}/{worker}/{seq:08d}.arrow"
+        return f"{self.layer_dir(layer)}/{check_name(worker, 'worker id')}/{seq:08d}.arrow"
+
+    def in_layer(self, rel: str, source: str, layer: str) -> str:
+        """The path in `layer` of the shard `rel` of layer `source`, under the same worker folder
+        and file name, whatever that name is: 'trajectories/graded/w/copy-of-1.arrow' ->
+        'trajectories/regraded/L/w/copy-of-1.arrow'. ValueError when `rel` is not in `source`."""
+        prefix = self.layer_dir(source) + "/"
+        if not rel.startswith(prefix):
+            raise ValueError(f"{rel!r} is not a shard of layer {source!r}")
+        return self.layer_dir(layer) + "/" + rel[len(prefix) :]
 
     regrade_record_name = "REGRADE.json"
     regrade_changes_name = "changes.parquet"
@@ -174,6 +256,14 @@ class Layout:
         """'trajectories/graded/proxy-0/00000041.arrow' -> ('proxy-0', 41)."""
         parts = rel.split("/")
         return parts[-2], int(parts[-1].split(".")[0])
+
+    @staticmethod
+    def shard_seq(rel: str) -> int | None:
+        """The sequence number a writer gave shard `rel` ('.../00000041.arrow' -> 41); None for
+        any other name the store holds ('copy-of-1.arrow', '1 (2).arrow'): readers keep such a
+        shard's rows but never take a position from its name."""
+        stem = rel.rsplit("/", 1)[-1].removesuffix(".arrow")
+        return int(stem) if _SEQ.fullmatch(stem) else None
 
     # -- trainer ---------------------------------------------------------------------------------
     def checkpoint_dir(self, step: int) -> str:
@@ -200,14 +290,27 @@ class Layout:
 
     def fork_child(self, child_id: str) -> str:
         """In a forked run: the record of one fork made of it."""
-        return f"{self.fork_children_dir}/{child_id}.json"
+        return f"{self.fork_children_dir}/{check_name(child_id, 'fork id')}.json"
+
+    def own_folders(self, role: str, index: int = 0) -> tuple[str, ...]:
+        """The folders a role writes and so sweeps of stale temporary files at start
+        (Store.clean_temp): the trainer, which owns the run, the whole root; a rollout worker its
+        ungraded shards; the reward workers the graded layer; SFT the initial model."""
+        if index < 0:
+            raise BadName(f"worker index {index} must be >= 0")
+        return {
+            "trainer": ("",),
+            "rollout": (self.shard_dir("ungraded", f"rollout-{index}"),),
+            "reward": (self.graded_dir,),
+            "sft": (self.init_model,),
+        }.get(role, ())
 
     # -- status, quarantine, labels, online ------------------------------------------------------
     def status(self, role: str, worker_id: str) -> str:
-        return f"{self.status_dir}/{role}-{worker_id}.json"
+        return f"{self.status_dir}/{check_name(role, 'role')}-{check_name(worker_id, 'worker id')}.json"
 
     def events_part(self, role: str, worker_id: str, seq: int) -> str:
-        return f"{self.events_dir}/{role}-{worker_id}/{seq:08d}.jsonl"
+        return f"{self.events_dir}/{check_name(role, 'role')}-{check_name(worker_id, 'worker id')}/{seq:08d}.jsonl"
 
     def quarantined(self, rel: str) -> str:
         """Where a bad shard `rel` is moved: quarantine/ with its path flattened."""
@@ -218,14 +321,14 @@ class Layout:
         return quarantined + ".reason.json"
 
     def labels_file(self, name: str) -> str:
-        return f"{self.labels_dir}/{name}"
+        return f"{self.labels_dir}/{check_name(name, 'labels file name')}"
 
     def online_run(self, run_id: str) -> str:
-        return f"{self.online_dir}/{run_id}"
+        return f"{self.online_dir}/{check_name(run_id, 'online run id')}"
 
     def online_consumed(self, run_id: str) -> str:
         """In a sessions store: the identities of the samples online run `run_id` trained on."""
-        return f"{self.online_consumed_dir}/{run_id}.txt.gz"
+        return f"{self.online_consumed_dir}/{check_name(run_id, 'online run id')}.txt.gz"
 
 
 LAYOUT = Layout()

@@ -2,7 +2,10 @@
 
 Objects are written whole (local: temp file + rename; S3: one PUT), and a marker written
 after them makes a multi-file publication visible. Readers ignore anything unmarked.
-Folders move with fsspec's batched put/get/copy (concurrent; server-side copy on S3), markers last.
+Folders move with fsspec's batched put/get/copy (concurrent; server-side copy on S3), markers last;
+a file that lands on a local disk lands under a temporary name first and is renamed when whole.
+A temporary file (`.{name}.tmp-<32 hex>`) is removed when its write fails (ENOSPC, ...), and one left by a
+killed writer is removed by `clean_temp`, which every role runs on its own folders at start.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import tempfile
 import time
 import uuid
@@ -19,7 +23,7 @@ from typing import Any
 
 import fsspec
 
-from areal_core.layout import LAYOUT
+from areal_core.layout import LAYOUT, inside
 from areal_core.retry import POLICY, RetryPolicy, retried
 
 
@@ -46,6 +50,22 @@ def storage_options(uri: str) -> dict[str, Any]:
             opts["client_kwargs"] = {"endpoint_url": endpoint}
         return opts
     return {}
+
+
+TEMP_STALE_S = 3600.0  # a temporary file this old belongs to no live writer (a write takes seconds)
+_TEMP_NAME = re.compile(r"\.(.*\.)?tmp-[0-9a-f]{32}|\..+\.lock")  # the store's own names, nothing else
+
+
+def _temp_name(dst: str) -> str:
+    """A temporary name beside `dst` (same folder: the rename is atomic), '.{name}.tmp-{32 hex}':
+    hidden, so never listed, and saying what it was for."""
+    folder, name = os.path.split(dst)
+    return f"{folder}/.{name[:100]}.tmp-{uuid.uuid4().hex}"
+
+
+def _unlink_quietly(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 class RootLost(RuntimeError):
@@ -81,9 +101,10 @@ class Store:
             cls._fenced[normalize_uri(uri)] = reason
 
     def path(self, rel: str = "") -> str:
+        """The full path of `rel`; BadName (layout.inside) when '..' would take it outside the root."""
         if self._fenced and self.uri in self._fenced:
             raise RootLost(self._fenced[self.uri])
-        return f"{self.root}/{rel}" if rel else self.root
+        return inside(self.root, rel)
 
     def url(self, rel: str = "") -> str:
         return f"{self.uri}/{rel}" if rel else self.uri
@@ -100,10 +121,14 @@ class Store:
         full = self.path(rel)
         if self.local:
             os.makedirs(os.path.dirname(full), exist_ok=True)
-            tmp = f"{os.path.dirname(full)}/.tmp-{uuid.uuid4().hex}"
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, full)
+            tmp = _temp_name(full)
+            try:
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, full)
+            except BaseException:  # ENOSPC, EIO, interrupted: no temporary file stays behind
+                _unlink_quietly(tmp)
+                raise
         else:
             self.fs.pipe_file(full, data)
 
@@ -204,6 +229,42 @@ class Store:
         return sorted(p[n:] for p in found if p.endswith(suffix) and not p.rsplit("/", 1)[-1].startswith("."))
 
     @retried
+    def has_any(self, prefix: str = "") -> bool:
+        """Whether `prefix` holds anything at all: any file or folder, hidden ones included (a
+        root with only dot-files, or only empty folders, is not empty); also True for a file."""
+        base = self.path(prefix)
+        if self.local:
+            if not os.path.isdir(base):
+                return os.path.lexists(base)
+            with os.scandir(base) as entries:
+                return next(entries, None) is not None
+        try:
+            return bool(self.fs.ls(base, detail=False)) or self.fs.isfile(base)
+        except FileNotFoundError:
+            return False
+
+    def clean_temp(self, *prefixes: str, older_than_s: float = TEMP_STALE_S) -> int:
+        """Remove the store's own temporary and lock files under `prefixes` ("" = the whole root)
+        not modified for `older_than_s`: what a writer killed mid-write left (a live writer's are
+        younger). Only local stores have them (an object store write is one PUT). Returns how
+        many were removed."""
+        if not self.local:
+            return 0
+        now, removed = time.time(), 0
+        for prefix in prefixes:
+            for folder, _, files in os.walk(self.path(prefix)):  # symlinked folders are not entered
+                for name in files:
+                    if _TEMP_NAME.fullmatch(name):
+                        path = os.path.join(folder, name)
+                        try:
+                            if now - os.lstat(path).st_mtime > older_than_s:
+                                os.unlink(path)
+                                removed += 1
+                        except FileNotFoundError:
+                            continue
+        return removed
+
+    @retried
     def listdir(self, prefix: str) -> list[str]:
         """Names directly under `prefix` (files and folders), sorted."""
         base = self.path(prefix)
@@ -223,7 +284,8 @@ class Store:
         dsts = [self.path(_join(rel, n)) for n in names]
         if self.local:
             _makedirs(dsts)
-        _markers_last(self.fs.put, [str(base / n) for n in names], dsts, names)
+        op = _landed(self.fs.put) if self.local else self.fs.put
+        _markers_last(op, [str(base / n) for n in names], dsts, names)
 
     @retried
     def get_dir(self, rel: str, local_dir: str | Path) -> None:
@@ -232,7 +294,7 @@ class Store:
         names = [p[len(rel) + 1 :] if rel else p for p in found]
         dsts = [str(Path(local_dir, n)) for n in names]
         _makedirs(dsts)
-        _markers_last(self.fs.get, [self.path(p) for p in found], dsts, names)
+        _markers_last(_landed(self.fs.get), [self.path(p) for p in found], dsts, names)
 
     @retried
     def copy_dir(self, src: str, dst: str, source: Store | None = None) -> None:
@@ -250,7 +312,8 @@ class Store:
         dsts = [self.path(_join(dst, n)) for n in names]
         if self.local:
             _makedirs(dsts)
-        _markers_last(self.fs.copy, [source.path(p) for p in found], dsts, names)
+        op = _landed(self.fs.copy) if self.local else self.fs.copy
+        _markers_last(op, [source.path(p) for p in found], dsts, names)
 
     # -- markers and status ----------------------------------------------------------------
     def done(self) -> bool:
@@ -321,6 +384,25 @@ def _join(rel: str, name: str) -> str:
 def _makedirs(paths: list[str]) -> None:
     for parent in {os.path.dirname(p) for p in paths}:
         os.makedirs(parent, exist_ok=True)
+
+
+def _landed(op: Callable[[list[str], list[str]], Any]) -> Callable[[list[str], list[str]], None]:
+    """`op` (a batched transfer onto the local disk) made to write temporary names beside the
+    destinations, renamed when all are whole; on any error the temporary files are removed (the
+    destinations renamed before it stay: whole files, and their folder's marker is not written)."""
+
+    def run(srcs: list[str], dsts: list[str]) -> None:
+        tmps = [_temp_name(d) for d in dsts]
+        try:
+            op(srcs, tmps)
+            for tmp, dst in zip(tmps, dsts):
+                os.replace(tmp, dst)
+        except BaseException:
+            for tmp in tmps:
+                _unlink_quietly(tmp)
+            raise
+
+    return run
 
 
 def _markers_last(

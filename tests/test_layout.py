@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -129,8 +130,8 @@ def record_batches(monkeypatch, store: Store, op: str) -> list[list[str]]:
     calls: list[list[str]] = []
     real = getattr(store.fs, op)
 
-    def spy(srcs, dsts, *a, **kw):
-        calls.append([d.rsplit("/", 1)[-1] for d in dsts])
+    def spy(srcs, dsts, *a, **kw):  # a local destination is written as '.{name}.tmp-{hex}', then renamed
+        calls.append([re.sub(r"^\.(.*)\.tmp-[0-9a-f]{32}$", r"\1", d.rsplit("/", 1)[-1]) for d in dsts])
         return real(srcs, dsts, *a, **kw)
 
     monkeypatch.setattr(store.fs, op, spy)
@@ -167,7 +168,7 @@ def _round_trip(store: Store, other: Store, tmp_path: Path, monkeypatch) -> None
 
 def test_folders_local(tmp_path, monkeypatch):
     _round_trip(Store(str(tmp_path / "run")), Store(str(tmp_path / "run2")), tmp_path, monkeypatch)
-    assert not list((tmp_path / "run").rglob(".tmp-*"))
+    assert not list((tmp_path / "run").rglob("*.tmp-*")) and not list((tmp_path / "run2").rglob("*.tmp-*"))
 
 
 @pytest.mark.s3

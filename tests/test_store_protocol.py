@@ -114,7 +114,7 @@ def _store_basics(store: Store):
 def test_store_local(tmp_path):
     store = Store(str(tmp_path / "run"))
     _store_basics(store)
-    assert not [p for p in (tmp_path / "run").rglob(".tmp-*")]  # atomic writes leave no temp files
+    assert not [p for p in (tmp_path / "run").rglob("*.tmp-*")]  # atomic writes leave no temp files
 
 
 @pytest.mark.s3

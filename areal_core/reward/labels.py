@@ -33,7 +33,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from areal_core.layout import LAYOUT
+from areal_core.layout import LAYOUT, BadName
 from areal_core.protocol import Sample, ShardError, decode_shard, unique
 from areal_core.store import Store
 
@@ -118,9 +118,13 @@ def load_labels(store: Store, prefix: str = LAYOUT.labels_dir) -> Labels:
 
 
 def write_labels(store: Store, rows: list[dict[str, Any]], name: str = "labels.parquet") -> str:
-    """Validate and publish a labels file under labels/ (Parquet or JSONL by its name); returns its path."""
+    """Validate and publish a labels file under labels/ (Parquet or JSONL by its name); returns its
+    path. `name` is one file name (layout.check_name: no separator, not '.', '..' or hidden)."""
+    try:
+        rel = LAYOUT.labels_file(name)
+    except BadName as exc:
+        raise LabelsError(str(exc)) from None
     clean = [_clean_row(r, f"row {i}") for i, r in enumerate(rows)]
-    rel = LAYOUT.labels_file(name)
     if name.endswith(".jsonl"):
         store.write_text(rel, "".join(json.dumps(r) + "\n" for r in clean))
     elif name.endswith(".parquet"):

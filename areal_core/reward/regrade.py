@@ -129,7 +129,7 @@ def regrade(
                 continue
             report.shards += 1
             old = [s.reward for s in samples]
-            target = LAYOUT.layer_shard(into, *LAYOUT.shard_worker_seq(rel))
+            target = LAYOUT.in_layer(rel, source, into)  # the source's own name, whatever it is
             if resumed and store.exists(target):  # written by an earlier attempt of this request
                 report.resumed_shards += 1
                 report.samples += len(samples)

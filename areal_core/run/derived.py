@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from areal_core.config import ConfigError, RunConfig, load_config, to_flat_dict, to_yaml
-from areal_core.layout import LAYOUT
+from areal_core.layout import LAYOUT, BadName, check_root
 from areal_core.store import Store
 
 
@@ -40,7 +40,13 @@ def fresh_root(into: str, source: Store, request: dict[str, Any]) -> tuple[Store
     """The new run root and where it stands: 'new' (empty), 'unfinished' (an earlier attempt of
     this same `request`, e.g. a retried task: continue it) or 'finished' (its result is written).
     DerivedRunError when it is the source's root or inside it, an S3 key with '.' or '..'
-    segments, or when it holds anything else (another request's root, or other files)."""
+    segments, a name that check_root refuses (control characters; a last segment '.', '..',
+    hidden or overlong), or when it holds anything else (another request's root, or any other
+    entry: a folder with only dot-files or empty folders is not empty)."""
+    try:
+        check_root(into, "--into")
+    except BadName as exc:
+        raise DerivedRunError(str(exc)) from None
     store = Store(into)
     src = source.uri.rstrip("/")
     if store.uri.rstrip("/") == src:
@@ -49,7 +55,7 @@ def fresh_root(into: str, source: Store, request: dict[str, Any]) -> tuple[Store
         raise DerivedRunError(f"{into} is inside the source run's root {src}: give a root outside it")
     if not store.local and {".", ".."} & set(store.uri.split("://", 1)[1].split("/")):
         raise DerivedRunError(f"{into}: an object-store root with '.' or '..' segments is ambiguous; spell it out")
-    if not store.find(""):
+    if not store.has_any(""):
         return store, "new"
     found = store.read_json(LAYOUT.derived_request) if store.exists(LAYOUT.derived_request) else None
     if found is None:

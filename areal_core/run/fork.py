@@ -74,8 +74,10 @@ def cursor(parent: Store, step: int, state: dict[str, Any]) -> tuple[dict[str, s
     grand = read_fork(parent)  # P is itself a fork: its own references count too
     next_seq = {w: c.next_seq for w, c in grand.workers.items()} if grand else {}
     for rel in parent.find(LAYOUT.trajectories_dir, ".arrow"):
-        worker, seq = LAYOUT.shard_worker_seq(rel)
-        next_seq[worker] = max(next_seq.get(worker, 0), seq + 1)
+        seq = LAYOUT.shard_seq(rel)  # None for a name no writer gives ('copy-of-1.arrow'): no position
+        if seq is not None:
+            worker = rel.split("/")[-2]
+            next_seq[worker] = max(next_seq.get(worker, 0), seq + 1)
     candidates = {rel: parent.uri for rel in parent.find(LAYOUT.graded_dir, ".arrow")}
     if grand is not None:
         candidates |= grand.shards

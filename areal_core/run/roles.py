@@ -23,11 +23,13 @@ def run_role(role: str, run_uri: str, index: int = 0) -> dict:
     when another run takes the root over or the root loses its history."""
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}")
+    from areal_core.store import Store
+
+    Store(run_uri).clean_temp(*LAYOUT.own_folders(role, index))  # a dead writer's (store.py); checks index
     if role == "trainer":
         return trainer_role(run_uri)
     from areal_core.context import load_run_config
     from areal_core.run.ownership import hold
-    from areal_core.store import Store
 
     store = Store(run_uri)
     with hold(store, load_run_config(store).lease, renew=role == "sft"):
