@@ -61,7 +61,7 @@ def chat(messages: list | str, **extra) -> bytes:
 A = {"Authorization": f"Bearer {KEY_A}"}
 JSON = {**A, "Content-Type": "application/json"}
 CHAT, GET, POST, BAD = "/v1/chat/completions", "GET", "POST", "validation_error"
-FORM, BAD_ID, NO = "application/x-www-form-urlencoded", "invalid_token_id", "forbidden"
+FORM, BAD_ID, RESERVED = "application/x-www-form-urlencoded", "invalid_token_id", "reserved_session_id"
 # (id, method, path, headers, body, status, code): each must be answered exactly so
 ABUSE = [
     ("not-json", POST, CHAT, JSON, b"{not json", 422, BAD),
@@ -98,8 +98,14 @@ ABUSE = [
     ("reward-out-of-range", POST, "/v1/sessions/nope/reward", JSON, b'{"reward": 10.5}', 422, "invalid_reward"),
     ("end-reward-1e39", POST, "/v1/sessions/nope/end", JSON, b'{"reward": -1e39}', 422, "invalid_reward"),
     ("end-discount-nan", POST, "/v1/sessions/nope/end", JSON, b'{"discount": NaN}', 422, BAD),
-    ("new-session-bad-id", POST, "/v1/sessions", JSON, b'{"session_id": "../etc"}', 422, BAD),
-    ("another-keys-key-session", POST, CHAT, {**JSON, "X-Session-Id": session_id_for_key(KEY_B)}, GOOD, 403, NO),
+    ("new-session-bad-id", POST, "/v1/sessions", JSON, b'{"session_id": "../etc"}', 400, "invalid_session_id"),
+    ("new-session-dot-dot", POST, "/v1/sessions", JSON, b'{"session_id": ".."}', 400, "invalid_session_id"),
+    ("path-dot-dot", POST, "/v1/sessions/%2E%2E/end", JSON, b"{}", 400, "invalid_session_id"),
+    ("path-slash", POST, "/v1/sessions/a%2Fb/end", JSON, b"{}", 400, "invalid_session_id"),
+    ("path-nul", GET, "/v1/sessions/%00", A, b"", 400, "invalid_session_id"),
+    ("negative-turn", POST, "/v1/sessions/nope/reward", JSON, b'{"reward": 1.0, "turn": -1}', 422, BAD),
+    ("another-keys-key-session", POST, CHAT, {**JSON, "X-Session-Id": session_id_for_key(KEY_B)}, GOOD, 400,
+     RESERVED),
     ("unknown-route", GET, "/v1/nothing", A, b"", 404, "not_found"),
     ("wrong-method", GET, CHAT, A, b"", 405, "method_not_allowed"),
 ]  # fmt: skip
@@ -156,21 +162,21 @@ def test_two_tenants_are_isolated_and_quotas_are_per_key(tok):
         ra = a.post("/chat/completions", json=body).json()
         a_key_session = ra["areal"]["session_id"]
         assert a_key_session == session_id_for_key(KEY_A)
-        # B can neither read, reward, end nor claim A's sessions: key-derived or named
+        # B can neither read, reward, end nor claim A's sessions: key-derived or named (B has none by that name)
         a.post("/chat/completions", json=body, headers={"X-Session-Id": "shared-name"})
         for sid in (a_key_session, "shared-name"):
-            assert b.get(f"/sessions/{sid}").status_code == 403
-            assert b.post(f"/sessions/{sid}/reward", json={"reward": 1.0}).status_code == 403
-            assert b.post(f"/sessions/{sid}/end", json={"reward": 1.0}).status_code == 403
+            assert b.get(f"/sessions/{sid}").status_code == 404
+            assert b.post(f"/sessions/{sid}/reward", json={"reward": 1.0}).status_code == 404
+            assert b.post(f"/sessions/{sid}/end", json={"reward": 1.0}).status_code == 404
         for claim in (
             b.post("/chat/completions", json=body, headers={"X-Session-Id": a_key_session}),
             b.post("/sessions", json={"session_id": a_key_session}),
         ):
-            assert claim.status_code == 403 and claim.json()["error"]["type"] == "permission_error"
+            assert claim.status_code == 400 and claim.json()["error"]["code"] == RESERVED
         # ... even after A's session ended: A's key-derived id stays A's
         assert a.post(f"/sessions/{a_key_session}/end", json={"reward": 1.0}).status_code == 200
-        assert b.post("/chat/completions", json=body, headers={"X-Session-Id": a_key_session}).status_code == 403
-        assert b.post("/sessions", json={"session_id": a_key_session}).status_code == 403
+        assert b.post("/chat/completions", json=body, headers={"X-Session-Id": a_key_session}).status_code == 400
+        assert b.post("/sessions", json={"session_id": a_key_session}).status_code == 400
         assert a.post("/chat/completions", json=body).json()["areal"]["session_id"] == a_key_session  # not locked out
         # the same X-Session-Id is a separate session per key
         rb = b.post("/chat/completions", json=body, headers={"X-Session-Id": "shared-name"}).json()

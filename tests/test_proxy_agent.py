@@ -27,6 +27,7 @@ from areal_core.proxy.examples import (
     langchain_calculator_agent,
     scripted_calculator_reply,
 )
+from areal_core.proxy.guard import ProxyLimits
 from areal_core.proxy.templating import ChatTemplate
 from areal_core.reward.pool import RewardPool
 from areal_core.reward.worker import grade_shard
@@ -241,6 +242,34 @@ def test_every_session_of_an_episode_becomes_a_row(data, tmp_path):
     ]
     assert all(s.reward == 0.5 and s.group_id == "rollout-0-g0000000" for s in rows)
     assert len({s.sample_id for s in rows}) == 4
+
+
+async def agent_restarting_its_conversation(task, base_url, api_key):
+    """Five requests on the key session, each a new conversation: five segments."""
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    for _ in range(5):
+        await client.chat.completions.create(model="m", messages=[{"role": "user", "content": task["prompt"]}])
+    await client.close()
+    return 0.75
+
+
+def test_an_episode_keeps_the_rows_of_its_capped_sessions(data):
+    """The key session reaches its segment cap twice: the episode's rows are still all five, with its
+    reward; the capped ones say so in meta."""
+    tok, train, _ = data
+    engine = ScriptedEngine(tok, scripted_calculator_reply)
+    workflow = AgentWorkflow(
+        tok, agent_restarting_its_conversation, group_size=1, limits=ProxyLimits(max_key_session_segments=2)
+    )
+    try:
+        result = asyncio.run(workflow.run_episode(engine, train[0]))
+        counters = workflow.sessions.counters
+    finally:
+        workflow.close()
+    assert result.error is None and len(result.samples) == 5 and {s.reward for s in result.samples} == {0.75}
+    assert [s.meta.get("capped") for s in result.samples] == ["segments"] * 4 + [None]
+    assert len({s.sample_id for s in result.samples}) == 5
+    assert counters["capped"] == 2 and not workflow.capped
 
 
 def test_unrewarded_failed_and_empty_episodes(data, tmp_path):

@@ -1,5 +1,5 @@
 """Proxy security and bad input: API keys (401), size and token limits (413/400), schema
-validation (422), unknown sessions (404) and per-session isolation (403), with the real
+validation (422), unknown sessions and other keys' sessions (both 404, alike), with the real
 `openai` SDK where a client would see them and raw HTTP where the SDK cannot send the input."""
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ from areal_core.proxy.routes.errors import SESSION_ANSWERS, answer_for
 from areal_core.proxy.runner import ProxyServer
 from areal_core.proxy.sessions import (
     InvalidReward,
+    InvalidSessionId,
+    ReservedSessionId,
     SessionNotFound,
-    SessionOfAnotherKey,
     SessionProblem,
     TooManySessions,
     TurnOutOfRange,
@@ -174,6 +175,9 @@ def test_malformed_session_calls_are_422_or_400(server):
     assert r.status_code == 400 and "has 1 turns" in error_of(r)["message"]
     r = c.post("/chat/completions", json={"model": "m", "messages": USER}, headers={"X-Session-Id": "bad id!"})
     assert r.status_code == 400 and error_of(r)["code"] == "invalid_session_id"
+    for turn in (-1, 0.5, 1.0, True, "0"):  # a turn is a non-negative integer, nothing else
+        r = c.post("/sessions/val-1/reward", json={"reward": 1.0, "turn": turn})
+        assert r.status_code == 422 and error_of(r)["param"] == "turn", (turn, r.text)
     assert c.post("/sessions/val-1/end", json={}).status_code == 200
 
 
@@ -196,13 +200,13 @@ def test_one_key_cannot_touch_another_keys_session(server):
     a, b = http(server, KEY_A), http(server, KEY_B)
     ra = sdk(server, KEY_A).chat.completions.create(model="m", messages=USER, extra_headers={"X-Session-Id": "alice-1"})
     before = a.get("/sessions/alice-1", params={"include_tokens": True}).json()
-    # Bob can neither read, reward nor end Alice's session
+    # Bob can neither read, reward nor end Alice's session: for him it does not exist
     for r in (
         b.get("/sessions/alice-1"),
         b.post("/sessions/alice-1/reward", json={"reward": 9.0}),
         b.post("/sessions/alice-1/end", json={"reward": 9.0}),
     ):
-        assert r.status_code == 403 and error_of(r)["type"] == "permission_error"
+        assert r.status_code == 404 and error_of(r)["code"] == "unknown_session"
     # nor extend or claim it: sessions are named within their key, the same name is Bob's own session
     rb1 = b.post("/chat/completions", json={"model": "m", "messages": USER}, headers={"X-Session-Id": "alice-1"})
     assert rb1.status_code == 200 and rb1.json()["areal"]["turn"] == 0
@@ -210,8 +214,8 @@ def test_one_key_cannot_touch_another_keys_session(server):
     assert b.get("/sessions/alice-1").json()["turns"][0]["completion_id"] == rb1.json()["id"]
     # a key-keyed session is invisible to other keys, and its id is reserved for its key
     rk = sdk(server, KEY_A).chat.completions.create(model="m", messages=USER)
-    assert b.post(f"/sessions/{rk.areal['session_id']}/end", json={}).status_code == 403
-    with pytest.raises(openai.PermissionDeniedError):
+    assert b.post(f"/sessions/{rk.areal['session_id']}/end", json={}).status_code == 404
+    with pytest.raises(openai.BadRequestError):
         sdk(server, KEY_B).chat.completions.create(
             model="m", messages=USER, extra_headers={"X-Session-Id": rk.areal["session_id"]}
         )
@@ -283,17 +287,20 @@ PROBLEMS = [
      404, "invalid_request_error", "unknown_session", "no live session 'p'", openai.NotFoundError),
     ("completion", UnknownCompletion, lambda a, b: (_turn(a, "p"), _reward(a, "p", reward=1, completion_id="cmpl-x")),
      404, "invalid_request_error", "unknown_turn", "completion 'cmpl-x' is not in session 'p'", openai.NotFoundError),
-    ("turn", TurnOutOfRange, lambda a, b: (_turn(a, "p"), _reward(a, "p", reward=1, turn=-2)),
-     400, "invalid_request_error", "unknown_turn", "turn -2 does not exist: session 'p' has 1 turns",
+    ("turn", TurnOutOfRange, lambda a, b: (_turn(a, "p"), _reward(a, "p", reward=1, turn=2)),
+     400, "invalid_request_error", "unknown_turn", "turn 2 does not exist: session 'p' has 1 turns",
      openai.BadRequestError),
     ("reward", InvalidReward, lambda a, b: (_turn(a, "p"), _reward(a, "p", reward=10.5)),
      422, "invalid_request_error", "invalid_reward",
      "invalid request: reward 10.5 is outside the allowed range [-10, 10]", openai.UnprocessableEntityError),
-    ("another-key", SessionOfAnotherKey, lambda a, b: (_turn(a, "p"), b.get("/sessions/p", cast_to=dict)),
-     403, "permission_error", "forbidden", "session 'p' belongs to another API key", openai.PermissionDeniedError),
-    ("reserved-id", SessionOfAnotherKey, lambda a, b: _turn(b, RESERVED),
-     403, "permission_error", "forbidden", f"session id {RESERVED!r} is reserved for another API key",
-     openai.PermissionDeniedError),
+    ("another-key", SessionNotFound, lambda a, b: (_turn(a, "p"), b.get("/sessions/p", cast_to=dict)),
+     404, "invalid_request_error", "unknown_session", "no live session 'p'", openai.NotFoundError),
+    ("dot-dot", InvalidSessionId, lambda a, b: _turn(a, ".."),
+     400, "invalid_request_error", "invalid_session_id", "invalid session id '..': '.' and '..' are path steps, "
+     "not names", openai.BadRequestError),
+    ("reserved-id", ReservedSessionId, lambda a, b: _turn(b, RESERVED),
+     400, "invalid_request_error", "reserved_session_id", f"invalid session id {RESERVED!r}: ids starting with "
+     "'key-' are reserved: each names the session of one API key", openai.BadRequestError),
     ("key-quota", TooManySessions, lambda a, b: _filled(a, b, lambda: a.post("/sessions", cast_to=dict)),
      429, "rate_limit_error", "too_many_sessions", "too many live sessions for this API key (limit 2)",
      openai.RateLimitError),
@@ -309,10 +316,11 @@ def test_every_session_problem_has_one_answer():
     assert set(SESSION_ANSWERS) == subclasses(SessionProblem) - {SessionProblem} == {c[1] for c in PROBLEMS}
     for _, problem, _, status, kind, code, _, _ in PROBLEMS:
         assert SESSION_ANSWERS[problem][:3] == (status, kind, code), problem
+    assert all(a.status != 403 for a in SESSION_ANSWERS.values())  # no answer says "exists, not yours"
     assert answer_for(SessionProblem("new")).status == 500  # a problem without a row is the server's own fault
     for module in ("sessions", "manager", "segments"):  # the domain speaks no HTTP: no status code, no web framework
         source = (Path(__file__).parent.parent / "areal_core" / "proxy" / f"{module}.py").read_text()
-        assert not re.search(r"\b[1-5]\d\d\b|fastapi|starlette", source), module
+        assert not re.search(r"\b(?:200|[45]\d\d)\b|fastapi|starlette", source), module
 
 
 @pytest.mark.parametrize("case", PROBLEMS, ids=[c[0] for c in PROBLEMS])

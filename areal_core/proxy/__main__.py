@@ -29,6 +29,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--default-max-tokens", type=int, default=256)
     ap.add_argument("--reward-min", type=float, default=-10.0, help="rewards outside [min, max] are a 422")
     ap.add_argument("--reward-max", type=float, default=10.0)
+    ap.add_argument(
+        "--max-key-session-segments",
+        type=int,
+        default=ProxyLimits.max_key_session_segments,
+        help="a key's implicit session is ended (rows written) at this many segments; 0: no cap",
+    )
+    ap.add_argument(
+        "--max-key-session-tokens",
+        type=int,
+        default=ProxyLimits.max_key_session_tokens,
+        help="... or at this many tokens; 0: no cap",
+    )
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
@@ -58,6 +70,8 @@ def main(argv: list[str] | None = None) -> None:
             default_max_tokens=args.default_max_tokens,
             reward_min=args.reward_min,
             reward_max=args.reward_max,
+            max_key_session_segments=args.max_key_session_segments or None,
+            max_key_session_tokens=args.max_key_session_tokens or None,
         ),
         worker_id=args.worker_id,
         turn_discount=args.turn_discount,

@@ -11,7 +11,9 @@ episode is the key's session without any header) and runs `group_size` episodes 
 concurrently, each under `episode_timeout_s`. A failed or timed-out episode is dropped (its
 rows never reach the trainer) and counted. Rows of an agent that returned a reward carry it
 (`reward_info["reward_source"] == "agent"`); rows of agents that returned None are graded by
-the reward workers like any other sample.
+the reward workers like any other sample. An episode whose own session reached a cap of a key's
+implicit session (`ProxyLimits.max_key_session_segments/_tokens`) goes on in a fresh one; the rows
+of the capped session stay the episode's, and carry its reward like the others.
 
 The rollout worker (`areal_core.rollout.worker`) runs it when `rollout.agent` is set
 (`from_context`); `evaluate_agent` is the held-out success rate of one greedy episode a task.
@@ -32,7 +34,7 @@ from areal_core.proxy.app import create_app
 from areal_core.proxy.backend import as_backend
 from areal_core.proxy.guard import ApiKeys, ProxyLimits, context_limit
 from areal_core.proxy.runner import ProxyServer
-from areal_core.proxy.sessions import key_digest, session_id_for_key
+from areal_core.proxy.sessions import Session, key_digest, session_id_for_key
 from areal_core.rollout.async_engine import AsyncEngine
 from areal_core.rollout.engine import SamplingParams
 from areal_core.rollout.workflow import RolloutWorkflow, WorkflowContext
@@ -113,6 +115,7 @@ class AgentWorkflow(RolloutWorkflow):
         self.engine: Any = None
         self.backend: Any = None
         self.server: ProxyServer | None = None
+        self.capped: dict[str, list[Session]] = {}  # key digest -> its sessions ended at a cap, until its episode ends
 
     # -- the proxy -------------------------------------------------------------------------
     def serve(self, engine: Any) -> ProxyServer:
@@ -135,8 +138,13 @@ class AgentWorkflow(RolloutWorkflow):
                 force_sampling=True,
             )
             self.sessions = app.state.proxy.sessions
+            self.sessions.on_finish.append(self._hold_capped)
             self.server = ProxyServer(app).start()
         return self.server
+
+    def _hold_capped(self, session: Session, samples: list[Sample]) -> None:
+        if session.capped is not None:
+            self.capped.setdefault(session.owner, []).append(session)
 
     def close(self) -> None:
         if self.server is not None:
@@ -163,15 +171,18 @@ class AgentWorkflow(RolloutWorkflow):
             error = f"{type(exc).__name__}: {exc}"
         finally:
             self.keys.revoke(key)
+        owner, prompt_id = key_digest(key), str(task.get("prompt_id", ""))
+        meta = {"agent": getattr(self.agent, "__name__", "agent"), "episode": episode, "error": error}
         samples: list[Sample] = await server.acall(
-            self.sessions.end_all(
-                key_digest(key),
-                reward=reward,
-                prompt_id=str(task.get("prompt_id", "")),
-                meta={"agent": getattr(self.agent, "__name__", "agent"), "episode": episode, "error": error},
-                write=False,
-            )
+            self.sessions.end_all(owner, reward=reward, prompt_id=prompt_id, meta=meta, write=False)
         )
+        capped: list[Sample] = []
+        for s in self.capped.pop(owner, []):  # ended at a cap: rebuilt with the episode's reward
+            s.final_reward = reward if reward is not None else s.final_reward
+            capped += s.to_samples(
+                self.worker_id, self.turn_discount, prompt_id=prompt_id, meta={**meta, "capped": s.capped}
+            )
+        samples = capped + samples
         st = self.episode_stats
         st.episodes += 1
         if error is not None:

@@ -80,6 +80,8 @@ def create_app(
         max_sessions=limits.max_sessions,
         max_sessions_per_key=limits.max_sessions_per_key,
         reward_range=(limits.reward_min, limits.reward_max),
+        max_key_session_segments=limits.max_key_session_segments,
+        max_key_session_tokens=limits.max_key_session_tokens,
     )
     state = ProxyState(
         backend=backend,

@@ -249,6 +249,9 @@ class ProxyLimits:
     max_sessions_per_key: int = 1_000  # live sessions of one key (429 above): one key cannot fill the table
     max_concurrent_per_key: int = 64  # requests of one key being served at once (429 above)
     session_ttl_s: float = 3600.0
+    # a key's implicit session (no X-Session-Id) is ended, its rows written, at either cap (None: no cap)
+    max_key_session_segments: int | None = 256
+    max_key_session_tokens: int | None = 262_144
     reward_min: float = -10.0  # every reward a client gives must be finite and within [reward_min, reward_max]
     reward_max: float = 10.0
     header_timeout_s: float = 10.0  # a request's line and headers must arrive within this (else 408, closed)

@@ -1,6 +1,6 @@
-"""All live sessions of one proxy: who owns which (by API key), the quotas, expiry, and ending a
-session into its trajectory rows (written as one shard in online mode). One session's record is
-proxy/sessions.py; the problems raised here are defined there too."""
+"""All live sessions of one proxy: who owns which (by API key), the quotas, expiry, the caps on a
+key's implicit session, and ending a session into its trajectory rows (written as one shard in
+online mode). One session's record is proxy/sessions.py; the problems raised here are defined there too."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ from areal_core.protocol import Sample, check_reward
 from areal_core.proxy.sessions import (
     KEY_SESSION_PREFIX,
     InvalidReward,
+    ReservedSessionId,
     Session,
     SessionNotFound,
-    SessionOfAnotherKey,
     TooManySessions,
+    check_session_id,
     key_session_id,
 )
 from areal_core.proxy.shards import ShardWriter
@@ -29,9 +30,18 @@ class SessionManager:
 
     Sessions are owned by the API key that created them and named within it: the table is indexed
     by (owner, session id), so two keys may use the same X-Session-Id without meeting, and no key
-    can claim, read, reward or end another key's session, live or ended. Key-derived ids
-    ("key-...") can only be opened by their own key. Quotas: `max_sessions` live sessions in all,
-    `max_sessions_per_key` per key (`TooManySessions` above either), so one key cannot fill the table.
+    can claim, read, reward or end another key's session, live or ended. A key asking for a session
+    it does not own gets `SessionNotFound`, the same problem with the same message as for an id no
+    key uses: whether another key has that session is never said. Key-derived ids ("key-...") can
+    only be opened by their own key (`ReservedSessionId`, by the id's form alone, for every such id
+    alike). Quotas: `max_sessions` live sessions in all, `max_sessions_per_key` per key
+    (`TooManySessions` above either), so one key cannot fill the table.
+
+    A key's implicit session (its key-derived id: requests without X-Session-Id) is one a client
+    may never end. It is capped: once it holds `max_key_session_segments` segments or
+    `max_key_session_tokens` tokens (None: no cap), the turn that reached the cap is its last; it
+    is ended like a normal end (rows written in online mode, the hooks called, counted as
+    `ended` and `capped`), and the key's next request opens a fresh one under the same id.
     """
 
     def __init__(
@@ -44,6 +54,8 @@ class SessionManager:
         max_sessions: int = 100_000,
         max_sessions_per_key: int = 1_000,
         reward_range: tuple[float, float] = (-10.0, 10.0),
+        max_key_session_segments: int | None = 256,
+        max_key_session_tokens: int | None = 262_144,
     ):
         self.template = template
         self.worker_id = worker_id
@@ -52,19 +64,21 @@ class SessionManager:
         self.session_ttl_s = session_ttl_s
         self.max_sessions, self.max_sessions_per_key = max_sessions, max_sessions_per_key
         self.reward_range = reward_range
+        for name, cap in (("segments", max_key_session_segments), ("tokens", max_key_session_tokens)):
+            if cap is not None and cap < 1:
+                raise ValueError(f"max_key_session_{name} must be >= 1 or None (no cap), not {cap}")
+        self.max_key_session_segments, self.max_key_session_tokens = max_key_session_segments, max_key_session_tokens
         self.sessions: dict[tuple[str, str], Session] = {}  # (owner, session id) -> live session
         self.per_key: dict[str, int] = {}  # owner -> live sessions
-        self.per_id: dict[str, int] = {}  # session id -> live sessions of that name (all keys)
         self.on_finish: list[Callable[[Session, list[Sample]], None]] = []
-        self.counters = {"created": 0, "ended": 0, "expired": 0, "turns": 0, "rows_written": 0}
+        self.counters = {"created": 0, "ended": 0, "expired": 0, "capped": 0, "turns": 0, "rows_written": 0}
         self._last_sweep = time.time()
 
     def _drop(self, s: Session) -> None:
         if self.sessions.pop((s.owner, s.id), None) is s:
-            for counts, name in ((self.per_key, s.owner), (self.per_id, s.id)):
-                counts[name] -= 1
-                if not counts[name]:
-                    del counts[name]
+            self.per_key[s.owner] -= 1
+            if not self.per_key[s.owner]:
+                del self.per_key[s.owner]
 
     def _sweep(self) -> None:
         """Drop sessions idle for longer than the TTL (never written: an abandoned episode)."""
@@ -85,13 +99,14 @@ class SessionManager:
             raise InvalidReward(str(exc)) from None
 
     def open(self, session_id: str, owner: str) -> Session:
-        """The live session `session_id` of `owner`, created if absent; `SessionOfAnotherKey` for
-        another key's key-derived id, `TooManySessions` over a quota."""
-        s = self.sessions.get((owner, session_id))
+        """The live session `session_id` of `owner`, created if absent; `InvalidSessionId` for an id
+        that is not a name, `ReservedSessionId` for a key-derived id not of `owner`, `TooManySessions`
+        over a quota."""
+        s = self.sessions.get((owner, check_session_id(session_id)))
         if s is not None:
             return s
         if session_id.startswith(KEY_SESSION_PREFIX) and session_id != key_session_id(owner):
-            raise SessionOfAnotherKey(session_id, reserved=True)
+            raise ReservedSessionId(session_id)
         if len(self.sessions) >= self.max_sessions or time.time() - self._last_sweep > min(60.0, self.session_ttl_s):
             self._sweep()
         if self.per_key.get(owner, 0) >= self.max_sessions_per_key:
@@ -101,20 +116,41 @@ class SessionManager:
         s = Session(session_id, owner, self.template)
         self.sessions[(owner, session_id)] = s
         self.per_key[owner] = self.per_key.get(owner, 0) + 1
-        self.per_id[session_id] = self.per_id.get(session_id, 0) + 1
         self.counters["created"] += 1
         return s
 
     def get(self, session_id: str, owner: str) -> Session:
-        """The live session `session_id` of `owner`; `SessionOfAnotherKey` when only another key
-        has one by that name (or the id is derived from another key), else `SessionNotFound`."""
-        s = self.sessions.get((owner, session_id))
-        if s is not None:
-            return s
-        reserved = session_id.startswith(KEY_SESSION_PREFIX) and session_id != key_session_id(owner)
-        if reserved or session_id in self.per_id:
-            raise SessionOfAnotherKey(session_id)
-        raise SessionNotFound(session_id)
+        """The live session `session_id` of `owner`; `InvalidSessionId` for an id that is not a name,
+        else `SessionNotFound`, whether or not another key has a session by that name (or the id is
+        another key's key-derived one): a key cannot tell another key's session from no session."""
+        s = self.sessions.get((owner, check_session_id(session_id)))
+        if s is None:
+            raise SessionNotFound(session_id)
+        return s
+
+    # -- the caps on a key's implicit session ----------------------------------------------------
+    def cap_reached(self, s: Session) -> str | None:
+        """The cap `s` is at, "segments" or "tokens", when it is a key's implicit session; else None."""
+        if s.id != key_session_id(s.owner):
+            return None
+        if self.max_key_session_segments is not None and len(s.segments) >= self.max_key_session_segments:
+            return "segments"
+        if self.max_key_session_tokens is not None and s.num_tokens() >= self.max_key_session_tokens:
+            return "tokens"
+        return None
+
+    async def end_if_capped(self, s: Session) -> bool:
+        """End `s` (this session object, never a fresher one by its name) when it is at a cap: its rows
+        written and counted as for a normal end, meta["capped"] the cap. True when this call ended it."""
+        cap = self.cap_reached(s)
+        if cap is None:
+            return False
+        try:
+            await self._end(s, meta={"capped": cap}, capped=cap)
+        except SessionNotFound:  # another request ended it first
+            return False
+        self.counters["capped"] += 1
+        return True
 
     async def reward(
         self,
@@ -151,9 +187,24 @@ class SessionManager:
         """End a session: its rows (one per segment), and the shard names written (online mode)."""
         reward = self.check_reward(reward)
         s = self.get(session_id, owner)
+        return await self._end(s, reward, discount, group_id, prompt_id, meta, sample_prefix, write)
+
+    async def _end(
+        self,
+        s: Session,
+        reward: float | None = None,
+        discount: float | None = None,
+        group_id: str | None = None,
+        prompt_id: str = "",
+        meta: dict[str, Any] | None = None,
+        sample_prefix: str | None = None,
+        write: bool = True,
+        capped: str | None = None,
+    ) -> tuple[Session, list[Sample], list[str]]:
         async with s.lock:
             if s.ended:
-                raise SessionNotFound(session_id)
+                raise SessionNotFound(s.id)
+            s.capped = capped
             if reward is not None:
                 s.final_reward = reward
             s.ended = True

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-SESSION_ID_PATTERN = r"^[A-Za-z0-9._:\-]{1,128}$"
+SESSION_ID_RULE = "1-128 of [A-Za-z0-9._:-], not '.' or '..' (the manager refuses any other: 400 invalid_session_id)"
 
 
 class _Lenient(BaseModel):
@@ -94,7 +94,7 @@ class CompletionRequest(_SamplingFields):
 
 class RewardRequest(_Lenient):
     reward: float = Field(allow_inf_nan=False)
-    turn: int | None = None
+    turn: int | None = Field(default=None, ge=0, strict=True, description="0-based turn index (an integer)")
     completion_id: str | None = Field(default=None, max_length=256)
 
 
@@ -108,7 +108,7 @@ class EndRequest(_Lenient):
 
 
 class NewSessionRequest(_Lenient):
-    session_id: str | None = Field(default=None, pattern=SESSION_ID_PATTERN)
+    session_id: str | None = Field(default=None, description=SESSION_ID_RULE)
 
 
 # Response schemas: documentation for clients in other languages (handlers return plain dicts).
@@ -142,6 +142,11 @@ class ArealExtra(BaseModel):
     versions: list[int] = Field(description="policy version that produced each served token")
     policy_version: int
     timing: ArealTiming
+    session_ended: bool = Field(
+        default=False,
+        description="this turn reached a cap of the key's implicit session: it was ended (its rows "
+        "written) and the key's next request starts a fresh one under the same id",
+    )
 
 
 class Usage(BaseModel):

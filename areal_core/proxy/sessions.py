@@ -13,7 +13,9 @@ two conversations in one session) opens a new segment. Each segment becomes one 
 the trajectory protocol when the session ends; an episode that only ever appends is one row.
 
 Sessions are named within their API key: `SessionManager` (proxy/manager.py) indexes its table by
-(owner, id).
+(owner, id), so a key that asks for another key's session is told that it has none by that name,
+exactly as for a name no key uses. Ids are names (`check_session_id`): 1-128 of [A-Za-z0-9._:-],
+not "." or ".."; "key-..." ids are the key-derived ones, and only their own key may open one.
 
 Rewards (finite, within the manager's `reward_range`, else `InvalidReward`): per turn (`turn`
 index or `completion_id`) or final; at the end the turn rewards of a segment are discounted
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -49,21 +52,31 @@ class SessionProblem(Exception):
 
 
 class SessionNotFound(SessionProblem):
-    """The owner has no live session of that name: never opened, ended, or expired."""
+    """The owner has no live session of that name: never opened, ended, expired, or another key's
+    (whose sessions it cannot see: the same problem, the same message)."""
 
     def __init__(self, session_id: str):
         super().__init__(f"no live session {session_id!r}")
         self.session_id = session_id
 
 
-class SessionOfAnotherKey(SessionProblem):
-    """The name belongs to another API key: that key's live session, or (`reserved`) the id derived
-    from that key, which only it may open."""
+class InvalidSessionId(SessionProblem):
+    """A session id that cannot be a name (`check_session_id` says why). Refused by its form alone,
+    whoever asks and whatever sessions exist."""
 
-    def __init__(self, session_id: str, reserved: bool = False):
-        what = f"session id {session_id!r} is reserved for" if reserved else f"session {session_id!r} belongs to"
-        super().__init__(f"{what} another API key")
-        self.session_id, self.reserved = session_id, reserved
+    def __init__(self, session_id: str, reason: str):
+        super().__init__(f"invalid session id {shown(session_id)}: {reason}")
+        self.session_id, self.reason = session_id, reason
+
+
+class ReservedSessionId(InvalidSessionId):
+    """An id of the form "key-..." other than the caller's own key-derived id, given to open a session.
+    Refused by its form alone, for every such id alike: whether a key with that digest exists, has a
+    live session, had one or never did is not said (the answer and its message are the same)."""
+
+    def __init__(self, session_id: str):
+        reason = f"ids starting with {KEY_SESSION_PREFIX!r} are reserved: each names the session of one API key"
+        super().__init__(session_id, reason)
 
 
 class UnknownCompletion(SessionProblem):
@@ -75,7 +88,8 @@ class UnknownCompletion(SessionProblem):
 
 
 class TurnOutOfRange(SessionProblem):
-    """A reward for a turn index outside the session's turns (negative counts from the end)."""
+    """A reward for a turn index outside the session's turns, 0 .. turns - 1 (the request schema
+    refuses a negative one before it gets here)."""
 
     def __init__(self, session_id: str, turn: int, num_turns: int):
         super().__init__(f"turn {turn} does not exist: session {session_id!r} has {num_turns} turns")
@@ -95,6 +109,37 @@ class TooManySessions(SessionProblem):
         scope = " for this API key" if per_key else ""
         super().__init__(f"too many live sessions{scope} (limit {limit})")
         self.limit, self.per_key = limit, per_key
+
+
+MAX_SESSION_ID_CHARS = 128
+_SESSION_ID = re.compile(r"[A-Za-z0-9._:\-]+")
+
+
+def shown(session_id: str, limit: int = 40) -> str:
+    """A session id as a message shows it: quoted, escaped, at most `limit` characters of it."""
+    return repr(session_id[:limit]) + (f"... ({len(session_id)} chars)" if len(session_id) > limit else "")
+
+
+def check_session_id(session_id: str) -> str:
+    """`session_id` when it can name a session: 1-128 of [A-Za-z0-9._:-], and not "." or "..", which
+    standard HTTP clients remove from a URL path (RFC 3986 dot segments), so the session could not be
+    read, rewarded or ended. Else `InvalidSessionId` with the reason: empty, overlong, a path separator,
+    NUL or another control character, a dot name, another character."""
+    if not isinstance(session_id, str) or not session_id:
+        raise InvalidSessionId(str(session_id or ""), "it is empty")
+    if len(session_id) > MAX_SESSION_ID_CHARS:
+        raise InvalidSessionId(session_id, f"longer than {MAX_SESSION_ID_CHARS} characters")
+    if _SESSION_ID.fullmatch(session_id) is None:
+        if "/" in session_id or "\\" in session_id:
+            reason = "it holds a path separator"
+        elif any(ord(c) < 32 or ord(c) == 127 for c in session_id):
+            reason = "it holds NUL or another control character"
+        else:
+            reason = "only [A-Za-z0-9._:-] may be used"
+        raise InvalidSessionId(session_id, reason)
+    if session_id in (".", ".."):
+        raise InvalidSessionId(session_id, "'.' and '..' are path steps, not names")
+    return session_id
 
 
 def key_digest(api_key: str) -> str:
@@ -139,6 +184,7 @@ class Session:
         self.turns: list[TurnRecord] = []
         self.final_reward: float | None = None
         self.ended = False
+        self.capped: str | None = None  # "segments" or "tokens": ended by the manager at that cap
         self.lock = asyncio.Lock()
 
     # -- planning a turn -----------------------------------------------------------------
@@ -218,6 +264,9 @@ class Session:
         self.updated = time.time()
         return record
 
+    def num_tokens(self) -> int:
+        return sum(len(seg.tokens) for seg in self.segments)
+
     # -- rewards and the end ---------------------------------------------------------------
     def set_reward(self, reward: float, turn: int | None = None, completion_id: str | None = None) -> str:
         if completion_id is not None:
@@ -227,11 +276,10 @@ class Session:
             found[0].reward = reward
             return f"turn {found[0].turn}"
         if turn is not None:
-            idx = turn if turn >= 0 else len(self.turns) + turn
-            if not 0 <= idx < len(self.turns):
+            if isinstance(turn, bool) or not 0 <= turn < len(self.turns):
                 raise TurnOutOfRange(self.id, turn, len(self.turns))
-            self.turns[idx].reward = reward
-            return f"turn {idx}"
+            self.turns[turn].reward = reward
+            return f"turn {turn}"
         self.final_reward = reward
         return "final"
 

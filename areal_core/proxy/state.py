@@ -34,6 +34,7 @@ class Turn:
     plan: TurnPlan
     gen: Generation
     wall_s: float
+    session_ended: bool = False  # the turn reached a cap of the key's implicit session, which was ended
 
 
 @dataclass
@@ -102,25 +103,42 @@ class ProxyState:
         req: _SamplingFields,
         explicit: int | None,
     ) -> Turn:
-        """Plan, generate and return one turn under the session's lock (the caller commits it)."""
+        """Plan, generate and return one turn under the session's lock (the caller commits it, then
+        calls `committed`)."""
         for _ in range(3):
             session = self.sessions.open(sid, owner)
             async with session.lock:
                 if session.ended:  # ended while this request waited: start the next session
                     continue
-                try:  # tokenising and templating are CPU work: off the event loop, /health stays live
-                    plan = await run_in_threadpool(plan_fn, session)
-                except TemplateError as exc:
-                    raise ProxyError(400, str(exc), "invalid_messages") from None
-                params = self.sampling_for(req, self.budget(len(plan.prompt_ids), explicit))
-                t0 = time.perf_counter()
-                try:
-                    gen = await self.backend.generate(plan.prompt_ids, params)
-                except Exception as exc:  # noqa: BLE001 - any engine failure is the client's 500
-                    log.exception("engine failed")
-                    raise ProxyError(500, f"engine error: {exc}", "engine_error", "server_error") from None
-                return Turn(session, plan, gen, time.perf_counter() - t0)
+                if self.sessions.cap_reached(session) is None:
+                    return await self._generate(session, plan_fn, req, explicit)
+            # at a cap: the turn that reached it is ending it; this request came in between
+            await self.sessions.end_if_capped(session)
         raise ProxyError(409, f"session {sid!r} ended while the request waited", "session_ended")
+
+    async def _generate(
+        self, session: Session, plan_fn: Callable[[Session], TurnPlan], req: _SamplingFields, explicit: int | None
+    ) -> Turn:
+        """Plan and generate one turn; the caller holds the session's lock."""
+        try:  # tokenising and templating are CPU work: off the event loop, /health stays live
+            plan = await run_in_threadpool(plan_fn, session)
+        except TemplateError as exc:
+            raise ProxyError(400, str(exc), "invalid_messages") from None
+        params = self.sampling_for(req, self.budget(len(plan.prompt_ids), explicit))
+        t0 = time.perf_counter()
+        try:
+            gen = await self.backend.generate(plan.prompt_ids, params)
+        except Exception as exc:  # noqa: BLE001 - any engine failure is the client's 500
+            log.exception("engine failed")
+            raise ProxyError(500, f"engine error: {exc}", "engine_error", "server_error") from None
+        return Turn(session, plan, gen, time.perf_counter() - t0)
+
+    async def committed(self, turn: Turn) -> None:
+        """After the route committed `turn`: count it, and end the key's implicit session when the
+        turn brought it to a cap (`SessionManager.end_if_capped`), which the response then says."""
+        self.sessions.counters["turns"] += 1
+        await self.sessions.end_if_capped(turn.session)  # or a request that came in between ended it
+        turn.session_ended = turn.session.capped is not None
 
     def areal_extra(self, turn: Turn, record: Any, t_arrival: float) -> dict:
         """The `areal` object of a completion: what was fed and served, and the timing."""
@@ -134,6 +152,7 @@ class ProxyState:
             "logprobs": gen.logprobs,
             "versions": gen.versions,
             "policy_version": self.backend.version,
+            "session_ended": turn.session_ended,
             "timing": {
                 "queue_s": getattr(gen, "queue_s", 0.0),
                 "engine_s": getattr(gen, "engine_s", turn.wall_s),

@@ -55,7 +55,7 @@ async def chat_completions(
         message["tool_calls"] = calls
     finish = "tool_calls" if calls else ("stop" if stopped else gen.finish_reason)
     record = turn.session.commit(turn.plan, gen, cid, finish, assistant_message=message, tool_calls=len(calls))
-    state.sessions.counters["turns"] += 1
+    await state.committed(turn)
     extra = state.areal_extra(turn, record, arrival_of(request))
     lp = {"content": token_logprobs(tok, gen), "refusal": None} if req.logprobs else None
     return reply(

@@ -3,7 +3,6 @@ description; `GuardMiddleware` enforces the key), and who is asking for which se
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Iterable
 
@@ -13,16 +12,19 @@ from fastapi.security import HTTPBearer
 
 from areal_core.proxy.decoding import sse_stream
 from areal_core.proxy.guard import ProxyError
-from areal_core.proxy.schemas import SESSION_ID_PATTERN, ErrorResponse, _SamplingFields
+from areal_core.proxy.schemas import ErrorResponse, _SamplingFields
 from areal_core.proxy.sessions import session_id_for_key
 
 ERRORS = {
     code: {"model": ErrorResponse, "description": what}
     for code, what in (
-        (400, "bad request: limits (context, max_tokens, n), unsupported content, bad X-Session-Id"),
+        (
+            400,
+            "bad request: limits (context, max_tokens, n), unsupported content, a session id that is not a name "
+            "(invalid_session_id) or another key's key-derived id (reserved_session_id)",
+        ),
         (401, "missing or invalid API key"),
-        (403, "the session belongs to another API key, or its id is reserved for another key"),
-        (404, "no such live session or turn"),
+        (404, "no such live session of this key (the same answer for another key's session), or turn"),
         (408, "the request's headers or body did not arrive in time (the connection is closed)"),
         (413, "request body over the size limit"),
         (415, "a body that is not application/json"),
@@ -48,12 +50,10 @@ def arrival_of(request: Request) -> float:
 
 
 def session_of(request: Request, x_session_id: str | None) -> tuple[str, str]:
-    """(session id, owner): the X-Session-Id header when given (400 if malformed), else the
-    session of the API key itself."""
+    """(session id, owner): the X-Session-Id header when given (the manager refuses one that is not a
+    name: sessions.check_session_id), else the session of the API key itself."""
     owner = owner_of(request)
     if x_session_id is not None:
-        if not re.match(SESSION_ID_PATTERN, x_session_id):
-            raise ProxyError(400, "X-Session-Id must be 1-128 of [A-Za-z0-9._:-]", "invalid_session_id")
         return x_session_id, owner
     auth = request.headers.get("authorization", "")
     return session_id_for_key(auth.partition(" ")[2].strip()), owner

@@ -42,7 +42,7 @@ async def completions(
     cid = f"cmpl-{uuid.uuid4().hex}"
     finish = "stop" if stopped else gen.finish_reason
     record = turn.session.commit(turn.plan, gen, cid, finish, completion_text=text)
-    state.sessions.counters["turns"] += 1
+    await state.committed(turn)
     extra = state.areal_extra(turn, record, arrival_of(request))
     lp = completion_logprobs(tok, gen) if req.logprobs is not None else None
     return reply(

@@ -1,6 +1,10 @@
 """How the routes answer a session problem: one row per `SessionProblem` (proxy/sessions.py),
 giving the status and OpenAI's error `type` and `code` for {"error": {"message", "type", "param",
-"code"}}. The domain says what went wrong; only this table says it in HTTP."""
+"code"}}. The domain says what went wrong; only this table says it in HTTP.
+
+No row answers 403: a session of another key is `SessionNotFound` (404, the same body as for an id
+no key uses), and a key-derived id of another key given to open a session is `ReservedSessionId`
+(400, refused by the id's form alone), so no answer tells a key whether another key's session exists."""
 
 from __future__ import annotations
 
@@ -12,8 +16,9 @@ from fastapi.responses import JSONResponse
 from areal_core.proxy.guard import error_body
 from areal_core.proxy.sessions import (
     InvalidReward,
+    InvalidSessionId,
+    ReservedSessionId,
     SessionNotFound,
-    SessionOfAnotherKey,
     SessionProblem,
     TooManySessions,
     TurnOutOfRange,
@@ -30,10 +35,11 @@ class Answer(NamedTuple):
 
 SESSION_ANSWERS: dict[type[SessionProblem], Answer] = {
     SessionNotFound: Answer(404, "invalid_request_error", "unknown_session"),
+    InvalidSessionId: Answer(400, "invalid_request_error", "invalid_session_id"),
+    ReservedSessionId: Answer(400, "invalid_request_error", "reserved_session_id"),
     UnknownCompletion: Answer(404, "invalid_request_error", "unknown_turn"),
     TurnOutOfRange: Answer(400, "invalid_request_error", "unknown_turn"),
     InvalidReward: Answer(422, "invalid_request_error", "invalid_reward", "invalid request: "),
-    SessionOfAnotherKey: Answer(403, "permission_error", "forbidden"),
     TooManySessions: Answer(429, "rate_limit_error", "too_many_sessions"),
 }
 UNMAPPED = Answer(500, "server_error", "session_error")  # a SessionProblem added without a row above
