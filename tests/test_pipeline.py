@@ -62,11 +62,25 @@ def test_roles_on_a_local_folder_with_two_rollout_workers(tiny_overrides):
 
 @pytest.mark.slow
 @pytest.mark.s3
-def test_roles_on_s3(tiny_overrides, s3_bucket):
+def test_roles_on_s3_with_two_rollout_and_two_reward_workers(tiny_overrides, s3_bucket):
     overrides = [o for o in tiny_overrides if not o.startswith("store=")]
-    store = prepared([*overrides, f"store={s3_bucket}/runs/tiny"])
+    workers = ["rollout.num_workers=2", "reward.num_workers=2"]
+    store = prepared([*overrides, *workers, f"store={s3_bucket}/runs/tiny"])
     assert store.uri.startswith("s3://")
     run_and_check(store)
+    statuses = store.statuses()
+    assert {"rollout-0", "rollout-1", "reward-0", "reward-1", "trainer-0"} <= set(statuses)
+    trained = {w for entry in trained_log(store) for w in entry["sample_workers"]}
+    assert trained == {"rollout-0", "rollout-1"}  # both workers' samples reached the trainer
+
+
+@pytest.mark.slow
+def test_a_two_rank_fsdp2_trainer_inside_the_pipeline(tiny_overrides):
+    """train.nproc_per_node=2: the launcher starts the trainer under torchrun (2 gloo ranks,
+    FSDP2); the run honours the same contract and DONE records the world size."""
+    store = prepared([*tiny_overrides, "train.nproc_per_node=2"])
+    result = run_and_check(store)
+    assert result["world_size"] == 2
 
 
 @pytest.mark.slow

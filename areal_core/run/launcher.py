@@ -47,14 +47,17 @@ def _pump(name: str, stream, sink) -> None:
 
 
 def start_role(
-    role: str, run_uri: str, index: int = 0, env: dict[str, str] | None = None, log_sink=None
+    role: str, run_uri: str, index: int = 0, env: dict[str, str] | None = None, log_sink=None, nproc: int = 1
 ) -> RoleProcess:
+    """The role as a process of its own (its own process group, killed with this one); `nproc` > 1
+    runs it under torchrun as that many ranks (the trainer's FSDP2 on one machine)."""
     name = f"{role}-{index}"
     full_env = {**os.environ, **(env or {})}
     full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), full_env.get("PYTHONPATH", "")]))
     full_env.setdefault("PYTHONUNBUFFERED", "1")
+    ranks = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"] if nproc > 1 else []
     proc = subprocess.Popen(
-        [sys.executable, "-m", "areal_core.run.roles", role, "--run-uri", run_uri, "--index", str(index)],
+        [sys.executable, *ranks, "-m", "areal_core.run.roles", role, "--run-uri", run_uri, "--index", str(index)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -173,8 +176,11 @@ def launch(
     env: dict[str, str] | None = None,
 ) -> dict:
     """Run all roles until the trainer writes DONE; raise RoleFailed naming a role that dies."""
+    from areal_core.context import load_run_config
+
     store = Store(run_uri)
-    procs = [start_role("trainer", store.uri, 0, env)]
+    nproc = load_run_config(store).train.nproc_per_node
+    procs = [start_role("trainer", store.uri, 0, env, nproc=nproc)]
     procs += [start_role("rollout", store.uri, i, env) for i in range(num_rollout)]
     procs += [start_role("reward", store.uri, i, env) for i in range(num_reward)]
     bar = Progress(store, progress)
