@@ -27,7 +27,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # are refused outright (no config of the project uses them; an alias is how a few hundred
 # bytes expand to 10^9 nodes), and so is every explicit tag but the plain ones (`!!str`, ...).
 MAX_YAML_BYTES = 1 << 20  # the text itself, checked before parsing
-MAX_YAML_NODES = 20_000  # scalars, sequences and mappings (a full config has ~300)
+MAX_YAML_NODES = 10_000  # scalars, sequences and mappings (a full config has ~300)
 MAX_YAML_DEPTH = 32  # nesting of sequences and mappings (a config has 3)
 MAX_YAML_KEY_CHARS = 128  # a mapping key
 MAX_YAML_SCALAR_CHARS = 1 << 16  # any one scalar; the longest text a key takes (Text)
