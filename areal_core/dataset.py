@@ -9,13 +9,19 @@ One row a sample of the layer (`graded` by default; `ungraded`, or a re-graded l
 trained or not. Shard columns (protocol.SCHEMA) plus, per sample:
   root                      the run root holding the shard: the run's own, or for a fork an
                             ancestor's (the parent shards it references, and its pending samples)
-  shard_seq, row            the shard's sequence number under its worker and the row in it
+  shard_seq, row            the shard's sequence number under its worker (null for a shard whose
+                            name is not one a writer gives, e.g. a copy 'copy-of-1.arrow') and
+                            the row in it
   policy_tokens             Σ loss_mask
   min_version, max_version  over the policy tokens (−1 when none)
   reward_source, reward_reason   from reward_info: who graded it, and why when it says
-                            (`reason`, else `error`, else the code tests' `failures`, else a label)
+                            (`reason`, else `error`, else the code tests' `failures`, else a label;
+                            null when reward_info is not a JSON object)
   status                    trained | dropped (older than v − η) | abandoned (weights of an
-                            abandoned version) | untrained (still buffered, or never read)
+                            abandoned version) | untrained (still buffered, or never read) |
+                            duplicate (another row has the same identity, worker_id/sample_id:
+                            a copied shard; the trainer reads an identity once, and so the audit
+                            joins one row per identity, the first in the trainer's order)
   step, step_index          the step whose audit record lists the sample, and its position there
   trainer_version           the version that step trained from (v)
   staleness                 v − min_version: the oldest token's staleness at training / at the drop
@@ -44,7 +50,7 @@ log = logging.getLogger("areal.dataset")
 TOKEN_COLUMNS = ("input_ids", "behav_logprobs", "token_rewards")  # the wide ones: only with tokens=True
 BASE_COLUMNS = [n for n in SCHEMA.names if n not in TOKEN_COLUMNS]
 REL = "__rel"  # internal: a row's shard path relative to its root
-STATUSES = ("trained", "dropped", "abandoned", "untrained")
+STATUSES = ("trained", "dropped", "abandoned", "untrained", "duplicate")
 
 
 class DatasetError(ValueError):
@@ -87,7 +93,7 @@ def samples_table(run: str | Store, layer: str = "graded", tokens: bool = False)
     columns = SCHEMA.names if tokens else BASE_COLUMNS
     table = _with_token_stats(_rows(store, layer, columns))
     table = _with_reward_reason(table)
-    return _join_audit(table, read_audit(store)).drop_columns([REL])
+    return _mark_duplicates(_join_audit(table, read_audit(store))).drop_columns([REL])
 
 
 def _rows(store: Store, layer: str, columns: list[str]) -> pa.Table:
@@ -180,7 +186,7 @@ def _with_shard_position(table: pa.Table, store: Store) -> pa.Table:
     position within its shard (the scan keeps each file's rows in order); REL: the shard's path."""
     files = pc.dictionary_encode(table["__filename"]).combine_chunks()
     paths = files.dictionary.to_pylist()
-    seqs = np.array([LAYOUT.shard_worker_seq(p)[1] for p in paths], dtype=np.int32)
+    seqs = pa.array([LAYOUT.shard_seq(p) for p in paths], pa.int32())  # null: not a writer's name
     rels = pa.array([p[len(store.root) + 1 :] for p in paths], pa.string())
     codes = files.indices.to_numpy()
     order = np.argsort(codes, kind="stable")  # each file's rows together, in scan order
@@ -188,11 +194,11 @@ def _with_shard_position(table: pa.Table, store: Store) -> pa.Table:
     starts = np.flatnonzero(np.r_[True, sorted_codes[1:] != sorted_codes[:-1]]) if len(codes) else np.zeros(0, int)
     row = np.empty(len(codes), np.int32)
     row[order] = np.arange(len(codes)) - np.repeat(starts, np.diff(np.r_[starts, len(codes)]))
-    seq = seqs[codes] if len(codes) else np.zeros(0, np.int32)
+    seq = seqs.take(pa.array(codes)) if len(codes) else pa.array([], pa.int32())
     table = table.drop_columns(["__filename"])
     return (
         table.append_column("root", pa.array([store.uri] * len(codes), pa.string()))
-        .append_column("shard_seq", pa.array(seq))
+        .append_column("shard_seq", seq)
         .append_column("row", pa.array(row.astype(np.int32)))
         .append_column(REL, rels.take(pa.array(codes)) if len(codes) else pa.array([], pa.string()))
     )
@@ -233,11 +239,49 @@ def reward_reason(info: dict[str, Any]) -> str | None:
     return None
 
 
+def _info(text: str | None) -> dict[str, Any]:
+    """A row's reward_info as a mapping: the protocol allows any JSON (a list, a number), and a
+    reader must not break on it; {} for anything but a JSON object."""
+    try:
+        info = json.loads(text) if text else {}
+    except (ValueError, TypeError, RecursionError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
 def _with_reward_reason(table: pa.Table) -> pa.Table:
-    infos = [json.loads(s or "{}") for s in table["reward_info"].to_pylist()]
-    source = pa.array([i.get("reward_source") for i in infos], pa.string())
+    infos = [_info(s) for s in table["reward_info"].to_pylist()]
+    source = pa.array([None if i.get("reward_source") is None else str(i["reward_source"]) for i in infos], pa.string())
     reason = pa.array([reward_reason(i) for i in infos], pa.string())
     return table.append_column("reward_source", source).append_column("reward_reason", reason)
+
+
+def _mark_duplicates(table: pa.Table) -> pa.Table:
+    """status 'duplicate' (and no step, version or staleness) for every row whose identity
+    (worker_id/sample_id) an earlier row has. Earlier: a shard named as its writer names it
+    ({seq:08d}.arrow under a folder named after the sample's worker) before any other name,
+    then the order the trainer reads shards in (sorted paths, the run's own before a parent's)."""
+    n = table.num_rows
+    if n == 0:
+        return table
+    identity = np.asarray(pc.binary_join_element_wise(table["worker_id"], table["sample_id"], "/").to_pylist(), object)
+    rels = table[REL].to_pylist()
+    workers = table["worker_id"].to_pylist()
+    odd = np.array([LAYOUT.shard_seq(r) is None or r.rsplit("/", 2)[-2:-1] != [w] for r, w in zip(rels, workers)], bool)
+    order = np.lexsort((np.arange(n), odd))  # writer-named shards first, then table order
+    _, first = np.unique(identity[order], return_index=True)
+    dup = np.ones(n, bool)
+    dup[order[first]] = False
+    if not dup.any():
+        return table
+    mask = pa.array(dup)
+    for name in ("step", "step_index", "trainer_version", "staleness"):
+        col = table[name]
+        table = table.set_column(
+            table.schema.get_field_index(name), name, pc.if_else(mask, pa.scalar(None, col.type), col)
+        )
+    status = pc.if_else(mask, pa.scalar("duplicate"), table["status"])
+    return table.set_column(table.schema.get_field_index("status"), "status", status)
 
 
 AUDIT_SCHEMA = pa.schema(

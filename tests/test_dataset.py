@@ -215,3 +215,71 @@ def test_a_forks_dataset_holds_the_parent_rows_it_references_or_trained(tmp_path
     assert [rows[k]["step_index"] for k in sorted(rows, key=lambda k: rows[k]["step_index"])] == [0, 1, 2, 3, 4]
     assert rows[(parent.uri, "a1")]["shard_seq"] == 0 and rows[(parent.uri, "a1")]["row"] == 1
     assert open_run(child, layer="ungraded").count_rows() == 0  # only the graded layer inherits
+
+
+# -- hostile rows (issue 24) -----------------------------------------------------------------------
+ODD_NAMES = ["copy-of-0.arrow", "0 (copy).arrow", "ünï cödé.arrow", "1.5.arrow", "-1.arrow", "00000009.arrow"]
+
+
+def test_copied_shards_under_any_name_are_duplicates_not_trained(tmp_path):
+    """A valid shard copied under names no writer gives (and under a writer's name, and into
+    another worker's folder) is read, its rows marked duplicate: the trained count is the trainer's."""
+    store = Store(str(tmp_path / "run"))
+    original = encode_shard([_sample(i) for i in range(4)])
+    store.write_bytes(LAYOUT.graded_shard("w", 0), original)
+    store.write_bytes(LAYOUT.graded_shard("w", 1), encode_shard([_sample(i) for i in range(4, 6)]))
+    for name in ODD_NAMES:
+        store.write_bytes(f"{LAYOUT.shard_dir('graded', 'w')}/{name}", original)
+    store.write_bytes(LAYOUT.graded_shard("aaa", 0), original)  # sorts before 'w': still the copy
+    store.write_json(
+        LAYOUT.trained_record(0),
+        {
+            "step": 0,
+            "trainer_version": 5,
+            "samples": [[f"s{i}", 3] for i in range(4)],
+            "sample_workers": ["w"] * 4,
+            "dropped": [["s4", 3]],
+            "dropped_workers": ["w"],
+        },
+    )
+    rows = samples_table(store).to_pylist()
+    assert len(rows) == 6 + 4 * (len(ODD_NAMES) + 1)
+    by_status: dict[str, int] = {}
+    for r in rows:
+        by_status[r["status"]] = by_status.get(r["status"], 0) + 1
+    assert by_status == {"trained": 4, "dropped": 1, "untrained": 1, "duplicate": 4 * (len(ODD_NAMES) + 1)}
+    for r in rows:
+        original_row = r["shard_seq"] in (0, 1) and r["worker_id"] == "w"
+        if r["status"] == "duplicate":
+            assert r["step"] is None and r["trainer_version"] is None and r["staleness"] is None
+        else:
+            assert original_row, r
+    seqs = sorted({r["shard_seq"] for r in rows}, key=lambda x: (x is None, x))
+    assert seqs == [0, 1, 9, None]  # a writer-like name keeps its number; other names have none
+    run = open_run(store)  # noqa: F841 (DuckDB finds it by name)
+    [(trained,)] = duckdb.sql("SELECT count(*) FROM run WHERE status = 'trained'").fetchall()
+    assert trained == 4
+
+
+def test_any_reward_info_the_protocol_allows_is_read(tmp_path):
+    store = Store(str(tmp_path / "run"))
+    infos = [[1, 2], 5, "text", None, True, {"reward_source": 7, "reason": ["a", "b"]}, {"label": "x"}, [{"a": 1}]]
+    samples = []
+    for i, info in enumerate(infos):
+        s = _sample(i)
+        s.reward_info = info
+        samples.append(s)
+    store.write_bytes(LAYOUT.graded_shard("w", 0), encode_shard(samples))
+    rows = {r["sample_id"]: r for r in samples_table(store).to_pylist()}
+    assert len(rows) == len(infos)
+    assert rows["s5"]["reward_source"] == "7" and rows["s5"]["reward_reason"] == "['a', 'b']"
+    assert all(rows[f"s{i}"]["reward_source"] is None for i in (0, 1, 2, 3, 4, 6, 7))
+    assert rows["s0"]["status"] == "untrained"
+
+
+def test_reward_info_that_is_not_json_is_read_as_empty(tmp_path):
+    from areal_core.dataset import _info
+
+    for text in ("not json", "[1", "{", "\x00", "NaN", "1e999", "[" * 100_000 + "]" * 100_000, None, ""):
+        assert isinstance(_info(text), dict)
+    assert _info('{"reason": "r"}') == {"reason": "r"}
