@@ -37,22 +37,24 @@ TASKS: list[dict[str, Any]] = [
         "returns the sum of the decimal digits of the non-negative integer n.",
         "def digit_sum(n):\n    return sum(int(c) for c in str(n))\n",
         [
-            "assert digit_sum(0) == 0",
-            "assert digit_sum(7) == 7",
-            "assert digit_sum(1234) == 10",
-            "assert digit_sum(99999) == 45",
+            "assert digit_sum(0) == 0\nassert digit_sum(1234) == 10",
+            "assert digit_sum(7) == 7\nassert digit_sum(99999) == 45",
+            "assert digit_sum(10) == 1 and digit_sum(505) == 10",
+            "assert digit_sum(1000001) == 2 and digit_sum(86) == 14",
         ],
     ),
     _fn(
         "is_palindrome",
         "is_palindrome(s)",
-        "returns True when the string s reads the same backwards, ignoring case and every character that is not a letter or digit.",
+        "returns True when the string s reads the same backwards, ignoring case and every character "
+        "that is not a letter or digit.",
         "def is_palindrome(s):\n    t = [c.lower() for c in s if c.isalnum()]\n    return t == t[::-1]\n",
         [
-            "assert is_palindrome('A man, a plan, a canal: Panama') is True",
+            "assert is_palindrome('A man, a plan, a canal: Panama') is True\n"
             "assert is_palindrome('race a car') is False",
-            "assert is_palindrome('') is True",
-            "assert is_palindrome('No lemon, no melon') is True",
+            "assert is_palindrome('') is True\nassert is_palindrome('ab') is False",
+            "assert is_palindrome('No lemon, no melon') is True\nassert is_palindrome('No lemon, no melons') is False",
+            "assert is_palindrome('Was it a car or a cat I saw?') is True\nassert is_palindrome('0P') is False",
         ],
     ),
     _fn(
@@ -64,9 +66,9 @@ TASKS: list[dict[str, Any]] = [
         "        s = ('Fizz' if i % 3 == 0 else '') + ('Buzz' if i % 5 == 0 else '')\n"
         "        out.append(s or str(i))\n    return out\n",
         [
-            "assert fizzbuzz(0) == []",
+            "assert fizzbuzz(0) == []\nassert fizzbuzz(1) == ['1']",
             "assert fizzbuzz(5) == ['1', '2', 'Fizz', '4', 'Buzz']",
-            "assert fizzbuzz(15)[-1] == 'FizzBuzz'",
+            "assert fizzbuzz(15)[-1] == 'FizzBuzz'\nassert fizzbuzz(15)[9] == 'Buzz'",
             "assert len(fizzbuzz(100)) == 100 and fizzbuzz(100).count('FizzBuzz') == 6",
         ],
     ),
@@ -78,8 +80,8 @@ TASKS: list[dict[str, Any]] = [
         [
             "assert reverse_words('the sky is blue') == 'blue is sky the'",
             "assert reverse_words('  hello   world  ') == 'world hello'",
-            "assert reverse_words('one') == 'one'",
-            "assert reverse_words('') == ''",
+            "assert reverse_words('one') == 'one'\nassert reverse_words('one two') == 'two one'",
+            "assert reverse_words('') == ''\nassert reverse_words(' a  b ') == 'b a'",
         ],
     ),
     _fn(
@@ -88,10 +90,10 @@ TASKS: list[dict[str, Any]] = [
         "returns how many vowels (a, e, i, o, u, in either case) the string s contains.",
         "def count_vowels(s):\n    return sum(c in 'aeiouAEIOU' for c in s)\n",
         [
-            "assert count_vowels('') == 0",
+            "assert count_vowels('') == 0\nassert count_vowels('a') == 1",
             "assert count_vowels('Hello World') == 3",
             "assert count_vowels('AEIOUaeiou') == 10",
-            "assert count_vowels('rhythm') == 0",
+            "assert count_vowels('rhythm') == 0\nassert count_vowels('queue') == 4",
         ],
     ),
     _fn(
@@ -101,8 +103,8 @@ TASKS: list[dict[str, Any]] = [
         "def second_largest(nums):\n    s = sorted(set(nums))\n    return s[-2] if len(s) >= 2 else None\n",
         [
             "assert second_largest([3, 1, 4, 1, 5]) == 4",
-            "assert second_largest([2, 2, 2]) is None",
-            "assert second_largest([]) is None",
+            "assert second_largest([2, 2, 2]) is None\nassert second_largest([2, 3, 2]) == 2",
+            "assert second_largest([]) is None\nassert second_largest([7, 7, 8]) == 7",
             "assert second_largest([-1, -5, -3]) == -3",
             "assert second_largest([10, 9]) == 9",
         ],
@@ -117,7 +119,7 @@ TASKS: list[dict[str, Any]] = [
         "        out.append(s[i] + str(j - i))\n        i = j\n    return ''.join(out)\n",
         [
             "assert run_length('aaabcc') == 'a3b1c2'",
-            "assert run_length('') == ''",
+            "assert run_length('') == ''\nassert run_length('zz') == 'z2'",
             "assert run_length('z') == 'z1'",
             "assert run_length('aaaaaaaaaaaa') == 'a12'",
             "assert run_length('abab') == 'a1b1a1b1'",
@@ -129,7 +131,12 @@ TASKS: list[dict[str, Any]] = [
         "returns the greatest common divisor of the non-negative integers a and b (gcd(0, 0) is 0), "
         "without importing anything.",
         "def gcd(a, b):\n    while b:\n        a, b = b, a % b\n    return a\n",
-        ["assert gcd(12, 18) == 6", "assert gcd(17, 5) == 1", "assert gcd(0, 9) == 9", "assert gcd(0, 0) == 0"],
+        [
+            "assert gcd(12, 18) == 6\nassert gcd(14, 21) == 7",
+            "assert gcd(17, 5) == 1\nassert gcd(100, 75) == 25",
+            "assert gcd(0, 9) == 9\nassert gcd(9, 0) == 9\nassert gcd(4, 6) == 2",
+            "assert gcd(0, 0) == 0\nassert gcd(1, 1) == 1\nassert gcd(48, 180) == 12",
+        ],
     ),
     _fn(
         "is_prime",
@@ -139,9 +146,9 @@ TASKS: list[dict[str, Any]] = [
         "        if n % i == 0:\n            return False\n        i += 1\n    return True\n",
         [
             "assert [n for n in range(20) if is_prime(n)] == [2, 3, 5, 7, 11, 13, 17, 19]",
-            "assert is_prime(-7) is False",
-            "assert is_prime(7919) is True",
-            "assert is_prime(7917) is False",
+            "assert is_prime(-7) is False\nassert is_prime(2) is True",
+            "assert is_prime(7919) is True\nassert is_prime(1) is False",
+            "assert is_prime(7917) is False\nassert is_prime(97) is True",
         ],
     ),
     _fn(
@@ -149,12 +156,13 @@ TASKS: list[dict[str, Any]] = [
         "flatten(items)",
         "returns a flat list of all non-list values in the arbitrarily nested list items, in order.",
         "def flatten(items):\n    out = []\n    for x in items:\n"
-        "        if isinstance(x, list):\n            out.extend(flatten(x))\n        else:\n            out.append(x)\n"
+        "        if isinstance(x, list):\n            out.extend(flatten(x))\n"
+        "        else:\n            out.append(x)\n"
         "    return out\n",
         [
             "assert flatten([1, [2, [3, 4]], 5]) == [1, 2, 3, 4, 5]",
-            "assert flatten([]) == []",
-            "assert flatten([[[]]]) == []",
+            "assert flatten([]) == []\nassert flatten([[1], 2]) == [1, 2]",
+            "assert flatten([[[]]]) == []\nassert flatten([[[0]]]) == [0]",
             "assert flatten(['a', ['b'], [['c']]]) == ['a', 'b', 'c']",
         ],
     ),
@@ -167,9 +175,9 @@ TASKS: list[dict[str, Any]] = [
         "        else:\n            out.append(b[j]); j += 1\n    return out + a[i:] + b[j:]\n",
         [
             "assert merge_sorted([1, 3, 5], [2, 4, 6]) == [1, 2, 3, 4, 5, 6]",
-            "assert merge_sorted([], [1]) == [1]",
+            "assert merge_sorted([], [1]) == [1]\nassert merge_sorted([2], []) == [2]",
             "assert merge_sorted([1, 1], [1]) == [1, 1, 1]",
-            "assert merge_sorted([], []) == []",
+            "assert merge_sorted([], []) == []\nassert merge_sorted([5], [0, 9]) == [0, 5, 9]",
         ],
     ),
     _fn(
@@ -190,12 +198,13 @@ TASKS: list[dict[str, Any]] = [
     _fn(
         "word_counts",
         "word_counts(text)",
-        "returns a dict mapping each lower-cased word of text (words are separated by whitespace) to how often it occurs.",
+        "returns a dict mapping each lower-cased word of text (words are separated by whitespace) "
+        "to how often it occurs.",
         "def word_counts(text):\n    out = {}\n    for w in text.lower().split():\n        out[w] = out.get(w, 0) + 1\n"
         "    return out\n",
         [
             "assert word_counts('a b a') == {'a': 2, 'b': 1}",
-            "assert word_counts('') == {}",
+            "assert word_counts('') == {}\nassert word_counts('x') == {'x': 1}",
             "assert word_counts('The the THE') == {'the': 3}",
         ],
     ),
@@ -208,24 +217,34 @@ TASKS: list[dict[str, Any]] = [
         "        elif c in pairs:\n            if not stack or stack.pop() != pairs[c]:\n                return False\n"
         "    return not stack\n",
         [
-            "assert balanced('([]{})') is True",
-            "assert balanced('([)]') is False",
-            "assert balanced('((') is False",
-            "assert balanced('a(b)c') is True",
-            "assert balanced('') is True",
+            "assert balanced('([]{})') is True\nassert balanced('(]') is False",
+            "assert balanced('([)]') is False\nassert balanced('[()]') is True",
+            "assert balanced('((') is False\nassert balanced('()') is True",
+            "assert balanced('a(b)c') is True\nassert balanced('a(b') is False",
+            "assert balanced('') is True\nassert balanced(')(') is False",
         ],
     ),
     _io(
         "sum_line",
         "reads one line of space-separated integers from standard input and prints their sum.",
         "print(sum(int(x) for x in input().split()))\n",
-        [("1 2 3\n", "6"), ("-5 5\n", "0"), ("42\n", "42"), ("100 200 300 400\n", "1000")],
+        [
+            ("1 2 3\n", "6"),
+            ("-5 5 -12\n", "-12"),
+            ("40 2\n", "42"),
+            ("100 200 300 400\n", "1000"),
+        ],
     ),
     _io(
         "reverse_lines",
-        "reads an integer n on the first line of standard input, then n lines, and prints those lines in reverse order.",
+        "reads an integer n on the first line of standard input, then n lines, "
+        "and prints those lines in reverse order.",
         "n = int(input())\nlines = [input() for _ in range(n)]\nprint('\\n'.join(reversed(lines)))\n",
-        [("3\na\nb\nc\n", "c\nb\na"), ("1\nonly\n", "only"), ("2\nx y\nz\n", "z\nx y")],
+        [
+            ("3\na\nb\nc\n", "c\nb\na"),
+            ("2\nfirst\nlast\n", "last\nfirst"),
+            ("2\nx y\nz\nextra\n", "z\nx y"),
+        ],
     ),
     _io(
         "max_min",
@@ -238,7 +257,11 @@ TASKS: list[dict[str, Any]] = [
         "count_words",
         "reads all of standard input and prints the number of whitespace-separated words in it.",
         "import sys\nprint(len(sys.stdin.read().split()))\n",
-        [("hello world\n", "2"), ("", "0"), ("a\nb  c\n\nd\n", "4")],
+        [
+            ("hello world\n", "2"),
+            ("  lone\twords here  \n\n", "3"),
+            ("a\nb  c\n\nd\n", "4"),
+        ],
     ),
 ]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from datasets import arithmetic, code_tasks, gsm8k
+from datasets import arithmetic, code_tasks, gsm8k, humaneval
 
 
 def load_task(task: Any, seed: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -17,4 +17,6 @@ def load_task(task: Any, seed: int) -> tuple[list[dict[str, Any]], list[dict[str
         return gsm8k.load_split(task.path, "train", task.num_train), gsm8k.load_split(task.path, "test", task.num_eval)
     if task.name == "code":
         return code_tasks.load(task.num_train, task.num_eval)
+    if task.name == "humaneval":
+        return humaneval.load(task.num_train, task.num_eval)
     raise ValueError(f"unknown task {task.name!r}")

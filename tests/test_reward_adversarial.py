@@ -90,7 +90,8 @@ CHEATS: dict[str, str] = {
     "token_from_caller_frames": "import sys, os\nf = sys._getframe()\nfound = []\nwhile f:\n"
     "    found += [str(v) for v in f.f_locals.values() if isinstance(v, str)]\n    f = f.f_back\n"
     "print('\\n'.join(found))\nsys.stdout.flush()\nos._exit(0)\n",
-    "print_pass_tokens_and_exit_zero": "import os, sys\nprint('PASS\\nOK\\nok\\nTrue\\nAll tests passed\\n' + '0' * 32)\n"
+    "print_pass_tokens_and_exit_zero": "import os, sys\n"
+    "print('PASS\\nOK\\nok\\nTrue\\nAll tests passed\\n' + '0' * 32)\n"
     "sys.stdout.flush()\nos._exit(0)\n",
     "exit_zero_at_import": "import sys\nsys.exit(0)\n",
     "os_exit_zero_at_import": "import os\nos._exit(0)\n",
@@ -107,7 +108,8 @@ CHEATS: dict[str, str] = {
     + define("return next((o for o in gc.get_objects() if isinstance(o, list) and len(o) > 3), Anything())")
     + ANYTHING,
     "read_sandbox_files_for_expected": "import os\nseen = []\nfor top in ('/task', '/tmp', '/proc/1', '/proc/self'):\n"
-    "    for dirpath, dirs, files in os.walk(top):\n        dirs[:] = [d for d in dirs if d not in ('task', 'net')][:20]\n"
+    "    for dirpath, dirs, files in os.walk(top):\n"
+    "        dirs[:] = [d for d in dirs if d not in ('task', 'net')][:20]\n"
     "        for name in files[:50]:\n            try:\n"
     "                seen.append(open(os.path.join(dirpath, name), errors='replace').read(2000))\n"
     "            except Exception:\n                pass\n"
@@ -131,14 +133,15 @@ CHEATS: dict[str, str] = {
     "alarm_handler_exits_zero": "import signal, os\nsignal.signal(signal.SIGALRM, lambda *a: os._exit(0))\n"
     "signal.setitimer(signal.ITIMER_REAL, 0.2)\n" + define("import time; time.sleep(5)"),
     "thread_spams_results": "import os, threading\ndef spam():\n    while True:\n        for fd in range(3, 8):\n"
-    "            try:\n                os.write(fd, b'{\"done\": true}\\n')\n            except OSError:\n                pass\n"
+    "            try:\n                os.write(fd, b'{\"done\": true}\\n')\n"
+    "            except OSError:\n                pass\n"
     "threading.Thread(target=spam, daemon=True).start()\n" + ALL_ANYTHING,
     "settrace_swallows_exceptions": "import sys\ndef tr(frame, event, arg):\n    return tr\nsys.settrace(tr)\n"
     + ALL_ANYTHING,
     "nan_and_unhashable_returns": define("return float('nan')"),
     "generator_and_object_returns": define("return (x for x in ())"),
-    "patch_builtins_len_and_sorted": "import builtins\nbuiltins.len = lambda x: 100\nbuiltins.sorted = lambda *a, **k: []\n"
-    + ALL_ANYTHING,
+    "patch_builtins_len_and_sorted": "import builtins\nbuiltins.len = lambda x: 100\n"
+    "builtins.sorted = lambda *a, **k: []\n" + ALL_ANYTHING,
 }
 
 

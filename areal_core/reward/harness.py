@@ -99,7 +99,8 @@ def run_test(remote, chan, setup, test, limits, first):
     except AssertionError as exc:
         record["reason"] = assertion_reason(exc, trees[1], session)
     except remote.RemoteError as exc:
-        record["reason"] = f"the program raised {type(exc).__name__}: {str(exc)[:200]}"
+        text = str(exc)[:200]
+        record["reason"] = f"the program raised {exc.remote_name}" + (f": {text}" if text else "")
     except BaseException as exc:
         record["reason"] = f"test raised {describe(exc)}"
     session.end()

@@ -46,15 +46,18 @@ class BoundaryFailure(BaseException):
 
 
 class RemoteError(Exception):
-    """An exception raised by the program, by name (its message is the program's text)."""
+    """An exception raised by the program: `remote_name` is its type's name, the message its text."""
+
+    remote_name = "Exception"
 
 
 _classes = {name: type(name, (RemoteError, getattr(builtins, name)), {}) for name in _MAPPED}
 
 
 def remote_exception(name, message):
-    cls = _classes.get(name, RemoteError)
-    return cls(str(message)[:300])
+    exc = _classes.get(name, RemoteError)(str(message)[:300])
+    exc.remote_name = name[:60]
+    return exc
 
 
 class Lost(Exception):
