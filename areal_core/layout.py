@@ -109,7 +109,7 @@ class Layout:
 
     # -- markers and file names --------------------------------------------------------------
     committed_name = "COMMITTED"  # last file of a checkpoint, init_model/, final_model/
-    manifest_name = "MANIFEST.json"  # last file of a weights version (sha256 of every file)
+    manifest_name = "MANIFEST.json"  # sha256 of every file of a weights version, checkpoint, init_model/
     latest_name = "LATEST"  # written after a version's manifest: the newest complete version
     markers = (committed_name, manifest_name, latest_name)  # written after everything they mark
 

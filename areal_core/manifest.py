@@ -12,7 +12,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-MANIFEST_NAME = "MANIFEST.json"
+from areal_core.layout import LAYOUT
+
+MANIFEST_NAME = LAYOUT.manifest_name
 
 
 class ManifestError(RuntimeError):
