@@ -528,7 +528,7 @@ def test_cluster_topology_as_separate_pyflyte_runs_on_s3(tmp_path, s3_bucket):
     logs = {k: (tmp_path / f"{k}.log").read_text() for k in procs}
     assert all(p.returncode == 0 for p in procs.values()), {k: v[-2000:] for k, v in logs.items()}
     assert store.done()
-    assert f"{run_uri}/final_model" in logs["trainer"]  # the trainer task's output
+    assert "DONE at step" in logs["trainer"]  # the trainer task ran the role in its own process
     trained = [store.read_json(p) for p in store.find("trainer/trained", ".json")]
     assert [t["step"] for t in trained] == list(range(cfg.train.steps))
     ids = [sid for t in trained for sid, _ in t["samples"]]
