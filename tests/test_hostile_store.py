@@ -11,6 +11,7 @@ import resource
 import struct
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -255,3 +256,25 @@ def test_a_flipped_byte_in_init_model_stops_every_role_that_loads_it(tmp_path):
     flip(store, f"{LAYOUT.init_model}/model.safetensors")
     with pytest.raises(ManifestError, match="model.safetensors fails its sha256"):
         build_run_trainer(run_uri, load_run_config(store))
+
+
+# -- shards under names no writer gives ---------------------------------------------------------
+def test_readers_that_take_a_position_from_a_shard_name_tolerate_odd_names(tmp_path):
+    from areal_core.online.retrain import advance, new_shards
+    from areal_core.proxy.shards import ShardWriter
+    from areal_core.rollout.admission import recover_progress
+
+    store = Store(str(tmp_path / "root"))
+    good = encode_shard([sample(0)])  # group "g": not of rollout-0's form
+    mine = encode_shard([replace(sample(1), group_id="rollout-0-g0000005")])
+    store.write_bytes(LAYOUT.ungraded_shard("rollout-0", 1), mine)
+    for rel in (LAYOUT.ungraded_shard("rollout-0", 3), f"{LAYOUT.shard_dir('ungraded', 'rollout-0')}/copy-of-1.arrow"):
+        store.write_bytes(rel, good)
+    progress = recover_progress(store, "rollout-0")
+    assert progress.next_seq == 4 and progress.groups == {5}  # the odd name holds no position, foreign rows no group
+    store.write_bytes(LAYOUT.graded_shard("proxy-0", 2), good)
+    odd = f"{LAYOUT.shard_dir('graded', 'proxy-0')}/1 (2).arrow"
+    store.write_bytes(odd, good)
+    shards = new_shards(store, {"proxy-0": 2})
+    assert shards == [odd] and advance({"proxy-0": 2}, shards) == {"proxy-0": 2}
+    assert ShardWriter(store, "proxy-0").seq == 3

@@ -48,21 +48,28 @@ def read_cursor(store: Store) -> dict[str, int]:
     return dict(store.read_json(LAYOUT.online_cursor)["workers"]) if store.exists(LAYOUT.online_cursor) else {}
 
 
+def _worker_seq(rel: str) -> tuple[str, int | None]:
+    return rel.rsplit("/", 2)[-2], LAYOUT.shard_seq(rel)
+
+
 def new_shards(store: Store, cursor: dict[str, int]) -> list[str]:
-    """Graded session shards past the cursor, oldest first per worker."""
+    """Graded session shards past the cursor, oldest first per worker. A shard under a name no
+    writer gives ('copy-of-1.arrow') has no position: it is read every time, and its rows that an
+    earlier run trained are left out by identity (`consumed_identities`)."""
     out = []
     for rel in store.find(LAYOUT.graded_dir, ".arrow"):
-        worker, seq = LAYOUT.shard_worker_seq(rel)
-        if seq > cursor.get(worker, -1):
+        worker, seq = _worker_seq(rel)
+        if seq is None or seq > cursor.get(worker, -1):
             out.append(rel)
-    return sorted(out, key=LAYOUT.shard_worker_seq)
+    return sorted(out, key=lambda rel: (_worker_seq(rel)[0], _worker_seq(rel)[1] or -1, rel))
 
 
 def advance(cursor: dict[str, int], shards: list[str]) -> dict[str, int]:
     out = dict(cursor)
     for rel in shards:
-        worker, seq = LAYOUT.shard_worker_seq(rel)
-        out[worker] = max(out.get(worker, -1), seq)
+        worker, seq = _worker_seq(rel)
+        if seq is not None:
+            out[worker] = max(out.get(worker, -1), seq)
     return out
 
 

@@ -22,9 +22,10 @@ class ShardWriter:
         self.store, self.worker_id = store, worker_id
         self._lock = threading.Lock()
         seqs = [
-            LAYOUT.shard_worker_seq(p)[1]
+            seq
             for stage in ("graded", "ungraded")
             for p in store.find(LAYOUT.shard_dir(stage, worker_id), ".arrow")
+            if (seq := LAYOUT.shard_seq(p)) is not None  # a copied or renamed shard holds no position
         ]
         self.seq = max(seqs) + 1 if seqs else 0
         self.events = EventLog(store, "proxy", worker_id.rsplit("-", 1)[-1])

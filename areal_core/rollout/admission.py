@@ -73,8 +73,15 @@ def recover_progress(store: Store, worker_id: str) -> Progress:
             samples = decode_shard(store.read_bytes(name))
         except Exception:  # noqa: BLE001 - torn: rewritten from here on
             break
-        progress.groups.update(group_index(s.group_id) for s in samples)
-        progress.next_seq = LAYOUT.shard_worker_seq(name)[1] + 1
+        own = f"{worker_id}-g"  # a row of another worker's groups (a copied shard) is not this worker's progress
+        progress.groups.update(
+            int(s.group_id[len(own) :])
+            for s in samples
+            if s.group_id.startswith(own) and s.group_id[len(own) :].isdigit()
+        )
+        seq = LAYOUT.shard_seq(name)  # None: a name no writer gives ('copy-of-1.arrow'); its groups still count
+        if seq is not None:
+            progress.next_seq = max(progress.next_seq, seq + 1)
     return progress
 
 
