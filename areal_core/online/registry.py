@@ -189,15 +189,19 @@ def register_run(
     # the run's final_model artifact: evaluation logged it the same way (log_model), else it is logged now
     items = [("final", model_name, LAYOUT.final_model, final_files, {})]
     steps = checkpoint.committed_steps(store) if include_checkpoint else []
+    if steps and store.exists(LAYOUT.checkpoint_file(steps[-1], checkpoint.ADAPTER_FILE)):
+        log.info("checkpoint %d holds a LoRA adapter, not a model: only the final model is registered", steps[-1])
+        steps = []
     if steps:
-        # a checkpoint holds model.safetensors; config and tokenizer come from init_model so it loads alone
+        # a checkpoint holds model.safetensors; config and tokenizer come from init_model so it loads alone.
+        # Neither manifest travels: each describes its own folder, not this merged one.
         side = {
             rel.rsplit("/", 1)[-1]: store.read_bytes(rel)
             for rel in store.find(LAYOUT.init_model)
-            if not rel.endswith((checkpoint.MODEL_FILE, LAYOUT.committed_name))
+            if not rel.endswith((checkpoint.MODEL_FILE, LAYOUT.committed_name, LAYOUT.manifest_name))
         }
         base = LAYOUT.checkpoint_dir(steps[-1])
-        files = store_files(store, base, side)
+        files = store_files(store, base, side, drop=(LAYOUT.manifest_name, LAYOUT.committed_name))
         items.append(
             (
                 "checkpoint",
