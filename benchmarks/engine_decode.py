@@ -7,7 +7,8 @@ static batching on long-tailed lengths, on the tiny default model (configs/defau
 Equal lengths: batch B prompts of P random tokens, exactly N new tokens each (no token ends a
 sequence), sampling at temperature 1 (top-k/top-p off); tokens/s = B·N / time of the whole call
 (prefill included), best of `--repeats`, by wall clock and by process CPU time (the steadier
-number when other jobs share the cores; with one thread it is the compute time). Long tail: R requests with max_new_tokens drawn
+number when other jobs share the cores; with one thread it is the compute time). Long tail: R requests with
+max_new_tokens drawn
 from a clipped Pareto law; useful tokens/s = Σ lengths / wall time. The static baselines run
 batches of `slots` requests to the batch's longest length (what a static batch does).
 Floor (`--floor`): the continuous engine's own GEMMs and decode attention timed alone in a hot

@@ -269,7 +269,8 @@ def main() -> None:
     rounds = [[r["calls"][t]["prompt_token_ids"] for r in results] for t in range(args.turns)]
     direct_rounds_s = sum(direct_engine(model, tok, prompts_t, args.max_tokens, 0)["batch_s"] for prompts_t in rounds)
 
-    machine = f"{os.cpu_count()} vCPU, {platform.processor() or platform.machine()}, Python {platform.python_version()}, torch {torch.__version__}"
+    cpu = platform.processor() or platform.machine()
+    machine = f"{os.cpu_count()} vCPU, {cpu}, Python {platform.python_version()}, torch {torch.__version__}"
     lines = [
         "# Proxy load test",
         "",

@@ -75,7 +75,9 @@ def main() -> int:
         "setup_s": med["total_s"] - med["wall_s"],
         "speedup_vs_run_trainer": src["elapsed_s"] / max(med["wall_s"], 1e-9),
         "max_rel_diff": rec["max_rel_diff"],
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {sys.version.split()[0]}",
+        "machine": (
+            f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {sys.version.split()[0]}"
+        ),
         "repeats": args.repeats,
     }
     print(json.dumps(out, indent=1))

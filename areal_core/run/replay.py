@@ -24,7 +24,8 @@ trainer/metrics.jsonl, final_model/, DONE and lineage/replay.json (the source, t
 and the largest relative difference of each step's loss and grad-norm from the run's).
 
 One step implementation: the replay is the trainer (train/trainer.py) fed the recorded batches
-(`RecordedBatches`) with a sink that publishes and checkpoints nothing (`NullSink`). With the run's config and seed the per-step loss and grad-norm match the run's
+(`RecordedBatches`) with a sink that publishes and checkpoints nothing (`NullSink`). With the
+run's config and seed the per-step loss and grad-norm match the run's
 (tests/test_replay.py). Under other settings (`--set`): algo.*, train.* (lr, schedule, η,
 minibatches, clipping ...), seed, eval, tracking. The model, the task, the rollout settings (the
 behaviour distribution: rollout.temperature is the trainer's too) and train.batch_groups are
