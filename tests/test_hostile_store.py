@@ -278,3 +278,23 @@ def test_readers_that_take_a_position_from_a_shard_name_tolerate_odd_names(tmp_p
     shards = new_shards(store, {"proxy-0": 2})
     assert shards == [odd] and advance({"proxy-0": 2}, shards) == {"proxy-0": 2}
     assert ShardWriter(store, "proxy-0").seq == 3
+
+
+def test_the_report_reads_a_hostile_config_yaml_within_bounds(tmp_path):
+    import time
+
+    from areal_core.config import ConfigError
+    from areal_core.report.data import load_run
+    from areal_core.run.pipeline import parse_overrides
+
+    store = Store(str(tmp_path / "run"))
+    laughs = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi")
+    )
+    store.write_text(LAYOUT.config, laughs)  # 9^9 leaves once expanded
+    t0 = time.monotonic()
+    assert load_run(store).config == {}
+    assert time.monotonic() - t0 < 5
+    with pytest.raises(ConfigError) as err:
+        parse_overrides('a="' + "x" * 10_000)
+    assert len(str(err.value)) < 400  # an excerpt of the value, not the value

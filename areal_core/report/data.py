@@ -41,7 +41,8 @@ def _jsonl(text: str) -> list[dict[str, Any]]:
 def load_run(store: Store) -> RunData:
     """The run's events, metrics rows and (when the events have no `trained` records) audit
     records. NotARun when the root holds no config.yaml."""
-    import yaml
+    from areal_core.config import ConfigError
+    from areal_core.config.base import load_yaml_text
 
     if not store.exists(LAYOUT.config):
         raise NotARun(f"{store.uri} is not a run root (no {LAYOUT.config})")
@@ -50,8 +51,8 @@ def load_run(store: Store) -> RunData:
     audits: list[dict[str, Any]] = []
     if not any(r.get("kind") == "trained" for r in records):
         audits = [store.read_json(p) for p in store.find(LAYOUT.trained_dir, ".json")]
-    try:
-        config = yaml.safe_load(store.read_text(LAYOUT.config)) or {}
-    except yaml.YAMLError:
+    try:  # bounded (config/base.py): a hostile config.yaml cannot hang the report
+        config = load_yaml_text(store.read_bytes(LAYOUT.config), LAYOUT.config) or {}
+    except ConfigError:
         config = {}
     return RunData(store.uri, records, rows, audits, store.done(), config if isinstance(config, dict) else {})

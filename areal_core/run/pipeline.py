@@ -12,6 +12,7 @@ import shlex
 from typing import Any
 
 from areal_core.config import ConfigError, RunConfig, from_yaml_text, load_config, to_dict
+from areal_core.config.base import excerpt
 from areal_core.layout import LAYOUT
 from areal_core.run.live import Publish
 from areal_core.run.tracking import Tracker
@@ -28,7 +29,7 @@ def parse_overrides(overrides: str | list[str]) -> list[str]:
     try:
         return shlex.split(overrides)
     except ValueError as exc:
-        raise ConfigError(f"overrides {overrides!r}: {exc}") from None
+        raise ConfigError(f"overrides {excerpt(overrides)}: {exc}") from None
 
 
 def sft_key(cfg: RunConfig) -> str:
