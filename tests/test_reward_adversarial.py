@@ -7,8 +7,9 @@ answers, leaves early with a zero exit, reads whatever the sandbox holds (its fi
 stdin, the caller's frame, the heap) for the expected values, writes into the runner's
 channels, or exhausts a limit. Every shipped task's canonical solution still scores 1.
 
-The verdict is computed outside the sandbox (see `areal_core.reward.checks`), so the only way
-to pass is to report the right values; none of these does.
+The tests run on the host and the program is only called, across a typed boundary (see
+`areal_core.reward.boundary`), so the only way to pass is to return the right values; none of
+these does. tests/test_reward_cheats.py runs these and more on MBPP-style tests and HumanEval.
 """
 
 from __future__ import annotations

@@ -45,8 +45,10 @@ def test_asserts_in_loops_helpers_and_check_functions_are_graded():
     tests = [
         "for i in range(10):\n    assert add(i, 1) == i + 1",
         "def helper(x):\n    assert add(x, x) == 2 * x\nhelper(3)\nhelper(-4)",
-        "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert abs(candidate(0.1, 0.2) - 0.3) < 1e-9\ncheck(add)",
-        "import math\nassert math.isclose(add(0.5, 0.25), 0.75, rel_tol=1e-9)\nassert all(map(lambda t: add(*t) == sum(t), [(1, 2), (3, 4)]))",
+        "def check(candidate):\n    assert candidate(2, 3) == 5\n"
+        "    assert abs(candidate(0.1, 0.2) - 0.3) < 1e-9\ncheck(add)",
+        "import math\nassert math.isclose(add(0.5, 0.25), 0.75, rel_tol=1e-9)\n"
+        "assert all(map(lambda t: add(*t) == sum(t), [(1, 2), (3, 4)]))",
         "x = add(3, 4)\nassert x == 7\nassert isinstance(x, int) and not isinstance(add(1.0, 1), int)",
     ]
     assert grade(GOOD, tests)["reward"] == 1.0
@@ -89,7 +91,8 @@ def test_program_values_and_stdlib_modules_cross_as_host_copies():
 @needs_bwrap
 def test_arguments_changed_in_place_come_back():
     program = (
-        "def fill(xs, d, s, grid, t):\n    xs.append(len(xs))\n    xs[0] = 'first'\n    d['k'] = [1]\n    del d['gone']\n"
+        "def fill(xs, d, s, grid, t):\n    xs.append(len(xs))\n    xs[0] = 'first'\n"
+        "    d['k'] = [1]\n    del d['gone']\n"
         "    s.add(9)\n    grid[1][0] = 5\n    t[0].append('x')\n    return None\n"
         "def sort_in_place(xs):\n    xs.sort()\n"
     )
@@ -184,7 +187,8 @@ def test_a_program_that_cannot_load_fails_every_test_with_one_reason_and_one_wai
 @needs_bwrap
 def test_values_that_cannot_cross_are_named_failures():
     program = (
-        "def fn(x):\n    return fn\ndef gen(x):\n    return (i for i in range(x))\ndef big(x):\n    return 'x' * 2**21\n"
+        "def fn(x):\n    return fn\ndef gen(x):\n    return (i for i in range(x))\n"
+        "def big(x):\n    return 'x' * 2**21\n"
         "def obj(x):\n    class C:\n        pass\n    return C()\n"
     )
     out = grade(
@@ -236,7 +240,8 @@ def test_the_names_a_test_needs_exclude_its_own_bindings_and_the_builtins():
 
     test = (
         "import math\nfrom random import randint as ri\nMETA = 1\ndef check(candidate):\n    x = candidate(1)\n"
-        "    assert abs(x) == poly(x) and helper(ri(1, 2))\nfor i in range(3):\n    y = i\ncheck(solve)\nglobal_g = solve2"
+        "    assert abs(x) == poly(x) and helper(ri(1, 2))\nfor i in range(3):\n    y = i\n"
+        "check(solve)\nglobal_g = solve2"
     )
     assert needed_names([ast.parse(test)]) == {"poly", "helper", "candidate", "x", "solve", "solve2"}
 
