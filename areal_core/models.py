@@ -7,6 +7,7 @@ one per token) and saved in HF format with a chat template.
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -93,7 +94,10 @@ def load_pretrained(path: str, device: str = "cpu") -> tuple[Any, Any]:
     local = localize(path)
     verify_local_dir(local)
     tokenizer = AutoTokenizer.from_pretrained(local)
-    model = AutoModelForCausalLM.from_pretrained(local, dtype=torch.float32).to(device)
+    auto = AutoModelForCausalLM
+    if "vision_config" in json.loads((Path(local) / "config.json").read_text()):  # model.kind vlm (docs/vlm.md)
+        from transformers import AutoModelForImageTextToText as auto
+    model = auto.from_pretrained(local, dtype=torch.float32).to(device)
     return model, tokenizer
 
 
@@ -114,6 +118,7 @@ def localize(path: str) -> str:
 
 
 def save_pretrained(model: Any, tokenizer: Any, out_dir: str | Path) -> None:
+    """`model` and `tokenizer` (or a VLM's areal_core.vlm.model.VisionProcessor) as an HF folder."""
     from areal_core.logs import quiet_libraries
 
     quiet_libraries()

@@ -38,6 +38,7 @@ LAYERS: dict[str, int] = {
     "areal_core.context": 2,
     "areal_core.events": 2,
     "areal_core.pretrained": 2,
+    "areal_core.vlm": 2,  # beside models.py: the VLM, its processor, images, multimodal inputs
     "areal_core.weights": 3,
     "areal_core.forks": 3,
     "areal_core.dataset": 3,

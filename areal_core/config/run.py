@@ -57,6 +57,13 @@ class TaskConfig(ConfigModel):
 
 
 class ModelConfig(ConfigModel):
+    kind: Literal["text", "vlm"] = Field(
+        "text",
+        description=(
+            "text: a causal LM (the tiny Qwen2); vlm: a Qwen2.5-VL vision-language model, tiny or from "
+            "model.path (docs/vlm.md)"
+        ),
+    )
     path: Str = Field(
         "",
         description="an HF checkpoint folder or URI, or `pretrained:smollm2` (areal_core.pretrained: fetched, converted and cached); empty: the tiny Qwen2 built from model.*",
@@ -68,11 +75,19 @@ class ModelConfig(ConfigModel):
     intermediate_size: Int = Field(384, description="tiny model: MLP width")
     max_position_embeddings: Int = Field(256, description="tiny model: longest sequence")
     vocab_size: Int = Field(384, description="tokenizer BPE size for the embedded task")
+    vision_hidden_size: Int = Field(64, gt=0, description="tiny VLM: vision tower width (kind vlm)")
+    vision_layers: Int = Field(2, gt=0, description="tiny VLM: vision tower blocks (kind vlm)")
+    patch_size: Int = Field(8, gt=0, description="tiny VLM: vision patch side in pixels (kind vlm)")
+    image_size: Int = Field(64, gt=0, description="tiny VLM: images are resized to about image_size² pixels (kind vlm)")
 
     @model_validator(mode="after")
     def _heads_fit(self) -> Self:
         if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
             raise Invalid("num_heads", "must divide hidden_size and be a multiple of num_kv_heads")
+        if self.kind == "vlm" and (self.hidden_size // self.num_heads) % 8:
+            raise Invalid("num_heads", "kind vlm: hidden_size / num_heads must be a multiple of 8 (mrope)")
+        if self.kind == "vlm" and self.image_size % (2 * self.patch_size):
+            raise Invalid("image_size", f"kind vlm: must be a multiple of 2 × patch_size ({2 * self.patch_size})")
         return self
 
 
