@@ -1,28 +1,50 @@
-"""`python -m areal_core.proxy --model <hf dir> --api-key <key> [--store URI]`: serve an HF checkpoint
-through the proxy (online mode: with --store, each ended session is written there as a shard)."""
+"""`python -m areal_core.proxy --follow SOURCE --api-key <key> [--engine E] [--store URI]`: serve a
+policy through the proxy, following a source of versions (online mode: with --store, each ended
+session is written there as a shard).
+
+SOURCE (proxy/versions.py): `models:/NAME@ALIAS` (the registry's alias, polled every
+--poll-interval-s; moving it back rolls the proxy back), `RUN/weights` (the versions a run's
+trainer publishes), or an HF folder (fixed; `--model DIR` is the same). The engine is the one
+`rollout.engine` names (`--engine torch|continuous|vllm|sglang`, built by rollout/factory.py from
+`--config` and `--set key=value`), and takes each new version as a rollout worker does."""
 
 from __future__ import annotations
 
 import argparse
 import os
 
+from fastapi import FastAPI
+
+from areal_core.config import RunConfig, load_config
 from areal_core.logs import setup_logging
 from areal_core.proxy.app import create_app
 from areal_core.proxy.guard import ProxyLimits
 from areal_core.proxy.runner import server_config
+from areal_core.proxy.versions import Follower, first_version, make_source
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="python -m areal_core.proxy", description="Serve a policy through the OpenAI-compatible proxy."
     )
-    ap.add_argument("--model", required=True, help="HF checkpoint folder or fsspec URI")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--follow", help="models:/NAME@ALIAS, RUN/weights, or an HF folder (fixed)")
+    src.add_argument("--model", help="HF checkpoint folder or fsspec URI (= --follow DIR)")
+    ap.add_argument("--engine", choices=["torch", "continuous", "vllm", "sglang"], help="default: the config's")
+    ap.add_argument("--config", default="", help="YAML config files, comma-separated (rollout.*, device)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeat)")
+    ap.add_argument("--device", default="", help="cpu, cuda or npu (default: the config's)")
+    ap.add_argument("--server-url", default="", help="the vLLM/SGLang server (rollout.server.url)")
+    ap.add_argument("--poll-interval-s", type=float, default=5.0, help="seconds between polls of the source")
+    ap.add_argument("--tracking-uri", default="", help="the MLflow registry (default: $MLFLOW_TRACKING_URI)")
+    ap.add_argument("--staging", default="", help="local folder for the versions served (default: a temporary one)")
+    ap.add_argument("--wait-s", type=float, default=600.0, help="how long to wait for the source's first version")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--api-key", action="append", default=[], help="accepted key (repeat); or AREAL_PROXY_KEYS")
     ap.add_argument("--store", default="", help="run root: ended sessions are written there as shards")
     ap.add_argument("--worker-id", default="proxy-0")
-    ap.add_argument("--version", type=int, default=0, help="policy version recorded for served tokens")
+    ap.add_argument("--version", type=int, default=0, help="a folder's version (the first MLflow one's number)")
     ap.add_argument("--turn-discount", type=float, default=1.0)
     ap.add_argument("--tool-prompt", default="full", choices=["full", "names", "none"])
     ap.add_argument("--max-context-tokens", type=int, default=0)
@@ -43,14 +65,24 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
-    setup_logging()
+    return ap.parse_args(argv)
 
+
+def engine_config(args: argparse.Namespace) -> RunConfig:
+    """The run config the engine is built from: --config, then --set, then the flags."""
+    flags = [f"seed={args.seed}"]
+    flags += [f"rollout.engine={args.engine}"] if args.engine else []
+    flags += [f"device={args.device}"] if args.device else []
+    flags += [f"rollout.server.url={args.server_url}"] if args.server_url else []
+    return load_config(args.config or None, [*args.set, *flags])
+
+
+def build_app(args: argparse.Namespace) -> FastAPI:
+    """The proxy app of the command line: the engine built by the rollout factory on the source's
+    first version, the follower (started with the app) delivering the next ones."""
     import torch
-    import uvicorn
 
-    from areal_core.models import load_pretrained
-    from areal_core.rollout.torch_engine import TorchEngine
+    from areal_core.rollout.factory import build_engine
     from areal_core.store import Store
 
     if args.threads:
@@ -58,9 +90,17 @@ def main(argv: list[str] | None = None) -> None:
     keys = args.api_key + [k for k in os.environ.get("AREAL_PROXY_KEYS", "").split(",") if k]
     if not keys:
         raise SystemExit("give at least one --api-key (or AREAL_PROXY_KEYS)")
-    model, tokenizer = load_pretrained(args.model)
-    engine = TorchEngine(model, tokenizer.pad_token_id, tokenizer.eos_token_id, args.version, seed=args.seed)
-    app = create_app(
+    cfg = engine_config(args)
+    source = make_source(
+        args.follow or args.model, tracking_uri=args.tracking_uri, staging=args.staging, version=args.version
+    )
+    try:
+        version = first_version(source, args.wait_s)
+        engine, tokenizer = build_engine(cfg, source.store, version)
+    except BaseException:
+        source.close()
+        raise
+    return create_app(
         engine,
         tokenizer,
         store=Store(args.store) if args.store else None,
@@ -76,8 +116,16 @@ def main(argv: list[str] | None = None) -> None:
         worker_id=args.worker_id,
         turn_discount=args.turn_discount,
         tool_prompt=args.tool_prompt,
+        follower=Follower(source, engine, args.poll_interval_s),
     )
-    uvicorn.Server(server_config(app, args.host, args.port)).run()
+
+
+def main(argv: list[str] | None = None) -> None:
+    import uvicorn
+
+    args = parse_args(argv)
+    setup_logging()
+    uvicorn.Server(server_config(build_app(args), args.host, args.port)).run()
 
 
 if __name__ == "__main__":

@@ -59,6 +59,7 @@ def create_app(
     tool_prompt: str = "full",
     sampling: SamplingParams | None = None,
     force_sampling: bool = False,
+    follower: Any = None,
 ) -> FastAPI:
     """The proxy app over `engine_backend`: a RolloutEngine (put behind an AsyncEngine, closed
     with the app) or an AsyncEngine (the rollout worker's, left open).
@@ -66,6 +67,9 @@ def create_app(
     store: when given, each ended session is written there as one shard (online mode).
     sampling: server-side defaults; with force_sampling=True the request's temperature, top_p
     and top_k are ignored, so the behaviour policy is the one the trainer assumes (training).
+    follower: a `proxy/versions.Follower` over the engine (started here, stopped with the app):
+    /health then reports the serving version and what it holds, every completion its
+    `model_version`.
     """
     limits = limits or ProxyLimits()
     keys = api_keys if isinstance(api_keys, ApiKeys) else ApiKeys(api_keys)
@@ -95,6 +99,7 @@ def create_app(
         defaults=sampling or SamplingParams(max_new_tokens=limits.default_max_tokens),
         force_sampling=force_sampling,
         model_name=model_name,
+        follower=follower,
     )
     app = FastAPI(
         title="AReaL-Flyte agent proxy",
@@ -122,8 +127,12 @@ def create_app(
 
 @asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
-    yield
     state: ProxyState = app.state.proxy
+    if state.follower is not None:
+        state.follower.start()
+    yield
+    if state.follower is not None:
+        state.follower.stop()
     if state.sessions.writer is not None:
         state.sessions.writer.close()
     if state.owns_backend:

@@ -141,6 +141,11 @@ class ArealExtra(BaseModel):
     logprobs: list[float] = Field(description="behaviour log-prob of each served token")
     versions: list[int] = Field(description="policy version that produced each served token")
     policy_version: int
+    model_version: str | None = Field(
+        default=None,
+        description="what the version of the last served token holds when the proxy follows a source "
+        "(models:/NAME/N, RUN/weights/vN, a folder); null otherwise",
+    )
     timing: ArealTiming
     session_ended: bool = Field(
         default=False,

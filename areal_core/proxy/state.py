@@ -50,6 +50,12 @@ class ProxyState:
     defaults: SamplingParams
     force_sampling: bool
     model_name: str
+    follower: Any = None  # proxy/versions.Follower when the proxy follows a source of versions
+
+    def model_version(self, version: int) -> str | None:
+        """What serving version `version` holds (models:/NAME/N, RUN/weights/v..., a folder); None
+        when the proxy follows no source."""
+        return None if self.follower is None else self.follower.label(version)
 
     def sampling_for(self, req: _SamplingFields, max_new: int) -> SamplingParams:
         """The server defaults with `max_new`; the request's temperature, top_p and top_k
@@ -152,6 +158,7 @@ class ProxyState:
             "logprobs": gen.logprobs,
             "versions": gen.versions,
             "policy_version": self.backend.version,
+            "model_version": self.model_version(gen.versions[-1] if gen.versions else self.backend.version),
             "session_ended": turn.session_ended,
             "timing": {
                 "queue_s": getattr(gen, "queue_s", 0.0),

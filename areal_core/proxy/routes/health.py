@@ -13,12 +13,16 @@ router = APIRouter()
 
 @router.get("/health", tags=["service"])
 async def health(state: State) -> dict:
-    return {
+    out = {
         "ok": True,
         "policy_version": state.backend.version,
         "live_sessions": len(state.sessions.sessions),
         "sessions": dict(state.sessions.counters),
     }
+    if state.follower is not None:  # the serving version, what it holds, and whether the source is still followed
+        out["serving"] = state.follower.describe()
+        out["ok"] = state.follower.healthy()
+    return out
 
 
 @router.get(
