@@ -146,16 +146,21 @@ def test_make_source_names_each_kind(tmp_path):
             make_source(bad)
 
 
-def test_the_proxy_follows_a_run_s_weights_with_no_failed_request(tmp_path, models):
-    """The trainer publishes v0, v1, v2 while clients send requests: the proxy installs each the way
-    a rollout worker does; /health and every token name the trainer's version."""
+@pytest.mark.parametrize("engine", ["torch", "continuous"])
+def test_the_proxy_follows_a_run_s_weights_with_no_failed_request(tmp_path, models, engine):
+    """The trainer publishes v0, v1, v2 while clients send requests: the proxy's engine (built by the
+    rollout factory) installs each the way a rollout worker does; /health and every token name the
+    trainer's version."""
     run = Store(str(tmp_path / "run"))
     model0, tok, folder0 = models[0]
     run.put_dir(folder0, LAYOUT.init_model)
     run.write_json(LAYOUT.committed(LAYOUT.init_model), {})
     side = hf_side_files(model0, tok)
     publish(run, 0, state_dict_bytes(model0), side)
-    args = parse_args(["--follow", run.url(LAYOUT.weights_root), "--api-key", KEY, "--poll-interval-s", "0.1"])
+    follow = ("--follow", run.url(LAYOUT.weights_root), "--engine", engine, "--poll-interval-s", "0.1")
+    args = parse_args(
+        [*follow, "--api-key", KEY, "--set", "rollout.max_batch_groups=1", "--set", "rollout.group_size=4"]
+    )
     with ProxyServer(build_app(args)) as server, Traffic(server.base_url) as traffic:
         phases = [(wait_serving(server.url, run.url(LAYOUT.weights_dir(0)))[0], 0, run.url(LAYOUT.weights_dir(0)))]
         first = probe(server.base_url)
