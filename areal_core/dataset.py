@@ -27,6 +27,8 @@ trained or not. Shard columns (protocol.SCHEMA) plus, per sample:
   staleness                 v − min_version: the oldest token's staleness at training / at the drop
 The audit (trainer/trained/step-N.json) names samples by worker and sample id; records of an
 older trainer without `*_workers` are joined on the sample id alone.
+A multimodal row's `image_ids` (null for text rows and for shards written before the column)
+name its prompt's images; `load_images(run, row["image_ids"])` reads them back (docs/vlm.md).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from areal_core.forks import read_fork
 from areal_core.layout import LAYOUT
 from areal_core.protocol import SCHEMA, SCHEMA_VERSION
 from areal_core.store import Store
+from areal_core.vlm.images import read_from
 
 log = logging.getLogger("areal.dataset")
 
@@ -331,3 +334,27 @@ def _join_audit(table: pa.Table, audit: pa.Table) -> pa.Table:
     )
     staleness = pc.subtract(table["trainer_version"], audit["audit_min_version"].take(idx))
     return table.append_column("staleness", staleness)
+
+
+def image_roots(run: str | Store) -> list[Store]:
+    """The roots whose images a run's rows may name: its own, then a fork's parents (their shards
+    are read by reference) and a replay's source, recursively."""
+    out, todo, seen = [], [_store(run)], set()
+    while todo:
+        store = todo.pop(0)
+        if store.uri in seen:
+            continue
+        seen.add(store.uri)
+        out.append(store)
+        if (ref := read_fork(store)) is not None:
+            todo.append(Store(ref.parent))
+        if store.exists(LAYOUT.replay_record):
+            todo.append(Store(store.read_json(LAYOUT.replay_record)["source"]))
+    return out
+
+
+def load_images(run: str | Store, image_ids: list[str] | None) -> list[Any]:
+    """The PIL images a row's `image_ids` name, from the run or the roots it derives from
+    (image_roots); vlm.images.ImageError when one is missing, altered or undecodable."""
+    roots = image_roots(run)
+    return [read_from(roots, sha) for sha in image_ids or []]

@@ -14,6 +14,7 @@ import unicodedata
 
 _LAYER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # not hidden, not a path
 _SEQ = re.compile(r"[0-9]{1,18}")  # a shard's sequence number as the writers name it
+_IMAGE_ID = re.compile(r"[0-9a-f]{64}")  # an image's id: the sha256 of its bytes, lower-case hex
 MAX_NAME_CHARS = 128  # a name that becomes one folder or file name (file systems allow 255 bytes)
 _SEPARATORS = frozenset("/\\")
 _CONTROL = frozenset(("Cc", "Cf", "Cs", "Zl", "Zp"))  # control, format (bidi, zero-width), surrogate, line breaks
@@ -84,6 +85,7 @@ class Layout:
 
     config.yaml                                   the resolved config of the run
     prompts/part-{N:05d}.parquet                  the prepared prompt set
+    images/{sha[:2]}/{sha}                        a prompt's image (PNG/JPEG), named by its sha256 (vlm/images.py)
     weights/v{N:06d}/ + MANIFEST.json             one published version; weights/LATEST names the newest
     trajectories/{ungraded,graded}/{worker}/{seq:08d}.arrow
     trajectories/regraded/{layer}/{worker}/{seq:08d}.arrow  a re-graded copy of the graded layer
@@ -116,6 +118,7 @@ class Layout:
     # -- top level -------------------------------------------------------------------------------
     config = "config.yaml"
     prompts_dir = "prompts"
+    images_dir = "images"  # content-addressed, kept across runs like prompts/ (not run_state)
     weights_root = "weights"
     latest = f"{weights_root}/{latest_name}"
     trajectories_dir = "trajectories"
@@ -170,6 +173,14 @@ class Layout:
     # -- prompts -------------------------------------------------------------------------------
     def prompts_part(self, part: int) -> str:
         return f"{self.prompts_dir}/part-{part:05d}.parquet"
+
+    # -- images ----------------------------------------------------------------------------------
+    def image(self, image_id: str) -> str:
+        """Where image `image_id` (the sha256 hex of its bytes) is stored; BadName for any other id."""
+        check_name(image_id, "image id")
+        if not _IMAGE_ID.fullmatch(image_id):
+            raise BadName(f"image id {image_id[:80]!r} is not a sha256 (64 lower-case hex digits)")
+        return f"{self.images_dir}/{image_id[:2]}/{image_id}"
 
     # -- weights ---------------------------------------------------------------------------------
     version_prefix = "v"  # weights/v000012

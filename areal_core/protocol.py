@@ -41,9 +41,12 @@ SCHEMA = pa.schema(
         ("num_turns", pa.int32()),
         ("created_at", pa.float64()),
         ("meta", pa.string()),
+        ("image_ids", pa.list_(pa.string())),  # optional: the prompt's images (sha256 ids, areal_core/vlm/images.py)
     ],
     metadata={"areal.schema_version": SCHEMA_VERSION},
 )
+# Columns a shard may lack (written before they existed); read as null. The version stays "1".
+OPTIONAL_COLUMNS = ("image_ids",)
 
 
 FLOAT32_MAX = 3.4028234663852886e38  # rewards are stored as float32: anything larger becomes inf
@@ -94,6 +97,7 @@ class Sample:
     num_turns: int = 1
     created_at: float = field(default_factory=time.time)
     meta: dict[str, Any] = field(default_factory=dict)
+    image_ids: list[str] | None = None  # the prompt's images, by sha256 (Layout.image); rows never hold pixels
 
     def response_ids(self) -> list[int]:
         return self.input_ids[self.prompt_len :]
@@ -124,6 +128,11 @@ def _check(sample: Sample) -> None:
         raise ShardError(f"sample {sample.sample_id}: behav_logprobs hold a NaN or infinite value")
     if sample.token_rewards is not None and not all(map(finite_reward, sample.token_rewards)):
         raise ShardError(f"sample {sample.sample_id}: token_rewards hold a value that is not finite in float32")
+    for image in sample.image_ids or []:
+        try:
+            LAYOUT.image(image)
+        except ValueError as exc:
+            raise ShardError(f"sample {sample.sample_id}: {exc}") from None
 
 
 def to_table(samples: list[Sample]) -> pa.Table:
@@ -219,9 +228,12 @@ def decode_shard(data: bytes, limits: ShardLimits = DEFAULT_LIMITS) -> list[Samp
     version = (table.schema.metadata or {}).get(b"areal.schema_version", b"").decode(errors="replace")
     if version != SCHEMA_VERSION:
         raise ShardError(f"schema version {version[:40] or 'missing'!r}, expected {SCHEMA_VERSION!r}")
-    missing = [n for n in SCHEMA.names if n not in table.schema.names]
+    missing = [n for n in SCHEMA.names if n not in table.schema.names and n not in OPTIONAL_COLUMNS]
     if missing:
         raise ShardError(f"missing columns {missing}")
+    for name in OPTIONAL_COLUMNS:
+        if name not in table.schema.names:
+            table = table.append_column(name, pa.nulls(table.num_rows, SCHEMA.field(name).type))
     try:
         table = table.select(SCHEMA.names).cast(SCHEMA)
         _check_table(table, limits)
@@ -272,9 +284,16 @@ def read_shard_or_quarantine(
     store: Store, rel: str, events: Recorder | None = None, limits: ShardLimits = DEFAULT_LIMITS
 ) -> list[Sample] | None:
     """The shard's samples, or None after moving a corrupt shard to quarantine/ (and recording a
-    `quarantine` event when `events` is given)."""
+    `quarantine` event when `events` is given). A shard whose rows name images is corrupt when one
+    of them is missing from the store, altered or undecodable."""
     try:
-        return decode_shard(store.read_bytes(rel), limits)
+        samples = decode_shard(store.read_bytes(rel), limits)
+        if any(s.image_ids for s in samples):
+            from areal_core.vlm.images import image_problem
+
+            if problem := image_problem(store, [i for s in samples for i in s.image_ids or []]):
+                raise ShardError(problem)
+        return samples
     except ShardError as exc:
         quarantine(store, rel, str(exc))
         if events is not None:
