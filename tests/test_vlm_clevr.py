@@ -1,0 +1,95 @@
+"""The generated visual task: seeded scenes whose answers are right, counted in the drawn pixels;
+eval scenes held out by seed; the verifier checks the final answer; the loader is registered."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from areal_core.config import RunConfig
+from areal_core.vlm.images import encode_png
+from datasets import load_task
+from datasets.clevr import BACKGROUND, COLOURS, PLURAL, clevr_reward, generate, record_images
+
+
+def components(pixels: np.ndarray) -> list[tuple[tuple[int, int, int], float]]:
+    """(colour, fill ratio of its bounding box) per 4-connected blob of one exact colour."""
+    h, w, _ = pixels.shape
+    seen = np.zeros((h, w), bool)
+    out = []
+    for y0 in range(h):
+        for x0 in range(w):
+            colour = tuple(int(c) for c in pixels[y0, x0])
+            if seen[y0, x0] or colour == BACKGROUND:
+                continue
+            cells, todo = [], deque([(y0, x0)])
+            seen[y0, x0] = True
+            while todo:
+                y, x = todo.popleft()
+                cells.append((y, x))
+                for ny, nx in ((y + 1, x), (y - 1, x), (y, x + 1), (y, x - 1)):
+                    if 0 <= ny < h and 0 <= nx < w and not seen[ny, nx] and tuple(pixels[ny, nx]) == colour:
+                        seen[ny, nx] = True
+                        todo.append((ny, nx))
+            ys, xs = zip(*cells)
+            box = (max(ys) - min(ys) + 1) * (max(xs) - min(xs) + 1)
+            out.append((colour, len(cells) / box))
+    return out
+
+
+def shape_of(fill: float) -> str:
+    return "square" if fill > 0.95 else "circle" if fill > 0.65 else "triangle"
+
+
+def answer_from_pixels(question: str, pixels: np.ndarray) -> str:
+    blobs = components(pixels)
+    names = {rgb: name for name, rgb in COLOURS.items()}
+    assert all(c in names for c, _ in blobs)  # no stray colour: every drawn pixel belongs to an object
+    shapes = [shape_of(f) for _, f in blobs]
+    for colour in COLOURS:
+        if question == f"How many {colour} shapes are there?":
+            return str(sum(names[c] == colour for c, _ in blobs))
+    for shape, plural in PLURAL.items():
+        if question == f"How many {plural} are there?":
+            return str(shapes.count(shape))
+    for a, pa in PLURAL.items():
+        for b, pb in PLURAL.items():
+            if question == f"Are there more {pa} than {pb}?":
+                return "yes" if shapes.count(a) > shapes.count(b) else "no"
+    raise AssertionError(question)
+
+
+def test_scenes_are_seeded_and_their_answers_are_right_in_the_pixels():
+    train, held_out = generate(3, 60, 20, "count_colour,count_shape,compare,digit_sum")
+    again, _ = generate(3, 60, 20, "count_colour,count_shape,compare,digit_sum")
+    assert [r["prompt"] for r in train] == [r["prompt"] for r in again]
+    assert [encode_png(record_images(r)[0]) for r in train[:8]] == [encode_png(record_images(r)[0]) for r in again[:8]]
+    other, _ = generate(4, 60, 20)
+    assert [r["meta"]["scene"] for r in other] != [r["meta"]["scene"] for r in train]
+    # held out by scene seed
+    assert not {r["meta"]["scene"]["seed"] for r in train} & {r["meta"]["scene"]["seed"] for r in held_out}
+    checked = 0
+    for r in train + held_out:
+        final = r["answer"].removeprefix("#### ")
+        assert final == r["meta"]["final"]
+        pixels = np.asarray(record_images(r)[0])
+        if r["meta"]["scene"]["qtype"] == "digit_sum":
+            assert final == str(sum(it["digit"] for it in r["meta"]["scene"]["items"]))
+            assert (pixels.min(axis=2) < 100).sum() > 20  # the digits are drawn
+            continue
+        assert answer_from_pixels(r["prompt"], pixels) == final, r["prompt"]
+        checked += 1
+    assert checked == 60
+    answers = {r["meta"]["final"] for r in train}
+    assert {"0", "1", "yes", "no"} <= answers  # the questions are not constant
+
+
+def test_the_verifier_checks_the_final_answer_and_the_task_is_registered():
+    assert clevr_reward("I count them.\n#### 3", "#### 3")[0] == 1.0
+    assert clevr_reward("#### 2", "#### 3")[0] == 0.0
+    assert clevr_reward("#### Yes", "#### yes")[0] == 1.0
+    assert clevr_reward("3", "#### 3")[0] == 0.0  # no final answer
+    cfg = RunConfig.model_validate({"task": {"name": "clevr", "num_train": 10, "num_eval": 4, "questions": "compare"}})
+    train, held_out = load_task(cfg.task, cfg.seed)
+    assert len(train) == 10 and len(held_out) == 4 and all(r["prompt"].startswith("Are there") for r in train)
