@@ -18,7 +18,10 @@ This file is copied into the sandbox (`/task/_codec.py`) and loaded by the host 
 by path, so it imports nothing of the project.
 """
 
+from __future__ import annotations
+
 import json
+from typing import Any
 
 MAX_DEPTH = 100
 _BIG = 2**63
@@ -29,7 +32,7 @@ class Uncrossable(TypeError):
     """A value that is not plain data, or is nested too deeply, cannot cross the boundary."""
 
 
-def encode(value, depth=0):
+def encode(value: Any, depth: int = 0) -> Any:
     """`value` as a JSON-ready tree with its exact type; raises Uncrossable for anything else."""
     if depth > MAX_DEPTH:
         raise Uncrossable(f"a value nested deeper than {MAX_DEPTH} levels cannot cross the boundary")
@@ -54,12 +57,12 @@ def encode(value, depth=0):
     raise Uncrossable(f"a {str(name)[:60]} cannot cross the boundary (plain data only)")
 
 
-def dumps(tree):
+def dumps(tree: Any) -> bytes:
     """One message's bytes (compact JSON)."""
     return json.dumps(tree, separators=(",", ":")).encode()
 
 
-def loads(data):
+def loads(data: bytes) -> Any:
     """A message's tree; raises ValueError on anything malformed."""
     try:
         return json.loads(data.decode("utf-8"))
@@ -67,7 +70,7 @@ def loads(data):
         raise ValueError(f"malformed message: {type(exc).__name__}") from None
 
 
-def decode(tree, depth=0):
+def decode(tree: Any, depth: int = 0) -> Any:
     """The plain value of an encoded tree; raises ValueError for anything `encode` cannot produce."""
     if depth > MAX_DEPTH:
         raise ValueError("value nested too deeply")
@@ -89,7 +92,7 @@ def decode(tree, depth=0):
         raise ValueError(f"malformed {tag}: {exc}") from None
 
 
-def _decode_tagged(tag, body, depth):
+def _decode_tagged(tag: Any, body: Any, depth: int) -> Any:
     if tag == "int" and type(body) is str:
         value = int(body, 16)
         if -_BIG < value < _BIG:

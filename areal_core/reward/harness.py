@@ -13,6 +13,8 @@ to the end and no call failed. Records go to RESULTS_FD as JSON lines; after a r
 channel is `lost` the session ends and the host starts a fresh sandbox for the rest.
 """
 
+from __future__ import annotations
+
 import ast
 import builtins
 import importlib.util
@@ -23,11 +25,13 @@ import select
 import sys
 import time
 import traceback
+from types import ModuleType
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _sibling(name, alias):
+def _sibling(name: str, alias: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(alias, os.path.join(HERE, name + ".py"))
     module = importlib.util.module_from_spec(spec)
     sys.modules[alias] = module
@@ -35,11 +39,12 @@ def _sibling(name, alias):
     return module
 
 
-def needed_names(trees):
+def needed_names(trees: list[ast.Module]) -> set[str]:
     """Names the code reads but neither binds at module level nor gets from builtins."""
-    loads, bound = set(), set()
+    loads: set[str] = set()
+    bound: set[str] = set()
 
-    def scope(node):  # module-level bindings: stop at function, class and lambda bodies
+    def scope(node: ast.AST) -> None:  # module-level bindings: stop at function, class and lambda bodies
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 bound.add(child.name)
@@ -60,12 +65,12 @@ def needed_names(trees):
     return {n for n in loads - bound - set(dir(builtins)) if not n.startswith("__")}
 
 
-def describe(exc):
+def describe(exc: BaseException) -> str:
     text = str(exc)
     return (type(exc).__name__ + (": " + text if text else ""))[:300]
 
 
-def assertion_reason(exc, tree, session):
+def assertion_reason(exc: BaseException, tree: ast.Module, session: Any) -> str:
     """`assertion failed: <the assert's condition> (got <the last value the program returned>)`."""
     lines = [tb.lineno for tb in traceback.extract_tb(exc.__traceback__) if tb.filename == "test.py"]
     src = ""
@@ -77,10 +82,12 @@ def assertion_reason(exc, tree, session):
     return f"assertion failed: {src[:120] or describe(exc)}{got}"
 
 
-def run_test(remote, chan, setup, test, limits, first):
+def run_test(
+    remote: ModuleType, chan: Any, setup: str, test: str, limits: dict[str, Any], first: bool
+) -> dict[str, Any]:
     """Run one test in this (child) process; its record."""
     session = remote.Session(chan, limits["call_s"])
-    record = {"ok": False, "reason": "", "lost": None, "ended": None, "loaded": False}
+    record: dict[str, Any] = {"ok": False, "reason": "", "lost": None, "ended": None, "loaded": False}
     try:
         trees = [ast.parse(setup or "", "setup.py"), ast.parse(test, "test.py")]
         codes = [compile(trees[0], "setup.py", "exec"), compile(trees[1], "test.py", "exec")]
@@ -110,7 +117,7 @@ def run_test(remote, chan, setup, test, limits, first):
     return record
 
 
-def in_child(remote, chan, job, i, first):
+def in_child(remote: ModuleType, chan: Any, job: dict[str, Any], i: int, first: bool) -> dict[str, Any]:
     """Fork a child with its own limits for test `i`; its record (the child is killed at the deadline)."""
     limits = job["limits"]
     r, w = os.pipe()
@@ -156,7 +163,7 @@ def in_child(remote, chan, job, i, first):
         return {"ok": False, "reason": reason, "lost": "protocol"}
 
 
-def main():
+def main() -> None:
     req_w, resp_r, results_fd = (int(a) for a in sys.argv[1:4])
     job = json.load(sys.stdin)
     _sibling("codec", "_areal_codec")

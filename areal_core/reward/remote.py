@@ -18,6 +18,8 @@ raised comes back by name (`RemoteError`, also a subclass of the built-in except
 name for the ordinary ones: `except ValueError` in a test still works).
 """
 
+from __future__ import annotations
+
 import builtins
 import errno
 import importlib
@@ -25,6 +27,8 @@ import os
 import select
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 codec = sys.modules.get("_areal_codec")
 if codec is None:  # imported as part of the package (tests), not loaded by the harness
@@ -54,7 +58,7 @@ class RemoteError(Exception):
 _classes = {name: type(name, (RemoteError, getattr(builtins, name)), {}) for name in _MAPPED}
 
 
-def remote_exception(name, message):
+def remote_exception(name: str, message: Any) -> RemoteError:
     exc = _classes.get(name, RemoteError)(str(message)[:300])
     exc.remote_name = name[:60]
     return exc
@@ -63,7 +67,7 @@ def remote_exception(name, message):
 class Lost(Exception):
     """The channel is unusable: `kind` is "ended" (EOF), "timeout" or "protocol"."""
 
-    def __init__(self, kind, reason):
+    def __init__(self, kind: str, reason: str):
         super().__init__(reason)
         self.kind = kind
 
@@ -71,12 +75,12 @@ class Lost(Exception):
 class Channel:
     """Length-prefixed messages over two pipes, every read and write under a deadline."""
 
-    def __init__(self, wfd, rfd, max_bytes):
+    def __init__(self, wfd: int, rfd: int, max_bytes: int):
         self.w, self.r, self.max_bytes = wfd, rfd, max_bytes
         os.set_blocking(wfd, False)
         os.set_blocking(rfd, False)
 
-    def send(self, tree, deadline):
+    def send(self, tree: Any, deadline: float) -> None:
         data = codec.dumps(tree)
         data = len(data).to_bytes(4, "big") + data
         while data:
@@ -90,7 +94,7 @@ class Channel:
                     raise Lost("ended", "the program ended") from None
                 raise
 
-    def recv(self, deadline):
+    def recv(self, deadline: float) -> Any:
         size = int.from_bytes(self._read(4, deadline), "big")
         if size > self.max_bytes:
             raise Lost("protocol", f"output over limit: a reply of more than {self.max_bytes} bytes")
@@ -99,7 +103,7 @@ class Channel:
         except ValueError as exc:
             raise Lost("protocol", f"malformed reply from the sandbox: {str(exc)[:100]}") from None
 
-    def _read(self, n, deadline):
+    def _read(self, n: int, deadline: float) -> bytes:
         parts, got = [], 0
         while got < n:
             self._ready(self.r, "r", deadline)
@@ -114,7 +118,7 @@ class Channel:
         return b"".join(parts)
 
     @staticmethod
-    def _ready(fd, mode, deadline):
+    def _ready(fd: int, mode: str, deadline: float) -> None:
         left = deadline - time.monotonic()
         if left <= 0:
             raise Lost("timeout", "timeout")
@@ -126,22 +130,22 @@ class Channel:
 class Session:
     """One test's conversation with the program's worker in the sandbox."""
 
-    def __init__(self, chan, call_s):
+    def __init__(self, chan: Channel, call_s: float):
         self.chan, self.call_s = chan, call_s
-        self.failure = None  # the first reason the test cannot pass
-        self.lost = None  # why the channel is unusable, if it is
-        self.ended = None  # the worker's end ("exit N" / "signal N") when it died during the test
+        self.failure: str | None = None  # the first reason the test cannot pass
+        self.lost: str | None = None  # why the channel is unusable, if it is
+        self.ended: str | None = None  # the worker's end ("exit N" / "signal N") when it died during the test
         self.loaded = False
-        self.last = None  # (name, value) of the last call that returned
+        self.last: tuple[str, Any] | None = None  # (name, value) of the last call that returned
         self.calls = 0
 
-    def fail(self, reason, lost=None):
+    def fail(self, reason: str, lost: str | None = None) -> Any:
         if self.failure is None:
             self.failure = reason
         self.lost = self.lost or lost
         raise BoundaryFailure(reason)
 
-    def _exchange(self, message, timeout, what):
+    def _exchange(self, message: dict[str, Any], timeout: float, what: str) -> dict[str, Any]:
         try:
             self.chan.send(message, time.monotonic() + timeout)
             reply = self.chan.recv(time.monotonic() + timeout)
@@ -156,7 +160,7 @@ class Session:
             self.fail(f"the program ended during {what}")
         return reply
 
-    def begin(self, names, timeout):
+    def begin(self, names: set[str], timeout: float) -> dict[str, Any]:
         """Start the test's worker; the manifest of `names` (name -> entry)."""
         reply = self._exchange({"op": "begin", "names": sorted(names)}, timeout, "loading the program")
         manifest = reply.get("manifest")
@@ -165,7 +169,7 @@ class Session:
         self.loaded = True
         return manifest
 
-    def call(self, name, args, kwargs):
+    def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self.failure is not None:
             raise BoundaryFailure(self.failure)
         what = f"{name}(...)"
@@ -199,7 +203,7 @@ class Session:
         self.last = (name, value)
         return value
 
-    def end(self):
+    def end(self) -> None:
         """Tell the worker the test is over and wait for its end (keeps the channel in step)."""
         if not self.loaded or self.lost or self.ended is not None:
             return
@@ -212,10 +216,10 @@ class Session:
             self.lost = exc.kind
 
 
-def remote_function(session, name):
+def remote_function(session: Session, name: str) -> Callable[..., Any]:
     """A host function standing for the program's `name`: calling it calls the program."""
 
-    def remote(*args, **kwargs):
+    def remote(*args: Any, **kwargs: Any) -> Any:
         return session.call(name, args, kwargs)
 
     remote.__name__ = remote.__qualname__ = name
@@ -223,7 +227,7 @@ def remote_function(session, name):
     return remote
 
 
-def bind(session, manifest, wanted, ns):
+def bind(session: Session, manifest: dict[str, Any], wanted: set[str], ns: dict[str, Any]) -> None:
     """Put the manifest's entries for `wanted` names into the test's namespace `ns`."""
     for name, entry in manifest.items():
         if name not in wanted or type(entry) is not list or not entry:
@@ -240,7 +244,7 @@ def bind(session, manifest, wanted, ns):
             ns[name] = importlib.import_module(entry[1])
 
 
-def merge(target, new):
+def merge(target: Any, new: Any) -> bool:
     """Make the host's `target` hold `new` in place (an argument the program changed); False if impossible."""
     kind = type(target)
     if kind is not type(new) or kind in _IMMUTABLE or kind is frozenset:

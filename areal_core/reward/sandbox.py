@@ -1,4 +1,4 @@
-"""A bubblewrap sandbox for untrusted programs, and a unit-test runner on top of it.
+"""A bubblewrap sandbox for untrusted programs: one run as `__main__`, or a session serving calls.
 
 Every run is a fresh `bwrap` with:
 
