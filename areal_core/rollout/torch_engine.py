@@ -6,15 +6,23 @@ tokens under the new weights and continues; every token records the version that
 
 The behaviour log-prob recorded per token is that of the temperature-scaled distribution
 before top-k/top-p filtering, which is what the trainer recomputes.
+
+A vision-language model (docs/vlm.md) takes `generate(prompts, params, mm=[MMInputs | None per
+prompt])`: the prefill (and every re-prefill) includes the pixel values and the rows' mrope
+positions (areal_core/vlm/inputs.py: VisionPrompts); behaviour log-probs cover only the response.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from transformers import DynamicCache
 
 from areal_core.rollout.engine import Generation, SamplingParams
 from areal_core.rollout.local_engine import LocalEngine
+from areal_core.vlm.inputs import VisionPrompts
+from areal_core.vlm.model import MMInputs
 
 
 def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None):
@@ -60,16 +68,23 @@ class TorchEngine(LocalEngine):
         return {"ok": True, "version": self.version, "swaps": self.swaps}
 
     # -- generation ---------------------------------------------------------------------
-    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1] :]
-        out = self.model(
-            input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
-        )
+    def _forward(
+        self, ids: torch.Tensor, mask: torch.Tensor, cache: DynamicCache, vision: VisionPrompts | None = None
+    ) -> torch.Tensor:
+        if vision is not None:  # images: pixel values on (re-)prefill, mrope positions
+            extra = vision.inputs(self.model, ids, mask, prefill=ids.shape[1] == mask.shape[1])
+        else:
+            extra = {"position_ids": (mask.cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1] :]}
+        out = self.model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True, **extra)
         return out.logits[:, -1]
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, mm: Sequence[MMInputs | None] | None = None
+    ) -> list[Generation]:
+        """`mm`: a vision-language model's images, one MMInputs (or None) per prompt."""
         self._install_staged()
+        vision = None if mm is None else VisionPrompts(int(self.model.config.image_token_id), mm)
         bsz = len(prompts)
         plen = max(len(p) for p in prompts)
         seq = torch.full((bsz, plen), self.pad_id, dtype=torch.long, device=self.device)
@@ -83,7 +98,7 @@ class TorchEngine(LocalEngine):
         versions: list[list[int]] = [[] for _ in range(bsz)]
         alive = torch.ones(bsz, dtype=torch.bool, device=self.device)
         cache = DynamicCache()
-        logits = self._forward(seq, mask, cache)
+        logits = self._forward(seq, mask, cache, vision)
         for _ in range(params.max_new_tokens):
             tok, lp = sample_next(logits, params, self.generator)
             tok = torch.where(alive, tok, torch.full_like(tok, self.pad_id))
@@ -98,9 +113,9 @@ class TorchEngine(LocalEngine):
             mask = torch.cat([mask, alive[:, None].long()], dim=1)
             if self.swap_mid_generation and self._install_staged():
                 cache = DynamicCache()  # re-prefill everything under the new weights
-                logits = self._forward(seq, mask, cache)
+                logits = self._forward(seq, mask, cache, vision)
             else:
-                logits = self._forward(seq[:, -1:], mask, cache)
+                logits = self._forward(seq[:, -1:], mask, cache, vision)
         out = []
         for i in range(bsz):
             stopped = bool(tokens[i]) and tokens[i][-1] in stops.tolist()

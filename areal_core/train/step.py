@@ -42,6 +42,7 @@ from areal_core.train.logprobs import token_logprobs
 from areal_core.train.loss.registry import LossInputs, check_algorithm
 from areal_core.train.packing import packed_token_logprobs
 from areal_core.train.value_head import Critic
+from areal_core.vlm.inputs import MultimodalRows
 
 # per-minibatch metrics that are counts over the rows (summed over ranks, not averaged)
 SUMMED = {"policy_tokens", "pref_pairs"}
@@ -59,14 +60,25 @@ class Minibatch:
 
 
 def policy_logprobs(
-    model, batch: TrainBatch, rows: torch.Tensor | None, cfg: RunConfig, pad_id: int, entropy: bool = False
+    model,
+    batch: TrainBatch,
+    rows: torch.Tensor | None,
+    cfg: RunConfig,
+    pad_id: int,
+    entropy: bool = False,
+    mm: MultimodalRows | None = None,
 ):
     """Per-token log-probs (and entropy) of `rows` of the batch (all when None), packed without
-    padding when configured (each group's shared prompt computed once)."""
+    padding when configured (each group's shared prompt computed once). `mm`: the rows' images
+    (a VLM batch, areal_core/vlm/inputs.py): unpacked, with pixel values and mrope positions."""
     ids, attn, groups = batch.input_ids, batch.attention_mask, batch.group_index
     if rows is not None:
         ids, attn, groups = ids[rows], attn[rows], groups[rows]
     temperature = cfg.rollout.temperature or 1.0
+    if mm is not None:
+        if entropy:
+            raise ValueError("entropy terms are not supported on image batches yet")
+        return token_logprobs(model, ids, attn, temperature, **mm.model_inputs(model, rows, ids, attn))
     if cfg.train.packing:
         return packed_token_logprobs(
             model, ids, attn, temperature, pad_id=pad_id, with_entropy=entropy, group_index=groups
@@ -114,13 +126,15 @@ def train_step(
     ctx: DistContext | None = None,
     ref_model: torch.nn.Module | None = None,
     critic: Critic | None = None,
+    mm: MultimodalRows | None = None,
     phase: Callable[[str, float], None] | None = None,
 ) -> dict[str, float]:
     """One training step on complete groups (the same `samples` on every rank); returns metrics:
     advantage metrics of the whole batch, per-minibatch metrics averaged over minibatches (the
     loss summed over ranks = the minibatch's loss, other metrics token-weighted over ranks).
     `critic` (needed for adv_estimator=gae) is trained on the same loss (its value term) with
-    its own optimizer. `phase(name, seconds)` (e.g. `EventLog.add`) is told the seconds spent in
+    its own optimizer. `mm`: the samples' images (a VLM batch; areal_core/vlm/inputs.py).
+    `phase(name, seconds)` (e.g. `EventLog.add`) is told the seconds spent in
     "forward" (no-grad passes and the loss), "backward" and "optimizer" (clipping and the step)."""
     t0 = time.perf_counter()
     ctx = ctx or DistContext()
@@ -132,6 +146,8 @@ def train_step(
         raise ValueError("this algorithm needs a reference model")
     if "values" in need and critic is None:
         raise ValueError("algo.adv_estimator=gae needs a critic (areal_core/train/value_head.py)")
+    if mm is not None and (critic is not None or ctx is not None and ctx.distributed):
+        raise ValueError("image batches train on one rank without a critic for now (docs/vlm.md)")
     batch = _to(collate(samples, pad_id), ctx.torch_device if ctx.distributed else _device(model))
     plan = plan_minibatches(batch, n_mb, ctx.rank, world)
     lap = _Laps(phase, t0)
@@ -143,9 +159,9 @@ def train_step(
         # statistics: every rank computes them on all rows. Otherwise each rank only on its rows.
         rows_needed = None if (algo.kl_as_reward or not ctx.distributed) else torch.cat([m.rows for m in plan])
         if n_mb > 1 or algo.kl_as_reward:
-            prox_all = _scatter(policy_logprobs(model, batch, rows_needed, cfg, pad_id), rows_needed, batch)
+            prox_all = _scatter(policy_logprobs(model, batch, rows_needed, cfg, pad_id, mm=mm), rows_needed, batch)
         if "ref_logp" in need:
-            ref_all = _scatter(policy_logprobs(ref_model, batch, rows_needed, cfg, pad_id), rows_needed, batch)
+            ref_all = _scatter(policy_logprobs(ref_model, batch, rows_needed, cfg, pad_id, mm=mm), rows_needed, batch)
     vkw = {"packing": cfg.train.packing, "pad_id": pad_id}
     old_v = None
     if critic is not None:
@@ -163,7 +179,7 @@ def train_step(
     for mb in plan:
         lap("forward")
         rows = mb.rows
-        out = policy_logprobs(model, batch, rows, cfg, pad_id, entropy="entropy" in need)
+        out = policy_logprobs(model, batch, rows, cfg, pad_id, entropy="entropy" in need, mm=mm)
         logp, ent = out if isinstance(out, tuple) else (out, None)
         # π_prox: the parameters before this update; with one minibatch that is this very forward pass
         prox = logp.detach() if prox_all is None else prox_all[rows]
