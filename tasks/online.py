@@ -1,4 +1,5 @@
-"""Online retraining tasks: one call each into areal_core.online.retrain (retrain, then register if better)."""
+"""Online tasks: one call each into areal_core.online: retrain, then register if better (nightly), and
+continuous online RL (online/continuous.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import NamedTuple
 
 from flytekit import task
 
-from areal_core.online import retrain
+from areal_core.online import continuous, retrain
 from areal_core.run.cluster import scheduled
 from tasks.deferred import ONE_MACHINE
 from tasks.execution import bind_execution
@@ -36,3 +37,11 @@ def register_if_better(run_uri: str, min_gain: float) -> OnlineResult:
     """Register the candidate only when it beats the champion (then promoted), then move the cursor."""
     bind_execution()
     return OnlineResult(**retrain.publish_task(run_uri, min_gain))
+
+
+@task(task_config=ONE_MACHINE, requests=ROLE, retries=2, secret_requests=SECRETS)
+def continuous_rl(run_uri: str, sft_checkpoint: str) -> str:
+    """The reward pool and the trainer over the sessions the serving proxy writes into the run root,
+    until train.steps; returns the final model's URI. Retried: the trainer resumes from its checkpoint."""
+    bind_execution()
+    return continuous.continuous_task(run_uri, sft_checkpoint)

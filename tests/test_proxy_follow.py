@@ -57,10 +57,11 @@ def models(tmp_path_factory) -> list[tuple[object, object, str]]:
 
 class Traffic:
     """`clients` threads, each in its own session, sending chat completions through the openai SDK
-    (no retries: every failure counts) until `stop()`; each response's send time and `areal` record."""
+    (no retries: every failure counts) until `stop()`; each response's send time and `areal` record.
+    Client 0 asks for `long_tokens` tokens, so some requests are in flight across a swap."""
 
-    def __init__(self, base_url: str, clients: int = 3, max_tokens: int = 12):
-        self.base_url, self.max_tokens = base_url, max_tokens
+    def __init__(self, base_url: str, clients: int = 3, max_tokens: int = 12, long_tokens: int = 96):
+        self.base_url, self.max_tokens, self.long_tokens = base_url, max_tokens, long_tokens
         self.responses: list[dict] = []
         self.failures: list[str] = []
         self._stop = threading.Event()
@@ -90,7 +91,7 @@ class Traffic:
                 r = client.chat.completions.create(
                     model="policy",
                     messages=[{"role": "user", "content": f"{n % 9 + 1} + 2 ="}],
-                    max_tokens=self.max_tokens,
+                    max_tokens=self.long_tokens if i == 0 else self.max_tokens,
                     extra_headers={"X-Session-Id": f"client-{i}-{n // 50}"},
                 )
                 self.responses.append({"sent": sent, "client": i, **r.model_extra["areal"]})
@@ -174,6 +175,8 @@ def test_the_proxy_follows_a_run_s_weights_with_no_failed_request(tmp_path, mode
         time.sleep(1.0)
         last = probe(server.base_url)
     check_traffic(traffic, phases)
+    mixed = sum(len(set(r["versions"])) > 1 for r in traffic.responses)  # in flight across a swap: re-prefilled
+    print(f"{engine}: {len(traffic.responses)} requests ({mixed} across a swap), {len(traffic.failures)} failed")
     assert first["versions"][0] == 0 and last["versions"][0] == 2
     assert first["logprobs"] != last["logprobs"]  # the weights changed, not only the number
 

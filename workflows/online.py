@@ -14,6 +14,14 @@ from the newest registered version.
 
 `online_retrain_nightly` runs it every night at 03:00 UTC; activate it after registering:
     flytectl update launchplan -p <project> -d <domain> online_retrain_nightly --version <v> --activate
+
+`online_continuous` is continuous online RL (areal_core/online/continuous.py): prepare and SFT make
+the run root, then the trainer trains on the sessions a proxy serving that root writes into it,
+publishing every version, which the proxy installs as soon as it is verified:
+
+    python -m areal_core.proxy --follow RUN/weights --store RUN --api-key $KEY --engine vllm ...
+    pyflyte run workflows/online.py online_continuous --config configs/agent_calculator.yaml \
+        --overrides "store=RUN sft.enabled=false model.path=s3://bucket/base"
 """
 
 from __future__ import annotations
@@ -22,10 +30,12 @@ import datetime
 
 from flytekit import CronSchedule, workflow
 
+from areal_core.config import RunConfig
 from areal_core.run.cluster import UNSCHEDULED
 from tasks.cluster import failure_notifications
 from tasks.deferred import DeferredLaunchPlan
-from tasks.online import OnlineResult, register_if_better, retrain_on_sessions
+from tasks.online import OnlineResult, continuous_rl, register_if_better, retrain_on_sessions
+from tasks.pipeline import prepare, sft
 
 NIGHTLY_CRON = "0 3 * * *"
 
@@ -52,6 +62,26 @@ def online_retrain(
         config=config, overrides=overrides, sessions=sessions, model_name=model_name, kickoff_time=kickoff_time
     )
     return register_if_better(run_uri=run_uri, min_gain=min_gain)
+
+
+@workflow
+def online_continuous(
+    cfg: RunConfig = RunConfig(),
+    config: str = "configs/agent_calculator.yaml",
+    overrides: str = "",
+    resume_run: bool = False,
+) -> str:
+    """Continuous online RL: the trainer and the reward pool on a run root that a serving proxy
+    (`--follow RUN/weights --store RUN`) feeds with sessions; returns the final model's URI.
+
+    :param cfg: the run config as JSON; its fields that differ from the defaults apply over the YAML files
+    :param config: YAML config files, comma-separated, applied in order over the defaults
+    :param overrides: dotted key=value overrides, whitespace-separated with shell quoting, applied last
+    :param resume_run: a flag: continue the run in the run root (same run id and config)
+    """
+    prepared = prepare(cfg=cfg, config=config, overrides=overrides, resume=resume_run)
+    checkpoint = sft(run_uri=prepared.run_uri, sft_key=prepared.sft_key)
+    return continuous_rl(run_uri=prepared.run_uri, sft_checkpoint=checkpoint)
 
 
 def nightly() -> dict:

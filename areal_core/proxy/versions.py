@@ -24,6 +24,7 @@ and every completion carry it (`Follower`).
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -35,7 +36,6 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from areal_core.layout import LAYOUT
-from areal_core.run.tracking import tracking_uri as resolve_tracking_uri
 from areal_core.store import Store
 from areal_core.weights import WEIGHTS_FILE, WeightsError, sha256
 from areal_core.weights.publisher import publish
@@ -73,10 +73,13 @@ class VersionSource(ABC):
         """Release what the source made (a serving store in a temporary folder)."""
 
 
-def _folder_files(folder: str | Path) -> dict[str, bytes]:
-    """An HF folder's files for one version: model.safetensors (shards merged) and the side files."""
-    root = Path(folder)
-    files = {p.name: p.read_bytes() for p in sorted(root.iterdir()) if p.is_file() and p.name not in _SKIP}
+def _folder_files(*folders: str | Path) -> dict[str, bytes]:
+    """An HF folder's files for one version (a later folder's file of the same name wins):
+    model.safetensors (shards merged) and the side files."""
+    files = {}
+    for root in map(Path, folders):
+        files.update({p.name: p.read_bytes() for p in sorted(root.iterdir()) if p.is_file() and p.name not in _SKIP})
+    folder = folders[0]
     shards = sorted(n for n in files if n.endswith(".safetensors") and n != WEIGHTS_FILE)
     if WEIGHTS_FILE not in files:
         if not shards:
@@ -157,7 +160,7 @@ class MlflowAlias(_Serving):
         if not (name and sep and alias) or "/" in name:
             raise ValueError(f"an MLflow alias source is models:/NAME@ALIAS, not {spec!r}")
         self.name, self.alias, self.keep = name, alias, keep
-        self.tracking_uri = resolve_tracking_uri(tracking_uri)
+        self.tracking_uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or None
         latest = self.store.latest_version()
         self.next = first if latest is None else max(first, latest + 1)
         self.current: int | None = None  # the serving version last named, and the registered one it holds
@@ -166,12 +169,12 @@ class MlflowAlias(_Serving):
 
     def _aliased(self) -> str | None:
         """The registered version the alias names now (None: no such alias yet)."""
+        import mlflow
         from mlflow.exceptions import MlflowException
 
-        from areal_core.run.tracking import mlflow_client
-
         try:
-            mv = mlflow_client(self.tracking_uri).get_model_version_by_alias(self.name, self.alias)
+            client = mlflow.MlflowClient(self.tracking_uri, self.tracking_uri)
+            mv = client.get_model_version_by_alias(self.name, self.alias)
         except MlflowException as exc:
             if getattr(exc, "error_code", "") in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
                 return None
@@ -188,17 +191,8 @@ class MlflowAlias(_Serving):
         n = self.next
         files = self._held_files(registered)
         if files is None:
-            from areal_core.online.registry import download
-
             t0 = time.time()
-            try:  # the version, not the alias: the alias may move again meanwhile
-                folder = download(uri, self.tracking_uri)
-            except Exception as exc:  # noqa: BLE001 - asked again at the next poll
-                raise SourceUnavailable(f"{self.spec}: downloading {uri} failed: {exc!r}") from None
-            try:
-                files = _folder_files(folder)
-            finally:
-                shutil.rmtree(Path(folder).parent, ignore_errors=True)
+            files = self._download(uri)  # the version, not the alias: the alias may move again meanwhile
             log.info("%s: %s downloaded in %.1fs", self.spec, uri, time.time() - t0)
         install_files(self.store, n, files)
         old = self.held.pop(registered, None)
@@ -209,6 +203,24 @@ class MlflowAlias(_Serving):
                 self.store.delete(LAYOUT.weights_dir(stale), recursive=True)
         log.info("%s names %s: serving version %d", self.spec, uri, n)
         return n
+
+    def _download(self, uri: str) -> dict[str, bytes]:
+        """The files of registered version `uri`: the MLflow transformers model's model/ with its
+        tokenizer (components/tokenizer/) merged in, as `online/registry.download` reads it."""
+        import mlflow
+
+        tmp = tempfile.mkdtemp(prefix="areal-registered-")
+        try:
+            where = {"tracking_uri": self.tracking_uri, "registry_uri": self.tracking_uri}
+            root = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=tmp, **where))
+            tokenizer = root / "components" / "tokenizer"
+            return _folder_files(root / "model", *([tokenizer] if tokenizer.is_dir() else []))
+        except WeightsError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a registry outage or a cut download: asked again at the next poll
+            raise SourceUnavailable(f"{self.spec}: downloading {uri} failed: {exc!r}") from None
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
     def _held_files(self, registered: str) -> dict[str, bytes] | None:
         """The files of the serving version that holds `registered` already, checked; None if none."""

@@ -1,0 +1,78 @@
+"""Continuous online RL's batch source: the graded session shards serving proxies write into the
+run root (`python -m areal_core.proxy --follow RUN/weights --store RUN`), under the trainer's own rules.
+
+AReaL #1481: online sessions bypassed the capacity and staleness rules. Here a live session is a
+sample like a rollout's: its served tokens carry the trainer versions the proxy served them with,
+and before each step `sources.screen`, the one rule every source applies, drops every row whose
+oldest served token is older than v − η (v the trainer's version), counted as the trainer counts
+every stale sample (`dropped_samples`, a `drop` event, the step's audit record). Shards are read
+once and rows used once, by identity, exactly as `GradedShards` does (it is one).
+
+Live sessions come one per user, not in groups, so they are regrouped as online retraining
+regroups them (`session_batches.regroup`: rows sharing a prompt_id form a group, the others one
+pool whose baseline is its mean reward) and rows that are not `admissible` are left out. A step
+waits until B·G rows (train.batch_groups × rollout.group_size) are pending, screens them, and
+trains the B·G oldest that survive; the rest wait for the next step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from areal_core.config import RunConfig
+from areal_core.events import EventLog
+from areal_core.online.session_batches import admissible, regroup
+from areal_core.protocol import DEFAULT_LIMITS, Sample, ShardLimits
+from areal_core.store import Store
+from areal_core.train.batch import GroupBuffer
+from areal_core.train.checkpoint import TrainerState
+from areal_core.train.sources import Batch, GradedShards, screen
+
+
+class LiveSessions(GradedShards):
+    """The run's graded session shards, B·G admissible rows a step, screened by `screen`."""
+
+    def __init__(
+        self,
+        store: Store,
+        cfg: RunConfig,
+        state: TrainerState,
+        events: EventLog,
+        *,
+        pending: Iterable[Sample] = (),
+        limits: ShardLimits = DEFAULT_LIMITS,
+    ):
+        super().__init__(store, cfg, state, events, pending=pending, limits=limits)
+        self.rows = cfg.train.batch_groups * cfg.rollout.group_size
+        self.left_out = 0  # rows not admissible (a reward out of range, a non-finite log-prob)
+
+    def _hold(self, samples: list[Sample]) -> None:
+        self.buffer = GroupBuffer()
+        self.buffer.add(samples)
+
+    def next_batch(self, state: TrainerState) -> Batch:
+        t0 = time.time()
+        self.ingest(state.version)
+        t1 = time.time()
+        low, high = self.cfg.agent.reward_min, self.cfg.agent.reward_max
+        rows = [s for s in self.buffer.samples() if admissible(s, low, high)]
+        if len(self.buffer.samples()) > len(rows):
+            n = len(self.buffer.samples()) - len(rows)
+            self.left_out += n
+            self.ev.emit("drop", reason="inadmissible", n=n)
+        if len(rows) < self.rows:  # too few to screen yet: a lone row is never a group of its own
+            self._hold(rows)
+            return Batch(None, times=(t0, t1, time.time()))
+        pool = GroupBuffer()
+        pool.add(regroup(rows, f"live-{state.step}"))
+        tc, dynamic = self.cfg.train, self.cfg.algo.dynamic_sampling
+        out = screen(pool, state.version, tc.eta, state.abandoned, dynamic, self.counters, self.ev)
+        arrival = {s.identity(): i for i, s in enumerate(rows)}  # the oldest first, then first come
+        kept = sorted(pool.samples(), key=lambda s: (s.min_version(), arrival[s.identity()]))
+        if len(kept) < self.rows:
+            self._hold(kept)
+            return Batch(None, out.dropped, out.abandoned, times=(t0, t1, time.time()))
+        self._hold(kept[self.rows :])
+        batch = regroup(kept[: self.rows], f"live-{state.step}")
+        return Batch(batch, out.dropped, out.abandoned, times=(t0, t1, time.time()))
