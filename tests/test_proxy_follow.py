@@ -237,3 +237,21 @@ def test_rollback_the_alias_moves_v1_v2_v1_and_no_request_fails(tmp_path, mlflow
     assert lags["v1->v2 (from registering, downloaded)"] < 30.0, lags
     mixed = sum(len(set(r["versions"])) > 1 for r in traffic.responses)  # in flight across a swap
     print(f"{len(traffic.responses)} requests ({mixed} across a swap), {len(traffic.failures)} failed; lags {lags}")
+
+
+def test_an_unreachable_registry_is_retried_at_the_next_poll(tmp_path, monkeypatch):
+    """A registry that cannot be reached is SourceUnavailable (a WeightsError: the watcher logs it
+    and polls again, the proxy serving what it has), never an error that stops following."""
+    from areal_core.proxy.versions import SourceUnavailable, first_version
+    from areal_core.weights import WeightsError
+    from tests.conftest import free_port
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+    source = make_source("models:/policy@champion", tracking_uri=f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(SourceUnavailable, match="the registry cannot be read") as err:
+        source.latest_version()
+    assert isinstance(err.value, WeightsError)
+    with pytest.raises(TimeoutError, match="named no version"):
+        first_version(source, timeout_s=0.2, poll_s=0.05)
+    source.close()

@@ -287,8 +287,8 @@ class Follower:
 
     def _receive(self, version: int) -> None:
         self.engine.receive(self.source.store, version)
-        self.delivered = [*self.delivered[-15:], {"version": version, "model_version": self.label(version)}]
-        self.delivered[-1]["time"] = time.time()
+        entry = {"version": version, "model_version": self.label(version), "time": time.time()}
+        self.delivered = [*self.delivered[-15:], entry]  # one assignment: /health reads it from another thread
 
     def start(self) -> Follower:
         if self.source.follows:
