@@ -46,7 +46,8 @@ LAYERS: dict[str, int] = {
     "areal_core.rollout": 5,
     "areal_core.proxy": 6,
     "areal_core.train": 7,
-    "areal_core.megatron_backend": 7,
+    "areal_core.megatron": 7,  # the Megatron backend: conversion, TP sharding, GPTModel, checks
+    "areal_core.megatron_backend": 7,  # re-exports areal_core.megatron for its old importers
     "areal_core.evaluate": 7,
     "areal_core.run": 8,
     "areal_core.sim": 8,
