@@ -419,6 +419,8 @@ def test_every_preset_validates_and_gives_a_finite_loss_with_gradient():
         logits, logp, prox, behav, ref, rewards, gi, mask = _batch(seed=1, n_groups=4, size=2)
         need = required_inputs(cfg)
         kw = {"ref_logp": ref if "ref_logp" in need else None}
+        if "teacher_logp" in need:  # on-policy distillation: any other model's log-probs
+            kw["teacher_logp"] = ref
         if "values" in need:
             kw["values"] = torch.randn(*mask.shape, requires_grad=True)
             kw["old_values"] = kw["values"].detach() + 0.1

@@ -71,6 +71,17 @@ class AlgorithmConfig(ConfigModel):
     value_coef: Float = Field(0.5, ge=0)
     value_clip: Float = Field(0.2, ge=0)  # 0 disables value clipping
     critic_lr: Float = Field(0.0, ge=0)  # critic's AdamW learning rate; 0: train.lr (train/value_head.py)
+    # M2PO (loss = m2po): mask the largest (log π_behav − log π_prox)² until the rest's mean is below τ_M2
+    m2_threshold: Float = Field(0.04, gt=0)
+    # SAPO (loss = sapo): soft gate (4/τ)·σ(τ(r − 1)), τ by the sign of the advantage
+    sapo_tau_pos: Float = Field(1.0, gt=0)
+    sapo_tau_neg: Float = Field(1.05, gt=0)
+    # KPop (loss = kpop): mask tokens whose bidirectional binary KL(π_prox, π_behav) exceeds φ
+    kpop_threshold: Float = Field(2.0, gt=0)
+    # on-policy distillation (loss = distill): a teacher with the policy's tokenizer, loaded like π_ref
+    teacher_path: Str = ""  # a folder or URI of an HF checkpoint; empty: the initial checkpoint (as π_ref)
+    distill_coef: Float = Field(0.1, ge=0)  # β_KD on the reverse-KL term
+    distill_rl_coef: Float = Field(1.0, ge=0)  # weight of the RL (decoupled PPO) loss; 0: distillation alone
     # preference pairs (loss = dpo|ipo)
     dpo_beta: Float = Field(0.1, gt=0)
     dpo_label_smoothing: Float = 0.0

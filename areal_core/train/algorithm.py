@@ -8,7 +8,7 @@
 
 The losses are the registry's (areal_core/train/loss/): `algo.loss` names one, and no code here
 tests a loss's name. `required_inputs(cfg)` says which optional tensors the trainer must compute
-(reference-model log-probs, critic values, entropy), as the active losses declare them. The tensor
+(reference-model or teacher log-probs, critic values, entropy), as the active losses declare them. The tensor
 code is imported inside the functions.
 """
 
@@ -26,16 +26,17 @@ if TYPE_CHECKING:
 
 TOKEN_LEVEL_ESTIMATORS = ("reinforce_pp", "reinforce_pp_baseline", "gae")
 # what the trainer computes for a loss (the rest of `Loss.needs` comes from the batch or the estimator)
-TRAINER_INPUTS = frozenset({"ref_logp", "values", "old_values"})
+TRAINER_INPUTS = frozenset({"ref_logp", "values", "old_values", "teacher_logp"})
 _WHAT = {
     "ref_logp": "reference-model log-probs",
+    "teacher_logp": "the teacher's log-probs (algo.teacher_path)",
     "values": "the critic's values, with gradient",
     "old_values": "the critic's values before the update",
 }
 
 
 def required_inputs(cfg: AlgorithmConfig) -> set[str]:
-    """Optional tensors the trainer must provide: 'ref_logp', 'values' (+ 'old_values'), 'entropy',
+    """Optional tensors the trainer must provide: 'ref_logp', 'values' (+ 'old_values'), 'teacher_logp', 'entropy',
     as the registered losses `cfg` activates declare them (`check_algorithm`: ConfigError for an
     unknown `algo.loss`)."""
     from areal_core.train.loss.registry import active_losses
@@ -200,7 +201,7 @@ def compute_loss(
     **optional: torch.Tensor | float | None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """`total_loss` with the tensors as arguments: `optional` holds the other `LossInputs` fields
-    (ref_logp, values, old_values, entropy, advantages, returns, global_tokens, global_seqs)."""
+    (ref_logp, values, old_values, entropy, teacher_logp, advantages, returns, global_tokens, global_seqs)."""
     from areal_core.train.loss.registry import LossInputs
 
     x = LossInputs(

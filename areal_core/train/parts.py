@@ -1,8 +1,8 @@
 """What a trainer trains with, loaded in one place: the model (LoRA-wrapped when configured), its
-optimizer, the reference model and the critic when the loss needs them, and the newest committed
-checkpoint restored into them; sharded with FSDP2 under torchrun.
+optimizer, the reference model, the teacher and the critic when the loss needs them, and the newest
+committed checkpoint restored into them; sharded with FSDP2 under torchrun.
 
-The order is fixed (seed, model, LoRA, optimizer, reference, critic, restore, shard) because
+The order is fixed (seed, model, LoRA, optimizer, reference, teacher, critic, restore, shard) because
 replay reproduces a run's steps bit for bit from the same seed.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from areal_core.config import RunConfig
+from areal_core.config import ConfigError, RunConfig
 from areal_core.models import load_pretrained
 from areal_core.protocol import DEFAULT_LIMITS, Sample, ShardLimits
 from areal_core.store import Store
@@ -46,6 +46,7 @@ class TrainerParts:
     lora: bool = False
     ref_model: torch.nn.Module | None = None
     critic: Critic | None = None
+    teacher_model: torch.nn.Module | None = None  # algo.teacher_path (empty: model_url), for 'teacher_logp'
     state: TrainerState = field(default_factory=TrainerState)  # restored, or a fresh one
     pending: list[Sample] = field(default_factory=list)  # the restored checkpoint's untrained samples
     side_files: dict[str, bytes] = field(default_factory=dict)  # config + tokenizer files of a published version
@@ -77,10 +78,17 @@ def load_parts(
     if "ref_logp" in need:
         ref_model, _ = load_pretrained(model_url, cfg.device)
         ref_model.eval().requires_grad_(False)
+    teacher_model = None
+    if "teacher_logp" in need:
+        teacher_model, teacher_tokenizer = load_pretrained(cfg.algo.teacher_path or model_url, cfg.device)
+        if teacher_tokenizer.get_vocab() != tokenizer.get_vocab():
+            raise ConfigError(f"config key 'algo.teacher_path': {cfg.algo.teacher_path!r} has another tokenizer")
+        teacher_model.eval().requires_grad_(False)
     critic = Critic.from_pretrained(model_url, cfg) if "values" in need else None  # checkpointed, never published
     parts = TrainerParts(
         model, tokenizer, optimizer, dist, model_url, is_lora, ref_model, critic, side_files=side_files
     )
+    parts.teacher_model = teacher_model
     restored = checkpoint.restore(restore_from, model, optimizer) if restore_from is not None else None
     if restored:
         parts.state, parts.pending = restored
@@ -97,6 +105,8 @@ def load_parts(
             load_full_optimizer_state_dict(parts.model, parts.optimizer, osd, dist)
         if ref_model is not None:
             parts.ref_model = shard_model(ref_model, dist)
+        if teacher_model is not None:
+            parts.teacher_model = shard_model(teacher_model, dist)
     return parts
 
 

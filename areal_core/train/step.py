@@ -127,6 +127,7 @@ def train_step(
     ref_model: torch.nn.Module | None = None,
     critic: Critic | None = None,
     mm: MultimodalRows | None = None,
+    teacher_model: torch.nn.Module | None = None,
     phase: Callable[[str, float], None] | None = None,
 ) -> dict[str, float]:
     """One training step on complete groups (the same `samples` on every rank); returns metrics:
@@ -144,6 +145,8 @@ def train_step(
     need = required_inputs(algo)
     if "ref_logp" in need and ref_model is None:
         raise ValueError("this algorithm needs a reference model")
+    if "teacher_logp" in need and teacher_model is None:
+        raise ValueError("this algorithm needs a teacher model (algo.teacher_path)")
     if "values" in need and critic is None:
         raise ValueError("algo.adv_estimator=gae needs a critic (areal_core/train/value_head.py)")
     if mm is not None and (critic is not None or ctx is not None and ctx.distributed):
@@ -153,7 +156,7 @@ def train_step(
     lap = _Laps(phase, t0)
     lap("collate")  # the batch tensors and the minibatch plan (the laps start at the call)
 
-    prox_all = ref_all = None
+    prox_all = ref_all = teacher_all = None
     with torch.no_grad():
         # kl_as_reward shapes the rewards with π_prox vs π_ref on the whole batch before the group
         # statistics: every rank computes them on all rows. Otherwise each rank only on its rows.
@@ -162,6 +165,9 @@ def train_step(
             prox_all = _scatter(policy_logprobs(model, batch, rows_needed, cfg, pad_id, mm=mm), rows_needed, batch)
         if "ref_logp" in need:
             ref_all = _scatter(policy_logprobs(ref_model, batch, rows_needed, cfg, pad_id, mm=mm), rows_needed, batch)
+        if "teacher_logp" in need:
+            teacher = policy_logprobs(teacher_model, batch, rows_needed, cfg, pad_id, mm=mm)
+            teacher_all = _scatter(teacher, rows_needed, batch)
     vkw = {"packing": cfg.train.packing, "pad_id": pad_id}
     old_v = None
     if critic is not None:
@@ -203,6 +209,7 @@ def train_step(
             values=values,
             old_values=None if old_v is None else old_v[rows],
             entropy=ent,
+            teacher_logp=None if teacher_all is None else teacher_all[rows],
             global_tokens=mb.global_tokens if ctx.distributed else None,
             global_seqs=mb.global_seqs if ctx.distributed else None,
         )

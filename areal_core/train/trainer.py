@@ -188,6 +188,7 @@ class Trainer:
                 ctx=self.dist,
                 ref_model=self.parts.ref_model,
                 critic=self.parts.critic,
+                teacher_model=self.parts.teacher_model,
                 phase=self.ev.add,
             )
         t_train = time.perf_counter() - t0

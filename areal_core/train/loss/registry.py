@@ -19,7 +19,8 @@ look-up (`discover`), so a new module registers itself with no edit anywhere els
 What a loss declares (checked at registration):
   needs        inputs it reads beyond logp / prox_logp / behav_logp / mask / rewards / group_index:
                'advantages' (computed from the rows when not given), 'ref_logp', 'values',
-               'old_values', 'returns', 'pairs' (preference pairs: groups of two samples)
+               'old_values', 'returns', 'pairs' (preference pairs: groups of two samples),
+               'teacher_logp' (a teacher model's log-probs, `algo.teacher_path`)
   level        'token' or 'sequence': the unit its ratio (or log-probability) is formed over
   distributed  False: refused with more than one FSDP rank (its reduction has no global denominator)
   kl_term      False: `algo.kl_coef` adds no KL loss term (the loss holds its own β towards π_ref)
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
 
     from areal_core.config.algorithm import AlgorithmConfig
 
-INPUTS = frozenset({"advantages", "ref_logp", "values", "old_values", "returns", "pairs"})
+INPUTS = frozenset({"advantages", "ref_logp", "values", "old_values", "returns", "pairs", "teacher_logp"})
 LEVELS = ("token", "sequence")
 KINDS = ("policy", "term")
 
@@ -64,6 +65,7 @@ class LossInputs:
     values: torch.Tensor | None = None
     old_values: torch.Tensor | None = None
     entropy: torch.Tensor | None = None
+    teacher_logp: torch.Tensor | None = None
     global_tokens: float | None = None
     global_seqs: float | None = None
 

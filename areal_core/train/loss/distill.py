@@ -1,0 +1,114 @@
+"""On-policy distillation: a teacher's per-token log-probs as a reverse-KL signal, alone or added to the RL loss.
+
+Agarwal et al., "On-Policy Distillation of Language Models: Learning from Self-Generated Mistakes"
+(GKD, ICLR 2024, arXiv:2306.13649) and Gu et al., "MiniLLM" (ICLR 2024, arXiv:2306.08543): train
+the student π_θ on its own samples to minimise the reverse KL to the teacher π_T,
+
+    D_KL(π_θ‖π_T) = E_{y∼π_θ}[ Σ_t log π_θ(y_t|y_<t) − log π_T(y_t|y_<t) ],
+
+and Xu et al., "KDRL: Post-Training Reasoning LLMs via Unified Knowledge Distillation and
+Reinforcement Learning" (2025, arXiv:2506.02208), J_KDRL = J_GRPO − β·D_KL(π_θ‖π_T), as AReaL
+implements both (docs/en/algorithms/distillation.md; `teacher.rl_loss_weight`,
+`teacher.distill_loss_weight`). Per sampled token, with d_t = sg(log π_θ(t) − log π_T(t)), the
+per-token reverse-KL estimate, r = π_θ/π_prox and w = π_prox/π_behav (`algo.behav_correction`):
+
+    L_KD = agg( w · r · d_t ),      ∇L_KD = agg( w · r · d_t · ∇log π_θ(t) ),
+    L    = c_RL · L_decoupled_PPO + β_KD · L_KD,     c_RL = `algo.distill_rl_coef`, β_KD = `algo.distill_coef`.
+
+On policy (w = r = 1) ∇L_KD = mean_t (log π_θ − log π_T)·∇log π_θ, the score-function gradient of
+the per-token reverse KL (E_{y_t∼π_θ}[∇log π_θ(y_t)] = 0 removes the pathwise term), i.e.
+REINFORCE with −d_t as each token's advantage; its value is the k1 estimate mean_t d_t. This is
+AReaL's pure-distillation form (`rl_loss_weight: 0`: −coef·Σ iw·(log π_T − sg log π_θ), iw =
+π_θ/π_behav). With the RL loss AReaL adds β·mean_t (log π_θ − log π_T) with the gradient through
+log π_θ, whose gradient β·∇log π_θ has zero mean on policy (Tang & Munos, "On a few pitfalls in
+KL divergence gradient estimation for RL", 2025): here the joint loss uses the score-function term
+above for both. `c_RL = 0` is distillation alone (the RL advantages are still
+computed, and unused).
+The teacher is any model with the policy's tokenizer (`algo.teacher_path`; empty: the initial
+checkpoint, as the reference model); the trainer computes its log-probs at the rollout
+temperature like π_ref's. A token with a non-finite log π_behav, log π_prox or log π_T is masked.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from areal_core.train.loss.common import aggregate, behaviour_kl, behaviour_weights, masked_mean, usable_behaviour
+from areal_core.train.loss.decoupled_ppo import DecoupledPPO
+from areal_core.train.loss.registry import Loss, LossInputs, register
+
+if TYPE_CHECKING:
+    from areal_core.config.algorithm import AlgorithmConfig
+
+
+def distill_term(
+    logp: torch.Tensor,
+    prox_logp: torch.Tensor,
+    behav_logp: torch.Tensor,
+    teacher_logp: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    behav_correction: str = "truncate",
+    behav_low: float = 0.0,
+    behav_high: float = 5.0,
+    behav_level: str = "token",
+    aggregation: str = "token_mean",
+    norm_const: float = 0.0,
+    global_tokens: float | None = None,
+    global_seqs: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """L_KD = agg(w · r · sg(log π_θ − log π_T)), r = π_θ/π_prox, w = `behaviour_weights`. Returns
+    (L_KD, stats): `distill_rkl` (mean_t log π_θ − log π_T over the kept tokens, the k1 estimate of
+    the per-token reverse KL), importance-weight statistics and KL(behaviour‖proximal)."""
+    m = mask.float()
+    w, keep, w_stats = behaviour_weights(prox_logp, behav_logp, m, behav_correction, behav_low, behav_high, behav_level)
+    kl = behaviour_kl(prox_logp, behav_logp, m)
+    ok = usable_behaviour(prox_logp, behav_logp) * torch.isfinite(teacher_logp).float()
+    w, keep = torch.where(ok > 0, w, 0.0), keep * ok
+    prox_logp = torch.where(ok > 0, prox_logp, logp.detach())  # r = 1, d = 0 where w = 0
+    d = torch.where(ok > 0, logp.detach() - teacher_logp, 0.0)
+    ratio = torch.exp(logp - prox_logp)
+    loss = aggregate(w * ratio * d, m, aggregation, norm_const, global_tokens, global_seqs)
+    stats = {
+        "distill_rkl": masked_mean(d, m * keep).item(),
+        **{f"distill_{k}": v for k, v in w_stats.items()},
+        "kl_behav_prox": kl,
+    }
+    return loss, stats
+
+
+@register
+class OnPolicyDistillation(Loss):
+    """L = `algo.distill_rl_coef` · decoupled PPO + `algo.distill_coef` · agg(w·r·sg(log π_θ − log π_T))
+    on the student's own samples (the module docstring); the teacher's log-probs come from
+    `algo.teacher_path`, computed by the trainer like the reference model's."""
+
+    name = "distill"
+    needs = frozenset({"advantages", "teacher_logp"})
+    level = "token"
+
+    def __call__(self, cfg: AlgorithmConfig, x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+        kd, stats = distill_term(
+            x.logp,
+            x.prox_logp,
+            x.behav_logp,
+            x.teacher_logp,
+            x.mask,
+            behav_correction=cfg.behav_correction,
+            behav_low=cfg.behav_low,
+            behav_high=cfg.behav_high,
+            behav_level=cfg.behav_level,
+            aggregation=cfg.aggregation,
+            norm_const=cfg.norm_const,
+            global_tokens=x.global_tokens,
+            global_seqs=x.global_seqs,
+        )
+        loss = cfg.distill_coef * kd
+        stats["loss_distill"] = kd.item()
+        if cfg.distill_rl_coef > 0:
+            rl, rl_stats = DecoupledPPO()(cfg, x)
+            loss = loss + cfg.distill_rl_coef * rl
+            stats.update(rl_stats, loss_rl=rl.item())
+        return loss, stats

@@ -1,0 +1,109 @@
+"""SAPO: a soft, sign-dependent sigmoid gate on the ratio instead of PPO's hard clip.
+
+Gao et al. (Qwen), "Soft Adaptive Policy Optimization" (2025, arXiv:2511.20347), the SAPO objective,
+as AReaL's docs write it (docs/en/algorithms/grpo_series.md, "SAPO") and its `sapo_loss_fn`
+implements it (`areal/utils/functional/functional.py`; `actor.use_sapo_loss`, `sapo_tau_pos`,
+`sapo_tau_neg`, defaults 1.0 / 1.05):
+
+    J(θ) = E[ (1/G) Σ_i (1/|y_i|) Σ_t f_{i,t}(r_{i,t}(θ)) · Â_{i,t} ],
+    f_{i,t}(x) = (4/τ_{i,t}) · σ(τ_{i,t}·(x − 1)),   τ_{i,t} = τ_pos if Â_{i,t} > 0 else τ_neg,
+
+so ∇f(r) = 4·σ(τ(r − 1))·(1 − σ(τ(r − 1)))·∇r: exactly the policy gradient at r = 1 (4·¼ = 1), a
+weight decaying smoothly as r leaves 1, faster for the side whose τ is larger (τ_neg > τ_pos
+damps negative-advantage tokens sooner). Nothing is ever cut off, only down-weighted.
+Decoupled as the other losses here, r = π_θ/π_prox and the behaviour weight w = π_prox/π_behav
+(`algo.behav_correction`, no gradient) corrects for staleness, per policy token
+
+    L_t = −w · (4/τ_t) · σ(τ_t·(r_t − 1)) · A_t,
+
+aggregated as `algo.aggregation` (the paper's is `seq_mean_token_mean`; AReaL's token-mean, the
+preset's). AReaL runs SAPO with `use_decoupled_loss: false`, i.e. its ratio is to π_prox (with
+`recompute_logprob`) and there is no behaviour weight: `behav_correction: none` here. A token with
+a non-finite log π_behav or log π_prox is masked (w = 0, r = 1, no gradient).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from areal_core.train.loss.common import aggregate, behaviour_kl, behaviour_weights, masked_mean, usable_behaviour
+from areal_core.train.loss.registry import Loss, LossInputs, register
+
+if TYPE_CHECKING:
+    from areal_core.config.algorithm import AlgorithmConfig
+
+
+def sapo_loss(
+    logp: torch.Tensor,
+    prox_logp: torch.Tensor,
+    behav_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    tau_pos: float = 1.0,
+    tau_neg: float = 1.05,
+    *,
+    behav_correction: str = "truncate",
+    behav_low: float = 0.0,
+    behav_high: float = 5.0,
+    behav_level: str = "token",
+    aggregation: str = "token_mean",
+    norm_const: float = 0.0,
+    global_tokens: float | None = None,
+    global_seqs: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """agg(−w · (4/τ)·σ(τ·(r − 1)) · A), r = π_θ/π_prox, τ = τ_pos where A > 0 else τ_neg, w as
+    `behaviour_weights`. Returns (loss, stats): the ratio mean, `sapo_gate_mean` (mean of the
+    gradient weight 4σ(1 − σ) ∈ (0, 1] relative to the policy gradient, 1 at r = 1) over the kept
+    tokens, importance-weight statistics and KL(behaviour‖proximal)."""
+    if tau_pos <= 0 or tau_neg <= 0:
+        raise ValueError(f"SAPO temperatures must be positive, got tau_pos={tau_pos}, tau_neg={tau_neg}")
+    m = mask.float()
+    w, keep, w_stats = behaviour_weights(prox_logp, behav_logp, m, behav_correction, behav_low, behav_high, behav_level)
+    kl = behaviour_kl(prox_logp, behav_logp, m)
+    prox_logp = torch.where(usable_behaviour(prox_logp, behav_logp) > 0, prox_logp, logp.detach())  # r = 1 where w = 0
+    ratio = torch.exp(logp - prox_logp)
+    adv = advantages.detach()
+    tau = torch.where(adv > 0, torch.full_like(adv, tau_pos), torch.full_like(adv, tau_neg))
+    gate = torch.sigmoid(tau * (ratio - 1))
+    loss = aggregate(-w * (4 / tau) * gate * adv, m, aggregation, norm_const, global_tokens, global_seqs)
+    kept = m * keep
+    g = gate.detach()
+    stats = {
+        "ratio_mean": masked_mean(ratio.detach(), kept).item(),
+        "sapo_gate_mean": masked_mean(4 * g * (1 - g), kept).item(),
+        "clip_frac": 0.0,  # nothing is clipped: the gate only down-weights
+        **w_stats,
+        "kl_behav_prox": kl,
+    }
+    return loss, stats
+
+
+@register
+class SAPO(Loss):
+    """SAPO: L_t = −w · (4/τ)·σ(τ·(π_θ/π_prox − 1)) · A_t, τ = `algo.sapo_tau_pos` for A_t > 0 else
+    `algo.sapo_tau_neg` (arXiv:2511.20347; the module docstring)."""
+
+    name = "sapo"
+    needs = frozenset({"advantages"})
+    level = "token"
+
+    def __call__(self, cfg: AlgorithmConfig, x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+        return sapo_loss(
+            x.logp,
+            x.prox_logp,
+            x.behav_logp,
+            x.advantages,
+            x.mask,
+            cfg.sapo_tau_pos,
+            cfg.sapo_tau_neg,
+            behav_correction=cfg.behav_correction,
+            behav_low=cfg.behav_low,
+            behav_high=cfg.behav_high,
+            behav_level=cfg.behav_level,
+            aggregation=cfg.aggregation,
+            norm_const=cfg.norm_const,
+            global_tokens=x.global_tokens,
+            global_seqs=x.global_seqs,
+        )
