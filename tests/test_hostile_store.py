@@ -298,3 +298,38 @@ def test_the_report_reads_a_hostile_config_yaml_within_bounds(tmp_path):
     with pytest.raises(ConfigError) as err:
         parse_overrides('a="' + "x" * 10_000)
     assert len(str(err.value)) < 400  # an excerpt of the value, not the value
+
+
+# -- a reward function's own children ----------------------------------------------------------
+def spawning_reward(**_: object) -> float:
+    """A reward function that starts a child of its own and hangs."""
+    import time as _time
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    Path(os.environ["CHILD_PID_FILE"]).write_text(str(child.pid))
+    _time.sleep(600)
+    return 1.0
+
+
+def test_a_timed_out_reward_function_takes_its_children_with_it(tmp_path, monkeypatch):
+    import time
+
+    from areal_core.reward.pool import RewardPool
+
+    pid_file = tmp_path / "child.pid"
+    monkeypatch.setenv("CHILD_PID_FILE", str(pid_file))
+    pool = RewardPool("tests.test_hostile_store:spawning_reward", size=1, timeout_s=3.0, retries=0)
+    try:
+        [result] = pool.grade([{"completion": "x"}])
+        assert "timeout" in result.info["error"]
+        child = int(pid_file.read_text())
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and Path(f"/proc/{child}").exists():
+            state = Path(f"/proc/{child}/stat").read_text().split()[2] if Path(f"/proc/{child}").exists() else "X"
+            if state == "Z":  # killed, waiting for its (dead) parent to be reaped
+                break
+            time.sleep(0.1)
+        alive = Path(f"/proc/{child}").exists() and Path(f"/proc/{child}/stat").read_text().split()[2] != "Z"
+        assert not alive, "the reward function's child outlived the pool's timeout"
+    finally:
+        pool.close()

@@ -21,7 +21,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from areal_core.config.hooks import import_object
-from areal_core.procs import die_with_parent
+from areal_core.procs import die_with_parent, kill_group
 from areal_core.protocol import finite_reward
 
 DEFAULT_REWARD = "areal_core.reward.math:gsm8k_reward"
@@ -74,6 +74,7 @@ async def _await(awaitable: Any) -> Any:
 
 def _worker_main(conn: Connection, fn_path: str, parent: int) -> None:
     die_with_parent(signal.SIGKILL, parent)  # a grader never outlives the process that owns the pool
+    os.setpgid(0, 0)  # its own process group: a timeout kills what the reward function started too
     fn = import_object(fn_path, key="reward.function")
     while True:
         try:
@@ -97,6 +98,9 @@ class _Proc:
         child.close()
 
     def kill(self) -> None:
+        """SIGKILL the grader's process group (the reward function's own children with it)."""
+        if self.proc.pid is not None:
+            kill_group(self.proc.pid, signal.SIGKILL)  # fails only if the group does not exist yet
         self.proc.kill()
         self.proc.join(timeout=5)
         self.conn.close()
