@@ -8,6 +8,7 @@ transformers model holding the weights of the version that token claims.
 
 from __future__ import annotations
 
+import copy
 import math
 import threading
 import time
@@ -20,11 +21,13 @@ from areal_core.config.run import DEFAULT_VLLM_PYTHON, resolve_python
 from areal_core.layout import LAYOUT
 from areal_core.models import build_tiny_model, build_tokenizer
 from areal_core.rollout.engine import SamplingParams
-from areal_core.rollout.vllm_engine import VLLMEngine
+from areal_core.rollout.vllm_engine import VLLMEngine, VLLMEngineError
 from areal_core.rollout.vllm_server import VLLMServerSpec
 from areal_core.store import Store
+from areal_core.train.lora import merge_adapter
 from areal_core.weights import WEIGHTS_FILE, WeightsError
-from areal_core.weights.publisher import hf_side_files, publish, state_dict_bytes
+from areal_core.weights.adapter import ADAPTER_WEIGHTS
+from areal_core.weights.publisher import WeightPublisher, hf_side_files, publish, state_dict_bytes
 
 pytestmark = [
     pytest.mark.vllm,
@@ -65,10 +68,13 @@ class Setup:
         publish(self.store, version, state_dict_bytes(self.models[name]), self.side)
         self.weights_of[version] = name
 
-    @torch.no_grad()
     def ref_logprobs(self, version: int, prompt: list[int], tokens: list[int], temperature: float) -> list[float]:
         """log softmax(logits / T) of each token under the weights of `version`, teacher-forced."""
-        model = self.models[self.weights_of[version]]
+        return self.ref_logprobs_of(self.weights_of[version], prompt, tokens, temperature)
+
+    @torch.no_grad()
+    def ref_logprobs_of(self, name: str, prompt: list[int], tokens: list[int], temperature: float = 1.0) -> list[float]:
+        model = self.models[name]
         logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1].float()
         logp = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
         return logp.gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1).tolist()
@@ -279,3 +285,149 @@ def test_corrupt_version_is_refused_and_server_unchanged(vs):
     assert vs.engine.version == 3 and vs.engine.server_version() == "3"
     after = vs.engine.generate(vs.prompts[:2], params)
     assert [g.token_ids for g in after] == [g.token_ids for g in before]
+
+
+# -- LoRA: native adapters on a server of the base model, and the merged fallback ------------------
+LORA_RANK = 8
+
+
+def crafted_adapter(tok, base, target: int, prompts, seed: int, steps: int = 30, rank: int = LORA_RANK) -> dict:
+    """peft adapter files trained to raise log p(`target`) at every position of `prompts`."""
+    from areal_core.train.lora import adapter_files, apply_lora
+
+    torch.manual_seed(seed)
+    peft = apply_lora(copy.deepcopy(base), r=rank, alpha=2 * rank)
+    opt = torch.optim.Adam([p for p in peft.parameters() if p.requires_grad], lr=1e-2)
+    for i in range(steps):
+        logits = peft(torch.tensor([prompts[i % len(prompts)]])).logits[0]
+        loss = -torch.log_softmax(logits, -1)[:, target].mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return adapter_files(peft)
+
+
+class LoraSetup(Setup):
+    """A LoRA run's store: init_model = model A, each version an adapter (v0: the zero adapter)."""
+
+    def __init__(self, root):
+        from areal_core.manifest import write_local_manifest
+        from areal_core.train.lora import adapter_files, apply_lora
+
+        torch.set_num_threads(1)
+        corpus = [f"what is {a} plus {b}? the answer is {a + b}" for a in range(20) for b in range(20)]
+        self.tok = build_tokenizer(corpus, 384)
+        self.base = build_tiny_model(ModelConfig(max_position_embeddings=MAX_LEN), len(self.tok), seed=0).eval()
+        self.prompts = [self.tok.encode(f"what is {a} plus {a + 3}?") for a in range(8)]
+        self.store = Store(str(root / "lora-run"))
+        init = root / "init"
+        self.base.save_pretrained(init)
+        self.tok.save_pretrained(init)
+        write_local_manifest(init)
+        self.store.put_dir(init, LAYOUT.init_model)
+        self.store.write_json(LAYOUT.committed(LAYOUT.init_model), {})
+        self.publisher = WeightPublisher(self.store, hf_side_files(self.base, self.tok))
+        self.models: dict[str, torch.nn.Module] = {}
+        self.weights_of: dict[int, str] = {}
+        self.files: dict[str, dict] = {"zero": adapter_files(apply_lora(copy.deepcopy(self.base), r=LORA_RANK))}
+        self.targets = {"up": self.tok.encode(" answer")[-1], "up2": self.tok.encode(" plus")[-1]}
+        for name, target in self.targets.items():
+            self.files[name] = crafted_adapter(self.tok, self.base, target, self.prompts, seed=len(self.files))
+        for name, files in self.files.items():
+            self.models[name] = copy.deepcopy(self.base)
+            merge_adapter(self.models[name], files)
+        self.models["base"] = self.base
+        self.publish(0, "zero")
+        self.engine = VLLMEngine.launch(
+            self.store,
+            0,
+            eos_id=None,
+            spec=VLLMServerSpec(kv_cache_mb=64, max_model_len=MAX_LEN, max_num_seqs=64, lora_rank=LORA_RANK),
+            log_path=root / "vllm-lora-server.log",
+            native_lora=True,
+        )
+
+    def publish(self, version: int, name: str) -> None:
+        self.publisher.publish_adapter(version, self.files[name])
+        self.weights_of[version] = name
+
+
+@pytest.fixture(scope="module")
+def ls(tmp_path_factory):
+    s = LoraSetup(tmp_path_factory.mktemp("vllm-lora"))
+    yield s
+    s.engine.close()
+
+
+def test_lora_adapter_loads_natively_and_moves_logprobs_its_way(ls):
+    assert ls.engine.loaded_adapters() == ["v0"]
+    greedy = SamplingParams(max_new_tokens=12, greedy=True)
+    before = ls.engine.generate(ls.prompts, greedy)  # the zero adapter: the base model's greedy path
+    for prompt, g in zip(ls.prompts, before):
+        ref = ls.base.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=None)
+        assert g.token_ids == ref[0, len(prompt) :].tolist()
+    ls.publish(1, "up")
+    assert ls.engine.receive(ls.store, 1) is True
+    assert ls.engine.loaded_adapters() == ["v1"] and len(ls.engine.worker_loras()) == 1  # v0 gone, worker too
+    assert ls.engine.health()["ok"]
+    target = ls.targets["up"]
+    for params in (SamplingParams(max_new_tokens=24, temperature=1.0), greedy):
+        gens = ls.engine.generate(ls.prompts, params)
+        for prompt, g in zip(ls.prompts, gens):
+            assert g.versions == [1] * len(g.token_ids)
+            ls.check_logprobs(prompt, g, temperature=1.0)  # the adapter's log-probs: base + s·B·A merged
+            base_lp = ls.ref_logprobs_of("base", prompt, g.token_ids)
+            margin = len(g.token_ids) if params.is_greedy else 0.0  # greedy: > 1 nat a token above the base
+            assert sum(g.logprobs) > sum(base_lp) + margin
+    # greedy under the adapter: the token it was trained to raise, which the base never picks here
+    hits = sum(t == target for g in gens for t in g.token_ids)
+    assert hits > 0.8 * sum(len(g.token_ids) for g in gens) > 0
+    assert not any(t == target for g in before for t in g.token_ids)
+
+
+def test_lora_new_version_replaces_old_by_name_midflight(ls):
+    ls.publish(2, "up2")
+    params = SamplingParams(max_new_tokens=LONG, temperature=1.0)
+    t, box = generate_in_thread(ls.engine, ls.prompts, params, hold=True)
+    assert ls.engine.receive(ls.store, 2) is True
+    gens = joined(t, box)
+    assert all(len(g.token_ids) == LONG for g in gens)  # no token lost, none duplicated
+    assert_switch(gens, 1, 2)
+    for prompt, g in zip(ls.prompts, gens):  # after the switch: sampled from v2, re-prefilled under v2
+        ls.check_logprobs(prompt, g)
+    assert ls.engine.loaded_adapters() == ["v2"] and len(ls.engine.worker_loras()) == 1
+    assert ls.engine.last_update["paused_s"] < 30
+    health = ls.engine.health()
+    assert health["ok"] and health["server_version"] == "2" and health["paused"] is False
+
+
+def test_lora_corrupt_adapter_is_refused_and_previous_keeps_serving(ls):
+    params = SamplingParams(max_new_tokens=12, greedy=True)
+    before = ls.engine.generate(ls.prompts[:2], params)
+    ls.publish(3, "up")
+    blob = bytearray(ls.store.read_bytes(LAYOUT.weights_file(3, ADAPTER_WEIGHTS)))
+    blob[-5] ^= 0xFF
+    ls.store.write_bytes(LAYOUT.weights_file(3, ADAPTER_WEIGHTS), bytes(blob))
+    with pytest.raises(WeightsError, match="sha256"):
+        ls.engine.receive(ls.store, 3)
+    # passes its manifest, but the server refuses it (rank 16 > --max-lora-rank 8): nothing changes
+    ls.files["wide"] = crafted_adapter(ls.tok, ls.base, ls.targets["up"], ls.prompts, seed=9, steps=1, rank=16)
+    ls.publish(4, "wide")
+    with pytest.raises(VLLMEngineError, match="load_lora_adapter"):
+        ls.engine.receive(ls.store, 4)
+    assert ls.engine.version == 2 and ls.engine.server_version() == "2"
+    assert ls.engine.loaded_adapters() == ["v2"] and not ls.engine.is_paused()
+    after = ls.engine.generate(ls.prompts[:2], params)
+    assert [g.token_ids for g in after] == [g.token_ids for g in before]
+    assert all(g.versions == [2] * 12 for g in after)
+
+
+def test_lora_merged_fallback_reloads_whole_checkpoint(vs, ls):
+    """The fallback (AREAL_VLLM_LORA=merged): the full-model server loads a LoRA version merged into init_model."""
+    v = vs.engine.version + 10
+    ls.publish(v, "up")
+    assert vs.engine.receive(ls.store, v) is True
+    gens = vs.engine.generate(ls.prompts, SamplingParams(max_new_tokens=12, greedy=True))
+    for prompt, g in zip(ls.prompts, gens):
+        assert g.versions == [v] * 12
+        ls.check_logprobs(prompt, g, temperature=1.0)

@@ -8,6 +8,7 @@ over a pre-allocated KV cache, `continuous_engine.py`), over the model loaded he
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -19,6 +20,7 @@ from areal_core.store import Store
 from areal_core.weights.reader import load_state_dict
 
 REMOTE_ENGINES = ("vllm", "sglang")
+VLLM_LORA_ENV = "AREAL_VLLM_LORA"  # native (default) | merged: how vLLM serves LoRA versions
 
 
 def load_tokenizer(path: str) -> Any:
@@ -59,6 +61,15 @@ def build_local_engine(cfg: RunConfig, model: Any, tokenizer: Any, version: int,
     return TorchEngine(model, pad, eos, version, seed=seed, swap_mid_generation=mid)
 
 
+def vllm_native_lora(cfg: RunConfig) -> bool:
+    """Whether vLLM serves a LoRA run's versions as adapters (native LoRA, the default when
+    train.lora_rank > 0) or merged into whole checkpoints (AREAL_VLLM_LORA=merged; docs/vllm.md)."""
+    mode = os.environ.get(VLLM_LORA_ENV, "native")
+    if mode not in ("native", "merged"):
+        raise ValueError(f"{VLLM_LORA_ENV} must be native or merged, got {mode!r}")
+    return cfg.train.lora_rank > 0 and mode == "native"
+
+
 def build_remote_engine(cfg: RunConfig, store: Store, version: int, eos_id: int | None, index: int = 0) -> Any:
     """A VLLMEngine (started here, or at rollout.server.url) or an SGLangEngine (at rollout.server.url)."""
     srv = cfg.rollout.server
@@ -66,9 +77,14 @@ def build_remote_engine(cfg: RunConfig, store: Store, version: int, eos_id: int 
         from areal_core.rollout.vllm_engine import VLLMEngine
         from areal_core.rollout.vllm_server import server_spec
 
+        native = vllm_native_lora(cfg)
         if srv.url:
-            return VLLMEngine(srv.url, version, eos_id, interrupt=srv.interrupt, store=store)
-        return VLLMEngine.launch(store, version, eos_id, server_spec(cfg, index), interrupt=srv.interrupt)
+            engine = VLLMEngine(srv.url, version, eos_id, interrupt=srv.interrupt, store=store, lora=native)
+            if native:  # the server at the URL runs init_model with --enable-lora and sees this host's disk
+                engine.serve_adapter(store, version)
+            return engine
+        spec = server_spec(cfg, index, native_lora=native)
+        return VLLMEngine.launch(store, version, eos_id, spec, interrupt=srv.interrupt, native_lora=native)
     if cfg.rollout.engine == "sglang":
         from areal_core.rollout.sglang_engine import SGLangEngine
 

@@ -145,9 +145,23 @@ class RemoteEngine:
         return out
 
     # -- weights ------------------------------------------------------------------------
+    def _stage(self, store: Store, version: int) -> Path:
+        """The verified local copy of weights/v{version} the server loads (a whole HF folder here)."""
+        return stage_verified(store, version, self.staging_dir)
+
     def _reload(self, path: Path, version: int) -> None:
         """Have the paused server load the staged HF folder `path` and label itself `version`."""
         raise NotImplementedError
+
+    def _swapped(self, old: int, version: int) -> None:
+        """Still paused, `self.version` now `version`: anything the server needs before it resumes."""
+
+    def _retire(self, old: int, version: int) -> None:
+        """Resumed on `version`: release what `old` held on the server."""
+
+    def _keep_staged(self, old: int, version: int) -> set[int]:
+        """The staged versions kept after an update."""
+        return {version}
 
     def load_version(self, version: int) -> None:
         """RolloutEngine: bring the server to `version` from the store the engine was given."""
@@ -165,21 +179,24 @@ class RemoteEngine:
         if version <= self.version:
             return False
         t0 = time.perf_counter()
-        path = stage_verified(store, version, self.staging_dir)  # before pausing: generation goes on
+        path = self._stage(store, version)  # before pausing: generation goes on
         t_staged = time.perf_counter()
         with self._update_lock:
             if version <= self.version:
                 return False
+            old = self.version
             self.pause(mode or self.interrupt)
             t_paused = time.perf_counter()
             try:
                 self._reload(path, version)
                 self.version = version
                 self.swaps += 1
+                self._swapped(old, version)
             finally:
                 self.resume()
             t_done = time.perf_counter()
-        prune_staged(self.staging_dir, {version})
+            self._retire(old, version)
+        prune_staged(self.staging_dir, self._keep_staged(old, version))
         self.last_update = {
             "version": version,
             "stage_s": t_staged - t0,
@@ -217,6 +234,14 @@ class RemoteEngine:
         """The generate request for `ids` (prompt + tokens so far), segment 0, 1, ... of a request."""
         raise NotImplementedError
 
+    def _request_body_at(self, ids: list[int], params: SamplingParams, max_new: int, segment: int, v: int) -> dict:
+        """`_request_body` for a segment submitted at the engine's version `v`."""
+        return self._request_body(ids, params, max_new, segment)
+
+    def _stale(self, r: httpx.Response, v_submit: int) -> bool:
+        """Whether a failed generate response only means that `v_submit` is gone (re-submit it)."""
+        return False
+
     def _parse_response(self, data: Any, v_submit: int) -> tuple[list[int], list[float], list[int], str]:
         """(new tokens, their log-probs, their versions, finish reason) of one generate response;
         `v_submit` is the engine's version when the segment was submitted."""
@@ -229,13 +254,18 @@ class RemoteEngine:
         epoch = self._abort_epoch
         segment = 0
         while True:
-            body = self._request_body(list(prompt) + tokens, params, params.max_new_tokens - len(tokens), segment)
             v_submit = self.version
+            body = self._request_body_at(
+                list(prompt) + tokens, params, params.max_new_tokens - len(tokens), segment, v_submit
+            )
             async with sem:
                 try:
                     r = await client.post(self.generate_path, json=body)
                 except httpx.HTTPError as exc:
                     raise self._error(f"POST {self.generate_path}: {exc!r}") from exc
+            if r.status_code != 200 and self._stale(r, v_submit):
+                segment += 1
+                continue
             if r.status_code != 200:
                 raise self._error(f"POST {self.generate_path}: HTTP {r.status_code} {r.text[:300]}")
             new, lps, vers, finish = self._parse_response(r.json(), v_submit)

@@ -22,10 +22,20 @@ decode steps and without losing a token:
    new weights (the prefix cache of old-weight blocks is emptied too);
 5. `POST /update_weight_version {"new_version": "N"}`, then `POST /resume`.
 
-A LoRA version (only the adapter in the store) is staged as a whole checkpoint with the adapter
-merged into the run's init_model (`weights.reader.stage_verified`), so the same reload applies
-and in-flight requests switch at the swap (vLLM's own LoRA binds an adapter to a request at
-submission; docs/vllm.md).
+LoRA runs (only the adapter in the store), two ways:
+
+- native (`lora=True`, `launch(..., native_lora=True)`): the server runs the run's init_model with
+  LoRA enabled; version N is the adapter named `v{N}`, and every request names the adapter of the
+  engine's version when it is submitted, so each token's version is the adapter that produced it.
+  Update: stage the adapter alone (`weights.reader.stage_adapter`, sha256-checked), `POST
+  /pause?mode=keep`, `POST /v1/load_lora_adapter {"lora_name": "v{N}", "lora_path": dir}`, the
+  version label, then `POST /abort_requests`: the kept requests come back with the tokens so far
+  and are re-submitted naming `v{N}` (queued until resume; they re-prefill under the new adapter,
+  the interruption rule); `POST /resume`; then `POST /v1/unload_lora_adapter` of `v{N-1}` and the
+  worker's copy dropped (`vllm_worker_ext.keep_newest_lora`). A request that still names an
+  unloaded adapter (404) is re-submitted under the current one.
+- merged (the fallback, and full fine-tuning): the adapter is merged into init_model and staged as
+  a whole checkpoint (`weights.reader.stage_verified`), reloaded as above.
 
 `interrupt="abort"` is the other path (for servers without keep): `/pause?mode=abort`
 returns in-flight requests early with `finish_reason="abort"`; the engine re-submits each
@@ -45,7 +55,7 @@ from areal_core.rollout.engine import SamplingParams
 from areal_core.rollout.remote_engine import RemoteEngine, RemoteEngineError
 from areal_core.rollout.vllm_server import SERVED_NAME, VLLMServer, VLLMServerSpec
 from areal_core.store import Store
-from areal_core.weights.reader import stage_verified
+from areal_core.weights.reader import stage_adapter, stage_base, stage_verified
 
 INTERRUPT_MODES = ("keep", "abort")
 
@@ -90,11 +100,13 @@ class VLLMEngine(RemoteEngine):
         *,
         interrupt: str = "keep",
         reload_method: str = "reload_and_retie",
+        lora: bool = False,
         **kw: Any,
     ):
         if interrupt not in INTERRUPT_MODES:
             raise ValueError(f"interrupt must be one of {INTERRUPT_MODES}, got {interrupt!r}")
-        self.interrupt = interrupt
+        self.lora = lora  # native LoRA: version N is the adapter `v{N}` on a base-model server
+        self.interrupt = "keep" if lora else interrupt  # native: keep, then abort and re-submit
         self.reload_method = reload_method
         super().__init__(url, version, eos_id, **kw)
 
@@ -108,22 +120,43 @@ class VLLMEngine(RemoteEngine):
         *,
         interrupt: str = "keep",
         log_path: str | Path | None = None,
+        native_lora: bool = False,
     ) -> VLLMEngine:
-        """Stage the verified weights/v{version}, start a server on them, and connect."""
+        """Stage the verified weights/v{version}, start a server on them, and connect. native_lora:
+        the server runs init_model with LoRA enabled (spec.lora_rank > 0) and v{version} is loaded
+        as the adapter `v{version}`."""
+        spec = spec or VLLMServerSpec()
+        if native_lora and spec.lora_rank <= 0:
+            raise ValueError("native_lora needs a server spec with lora_rank > 0")
         staging = Path(tempfile.mkdtemp(prefix="areal-vllm-weights-"))
-        model_dir = stage_verified(store, version, staging)
-        server = VLLMServer(spec or VLLMServerSpec(), model_dir, log_path)
+        server = None
         try:
+            model_dir = stage_base(store, staging) if native_lora else stage_verified(store, version, staging)
+            server = VLLMServer(spec, model_dir, log_path)
             server.start()
             engine = cls(
-                server.url, version, eos_id, interrupt=interrupt, staging_dir=staging, store=store, server=server
+                server.url,
+                version,
+                eos_id,
+                interrupt=interrupt,
+                staging_dir=staging,
+                store=store,
+                server=server,
+                lora=native_lora,
             )
+            if native_lora:
+                engine.serve_adapter(store, version)
         except BaseException:
-            server.stop()
+            if server is not None:
+                server.stop()
             shutil.rmtree(staging, ignore_errors=True)
             raise
         engine._own_staging = True
         return engine
+
+    @staticmethod
+    def adapter_name(version: int) -> str:
+        return f"v{version}"
 
     # -- control calls ------------------------------------------------------------------
     def pause(self, mode: str = "keep") -> None:
@@ -160,7 +193,27 @@ class VLLMEngine(RemoteEngine):
         return {"paused": self.is_paused()}
 
     # -- weights ------------------------------------------------------------------------
+    def _stage(self, store: Store, version: int) -> Path:
+        return stage_adapter(store, version, self.staging_dir) if self.lora else super()._stage(store, version)
+
+    def serve_adapter(self, store: Store, version: int) -> None:
+        """Native LoRA, at start: stage weights/v{version}'s adapter and load it as `v{version}`."""
+        self._load_adapter(self._stage(store, version), version)
+
+    def receive(self, store: Store, version: int, mode: str | None = None) -> bool:
+        return super().receive(store, version, "keep" if self.lora else mode)
+
+    def _load_adapter(self, path: Path, version: int) -> None:
+        """Native LoRA: load the staged adapter `path` as `v{version}` and label the server with it."""
+        self._call(
+            "POST", "/v1/load_lora_adapter", json={"lora_name": self.adapter_name(version), "lora_path": str(path)}
+        )
+        self._call("POST", "/update_weight_version", json={"new_version": str(version)})
+
     def _reload(self, path: Path, version: int) -> None:
+        if self.lora:  # no prefix-cache reset: vLLM keys cached blocks by adapter name and path
+            self._load_adapter(path, version)
+            return
         self._call(
             "POST", "/collective_rpc", json={"method": self.reload_method, "kwargs": {"weights_path": str(path)}}
         )
@@ -169,17 +222,46 @@ class VLLMEngine(RemoteEngine):
             raise self._error("POST /reset_prefix_cache: success=false")
         self._call("POST", "/update_weight_version", json={"new_version": str(version)})
 
+    def _swapped(self, old: int, version: int) -> None:
+        if self.lora:  # the kept requests return now and are re-submitted naming the new adapter
+            self._abort_server()
+
+    def _retire(self, old: int, version: int) -> None:
+        if not self.lora:
+            return
+        self._call("POST", "/v1/unload_lora_adapter", ok=(200, 404), json={"lora_name": self.adapter_name(old)})
+        self._call("POST", "/collective_rpc", json={"method": "keep_newest_lora"})
+
+    def _keep_staged(self, old: int, version: int) -> set[int]:
+        # native: a request accepted under the old adapter just before its unload still finds its files
+        return {old, version} if self.lora else {version}
+
+    def loaded_adapters(self) -> list[str]:
+        """Native LoRA: the adapter names the server serves (GET /v1/models, the base excluded)."""
+        return [m["id"] for m in self._call("GET", "/v1/models").json()["data"] if m["id"] != SERVED_NAME]
+
+    def worker_loras(self) -> list[int]:
+        """Native LoRA: the adapter ids held by the server's worker (its cache, not only the API's names)."""
+        return list(self._call("POST", "/collective_rpc", json={"method": "list_loras"}).json()["results"][0])
+
     # -- generation ---------------------------------------------------------------------
     def _request_body(self, ids: list[int], params: SamplingParams, max_new: int, segment: int) -> dict:
+        return self._request_body_at(ids, params, max_new, segment, self.version)
+
+    def _request_body_at(self, ids: list[int], params: SamplingParams, max_new: int, segment: int, v: int) -> dict:
         sp = self._sampling(params)
         sp["max_tokens"] = max_new
         sp["logprobs"] = 0  # the sampled token's log-prob only
         sp["detokenize"] = bool(params.stop)
         # A per-request seed is only sent on the abort path: with pause(keep) a seeded
         # request's generator does not survive the preemption (docs/vllm.md).
-        if params.seed is not None and self.interrupt == "abort":
+        if params.seed is not None and (self.interrupt == "abort" or self.lora):
             sp["seed"] = params.seed + 7919 * segment
-        return {"model": SERVED_NAME, "token_ids": ids, "sampling_params": sp}
+        model = self.adapter_name(v) if self.lora else SERVED_NAME
+        return {"model": model, "token_ids": ids, "sampling_params": sp}
+
+    def _stale(self, r: Any, v_submit: int) -> bool:
+        return self.lora and r.status_code == 404 and v_submit < self.version
 
     def _parse_response(self, data: Any, v_submit: int) -> tuple[list[int], list[float], list[int], str]:
         choice = data["choices"][0]
@@ -187,5 +269,6 @@ class VLLMEngine(RemoteEngine):
         content = (choice.get("logprobs") or {}).get("content") or []
         if len(content) != len(new):
             raise VLLMEngineError(f"server returned {len(new)} tokens but {len(content)} log-probs")
-        versions = expand_spans(choice.get("weight_versions"), len(new))
+        # native LoRA: a segment runs under the adapter it names from start to end
+        versions = [v_submit] * len(new) if self.lora else expand_spans(choice.get("weight_versions"), len(new))
         return new, [float(c["logprob"]) for c in content], versions, choice.get("finish_reason") or "length"

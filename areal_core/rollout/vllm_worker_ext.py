@@ -9,6 +9,11 @@ the default tiny Qwen2) the in-place `reload_weights` refreshes `embed_tokens.we
 but leaves lm_head's packed copy of the *old* weights, so logits after a reload come
 from a stale head. `reload_and_retie` reloads, re-ties lm_head to the embedding and
 re-packs it.
+
+Native LoRA: vLLM 0.32's `/v1/unload_lora_adapter` only forgets the adapter's name in the API
+server; the worker keeps its copy until its LRU cache (`--max-cpu-loras`) evicts it.
+`keep_newest_lora` drops every adapter but the newest (ids grow with each load), so a replaced
+version leaves no weights behind.
 """
 
 from __future__ import annotations
@@ -37,3 +42,10 @@ class ReloadExtension:
         """Sum of |w| per parameter name, for tests that check what the server holds."""
         model = self.model_runner.get_model()
         return {n: float(p.detach().float().abs().sum()) for n, p in model.named_parameters()}
+
+    def keep_newest_lora(self) -> list[int]:
+        """Remove every LoRA adapter but the newest from this worker; returns the ids left."""
+        ids = sorted(int(i) for i in self.list_loras())
+        for lora_id in ids[:-1]:
+            self.remove_lora(lora_id)
+        return sorted(int(i) for i in self.list_loras())

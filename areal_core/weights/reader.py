@@ -6,10 +6,12 @@ older version already verified here) and the deltas after it, and the rebuilt
 model.safetensors is checked against the sha256 the manifest records for it, so what a reader
 gets is bit for bit what a full publication of the same weights holds.
 
-Two ways out: `load_state_dict` (in-process engines: a state dict to swap between decode steps)
-and `stage_verified` (servers that load an HF folder from their own disk, vLLM and SGLang: the
+Ways out: `load_state_dict` (in-process engines: a state dict to swap between decode steps),
+`stage_verified` (servers that load an HF folder from their own disk, vLLM and SGLang: the
 version is copied to a local staging folder, written under a temporary name and renamed only
-once every file matched, so a server never loads bytes that failed their check).
+once every file matched, so a server never loads bytes that failed their check), and for a
+server with native LoRA (vLLM loads an adapter by path) `stage_adapter` and `stage_base` (the
+adapter of a LoRA version and the run's init_model, checked and staged the same way).
 
 A LoRA version (`adapter.py`: the adapter files instead of model.safetensors) is merged into the
 run's init_model here: `load_state_dict` gives the merged adapted weights (all an engine holding
@@ -33,7 +35,7 @@ from safetensors.torch import save as st_save
 from areal_core.layout import LAYOUT
 from areal_core.store import Store
 from areal_core.weights import DELTA_FILE, WEIGHTS_FILE, WeightsError, sha256
-from areal_core.weights.adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS, merged_weights
+from areal_core.weights.adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS, lora_scale, merged_weights
 from areal_core.weights.delta import decode_delta
 
 
@@ -199,6 +201,69 @@ def stage_verified(store: Store, version: int, staging_root: str | Path) -> Path
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def stage_adapter(store: Store, version: int, staging_root: str | Path) -> Path:
+    """Copy a LoRA version's adapter (adapter_model.safetensors + adapter_config.json, sha256 checked,
+    the config parsed) to `staging_root/v{version:06d}`, for a server that loads adapters by path
+    (vLLM's native LoRA). Raises WeightsError, leaving nothing staged, when the version is not an
+    adapter or a file is missing, fails its check or is malformed."""
+    manifest = read_manifest(store, version)
+    if not is_adapter(manifest):
+        raise WeightsError(f"weights v{version} is not a LoRA adapter version (it holds no {ADAPTER_WEIGHTS})")
+    root = Path(staging_root)
+    final = root / f"v{version:06d}"
+    if (final / LAYOUT.manifest_name).is_file() and (final / ADAPTER_WEIGHTS).is_file():
+        return final
+    files = {n: _read_checked(store, version, manifest, n) for n in (ADAPTER_WEIGHTS, ADAPTER_CONFIG)}
+    try:
+        lora_scale(json.loads(files[ADAPTER_CONFIG]))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise WeightsError(f"weights v{version}: {ADAPTER_CONFIG} is malformed: {exc}") from None
+    files[LAYOUT.manifest_name] = json.dumps(manifest).encode()
+    _commit_folder(root, final, files)
+    return final
+
+
+def stage_base(store: Store, staging_root: str | Path) -> Path:
+    """Copy the run's init_model (the base of LoRA versions) to `staging_root/base`, checked against
+    its MANIFEST.json when it has one (as `models.load_pretrained` does); WeightsError when it is not
+    committed or fails its check."""
+    from areal_core.manifest import ManifestError, verify_local_dir
+
+    root = Path(staging_root)
+    final = root / "base"
+    if final.is_dir():  # renamed into place only once checked
+        return final
+    if not store.exists(LAYOUT.committed(LAYOUT.init_model)):
+        raise WeightsError(f"a LoRA run needs its base, and {LAYOUT.init_model} is not committed")
+    tmp = root / f".tmp-{uuid.uuid4().hex}"
+    try:
+        store.get_dir(LAYOUT.init_model, tmp)
+        try:
+            verify_local_dir(tmp)
+        except ManifestError as exc:
+            raise WeightsError(f"{LAYOUT.init_model}: {exc}") from None
+        os.replace(tmp, final)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _commit_folder(root: Path, final: Path, files: dict[str, bytes]) -> None:
+    """Write `files` under a temporary name in `root` and rename it to `final` once all are written."""
+    tmp = root / f".tmp-{uuid.uuid4().hex}"
+    tmp.mkdir(parents=True)
+    try:
+        for name, data in files.items():
+            (tmp / name).write_bytes(data)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _rebuild(store: Store, version: int, manifest: dict, root: Path) -> bytes:

@@ -78,6 +78,12 @@ def behaviour_kl(prox_logp: torch.Tensor, behav_logp: torch.Tensor, mask: torch.
     return masked_mean(torch.where(ok > 0, behav_logp - prox_logp, 0.0).detach(), ok).item()
 
 
+def behaviour_abs_diff(prox_logp: torch.Tensor, behav_logp: torch.Tensor, mask: torch.Tensor) -> float:
+    """mean |log π_behav − log π_prox| over the usable policy tokens: the engine/trainer mismatch."""
+    ok = mask.float() * usable_behaviour(prox_logp, behav_logp)
+    return masked_mean(torch.where(ok > 0, behav_logp - prox_logp, 0.0).detach().abs(), ok).item()
+
+
 def behaviour_weights(
     prox_logp: torch.Tensor,
     behav_logp: torch.Tensor,
