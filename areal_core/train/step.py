@@ -39,6 +39,7 @@ from areal_core.train.batch import TrainBatch, collate
 from areal_core.train.distributed import DistContext, clip_grad_norm
 from areal_core.train.entropy import token_logprobs_and_entropy
 from areal_core.train.logprobs import token_logprobs
+from areal_core.train.loss.common import behaviour_abs_diff
 from areal_core.train.loss.registry import LossInputs, check_algorithm
 from areal_core.train.packing import packed_token_logprobs
 from areal_core.train.value_head import Critic
@@ -214,6 +215,7 @@ def train_step(
             global_seqs=mb.global_seqs if ctx.distributed else None,
         )
         loss, mb_stats = total_loss(mb_algo, inputs)
+        mb_stats["abs_dlogp_behav_prox"] = behaviour_abs_diff(prox, inputs.behav_logp, inputs.mask)  # mismatch
         optimizer.zero_grad(set_to_none=True)
         if critic is not None:
             critic.zero_grad()
