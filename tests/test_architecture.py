@@ -45,6 +45,7 @@ LAYERS: dict[str, int] = {
     "areal_core.reward": 4,
     "areal_core.rollout": 5,
     "areal_core.proxy": 6,
+    "areal_core.agents": 6,  # beside proxy/: MCP servers as agent environments, over its AgentWorkflow
     "areal_core.train": 7,
     "areal_core.megatron": 7,  # the Megatron backend: conversion, TP sharding, GPTModel, checks
     "areal_core.megatron_backend": 7,  # re-exports areal_core.megatron for its old importers

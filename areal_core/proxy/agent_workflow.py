@@ -209,7 +209,8 @@ def from_context(ctx: WorkflowContext) -> AgentWorkflow:
     agent.{max_concurrent_episodes, episode_timeout_s, turn_discount, tool_prompt}; the proxy's
     context limit is the model's (model.max_position_embeddings)."""
     cfg, ac = ctx.cfg, ctx.cfg.agent
-    return AgentWorkflow(
+    cls, extra = workflow_class(ac)
+    return cls(
         ctx.tokenizer,
         cfg.rollout.agent,
         group_size=cfg.rollout.group_size,
@@ -222,7 +223,16 @@ def from_context(ctx: WorkflowContext) -> AgentWorkflow:
         ),
         tool_prompt=ac.tool_prompt,
         worker_id=ctx.worker_id,
+        **extra,
     )
+
+
+def workflow_class(mcp: Any) -> tuple[type[AgentWorkflow], dict[str, Any]]:
+    """AgentWorkflow, or MCPWorkflow (areal_core/agents/, loaded by path) when `mcp` (the run's
+    `agent` section) lists MCP servers: its agent then takes the episode's tools (docs/agents.md)."""
+    if mcp is None or not getattr(mcp, "mcp_servers", None):
+        return AgentWorkflow, {}
+    return import_object("areal_core.agents.workflow:MCPWorkflow", key="agent.mcp_servers"), {"mcp": mcp}
 
 
 async def evaluate_agent(
@@ -234,15 +244,19 @@ async def evaluate_agent(
     sampling: SamplingParams | None = None,
     tool_prompt: str = "none",
     limits: ProxyLimits | None = None,
+    mcp: Any = None,
 ) -> float:
-    """Held-out success rate: mean reward of one greedy episode per task (nothing is written)."""
-    workflow = AgentWorkflow(
+    """Held-out success rate: mean reward of one greedy episode per task (nothing is written).
+    mcp: the run's `agent` section (or an MCPEnvironment) when the agent's tools are MCP servers."""
+    cls, extra = workflow_class(mcp)
+    workflow = cls(
         tokenizer,
         agent,
         group_size=1,
         sampling=sampling or SamplingParams(max_new_tokens=64, greedy=True, temperature=0.0),
         tool_prompt=tool_prompt,
         limits=limits,
+        **extra,
     )
     sem = asyncio.Semaphore(max_concurrent_episodes)
 

@@ -1,0 +1,1 @@
+"""Example agents and the MCP servers they use (each folder has a README)."""

@@ -1,0 +1,74 @@
+"""The Python-interpreter agent's MCP server: code runs in the bubblewrap sandbox, stateful within
+an episode and not across, limits per call, output cut and said; the ideal episode earns 1.0."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+
+import pytest
+import torch
+
+from areal_core.agents.mcp import ServerSpec
+from areal_core.agents.tools import MCPEnvironment
+from areal_core.agents.workflow import MCPWorkflow
+from areal_core.models import build_tokenizer
+from areal_core.proxy.examples import ScriptedEngine
+from areal_core.proxy.templating import ChatTemplate
+from examples.python_agent.agent import generate, python_agent, python_corpus, python_transcript
+
+pytestmark = [
+    pytest.mark.sandbox,
+    pytest.mark.skipif(not shutil.which("bwrap"), reason="bubblewrap not installed (.ci/run installs it)"),
+]
+PYTHON = ServerSpec(
+    "python",
+    command="python",
+    args=("-m", "examples.python_agent.server", "--wall-s", "20", "--cpu-s", "1", "--max-output", "100"),
+)
+
+
+def test_state_within_an_episode_none_across_limits_and_cut_output():
+    env = MCPEnvironment([PYTHON], max_calls=10)
+
+    async def main():
+        async with env.episode() as tools:
+            first = [await tools.call("run_python", {"code": c}) for c in ("x = 21", "print(x * 2)", "x * 1000")]
+            limits = [await tools.call("run_python", {"code": c}) for c in ("while True: pass", "print('y' * 500)")]
+            after = await tools.call("run_python", {"code": "1/0"})
+        async with env.episode() as tools:
+            second = await tools.call("run_python", {"code": "print(x)"})
+        return first, limits, after, second
+
+    first, limits, after, second = asyncio.run(main())
+    assert first == ["(no output)", "42", "21000"]
+    assert limits[0] == "error: cpu time limit (1s) (SIGXCPU)"
+    assert limits[1] == "y" * 100 + "\n[output cut: 100 of 500 characters shown]"
+    assert after == "error: ZeroDivisionError: division by zero"
+    assert second == "error: NameError: name 'x' is not defined"  # a fresh interpreter
+    assert env.outcomes == {"ok": 2}
+
+
+def test_the_ideal_python_episode_earns_the_verifiers_reward():
+    torch.set_num_threads(1)
+    train, _ = generate(1, 2, 1)
+    tok = build_tokenizer(python_corpus(train), 300)
+    replies = {t["prompt"]: [m for m in python_transcript(t) if m["role"] == "assistant"] for t in train}
+
+    def reply(prompt_text: str) -> str:
+        question = prompt_text.split("<|im_start|>user\n", 1)[1].split("<|im_end|>", 1)[0]
+        call, answer = replies[question]
+        if "<|im_start|>tool\n" in prompt_text:
+            return answer["content"]
+        args = call["tool_calls"][0]["function"]["arguments"]
+        return f'<tool_call>{{"name": "run_python", "arguments": {args}}}</tool_call>'
+
+    env = MCPEnvironment([PYTHON], max_calls=4)
+    workflow = MCPWorkflow(tok, python_agent, mcp=env, group_size=1)
+    try:
+        result = asyncio.run(workflow.run_episode(ScriptedEngine(tok, reply), train[0]))
+    finally:
+        workflow.close()
+    assert result.error is None and result.reward == 1.0
+    (row,) = result.samples
+    assert (row.input_ids, row.loss_mask) == ChatTemplate(tok, tool_prompt="none").episode(python_transcript(train[0]))

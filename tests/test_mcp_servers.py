@@ -1,0 +1,73 @@
+"""Misbehaving MCP servers for tests/test_mcp.py, run as `python tests/test_mcp_servers.py MODE`.
+
+silent     reads stdin and never answers (a server that hangs at start)
+bad        an `MCPServer` whose tools misbehave: `malformed` answers its own request with a
+           result of the wrong shape, `latin1` with bytes that are not UTF-8, `huge` returns
+           3 MB, `crash` exits the process mid-call, `echo` behaves
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+if __name__ == "__main__" and sys.argv[1:] == ["silent"]:  # before the SDK's import: a quick start
+    sys.stdin.read()
+    sys.exit(0)
+
+from mcp.server.mcpserver import Context, MCPServer  # noqa: E402
+
+
+def _answer(request_id: str, result_bytes: bytes) -> None:
+    """Write a JSON-RPC response for `request_id` straight to the wire, past the SDK (which moved
+    stdout aside: fd 1 is now stderr, the wire a private duplicate)."""
+    from mcp.server import stdio
+
+    wire = next(c.private_fd for c in stdio._claims.values() if c.fd == 1)
+    rid = int(request_id) if request_id.lstrip("-").isdigit() else json.dumps(request_id)
+    os.write(wire, b'{"jsonrpc": "2.0", "id": ' + str(rid).encode() + b', "result": ' + result_bytes + b"}\n")
+
+
+def bad_server() -> None:
+    server = MCPServer("bad", log_level="WARNING")
+
+    @server.tool()
+    def echo(text: str) -> str:
+        """Return `text`."""
+        return text
+
+    @server.tool()
+    def malformed(ctx: Context) -> str:
+        """Answer with a result whose content is not a list."""
+        _answer(ctx.request_id, b'{"content": "not a list", "isError": 7}')
+        time.sleep(0.5)
+        return "too late"
+
+    @server.tool()
+    def latin1(ctx: Context) -> str:
+        """Answer with text that is not UTF-8."""
+        _answer(
+            ctx.request_id,
+            b'{"resultType": "complete", "content": [{"type": "text", "text": "caf\xe9 cr\xe8me \xff"}], '
+            b'"structuredContent": {"result": "caf\xe9"}}',
+        )
+        time.sleep(0.5)
+        return "too late"
+
+    @server.tool()
+    def huge() -> str:
+        """Three megabytes of text."""
+        return "x" * 3_000_000
+
+    @server.tool()
+    def crash() -> str:
+        """Exit mid-call."""
+        os._exit(3)
+
+    server.run()
+
+
+if __name__ == "__main__":
+    bad_server()

@@ -1,0 +1,124 @@
+"""The search agent: a seeded knowledge base, BM25 ranking (bm25s) that finds the document each
+question needs, the citation check in the reward, and the ideal episode through the real MCP
+server (a subprocess) and the real proxy, token for token as the warm start renders it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from areal_core.agents.mcp import ServerSpec
+from areal_core.agents.tools import MCPEnvironment
+from areal_core.agents.workflow import MCPWorkflow
+from areal_core.models import build_tokenizer
+from areal_core.proxy.examples import ScriptedEngine
+from areal_core.proxy.templating import ChatTemplate, tool_call_text
+from examples.search_agent.agent import search_agent, search_corpus, search_reward, search_transcript
+from examples.search_agent.kb import KnowledgeBase, SearchEngine, questions
+
+SEED, PEOPLE = 3, 120
+
+
+@pytest.fixture(scope="module")
+def kb():
+    return KnowledgeBase.build(SEED, PEOPLE)
+
+
+@pytest.fixture(scope="module")
+def qs(kb):
+    return questions(kb, 60, 20, seed=SEED)
+
+
+def test_the_knowledge_base_is_seeded_and_held_out_people_are_new(kb, qs):
+    again = KnowledgeBase.build(SEED, PEOPLE)
+    assert again.docs == kb.docs and KnowledgeBase.build(SEED + 1, PEOPLE).docs != kb.docs
+    assert len(kb.docs) == PEOPLE + PEOPLE // 5 and len({d.title for d in kb.docs.values()}) == len(kb.docs)
+    train, held_out = qs
+    asked = {q["meta"]["steps"][0][0] for q in train}
+    assert not asked & {q["meta"]["steps"][0][0] for q in held_out}
+    assert {q["meta"]["hops"] for q in train} == {1, 2}
+    for q in train + held_out:  # the answer is in the support document, never in a snippet
+        doc = kb.docs[q["meta"]["support"]]
+        assert q["answer"] in doc.text and q["answer"] not in doc.snippet
+
+
+def test_ranking_finds_each_questions_document(kb, qs):
+    engine = SearchEngine(kb)
+    steps = [s for q in qs[0] + qs[1] for s in q["meta"]["steps"]]
+    top1 = sum(engine.ranked(name)[:1] == [doc] for name, doc in steps)
+    assert all(doc in engine.ranked(name, 3) for name, doc in steps)
+    assert top1 >= 0.95 * len(steps)
+    name, doc = steps[0]
+    assert engine.search(name).splitlines()[0] == f"{doc} {kb.docs[doc].title}: {kb.docs[doc].snippet}"
+    assert engine.search("the of a") == "no results" and engine.read(" nope ").startswith("error: no document")
+
+
+def test_the_reward_checks_the_answer_and_the_citation(kb, qs):
+    q = next(q for q in qs[0] if q["meta"]["hops"] == 2)
+    support, other = q["meta"]["support"], q["meta"]["steps"][0][1]
+    read = {support: kb.docs[support].text, other: kb.docs[other].text}
+    assert search_reward(f"#### {q['answer']} [{support}]", q, read) == 1.0
+    assert search_reward(f"#### {q['answer'].upper()}  [ {support} ]", q, read) == 1.0
+    assert search_reward(f"#### {q['answer']} [{support}]", q, {other: read[other]}) == 0.8  # never read it
+    assert search_reward(f"#### {q['answer']} [{other}]", q, read) == 0.8  # read, but not where the fact is
+    assert search_reward(f"#### {q['answer']}", q, read) == 0.8
+    assert search_reward(f"#### Nowhere [{support}]", q, read) == pytest.approx(0.2)
+    assert search_reward(f"{q['answer']} [{support}]", q, read) == 0.0  # no `####`
+
+
+def test_the_ideal_episode_through_the_mcp_server_and_the_proxy(kb, qs):
+    torch.set_num_threads(1)
+    train = [q for q in qs[0] if q["meta"]["hops"] == 2][:1] + [q for q in qs[0] if q["meta"]["hops"] == 1][:1]
+    for q in train:  # the KB of these questions is the server's: (SEED, PEOPLE)
+        assert (q["meta"]["kb_seed"], q["meta"]["kb_people"]) == (SEED, PEOPLE)
+    tok = build_tokenizer(search_corpus(train), 400)
+    replies = {}
+    for q in train:
+        transcript = search_transcript(q)
+        replies[q["prompt"]] = [
+            tool_call_text(m["tool_calls"][0]["function"]["name"], eval_args(m))
+            if m.get("tool_calls")
+            else m["content"]
+            for m in transcript
+            if m["role"] == "assistant"
+        ]
+
+    def reply(prompt_text: str) -> str:
+        question = prompt_text.split("<|im_start|>user\n", 1)[1].split("<|im_end|>", 1)[0]
+        return replies[question][prompt_text.count("<|im_start|>tool\n")]
+
+    spec = ServerSpec(
+        "search",
+        command="python",
+        args=("-m", "examples.search_agent.server", "--seed", str(SEED), "--people", str(PEOPLE)),
+        stateless=True,
+    )
+    env = MCPEnvironment([spec], max_calls=6)
+    workflow = MCPWorkflow(tok, search_agent, mcp=env, group_size=1)
+    engine = ScriptedEngine(tok, reply)
+
+    async def main():
+        try:
+            return [await workflow.run_episode(engine, q) for q in train]
+        finally:
+            await env.aclose()
+
+    try:
+        results = asyncio.run(main())
+    finally:
+        workflow.close()
+    template = ChatTemplate(tok, tool_prompt="none")
+    for q, r in zip(train, results):
+        assert r.error is None and r.reward == 1.0
+        (row,) = r.samples
+        assert (row.input_ids, row.loss_mask) == template.episode(search_transcript(q))  # SFT == serving
+        assert row.num_turns == 2 * q["meta"]["hops"] + 1
+    assert workflow.stats()["mcp"]["outcomes"] == {"ok": 2}
+
+
+def eval_args(message: dict) -> dict:
+    import json
+
+    return json.loads(message["tool_calls"][0]["function"]["arguments"])
