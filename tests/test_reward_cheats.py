@@ -174,16 +174,10 @@ def test_new_cheats_and_trivial_programs_score_zero_on_the_humaneval_sample(pool
     assert not won, won
 
 
-@pytest.mark.parametrize("name", sorted(CHEATS))
-def test_the_adversarial_suites_cheats_score_zero_on_mbpp_style_tests(pool, name):
-    refs = references(CHEAT_LIMITS)[len(code_tasks.TASKS) :]
-    got = scores(pool, adapt(CHEATS[name]), refs)
-    assert all(v == 0.0 for v in got.values()), {k: v for k, v in got.items() if v}
-
-
 @pytest.mark.slow
-def test_the_adversarial_suites_cheats_score_zero_on_humaneval(pool):
-    refs = references(CHEAT_LIMITS, humaneval_too=True)[len(code_tasks.TASKS) + len(MBPP_TASKS) :]
+def test_the_adversarial_suites_cheats_score_zero_on_mbpp_style_tests_and_humaneval(pool):
+    """test_reward_adversarial.py runs them on the shipped tasks; here, on the other two suites."""
+    refs = references(CHEAT_LIMITS, humaneval_too=True)[len(code_tasks.TASKS) :]
     won = {}
     for name in sorted(CHEATS):
         got = scores(pool, adapt(CHEATS[name]), refs)
