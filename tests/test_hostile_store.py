@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import io
 import os
+import platform
 import random
 import resource
+import shutil
 import struct
 import subprocess
 import sys
@@ -333,3 +335,43 @@ def test_a_timed_out_reward_function_takes_its_children_with_it(tmp_path, monkey
         assert not alive, "the reward function's child outlived the pool's timeout"
     finally:
         pool.close()
+
+
+# -- the code sandbox's kernel surface ----------------------------------------------------------
+SYSCALL_PROBE = r"""
+import ctypes, os, socket
+from areal_probe import CALLS
+libc = ctypes.CDLL(None, use_errno=True)
+out = {}
+for name, nr, args in CALLS:
+    ctypes.set_errno(0)
+    out[name] = (libc.syscall(nr, *args), ctypes.get_errno())
+for name, family in (("netlink", 16), ("unix", socket.AF_UNIX)):
+    try:
+        socket.socket(family, socket.SOCK_RAW if family == 16 else socket.SOCK_STREAM, 0).close()
+        out[name] = "opened"
+    except OSError as exc:
+        out[name] = exc.errno
+print(out)
+"""
+
+
+@pytest.mark.sandbox
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed (.ci/run installs it)")
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the probe's syscall numbers are x86_64's")
+def test_the_sandbox_refuses_io_uring_keyctl_bpf_perf_userfaultfd_and_netlink():
+    import ast as _ast
+    import errno
+
+    from areal_core.reward.sandbox import Sandbox
+
+    calls = [("io_uring_setup", 425, (8, 0)), ("io_uring_enter", 426, (0, 0, 0, 0, 0)), ("keyctl", 250, (0, 0)),
+             ("add_key", 248, (0, 0, 0, 0, 0)), ("request_key", 249, (0, 0, 0, 0)), ("bpf", 321, (0, 0, 0)),
+             ("perf_event_open", 298, (0, 0, -1, -1, 0)), ("userfaultfd", 323, (0,)),
+             ("x32 write", 0x40000001, (1, 0, 0))]  # fmt: skip
+    program = SYSCALL_PROBE.replace("from areal_probe import CALLS", f"CALLS = {calls!r}")
+    result = Sandbox().run(program)
+    assert result.ok, (result.stderr, result.reason)
+    out = _ast.literal_eval(result.stdout.strip())
+    assert {name: out[name] for name, _, _ in calls} == {name: (-1, errno.EPERM) for name, _, _ in calls}
+    assert out["netlink"] == errno.EPERM and out["unix"] == "opened"  # a filter, not a blanket ban

@@ -48,6 +48,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from areal_core.reward.seccomp import deny_filter
+
 
 class SandboxUnavailable(RuntimeError):
     """bubblewrap (or prlimit) is missing or cannot build a sandbox here; nothing was run."""
@@ -184,9 +186,12 @@ class Sandbox:
             raise SandboxUnavailable(f"bubblewrap cannot build a sandbox here: {_PROBED[key].strip()[:500]}")
 
     # -- one run ----------------------------------------------------------------------------
-    def command(self, task_dir: str, argv: list[str], limits: Limits) -> list[str]:
-        """The host command line that runs `argv` inside a fresh sandbox, `task_dir` read-only at /task."""
+    def command(self, task_dir: str, argv: list[str], limits: Limits, seccomp_fd: int | None = None) -> list[str]:
+        """The host command line that runs `argv` inside a fresh sandbox, `task_dir` read-only at /task;
+        `seccomp_fd`: an open file of `seccomp.deny_filter()` (io_uring, keyctl, bpf, ... refused)."""
         cmd = [self.bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--as-pid-1"]
+        if seccomp_fd is not None:
+            cmd += ["--seccomp", str(seccomp_fd)]
         cmd += ["--cap-drop", "ALL", "--new-session", "--hostname", "sandbox", "--clearenv"]
         cmd += ["--ro-bind", "/usr", "/usr"]
         for top in ("/bin", "/lib", "/lib32", "/lib64", "/sbin"):
@@ -258,6 +263,8 @@ class Sandbox:
             fin, fout, ferr, fstatus = (
                 stack.enter_context(open(work / n, "rb" if n == "stdin" else "wb")) for n in _FILES
             )
+            (work / "seccomp.bpf").write_bytes(deny_filter())
+            fseccomp = stack.enter_context(open(work / "seccomp.bpf", "rb"))
             fds = [fstatus.fileno(), *channel]
             argv = [self.python, "-I", "-S", "-B", "/task/_runner.py", mode, *map(str, fds)]
             kwargs: dict[str, Any] = {}
@@ -265,14 +272,14 @@ class Sandbox:
                 kwargs.update(user=self.uid, group=self.uid, extra_groups=[])
             t0 = time.monotonic()
             proc = subprocess.Popen(
-                self.command(task.as_posix(), argv, limits),
+                self.command(task.as_posix(), argv, limits, fseccomp.fileno()),
                 stdin=fin,
                 stdout=fout,
                 stderr=ferr,
                 env={"PATH": "/usr/bin:/bin"},  # nothing of the parent's environment
                 start_new_session=True,
                 close_fds=True,
-                pass_fds=fds,
+                pass_fds=[*fds, fseccomp.fileno()],
                 cwd=work,
                 **kwargs,
             )
