@@ -4,11 +4,9 @@
        (train/sources.py)     advantages, π_prox, loss, optimizer     trainer/trained/     (train/sinks.py)
                                                                       step-{N}.json        publish, checkpoint
 
-One trainer serves every use; what differs is the parts it is given:
-    a run          GradedShards + PublishingSink          (train/run_trainer.py)
-    a fork         the same, its parent's frozen shards one more input of the source
-    replay         RecordedBatches + NullSink             (run/replay.py)
-    online         SessionBatches + NullSink              (online/retrain.py)
+One trainer serves every use; what differs is the parts it is given: a run or a fork,
+GradedShards + PublishingSink (train/run_trainer.py); replay, RecordedBatches + NullSink
+(run/replay.py); online retraining, SessionBatches + NullSink (online/retrain.py).
 
 The constructor writes nothing; `start()` tells the sink the trainer begins (a run publishes its
 resumed version there), `fit()` trains until `train.steps` or the source is exhausted, then writes
@@ -90,10 +88,10 @@ class Trainer:
         self._started = False
 
     def start(self) -> None:
-        """Tell the sink the trainer begins (a run publishes its resumed version). Collective."""
+        """Tell the sink the trainer begins, once (a run publishes its resumed version). Collective."""
         if not self._started:
             self.sink.start(self)
-            self._started = True
+        self._started = True
 
     # -- what sinks ask of the trainer --------------------------------------------------------
     def weights_bytes(self) -> bytes | None:
@@ -245,8 +243,7 @@ class Trainer:
         self.ev.emit("trained", step=st.step, staleness=hist, **n)
 
     def _record_batch_spans(self, polled: float, batch: Batch) -> None:
-        """The wait for a batch (the polls that found none) ends; then the successful poll's shard
-        read and batch build (rank 0; other ranks waited on rank 0 meanwhile)."""
+        """End the wait for a batch; record the successful poll's read and batch build (rank 0)."""
         self.ev.switch(None, at=polled)
         if self.dist.is_main and batch.times is not None:
             t0, t1, t2 = batch.times
