@@ -194,7 +194,17 @@ def test_no_source_file_over_500_lines(folder):
 DOCS = sorted((ROOT / "docs").rglob("*.md")) + [ROOT / "README.md"]
 # files of other projects the docs name (SGLang's server), not paths of this repository
 EXTERNAL = {"http_server.py"}
-SKIP_DIRS = {".git", ".venv", ".venv-vllm", ".venv-trl", ".venv-megatron", "runs", "mlruns", "node_modules", "__pycache__"}
+SKIP_DIRS = {
+    ".git",
+    ".venv",
+    ".venv-vllm",
+    ".venv-trl",
+    ".venv-megatron",
+    "runs",
+    "mlruns",
+    "node_modules",
+    "__pycache__",
+}
 
 
 def layer_rows(text: str) -> dict[int, str]:
