@@ -48,7 +48,10 @@ class TaskConfig(ConfigModel):
     max_objects: Int = Field(4, ge=1, le=9, description="clevr: most shapes (or digits) in one scene")
     system_prompt: Text = Field(
         "",
-        description="a system message before every question in the model's chat template (rollout, SFT, evaluation); empty: none",
+        description=(
+            "a system message before every question in the model's chat template (rollout, SFT, evaluation); empty: "
+            "none"
+        ),
     )
 
     @model_validator(mode="after")
@@ -75,7 +78,10 @@ class ModelConfig(ConfigModel):
     )
     path: Str = Field(
         "",
-        description="an HF checkpoint folder or URI, or `pretrained:smollm2` (areal_core.pretrained: fetched, converted and cached); empty: the tiny Qwen2 built from model.*",
+        description=(
+            "an HF checkpoint folder or URI, or `pretrained:smollm2` (areal_core.pretrained: fetched, converted and "
+            "cached); empty: the tiny Qwen2 built from model.*"
+        ),
     )
     hidden_size: Int = Field(128, gt=0, description="tiny model: hidden size")
     num_layers: Int = Field(4, gt=0, description="tiny model: transformer layers")
@@ -113,7 +119,10 @@ class SFTConfig(ConfigModel):
         1.0,
         ge=0,
         le=1,
-        description="share of multi-step problems kept in the SFT set (1.0 keeps all); demonstrations often under-represent them and RL with the verifier closes the gap",
+        description=(
+            "share of multi-step problems kept in the SFT set (1.0 keeps all); demonstrations often under-represent "
+            "them and RL with the verifier closes the gap"
+        ),
     )
 
 
@@ -150,7 +159,10 @@ class RolloutConfig(ConfigModel):
     max_new_tokens: Int = Field(24, gt=0, description="longest response (per turn for agents)")
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32",
-        description="built-in engines' weight dtype (bfloat16: faster decoding on CPUs with avx512_bf16; behaviour log-probs then differ slightly from the trainer's)",
+        description=(
+            "built-in engines' weight dtype (bfloat16: faster decoding on CPUs with avx512_bf16; behaviour log-probs "
+            "then differ slightly from the trainer's)"
+        ),
     )
     temperature: Float = Field(1.0, ge=0, description="sampling temperature (the trainer's log-probs use the same)")
     top_p: Float = Field(1.0, gt=0, le=1, description="nucleus sampling threshold")
@@ -158,7 +170,11 @@ class RolloutConfig(ConfigModel):
     poll_interval_s: Float = Field(0.02, description="seconds between checks for new weights and admission")
     swap_mid_generation: Bool = Field(
         True,
-        description="built-in engines: install a new weight version between two decode steps and re-prefill the rows in flight under it (AReaL's interruptible generation); false: only between engine calls (tokens up to one version older, no re-prefill)",
+        description=(
+            "built-in engines: install a new weight version between two decode steps and re-prefill the rows in flight"
+            " under it (AReaL's interruptible generation); false: only between engine calls (tokens up to one version "
+            "older, no re-prefill)"
+        ),
     )
     admission: Bool = Field(
         True, description="AReaL's admission rule (staleness bound at generation); off only for tests of the hard bound"
@@ -169,7 +185,9 @@ class RolloutConfig(ConfigModel):
     )
     workflow: Str = Field(
         "",
-        description="'pkg.module:Name' (ctx) -> RolloutWorkflow; empty: single-turn, or the agent's when rollout.agent is set",
+        description=(
+            "'pkg.module:Name' (ctx) -> RolloutWorkflow; empty: single-turn, or the agent's when rollout.agent is set"
+        ),
     )
     server: ServerConfig = Field(default_factory=ServerConfig, description="the inference server of a remote engine")
 
@@ -231,7 +249,10 @@ class AgentConfig(ConfigModel):
     )
     reward_min: Float = Field(
         -10.0,
-        description="lowest reward accepted from outside (a proxy client, an agent's return value); online retraining drops rows outside [reward_min, reward_max] (docs/proxy.md)",
+        description=(
+            "lowest reward accepted from outside (a proxy client, an agent's return value); online retraining drops "
+            "rows outside [reward_min, reward_max] (docs/proxy.md)"
+        ),
     )
     reward_max: Float = Field(10.0, description="highest reward accepted from outside (must be above reward_min)")
     mcp_servers: list[MCPServerConfig] = Field(
@@ -397,7 +418,10 @@ class RunConfig(ConfigModel):
     launcher: LauncherConfig = Field(default_factory=LauncherConfig, description="the single-machine launcher")
     algo: AlgorithmConfig = Field(
         default_factory=AlgorithmConfig,
-        description="the RL algorithm: advantage estimator, loss, aggregation, regularisers (configs/algorithms/*.yaml, docs/algorithms.md)",
+        description=(
+            "the RL algorithm: advantage estimator, loss, aggregation, regularisers (configs/algorithms/*.yaml, "
+            "docs/algorithms.md)"
+        ),
     )
     agent: AgentConfig = Field(
         default_factory=AgentConfig, description="agent rollouts, used when rollout.agent is set (docs/proxy.md)"

@@ -14,8 +14,8 @@ of precedence (the first kind the completion contains, with a value, decides):
 The answer is *hedged*, and scores 0, when the deciding text names more than one distinct value:
 two numbers in one span (`#### 18, 3`, `The answer is either 18 or 3.`, `#### 18 or 19`,
 `\\boxed{18} or 3`, `answer is 7 apples and 3 pears`), occurrences of markers that
-disagree (`\\boxed{3} ... \\boxed{5}`, two `####` lines, `#### 18` then `the answer is 19`), or, without a marker, a last line
-that hedges with or/either/maybe/between (`It is 3 or 18.`). One value made a range or an estimate
+disagree (`\\boxed{3} ... \\boxed{5}`, two `####` lines, `#### 18` then `the answer is 19`), or, without a
+marker, a last line that hedges with or/either/maybe/between (`It is 3 or 18.`). One value made a range or an estimate
 hedges too: a deciding span with `or more`, `at least`, `about`, `≈`, `~`, `\\geq`, `18+`, or a
 number word next to `or` (`#### 18 or more`, `\\boxed{\\approx 18}`); a last line without a
 marker only when its last number is so qualified (`at least 18`, `about 18`, `18 or more`). The same value written twice

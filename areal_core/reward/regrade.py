@@ -173,7 +173,8 @@ def _claim(store: Store, into: str, request: dict[str, Any]) -> bool:
     mine = found is not None and {k: json.loads(found[0]).get(k) for k in request} == request
     if not mine:
         raise RegradeError(
-            f"{where} holds an unfinished layer of another request ({'no ' + LAYOUT.regrade_record_name if found is None else found[0][:200]!r}); "
+            f"{where} holds an unfinished layer of another request "
+            f"({'no ' + LAYOUT.regrade_record_name if found is None else found[0][:200]!r}); "
             "re-grade into a new name or delete it"
         )
     return True
