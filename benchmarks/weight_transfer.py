@@ -416,7 +416,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for s in sizes:
         print(
-            f"| {s['model']} | {s['lr']:g} | {s['full_mb']:.2f} | {s['delta_mb']:.2f} | {100 * s['delta_saving']:.1f}% |"
+            f"| {s['model']} | {s['lr']:g} | {s['full_mb']:.2f} | {s['delta_mb']:.2f} | "
+            f"{100 * s['delta_saving']:.1f}% |"
             f" {100 * s['zstd_of_full_saving']:.1f}% |"
         )
     meta = {"machine": platform.processor() or platform.machine(), "torch": torch.__version__, "load": os.getloadavg()}
