@@ -49,7 +49,7 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def selfcheck(tmp_path_factory) -> tuple[dict, Path, dict]:
-    """(result.json, its folder, {family: HF model}) of one selfcheck run over both families."""
+    """(selfcheck.json, its folder, {family: HF model}) of one selfcheck run over both families."""
     tmp = tmp_path_factory.mktemp("megatron")
     models, cases = {}, []
     for family in FAMILIES:
@@ -64,7 +64,7 @@ def selfcheck(tmp_path_factory) -> tuple[dict, Path, dict]:
     cmd = [str(MEGATRON_PY), "-m", "areal_core.megatron.selfcheck", str(tmp / "cases.pt"), str(tmp / "out")]
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads((tmp / "out" / "result.json").read_text()), tmp / "out", models
+    return json.loads((tmp / "out" / "selfcheck.json").read_text()), tmp / "out", models
 
 
 def test_converted_weights_fit_megatrons_gptmodel_at_tp1_and_tp2(selfcheck):

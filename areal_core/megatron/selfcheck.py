@@ -13,7 +13,7 @@ model's logits on ids}. For each case:
 3. publication's first half: every rank's `model.state_dict()` gathered to rank 0 and converted
    back (`shard.gather_hf_state_dict`), saved as OUT_DIR/NAME.hf.pt.
 
-OUT_DIR/result.json: {name: {"tp1": {...}, "tp2": {...}}}, each with "mismatches" (empty when the
+OUT_DIR/selfcheck.json: {name: {"tp1": {...}, "tp2": {...}}}, each with "mismatches" (empty when the
 state dict fits), and either "max_abs_diff" (the forward ran) or "stopped" (`gpt.try_forward`).
 Runs in the megatron venv (scripts/setup_megatron_venv.sh); tests/test_megatron_core.py drives it.
 """
@@ -90,7 +90,7 @@ def _worker(rank: int, cases_path: str, out_dir: str, port: int) -> None:
         import megatron.core
 
         results["_versions"] = {"megatron-core": megatron.core.__version__, "torch": torch.__version__}
-        (Path(out_dir) / "result.json").write_text(json.dumps(results, indent=1))
+        (Path(out_dir) / "selfcheck.json").write_text(json.dumps(results, indent=1))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -107,7 +107,7 @@ def main(argv: list[str]) -> int:
         return 2
     Path(argv[1]).mkdir(parents=True, exist_ok=True)
     mp.spawn(_worker, args=(argv[0], argv[1], _free_port()), nprocs=WORLD)
-    print(Path(argv[1], "result.json").read_text())
+    print(Path(argv[1], "selfcheck.json").read_text())
     return 0
 
 
