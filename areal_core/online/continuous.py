@@ -19,49 +19,23 @@ proxy served, and the trainer's hard bound drops a session whose oldest served t
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
-from areal_core.config import RunConfig
 from areal_core.events import EventLog
 from areal_core.layout import LAYOUT
 from areal_core.store import Store
-from areal_core.train.trainer import Evaluate, MetricsTracker, Trainer
 
 log = logging.getLogger("areal.online")
-
-
-def build_continuous_trainer(
-    run_uri: str,
-    cfg: RunConfig,
-    *,
-    evaluate: Evaluate | None = None,
-    tracker: MetricsTracker | None = None,
-    guard: Callable[[], None] | None = None,
-    events: EventLog | None = None,
-) -> Trainer:
-    """The run's trainer on init_model (its newest committed checkpoint restored) over the live
-    sessions of the run root, publishing every version; nothing is written until `fit()`."""
-    from areal_core.online.live_sessions import LiveSessions
-    from areal_core.train.parts import load_parts, shard_limits
-    from areal_core.train.sinks import PublishingSink
-    from areal_core.weights.publisher import WeightPublisher
-
-    store = Store(run_uri)
-    events = events or EventLog(None, "trainer", "0")
-    parts = load_parts(store.url(LAYOUT.init_model), cfg, restore_from=store)
-    source = LiveSessions(store, cfg, parts.state, events, pending=parts.pending, limits=shard_limits(parts.model))
-    tc = cfg.train
-    sink = PublishingSink(WeightPublisher(store, parts.side_files, tc.weight_delta, tc.weight_full_every))
-    return Trainer(parts, source, sink, store, cfg, evaluate=evaluate, tracker=tracker, guard=guard, events=events)
 
 
 def run_continuous(run_uri: str, sft_checkpoint: str) -> dict:
     """Put the SFT checkpoint in the run root, then the reward pool (processes) and the trainer
     (here) until DONE, holding the run's lease. Returns {final_model, step, dropped_samples, left_out}."""
     from areal_core.context import load_run_config, set_threads
+    from areal_core.online.live_sessions import LiveSessions
     from areal_core.run.launcher import start_role, stop_all
     from areal_core.run.ownership import RUN_ID_ENV, hold, renew
     from areal_core.run.pipeline import open_run
+    from areal_core.train.run_trainer import build_run_trainer
 
     store = Store(run_uri)
     with hold(store, load_run_config(store).lease, renew=True, checkpoints=True) as lease:
@@ -71,7 +45,9 @@ def run_continuous(run_uri: str, sft_checkpoint: str) -> dict:
         pool = [start_role("reward", store.uri, i, env) for i in range(cfg.reward.num_workers)]
         try:
             with EventLog(store, "trainer", "0") as events:
-                trainer = build_continuous_trainer(store.uri, cfg, tracker=tracker, guard=lease.check, events=events)
+                trainer = build_run_trainer(
+                    store.uri, cfg, tracker=tracker, guard=lease.check, events=events, source_class=LiveSessions
+                )
                 trainer.fit()
         finally:
             stop_all(pool)

@@ -22,6 +22,7 @@ from collections.abc import Iterable
 
 from areal_core.config import RunConfig
 from areal_core.events import EventLog
+from areal_core.forks import ForkRef
 from areal_core.online.session_batches import admissible, regroup
 from areal_core.protocol import DEFAULT_LIMITS, Sample, ShardLimits
 from areal_core.store import Store
@@ -40,10 +41,11 @@ class LiveSessions(GradedShards):
         state: TrainerState,
         events: EventLog,
         *,
+        fork: ForkRef | None = None,
         pending: Iterable[Sample] = (),
         limits: ShardLimits = DEFAULT_LIMITS,
     ):
-        super().__init__(store, cfg, state, events, pending=pending, limits=limits)
+        super().__init__(store, cfg, state, events, fork=fork, pending=pending, limits=limits)
         self.rows = cfg.train.batch_groups * cfg.rollout.group_size
         self.left_out = 0  # rows not admissible (a reward out of range, a non-finite log-prob)
 

@@ -27,14 +27,17 @@ def build_run_trainer(
     tracker: MetricsTracker | None = None,
     guard: Callable[[], None] | None = None,
     events: EventLog | None = None,
+    source_class: type[GradedShards] = GradedShards,
 ) -> Trainer:
     """The run's trainer on init_model, its newest committed checkpoint restored; nothing is
-    written until `start()` (or `fit()`)."""
+    written until `start()` (or `fit()`). `source_class`: the run's graded shards, or a subclass
+    reading them another way (online/live_sessions.py: live sessions)."""
     store = Store(run_uri)
     events = events or EventLog(None, "trainer", "0")
     parts = load_parts(store.url(LAYOUT.init_model), cfg, restore_from=store)
     limits = shard_limits(parts.model)
-    source = GradedShards(store, cfg, parts.state, events, fork=read_fork(store), pending=parts.pending, limits=limits)
+    fork = read_fork(store)
+    source = source_class(store, cfg, parts.state, events, fork=fork, pending=parts.pending, limits=limits)
     tc = cfg.train
     sink = PublishingSink(WeightPublisher(store, parts.side_files, tc.weight_delta, tc.weight_full_every))
     return Trainer(parts, source, sink, store, cfg, evaluate=evaluate, tracker=tracker, guard=guard, events=events)
