@@ -28,6 +28,12 @@ measured. Then, on a store (a local folder; with --s3 also a moto S3 server):
                   the adapter into init_model's weights, the engines' load path), and staging a
                   whole merged checkpoint for a server (reader.stage_verified, what vLLM loads)
 
+  vllm            (with --vllm) the same LoRA chain into a running vLLM server, publish → serving
+                  (publish_adapter, then VLLMEngine.receive until the server serves it): merged
+                  (the adapter merged into init_model, staged whole, reload_weights) vs native
+                  (the adapter alone staged, /v1/load_lora_adapter as `v{N}`); --vllm-only skips
+                  the full, delta and reader measurements
+
 `--models smollm2` measures the real SmolLM2-135M-Instruct (areal_core.pretrained, fetched and
 converted once), trained on the arithmetic problems as chat questions.
 Medians over versions/repeats. Other lrs in --lrs are measured for delta size only.
@@ -155,6 +161,45 @@ def measure_adapter(store_uri: str, init_path: str, adapters: list[dict[str, byt
         "adapter_publish_s": med([r["publish_s"] for r in rows]),
         "adapter_loaded_s": med([r["loaded_s"] for r in rows]),
         "adapter_stage_merged_s": med(staged),
+    }
+
+
+VLLM_MODES = ("merged", "native")
+
+
+def measure_vllm(uri: str, init_path: str, adapters: list[dict[str, bytes]], mode: str, args) -> dict[str, Any]:
+    """LoRA versions into a running vLLM server (idle): per version, publish → serving s (publish,
+    stage + check, server paused), merged into a whole checkpoint or loaded as an adapter."""
+    from areal_core.layout import LAYOUT
+    from areal_core.rollout.vllm_engine import VLLMEngine
+    from areal_core.rollout.vllm_server import VLLMServerSpec
+
+    store = Store(uri)
+    store.put_dir(init_path, LAYOUT.init_model)
+    store.write_json(LAYOUT.committed(LAYOUT.init_model), {})
+    side = {p.name: p.read_bytes() for p in Path(init_path).iterdir() if p.suffix != ".safetensors" and p.is_file()}
+    side.pop(LAYOUT.manifest_name, None)
+    pub = WeightPublisher(store, side)
+    pub.publish_adapter(0, adapters[0])
+    native = mode == "native"
+    spec = VLLMServerSpec(kv_cache_mb=256, max_model_len=256, lora_rank=args.lora_rank if native else 0)
+    t_start, engine = timed(lambda: VLLMEngine.launch(store, 0, None, spec, native_lora=native))
+    rows = []
+    try:
+        for v in range(1, len(adapters)):
+            t0 = time.monotonic()
+            publish_s = pub.publish_adapter(v, adapters[v])
+            engine.receive(store, v)
+            rows.append({"publish_s": publish_s, "serving_s": time.monotonic() - t0, **engine.last_update})
+    finally:
+        engine.close()
+    return {
+        "server_start_s": t_start,
+        "publish_to_serving_s": med([r["serving_s"] for r in rows]),
+        "stage_s": med([r["stage_s"] for r in rows]),
+        "paused_s": med([r["paused_s"] for r in rows]),
+        "publish_s": med([r["publish_s"] for r in rows]),
+        "each_s": [round(r["serving_s"], 3) for r in rows],
     }
 
 
@@ -305,18 +350,33 @@ def measure_pretrained(name: str, root: Path, args, bucket: str | None) -> dict[
     from areal_core.pretrained import ensure
 
     path = str(ensure(name))
-    t_chain, (model, blobs) = timed(
-        lambda: pretrained_chain(path, args.lr, args.steps, args.warmup, args.batch, args.seed)
-    )
-    print(f"{name}: {len(blobs[0]) / 1e6:.1f} MB, {args.steps} full steps in {t_chain:.0f}s", flush=True)
     uri = bucket and f"{bucket}/{name}" or str(root / name)
-    out = {"model": f"{name} (full fine-tuning, lr {args.lr:g})", **measure(uri, model, blobs, args)}
-    print(markdown([out]), flush=True)
-    del model, blobs
+    out = {"model": f"{name} (full fine-tuning, lr {args.lr:g})"}
+    if not args.vllm_only:
+        t_chain, (model, blobs) = timed(
+            lambda: pretrained_chain(path, args.lr, args.steps, args.warmup, args.batch, args.seed)
+        )
+        print(f"{name}: {len(blobs[0]) / 1e6:.1f} MB, {args.steps} full steps in {t_chain:.0f}s", flush=True)
+        out.update(measure(uri, model, blobs, args))
+        print(markdown([out]), flush=True)
+        del model, blobs
     t_chain, (_, adapters) = timed(
         lambda: pretrained_chain(path, args.lr * 10, args.steps, args.warmup, args.batch, args.seed, args.lora_rank)
     )
     print(f"{name}: LoRA r={args.lora_rank}, {args.steps} steps in {t_chain:.0f}s", flush=True)
+    if args.vllm:
+        out["vllm"] = {
+            mode: measure_vllm(str(root / f"vllm-{mode}"), path, adapters, mode, args) for mode in VLLM_MODES
+        }
+        for mode, r in out["vllm"].items():
+            print(
+                f"| vLLM {mode} | publish {r['publish_s']:.2f} s | stage {r['stage_s']:.2f} s"
+                f" | paused {r['paused_s']:.2f} s | publish → serving {r['publish_to_serving_s']:.2f} s"
+                f" | server start {r['server_start_s']:.0f} s |",
+                flush=True,
+            )
+    if args.vllm_only:
+        return out
     out.update(lora_rank=args.lora_rank, **measure_adapter(uri, path, adapters, args))
     print(
         f"| {name} LoRA r={out['lora_rank']} | {out['adapter_mb']:.2f} MB | publish {out['adapter_publish_s']:.3f} s |"
@@ -332,7 +392,7 @@ def markdown(results: list[dict]) -> str:
         " delta MB (saving) | delta publish s | delta publish→loaded s | late join s: full + n deltas vs full |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in results:
+    for r in (r for r in results if "mb" in r):
         lines.append(
             f"| {r['model']} | {r['store']} | {r['mb']:.1f} | {r['raw_copy_s']:.3f} ({r['raw_mb_per_s']:.0f}) |"
             f" {r['serialize_s']:.3f} | {r['full_publish_s']:.3f} | {r['full_loaded_s']:.3f} |"
@@ -367,6 +427,8 @@ def main() -> None:
     )
     ap.add_argument("--root", default="", help="local store folder (default: a temp folder)")
     ap.add_argument("--s3", action="store_true", help="also measure on a moto S3 server")
+    ap.add_argument("--vllm", action="store_true", help="smollm2: LoRA versions into vLLM, merged vs native")
+    ap.add_argument("--vllm-only", action="store_true", help="with --vllm: only the vLLM measurement")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default="", help="write the results as JSON here")

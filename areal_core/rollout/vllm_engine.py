@@ -204,10 +204,13 @@ class VLLMEngine(RemoteEngine):
         return super().receive(store, version, "keep" if self.lora else mode)
 
     def _load_adapter(self, path: Path, version: int) -> None:
-        """Native LoRA: load the staged adapter `path` as `v{version}` and label the server with it."""
-        self._call(
-            "POST", "/v1/load_lora_adapter", json={"lora_name": self.adapter_name(version), "lora_path": str(path)}
-        )
+        """Native LoRA: load the staged adapter `path` as `v{version}` and label the server with it.
+        A server shared by several rollout workers (rollout.server.url) may hold `v{version}` already:
+        another worker loaded the same verified adapter."""
+        body = {"lora_name": self.adapter_name(version), "lora_path": str(path)}
+        r = self._call("POST", "/v1/load_lora_adapter", ok=(200, 400), json=body)
+        if r.status_code == 400 and "already been loaded" not in r.text:
+            raise self._error(f"POST /v1/load_lora_adapter: HTTP 400 {r.text[:300]}")
         self._call("POST", "/update_weight_version", json={"new_version": str(version)})
 
     def _reload(self, path: Path, version: int) -> None:
@@ -229,8 +232,11 @@ class VLLMEngine(RemoteEngine):
     def _retire(self, old: int, version: int) -> None:
         if not self.lora:
             return
-        self._call("POST", "/v1/unload_lora_adapter", ok=(200, 404), json={"lora_name": self.adapter_name(old)})
-        self._call("POST", "/collective_rpc", json={"method": "keep_newest_lora"})
+        try:  # the new adapter serves already: a failure here only leaves the old one's weights behind
+            self._call("POST", "/v1/unload_lora_adapter", ok=(200, 404), json={"lora_name": self.adapter_name(old)})
+            self._call("POST", "/collective_rpc", json={"method": "keep_newest_lora"})
+        except VLLMEngineError as exc:
+            self.log.warning("unloading adapter %s failed: %s", self.adapter_name(old), str(exc).splitlines()[0])
 
     def _keep_staged(self, old: int, version: int) -> set[int]:
         # native: a request accepted under the old adapter just before its unload still finds its files
