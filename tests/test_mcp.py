@@ -215,3 +215,16 @@ def test_the_config_selects_the_mcp_workflow():
     (spec,) = env.servers
     assert spec.name == "examples.search_agent.server" and spec.stateless and spec.call_timeout_s == 7.0
     assert env.max_calls == 3 and spec.executable() == sys.executable
+
+
+def test_an_mcp_agent_run_without_servers_says_so(tok):
+    workflow = AgentWorkflow(tok, scripted_agent_with_default_tools, group_size=1)
+    try:
+        result = asyncio.run(workflow.run_episode(ScriptedEngine(tok, scripted_reply), task("none", [])))
+    finally:
+        workflow.close()
+    assert result.samples == [] and "this agent needs MCP tools: run it with agent.mcp_servers set" in result.error
+
+
+async def scripted_agent_with_default_tools(task, base_url, api_key, tools=None):
+    return await scripted_agent(task, base_url, api_key, tools)

@@ -122,3 +122,22 @@ def eval_args(message: dict) -> dict:
     import json
 
     return json.loads(message["tool_calls"][0]["function"]["arguments"])
+
+
+def test_the_questions_survive_the_gsm8k_jsonl_form(kb, qs, tmp_path):
+    """`task.name: gsm8k` reads the JSONL `examples.search_agent.data` writes; the records it gives
+    carry everything the reward and the warm start need."""
+    import json
+
+    from datasets.gsm8k import load_split
+    from examples.search_agent.kb import from_record, to_row
+
+    train = qs[0][:10]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(to_row(q)) + "\n" for q in train))
+    for q, rec in zip(train, load_split(str(tmp_path), "train")):
+        back = from_record(rec)
+        assert back["prompt"] == q["prompt"] and back["answer"] == q["answer"]
+        assert {k: back["meta"][k] for k in ("support", "kb_seed", "kb_people")} == {
+            k: q["meta"][k] for k in ("support", "kb_seed", "kb_people")
+        }
+        assert search_transcript(back) == search_transcript(q)

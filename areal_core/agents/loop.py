@@ -30,12 +30,15 @@ async def tool_loop(
     messages: list[dict[str, Any]],
     base_url: str,
     api_key: str,
-    tools: EpisodeTools,
+    tools: EpisodeTools | None,
     *,
     max_turns: int = 8,
     model: str = "areal-policy",
 ) -> LoopResult:
-    """Up to `max_turns` model turns; a turn with tool calls runs them all, one without ends the loop."""
+    """Up to `max_turns` model turns; a turn with tool calls runs them all, one without ends the loop.
+    `tools` None (the agent was run without `agent.mcp_servers`) is a RuntimeError saying so."""
+    if tools is None:
+        raise RuntimeError("this agent needs MCP tools: run it with agent.mcp_servers set (docs/agents.md)")
     from openai import AsyncOpenAI, BadRequestError
 
     client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=300)

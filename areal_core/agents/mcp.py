@@ -236,8 +236,10 @@ class Connection:
             self._close_stderr()
             return
         self._stop.set()
-        done, _ = await asyncio.shield(asyncio.wait({task}, timeout=CLOSE_S))
-        if not done:
+        done: set = set()
+        if self._ready.done():  # connected: end the session gracefully first
+            done, _ = await asyncio.shield(asyncio.wait({task}, timeout=CLOSE_S))
+        if not done:  # still connecting, or stuck: cancel (the SDK still stops the process)
             task.cancel()
             await asyncio.shield(asyncio.wait({task}, timeout=CLOSE_S))
         self._close_stderr()

@@ -67,7 +67,7 @@ def python_reward(final: str, task: dict[str, Any]) -> float:
 
 
 async def python_agent(
-    task: dict[str, Any], base_url: str, api_key: str, tools: EpisodeTools, max_turns: int = 4
+    task: dict[str, Any], base_url: str, api_key: str, tools: EpisodeTools | None = None, max_turns: int = 4
 ) -> float:
     result = await tool_loop(
         [{"role": "user", "content": task["prompt"]}], base_url, api_key, tools, max_turns=max_turns

@@ -49,14 +49,14 @@ def search_reward(final: str, task: dict[str, Any], read_texts: dict[str, str]) 
 
 
 async def search_agent(
-    task: dict[str, Any], base_url: str, api_key: str, tools: EpisodeTools, max_turns: int = 6
+    task: dict[str, Any], base_url: str, api_key: str, tools: EpisodeTools | None = None, max_turns: int = 6
 ) -> float:
     result = await tool_loop(
         [{"role": "user", "content": task["prompt"]}], base_url, api_key, tools, max_turns=max_turns
     )
     read = {
         str(c.arguments.get("doc_id", "")).strip(): c.text
-        for c in tools.calls
+        for c in (tools.calls if tools else [])
         if c.name == "read" and c.arguments and not c.event
     }
     return search_reward(result.final if result.stopped == "answer" else "", task, read)

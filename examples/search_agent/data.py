@@ -1,7 +1,7 @@
 """Write the search agent's questions as GSM8K-style JSONL (`train.jsonl`, `test.jsonl`), the form
 `task.name: gsm8k` reads (configs/agent_search.yaml).
 
-    python -m examples.search_agent.data --out runs/search_data --seed 1 --people 300
+    python -m examples.search_agent.data --out runs/search_data --seed 1 --people 1500
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="runs/search_data")
     ap.add_argument("--seed", type=int, default=1, help="the knowledge base's seed (the server's --seed)")
-    ap.add_argument("--people", type=int, default=300, help="its size (the server's --people)")
+    ap.add_argument("--people", type=int, default=1500, help="its size (the server's --people)")
     ap.add_argument("--train", type=int, default=2000)
     ap.add_argument("--eval", type=int, default=200)
     ap.add_argument("--kinds", default="town,year,region", help="question kinds: town, year (one hop), region (two)")

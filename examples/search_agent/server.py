@@ -1,7 +1,7 @@
 """The search agent's MCP server: `search(query)` and `read(doc_id)` over the seeded knowledge base.
 
-    python -m examples.search_agent.server --seed 1 --people 300          # stdio
-    python -m examples.search_agent.server --seed 1 --people 300 --http 8770
+    python -m examples.search_agent.server --seed 1 --people 1500          # stdio
+    python -m examples.search_agent.server --seed 1 --people 1500 --http 8770
 
 `search` returns up to `k` hits, one a line: `{doc id} {title}: {snippet}` (BM25 with `bm25s`,
 examples/search_agent/kb.py); `read` returns a document's text. The server holds no state per
@@ -37,7 +37,7 @@ def build(seed: int, people: int) -> MCPServer:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--people", type=int, default=300)
+    ap.add_argument("--people", type=int, default=1500)
     ap.add_argument("--http", type=int, default=0, help="serve streamable HTTP on this port (0: stdio)")
     a = ap.parse_args()
     server = build(a.seed, a.people)
