@@ -65,6 +65,8 @@ COMMON = [
     "openai>=1.30",
     "langchain-core>=1.0",
     "langchain-openai>=1.0",
+    "mcp>=2.3,<3",  # agent.mcp_servers (areal_core/agents/mcp.py)
+    "pillow>=10",  # model.kind vlm: images in the store (areal_core/vlm/)
 ]
 
 # Versions that are known to go together (each engine release pins its torch).
