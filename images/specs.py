@@ -66,6 +66,7 @@ COMMON = [
     "langchain-core>=1.0",
     "langchain-openai>=1.0",
     "mcp>=2.3,<3",  # agent.mcp_servers (areal_core/agents/mcp.py)
+    "mcp-types>=2.3,<3",  # imported directly by areal_core/agents/mcp.py (a dependency of mcp)
     "pillow>=10",  # model.kind vlm: images in the store (areal_core/vlm/)
 ]
 
