@@ -16,15 +16,19 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
 import torch
 
 from areal_core.context import load_run_config
+from areal_core.events import EventLog, read_events
 from areal_core.ipc_reader import is_compressed
 from areal_core.layout import LAYOUT
 from areal_core.manifest import MANIFEST_NAME, ManifestError, make_manifest
 from areal_core.protocol import SCHEMA, Sample, ShardError, ShardLimits, decode_shard, encode_shard, to_table
+from areal_core.report import series
+from areal_core.report.doctor import diagnose
 from areal_core.run import pipeline
 from areal_core.store import Store
 from areal_core.train import checkpoint
@@ -104,8 +108,11 @@ def test_a_shard_that_breaks_a_limit_is_refused_with_the_reason(make, limits, re
 
 
 def test_a_compression_bomb_is_refused_before_it_inflates():
-    bomb = ipc(pa.table({"input_ids": pa.array([[0] * 1_000_000] * 400, pa.list_(pa.int32()))}), compression="zstd")
-    assert len(bomb) < 200_000  # 1.6 GB of int32 zeros
+    rows, width = 100, 1_000_000
+    offsets = pa.array(np.arange(0, rows * width + 1, width, dtype=np.int32))
+    column = pa.ListArray.from_arrays(offsets, pa.array(np.zeros(rows * width, np.int32)))
+    bomb = ipc(pa.table({"input_ids": column}), compression="zstd")
+    assert len(bomb) < 100_000  # 400 MB of int32 zeros
     message = pa.ipc.read_message(pa.BufferReader(bomb[8:]))  # the schema
     assert message.type == "schema"
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -220,6 +227,19 @@ def test_a_damaged_newest_checkpoint_is_skipped_for_the_older_one(tmp_path, dama
     assert resumed.state.step == 1  # step 2 failed verification: step 1's weights, optimizer, state
     skipped = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
     assert len(skipped) == 1 and "step-000002" in skipped[0]
+
+
+def test_a_skipped_checkpoint_is_an_event_and_a_finding_of_the_run_report(tmp_path):
+    run_uri, store, cfg = two_checkpoints(tmp_path)
+    assert not [r for r in read_events(store) if r["kind"] == "checkpoint_skipped"]
+    flip(store, LAYOUT.checkpoint_file(2, checkpoint.MODEL_FILE))
+    with EventLog(store, "trainer", "0") as events:
+        assert build_run_trainer(run_uri, cfg, events=events).state.step == 1
+    [event] = [r for r in read_events(store) if r["kind"] == "checkpoint_skipped"]
+    assert event["step"] == 2 and checkpoint.MODEL_FILE in event["reason"]
+    [finding] = [f for f in diagnose(read_events(store)) if "skipped" in f.title]
+    assert finding.kind == "health" and "step 2" in finding.title and checkpoint.MODEL_FILE in finding.evidence
+    assert list(series.reasons(read_events(store))["checkpoint_skipped"].values()) == [1]
 
 
 def test_no_verifying_checkpoint_refuses_to_start_over(tmp_path):

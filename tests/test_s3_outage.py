@@ -28,7 +28,7 @@ STEPS = 40  # long enough (~10 s on 2 quiet cores) that the outage lands before 
 
 @pytest.mark.slow
 @pytest.mark.s3
-@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("seed", [1, 3])  # two random points (~55 s each on 2 cores); more seeds: benchmarks
 def test_a_10s_s3_outage_at_a_random_point_loses_no_sample(seed, s3_bucket, s3_forwarder, monkeypatch):
     rng = random.Random(seed)
     overrides = [

@@ -175,6 +175,16 @@ def _health(records: list[dict[str, Any]], rows: Sequence[dict[str, Any]], stall
                 "lower η or cap the weight (algo.behav_high)",
             )
         )
+    for r in (r for r in records if r.get("kind") == "checkpoint_skipped"):
+        out.append(
+            Finding(
+                "health",
+                "trainer",
+                f"checkpoint of step {r.get('step', '?')} skipped",
+                f"it failed verification when the trainer started: {str(r.get('reason', '?'))[:200]}",
+                "the trainer resumed from an older checkpoint; check the store for damage",
+            )
+        )
     trained, dropped = dropped_share(records)
     if dropped > DROP_FRAC * (trained + dropped) > 0:
         out.append(

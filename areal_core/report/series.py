@@ -156,11 +156,12 @@ AUDITED_DROPS = {"stale": "dropped", "abandoned_version": "abandoned"}  # reason
 
 
 def reasons(records: Records) -> dict[str, dict[str, int]]:
-    """{"drop": {reason: samples}, "quarantine": {reason: shards}, "sandbox": {reason: failures}}.
+    """{"drop": {reason: samples}, "quarantine": {reason: shards}, "sandbox": {reason: failures},
+    "checkpoint_skipped": {reason: checkpoints}}.
     Once the trainer has trained a step, its "stale" and "abandoned_version" counts are those of
     its audit (the `trained` records, last per step), as in `totals`: its `drop` events repeat
     when a resumed trainer trains a step again."""
-    out: dict[str, Counter[str]] = {"drop": Counter(), "quarantine": Counter(), "sandbox": Counter()}
+    out: dict[str, Counter[str]] = {k: Counter() for k in ("drop", "quarantine", "sandbox", "checkpoint_skipped")}
     audited = trained(records)
     for r in kinds(records, "drop"):
         if audited and r["role"] == "trainer" and r.get("reason") in AUDITED_DROPS:
@@ -169,7 +170,7 @@ def reasons(records: Records) -> dict[str, dict[str, int]]:
     for r in audited:
         for reason, key in AUDITED_DROPS.items():
             out["drop"][reason] += int(r.get(key, 0))
-    for kind in ("quarantine", "sandbox"):
+    for kind in ("quarantine", "sandbox", "checkpoint_skipped"):
         for r in kinds(records, kind):
             out[kind][str(r.get("reason", "?"))[:120]] += 1
     return {k: {r: n for r, n in v.most_common() if n} for k, v in out.items()}

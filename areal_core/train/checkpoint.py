@@ -126,11 +126,15 @@ def verify(store: Store, step: int) -> list[str]:
 
 
 def restore(
-    store: Store, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+    store: Store,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    skipped: list[tuple[int, str]] | None = None,
 ) -> tuple[TrainerState, list[Sample]] | None:
     """Load the newest committed checkpoint that verifies into model and optimizer (a newer one
-    that fails is skipped, said in one line); None when there is none; CheckpointError when
-    checkpoints exist and none verifies (starting over would silently lose the run)."""
+    that fails is skipped, said in one line and appended to `skipped` as (step, why)); None when
+    there is none; CheckpointError when checkpoints exist and none verifies (starting over would
+    silently lose the run)."""
     steps = committed_steps(store)
     if not steps:
         return None
@@ -141,7 +145,10 @@ def restore(
                 return _load(store, step, model, optimizer)
             except Exception as exc:  # a checkpoint from before manifests, damaged
                 problems = [f"does not load: {type(exc).__name__}: {str(exc)[:200]}"]
-        log.warning("checkpoint %s skipped: %s", LAYOUT.checkpoint_dir(step), "; ".join(problems[:3]))
+        why = "; ".join(problems[:3])
+        log.warning("checkpoint %s skipped: %s", LAYOUT.checkpoint_dir(step), why)
+        if skipped is not None:
+            skipped.append((step, why))
     raise CheckpointError(f"{store.uri}: none of the committed checkpoints {steps} verifies; refusing to start over")
 
 

@@ -50,6 +50,7 @@ class TrainerParts:
     state: TrainerState = field(default_factory=TrainerState)  # restored, or a fresh one
     pending: list[Sample] = field(default_factory=list)  # the restored checkpoint's untrained samples
     side_files: dict[str, bytes] = field(default_factory=dict)  # config + tokenizer files of a published version
+    skipped_checkpoints: list[tuple[int, str]] = field(default_factory=list)  # (step, why) passed over on restore
 
 
 def make_optimizer(model: torch.nn.Module, cfg: RunConfig, distributed: bool) -> torch.optim.Optimizer:
@@ -89,7 +90,11 @@ def load_parts(
         model, tokenizer, optimizer, dist, model_url, is_lora, ref_model, critic, side_files=side_files
     )
     parts.teacher_model = teacher_model
-    restored = checkpoint.restore(restore_from, model, optimizer) if restore_from is not None else None
+    restored = (
+        checkpoint.restore(restore_from, model, optimizer, parts.skipped_checkpoints)
+        if restore_from is not None
+        else None
+    )
     if restored:
         parts.state, parts.pending = restored
         if critic is not None:

@@ -35,6 +35,8 @@ def build_run_trainer(
     store = Store(run_uri)
     events = events or EventLog(None, "trainer", "0")
     parts = load_parts(store.url(LAYOUT.init_model), cfg, restore_from=store)
+    for step, why in parts.skipped_checkpoints:
+        events.emit("checkpoint_skipped", step=step, reason=why)
     limits = shard_limits(parts.model)
     fork = read_fork(store)
     source = source_class(store, cfg, parts.state, events, fork=fork, pending=parts.pending, limits=limits)
