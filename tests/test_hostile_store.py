@@ -395,3 +395,72 @@ def test_the_sandbox_refuses_io_uring_keyctl_bpf_perf_userfaultfd_and_netlink():
     out = _ast.literal_eval(result.stdout.strip())
     assert {name: out[name] for name, _, _ in calls} == {name: (-1, errno.EPERM) for name, _, _ in calls}
     assert out["netlink"] == errno.EPERM and out["unix"] == "opened"  # a filter, not a blanket ban
+
+
+INODE_FLOOD = """
+import os
+made = {}
+for where in ("/tmp", "/dev/shm"):
+    n = 0
+    try:
+        while n < 200_000:
+            if n % 2:
+                os.mkdir(f"{where}/d{n}")
+            else:
+                open(f"{where}/f{n}", "w").close()
+            n += 1
+    except OSError as exc:
+        made[where] = (n, exc.errno)
+    else:
+        made[where] = (n, 0)
+try:
+    with open("/tmp/big", "wb") as f:
+        f.write(b"x" * (8 << 20))
+    big = 0
+except OSError as exc:
+    big = exc.errno
+print(repr((made, big, os.getuid())))
+"""
+
+
+@pytest.mark.sandbox
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed (.ci/run installs it)")
+@pytest.mark.parametrize("inodes", [64, 1000])
+def test_an_inode_flood_stops_at_the_tmpfs_cap_in_the_sandbox(inodes):
+    import ast as _ast
+    import errno
+
+    from areal_core.reward.sandbox import Limits, Sandbox
+
+    sandbox = Sandbox()
+    assert sandbox.capped_tmpfs, "unshare/mount cannot cap the sandbox's tmpfs here"
+    limits = Limits(wall_s=20, cpu_s=10, tmp_mb=4, tmp_inodes=inodes, fsize_mb=16)
+    result = sandbox.run(INODE_FLOOD, limits=limits)
+    assert result.ok, (result.stderr, result.reason)
+    made, big, uid = _ast.literal_eval(result.stdout.strip())
+    # /tmp and /dev/shm share one tmpfs: its root and the two folders take three inodes
+    assert made["/tmp"] == (inodes - 3, errno.ENOSPC) and made["/dev/shm"] == (0, errno.ENOSPC)
+    assert big == errno.ENOSPC and uid != 0  # and its bytes are capped; the program is never uid 0
+    again = sandbox.run("import os; open('/tmp/x', 'w').close(); print(len(os.listdir('/tmp')))", limits=limits)
+    assert again.stdout.strip() == "1"  # each run has a fresh tmpfs: the flood left nothing behind
+
+
+@pytest.mark.sandbox
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed (.ci/run installs it)")
+def test_without_unshare_the_sandbox_falls_back_to_a_byte_capped_tmpfs(monkeypatch, caplog):
+    from areal_core.reward import sandbox as sb
+
+    real_which = shutil.which
+    monkeypatch.setattr(sb.shutil, "which", lambda name: None if name == "mount" else real_which(name))
+    fallback = sb.Sandbox()
+    assert not fallback.capped_tmpfs
+    cmd = fallback.command("/x/task", ["true"], fallback.limits)
+    assert cmd[0] == fallback.bwrap and "--tmpfs" in cmd and "nr_inodes" not in " ".join(cmd)
+    result = fallback.run("open('/tmp/a', 'w').write('1'); print(open('/tmp/a').read())")
+    assert result.ok and result.stdout.strip() == "1"
+    monkeypatch.setattr(sb, "_CAPPED", {})
+    monkeypatch.setattr(sb.shutil, "which", real_which)
+    monkeypatch.setattr(sb.Sandbox, "scratch_mount", lambda self, task, limits: ["/bin/false", "--"])
+    with caplog.at_level("WARNING"):
+        assert not sb.Sandbox().capped_tmpfs  # the capped mount fails its probe: bytes only, said once
+    assert any("capped in bytes only" in r.getMessage() for r in caplog.records)

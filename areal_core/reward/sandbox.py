@@ -6,7 +6,12 @@ Every run is a fresh `bwrap` with:
   loopback), no view of host processes, no nested user namespaces, all capabilities dropped;
 * a read-only system (`/usr` and its `/bin /lib /lib64` links; no `/etc`, `/home`, `/root`,
   `/work`, `/sys`), `/` and `/dev` remounted read-only;
-* a private, size-capped `/tmp` (and `/dev/shm`), the program's files read-only at `/task`;
+* a private `/tmp` and `/dev/shm`, one tmpfs capped in bytes and in inodes (files and folders):
+  bubblewrap cannot pass `nr_inodes`, so `unshare` (util-linux) first enters a user and mount
+  namespace of its own (mapping the caller to its root), mounts the capped tmpfs over the run's
+  scratch folder there and execs bwrap, which binds it in; where that cannot work the sandbox
+  falls back to bwrap's byte-capped `--tmpfs` and says once that files are then uncounted;
+* the program's files read-only at `/task`;
 * an empty environment (the parent's environment never reaches bwrap, so even
   `/proc/1/environ` inside holds only PATH);
 * limits applied inside by `prlimit`: CPU seconds, address space, processes (threads
@@ -35,6 +40,7 @@ pair of pipes (mode `serve`, driven by `areal_core.reward.boundary`). Scoring un
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import select
@@ -63,7 +69,8 @@ class Limits:
     memory_mb: int = 512  # address space per process (RLIMIT_AS)
     nproc: int = 16  # processes + threads (RLIMIT_NPROC, counted in the sandbox's user namespace)
     fsize_mb: int = 4  # largest file the program may write; stdout/stderr are files too
-    tmp_mb: int = 16  # size of the private /tmp (and of /dev/shm)
+    tmp_mb: int = 16  # size of the private /tmp and /dev/shm (one tmpfs, both together)
+    tmp_inodes: int = 4096  # files + folders there (the tmpfs's nr_inodes): an inode flood stops here
     nofile: int = 64  # open file descriptors
     output_bytes: int = 2**20  # stdout compared in full up to this size; more is "output over limit"
 
@@ -123,8 +130,11 @@ class TestReport:
         return sorted(counts, key=lambda k: -counts[k])[:limit]
 
 
+log = logging.getLogger(__name__)
 _SIGNALS = {int(s): s.name for s in signal.Signals}
-_PROBED: dict[tuple[str, ...], str] = {}
+_PROBED: dict[tuple[str, ...], str] = {}  # (bwrap, python, uid) -> "" or why no sandbox runs
+_CAPPED: dict[tuple[str, ...], str] = {}  # the same, with the inode-capped tmpfs
+SANDBOX_UID = 65534  # the program's uid inside (never 0, so that setuid(0) and root's exemptions fail)
 _RUNNER = (Path(__file__).parent / "sandbox_runner.py").read_text()
 STDERR_CHARS = 4096
 _FILES = ("stdin", "stdout", "stderr", "status")
@@ -174,22 +184,32 @@ class Sandbox:
             self.python, self.extra_ro = find_python()
         self.uid = uid if os.geteuid() == 0 else None  # root drops to an unprivileged uid
         self.sized_tmpfs = _tmpfs_size_supported(self.bwrap)
+        self.unshare = shutil.which("unshare") or "/usr/bin/unshare"
+        self.capped_tmpfs = os.path.exists(self.unshare) and shutil.which("mount") is not None
         key = (self.bwrap, self.python, str(self.uid))
+        if self.capped_tmpfs and _CAPPED.setdefault(key, self._probe()) != "":
+            self.capped_tmpfs = False
+            log.warning("the sandbox's /tmp is capped in bytes only: %s", _CAPPED[key][:300])
         if key not in _PROBED:
-            try:
-                probe = self.run("import sys; print('ok')", limits=replace(self.limits, wall_s=30))
-                ok = probe.ok and probe.stdout.strip() == "ok"
-                _PROBED[key] = "" if ok else (probe.stderr.strip() or probe.reason)
-            except OSError as exc:  # bwrap not executable by the sandbox uid, ...
-                _PROBED[key] = f"{type(exc).__name__}: {exc}"
+            _PROBED[key] = self._probe()
         if _PROBED[key]:
             raise SandboxUnavailable(f"bubblewrap cannot build a sandbox here: {_PROBED[key].strip()[:500]}")
+
+    def _probe(self) -> str:
+        """ "" when a trivial program runs in this sandbox, else why not."""
+        try:
+            probe = self.run("import sys; print('ok')", limits=replace(self.limits, wall_s=30))
+        except OSError as exc:  # bwrap not executable by the sandbox uid, ...
+            return f"{type(exc).__name__}: {exc}"
+        return "" if probe.ok and probe.stdout.strip() == "ok" else (probe.stderr.strip() or probe.reason or "?")
 
     # -- one run ----------------------------------------------------------------------------
     def command(self, task_dir: str, argv: list[str], limits: Limits, seccomp_fd: int | None = None) -> list[str]:
         """The host command line that runs `argv` inside a fresh sandbox, `task_dir` read-only at /task;
         `seccomp_fd`: an open file of `seccomp.deny_filter()` (io_uring, keyctl, bpf, ... refused)."""
-        cmd = [self.bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--as-pid-1"]
+        cmd = self.scratch_mount(task_dir, limits) if self.capped_tmpfs else []
+        cmd += [self.bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--as-pid-1"]
+        cmd += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)]
         if seccomp_fd is not None:
             cmd += ["--seccomp", str(seccomp_fd)]
         cmd += ["--cap-drop", "ALL", "--new-session", "--hostname", "sandbox", "--clearenv"]
@@ -202,9 +222,12 @@ class Sandbox:
         for extra in self.extra_ro:
             cmd += ["--ro-bind", extra, extra]
         cmd += ["--proc", "/proc", "--dev", "/dev"]
-        for mount, mb in (("/tmp", limits.tmp_mb), ("/dev/shm", limits.tmp_mb)):
+        for mount, sub in (("/tmp", "tmp"), ("/dev/shm", "shm")):
+            if self.capped_tmpfs:
+                cmd += ["--bind", f"{Path(task_dir).parent}/scratch/{sub}", mount]
+                continue
             if self.sized_tmpfs:
-                cmd += ["--size", str(mb * 2**20)]
+                cmd += ["--size", str(limits.tmp_mb * 2**20)]
             cmd += ["--tmpfs", mount]
         cmd += ["--ro-bind", task_dir, "/task", "--remount-ro", "/dev", "--remount-ro", "/"]
         for k, v in (("PATH", "/usr/bin:/bin"), ("HOME", "/tmp"), ("LANG", "C.UTF-8"), ("PYTHONHASHSEED", "0")):
@@ -221,6 +244,17 @@ class Sandbox:
             *argv,
         ]
         return cmd
+
+    def scratch_mount(self, task_dir: str, limits: Limits) -> list[str]:
+        """The prefix that mounts the run's capped tmpfs (bytes and inodes) at `<work>/scratch`
+        in a namespace of its own, makes its `tmp` and `shm` folders and execs the rest."""
+        scratch = f"{Path(task_dir).parent}/scratch"
+        options = f"size={limits.tmp_mb * 2**20},nr_inodes={limits.tmp_inodes},mode=0755"
+        script = 'mount -t tmpfs -o "$1" tmpfs "$2" && mkdir -m 1777 "$2/tmp" "$2/shm" && shift 2 && exec "$@"'
+        return [self.unshare, "--user", "--map-root-user", "--mount", "--", "/bin/sh", "-c", script, "sh"] + [
+            options,
+            scratch,
+        ]
 
     def run(self, program: str, stdin: str = "", limits: Limits | None = None) -> RunResult:
         """Run `program` (Python source) as `__main__` (/task/main.py) with `stdin`."""
@@ -254,6 +288,7 @@ class Sandbox:
         try:
             task = work / "task"
             task.mkdir()
+            (work / "scratch").mkdir(mode=0o755)
             for name, text in {"_runner.py": _RUNNER, **files}.items():
                 (task / name).write_text(text)
                 (task / name).chmod(0o644)
