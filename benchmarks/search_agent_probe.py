@@ -35,7 +35,7 @@ def main() -> None:
         ("g", int, 8),
         ("eval_n", int, 60),
         ("eval_every", int, 10),
-        ("temperature", float, 1.0),
+        ("temperature", float, 0.7),
         ("seed", int, 1),
         ("show", int, 0),
     ]:

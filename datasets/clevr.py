@@ -10,7 +10,7 @@ A scene is a pure function of its scene seed (`make_scene`), and so is its pictu
 the record carries the seed, and `record_images` draws the picture again wherever it is needed
 (the VLM workflow stores it once, content-addressed, under the run root). Held out by scene
 seed: train scenes use even seeds, eval scenes odd ones, so no eval picture is ever trained on.
-Objects sit in distinct cells of a 3×3 grid and never touch, so every one can be counted in the
+Objects sit in distinct cells of a 2×2 grid and never touch, so every one can be counted in the
 pixels (tests/test_vlm_clevr.py does). Shapes are drawn without anti-aliasing: each object's
 pixels have exactly its colour.
 """
@@ -24,12 +24,12 @@ from typing import Any
 from PIL import Image, ImageDraw, ImageFont
 
 IMAGE_SIZE = 64
-BACKGROUND = (235, 235, 235)
+BACKGROUND = (122, 116, 104)  # the image processors' mean (CLIP): background patches normalise to about 0
 COLOURS = {"red": (220, 40, 40), "green": (40, 170, 60), "blue": (50, 80, 220), "yellow": (225, 195, 30)}
 SHAPES = ("circle", "square", "triangle")
-SIZES = {"small": 5, "large": 8}  # half-side in pixels at IMAGE_SIZE
+SIZES = {"small": 9, "large": 13}  # half-side in pixels at IMAGE_SIZE
 QUESTIONS = ("count_colour", "count_shape", "compare", "digit_sum")
-GRID = 3
+GRID = 2  # 32-pixel cells at 64 px: an object spans about 2×2 merged vision tokens of the tiny VLM
 SEED_STRIDE = 1_000_003  # a run seed's scenes: seed · stride + 2i (train) or + 2i + 1 (eval)
 PLURAL = {"circle": "circles", "square": "squares", "triangle": "triangles"}
 
@@ -65,7 +65,7 @@ def render(scene: dict[str, Any]) -> Image.Image:
     for it in scene["items"]:
         x, y = it["x"], it["y"]
         if "digit" in it:
-            font = ImageFont.load_default(size=16)
+            font = ImageFont.load_default(size=24)
             draw.text((x, y), str(it["digit"]), fill=(0, 0, 0), font=font, anchor="mm")
             continue
         r, fill = SIZES[it["size"]], COLOURS[it["colour"]]

@@ -79,3 +79,29 @@ def test_one_train_step_on_an_image_batch_gives_finite_loss_and_gradients(tmp_pa
     assert torch.isfinite(torch.tensor(stats["loss"])) and stats["grad_norm"] > 0
     vision = [p.grad for n, p in model.named_parameters() if ".visual." in f".{n}" and p.grad is not None]
     assert vision and all(torch.isfinite(g).all() for g in vision) and any(g.abs().sum() > 0 for g in vision)
+
+
+def test_vision_sft_loss_sees_the_images_and_falls_when_trained(tmp_path):
+    from areal_core.vlm.sft import demonstration, vision_sft_loss
+
+    model, processor = tiny()
+    records, _ = generate(7, 4, 1, "count_colour")
+    demos = [demonstration(processor, r["prompt"], record_images(r), f"#### {r['answer']}") for r in records]
+    assert all(d.mm is not None and 0 < d.prompt_len < len(d.ids) for d in demos)
+    args = (processor.pad_token_id, processor.image_token_id)
+    with torch.no_grad():
+        base = vision_sft_loss(model, *args, demos).item()
+        swapped = [type(d)(d.ids, d.prompt_len, demos[(i + 1) % len(demos)].mm) for i, d in enumerate(demos)]
+        assert vision_sft_loss(model, *args, swapped).item() != base  # the pixels reach the loss
+        # the answer tokens alone: a loss over every token after the first differs
+        whole = [type(d)(d.ids, 1, d.mm) for d in demos]
+        assert vision_sft_loss(model, *args, whole).item() != base
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(8):
+        opt.zero_grad()
+        loss = vision_sft_loss(model, *args, demos)
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        after = vision_sft_loss(model, *args, demos).item()
+    assert torch.isfinite(torch.tensor(after)) and after < 0.7 * base, (base, after)

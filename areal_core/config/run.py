@@ -45,7 +45,7 @@ class TaskConfig(ConfigModel):
         "count_colour,count_shape,compare,digit_sum",
         description="clevr: the question types asked, comma-separated, in turn",
     )
-    max_objects: Int = Field(4, ge=1, le=9, description="clevr: most shapes (or digits) in one scene")
+    max_objects: Int = Field(4, ge=1, le=4, description="clevr: most shapes (or digits) in one scene (a 2×2 grid)")
     system_prompt: Text = Field(
         "",
         description=(
