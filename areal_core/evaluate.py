@@ -82,6 +82,7 @@ def heldout_score(model, tokenizer, cfg: Any, records: list[dict[str, Any]]) -> 
             cfg.eval.max_new_tokens,
             max_concurrent_episodes=cfg.agent.max_concurrent_episodes,
             tool_prompt=cfg.agent.tool_prompt,
+            mcp=cfg.agent,  # its MCP servers, when it has any (agent.mcp_servers)
         )
     return greedy_accuracy(
         model,

@@ -141,3 +141,42 @@ def test_the_questions_survive_the_gsm8k_jsonl_form(kb, qs, tmp_path):
             k: q["meta"][k] for k in ("support", "kb_seed", "kb_people")
         }
         assert search_transcript(back) == search_transcript(q)
+
+
+def test_held_out_success_through_the_runs_agent_section_and_its_mcp_server(kb, qs, monkeypatch):
+    """The evaluate step's score: `heldout_score` hands the run's `agent` section (its MCP servers)
+    to the episodes; the ideal agent scores 1 on held-out questions, without the servers 0."""
+    from areal_core import evaluate
+    from areal_core.config import RunConfig
+    from areal_core.proxy.agent_workflow import evaluate_agent
+
+    held_out = qs[1][:2]
+    tok = build_tokenizer(search_corpus(held_out), 400)
+    replies = {
+        q["prompt"]: [
+            tool_call_text(m["tool_calls"][0]["function"]["name"], eval_args(m))
+            if m.get("tool_calls")
+            else m["content"]
+            for m in search_transcript(q)
+            if m["role"] == "assistant"
+        ]
+        for q in held_out
+    }
+
+    def reply(prompt_text: str) -> str:
+        question = prompt_text.split("<|im_start|>user\n", 1)[1].split("<|im_end|>", 1)[0]
+        return replies[question][prompt_text.count("<|im_start|>tool\n")]
+
+    server = {"name": "search", "command": "python", "stateless": True,
+              "args": ["-m", "examples.search_agent.server", "--seed", str(SEED), "--people", str(PEOPLE)]}  # fmt: skip
+    cfg = RunConfig.model_validate(
+        {"rollout": {"agent": "examples.search_agent.agent:search_agent"}, "agent": {"mcp_servers": [server]}}
+    )
+
+    def scripted(model, tokenizer, agent, records, max_new_tokens, **kw):
+        return asyncio.run(evaluate_agent(ScriptedEngine(tokenizer, reply), tokenizer, agent, records, **kw))
+
+    monkeypatch.setattr(evaluate, "agent_success", scripted)
+    assert evaluate.heldout_score(None, tok, cfg, held_out) == 1.0
+    no_servers = cfg.model_copy(update={"agent": cfg.agent.model_copy(update={"mcp_servers": []})})
+    assert evaluate.heldout_score(None, tok, no_servers, held_out) == 0.0
