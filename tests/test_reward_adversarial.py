@@ -162,15 +162,23 @@ def test_the_suite_is_large_enough():
     assert len(code_tasks.TASKS) >= 18
 
 
+@pytest.fixture(scope="module")
+def cheat_pool():
+    """The tasks of one cheat graded three at a time: a cheat that sleeps to its deadline waits
+    once per three tasks, not once per task (each still has its own sandbox and limits)."""
+    from areal_core.reward.pool import RewardPool
+
+    with RewardPool("areal_core.reward.code:code_reward", size=3, timeout_s=120, retries=0) as pool:
+        yield pool
+
+
 @pytest.mark.sandbox
 @needs_bwrap
 @pytest.mark.parametrize("name", sorted(CHEATS))
-def test_cheat_scores_zero_on_every_code_task(name):
+def test_cheat_scores_zero_on_every_code_task(name, cheat_pool):
     program = CHEATS[name]
-    scores = {}
-    for task in code_tasks.TASKS:
-        out = code_reward(_completion(program), _reference(task, CHEAT_LIMITS))
-        scores[task["name"]] = (out["reward"], out["info"].get("failures"))
+    jobs = [{"completion": _completion(program), "reference": _reference(t, CHEAT_LIMITS)} for t in code_tasks.TASKS]
+    scores = {t["name"]: (r.reward, r.info) for t, r in zip(code_tasks.TASKS, cheat_pool.grade(jobs))}
     assert all(score == 0.0 for score, _ in scores.values()), {k: v for k, v in scores.items() if v[0]}
 
 

@@ -143,6 +143,14 @@ def scores(pool, program: str, refs: list[tuple[str, str]]) -> dict[str, float]:
     return {name: r.reward for (name, _), r in zip(refs, results)}
 
 
+def wins(pool, programs: dict[str, str], refs: list[tuple[str, str]]) -> dict[tuple[str, str], float]:
+    """{(program, task): reward} of every program on every task that scored above 0, graded in one
+    batch (the pool never waits for one program's slowest task)."""
+    cells = [(name, task, ref) for name in programs for task, ref in refs]
+    results = pool.grade([{"completion": completion(programs[n]), "reference": ref} for n, _, ref in cells])
+    return {(n, task): r.reward for (n, task, _), r in zip(cells, results) if r.reward}
+
+
 def test_the_mbpp_style_canonical_solutions_score_one_and_the_wrong_stub_zero(pool):
     refs = references()
     mbpp = dict(refs[len(code_tasks.TASKS) :])
@@ -165,32 +173,33 @@ def test_a_trivial_program_scores_no_more_than_the_wrong_stub(pool, name):
     assert all(v == 0.0 for v in got.values()), {k: v for k, v in got.items() if v}
 
 
+def humaneval_half() -> list[tuple[str, str]]:
+    """Every other problem of the HumanEval sample (11 of 164): the matrix of every cheat on
+    every problem; the main cheats meet all 164 in test_main_cheats_score_zero_on_all_of_humaneval."""
+    return references(CHEAT_LIMITS, humaneval_too=True)[len(code_tasks.TASKS) + len(MBPP_TASKS) :][::2]
+
+
 @pytest.mark.slow
 def test_new_cheats_and_trivial_programs_score_zero_on_the_humaneval_sample(pool):
-    refs = references(CHEAT_LIMITS, humaneval_too=True)[len(code_tasks.TASKS) + len(MBPP_TASKS) :]
-    won = {}
-    for name, program in {**NEW_CHEATS, **TRIVIAL}.items():
-        won.update({(name, k): v for k, v in scores(pool, program, refs).items() if v})
+    won = wins(pool, {**NEW_CHEATS, **TRIVIAL}, humaneval_half())
     assert not won, won
 
 
 @pytest.mark.slow
 def test_the_adversarial_suites_cheats_score_zero_on_mbpp_style_tests_and_humaneval(pool):
     """test_reward_adversarial.py runs them on the shipped tasks; here, on the other two suites."""
-    refs = references(CHEAT_LIMITS, humaneval_too=True)[len(code_tasks.TASKS) :]
-    won = {}
-    for name in sorted(CHEATS):
-        got = scores(pool, adapt(CHEATS[name]), refs)
-        won.update({(name, k): v for k, v in got.items() if v})
+    # every other MBPP-style task and every other problem of the half: 45 cheats x 13 tasks
+    refs = references(CHEAT_LIMITS)[len(code_tasks.TASKS) :][::2] + humaneval_half()[::2]
+    won = wins(pool, {name: adapt(CHEATS[name]) for name in sorted(CHEATS)}, refs)
     assert not won, won
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["patch_every_builtin_true", "replace_stdlib_modules_in_sys_modules", "const True"])
+@pytest.mark.parametrize("name", ["patch_every_builtin_true", "replace_stdlib_modules_in_sys_modules"])
 def test_main_cheats_score_zero_on_all_of_humaneval(pool, name):
     program = {**NEW_CHEATS, **TRIVIAL}[name]
     names = sorted({p["entry_point"] for p in humaneval.problems()} - set(NAMES))
-    body = "return True" if name == "const True" else "return None"
+    body = "return None"
     refs = []
     for p in humaneval.problems():
         spec = {**humaneval.spec(p), "limits": CHEAT_LIMITS}

@@ -200,7 +200,7 @@ ADVERSARIAL = {
 }
 
 
-def _best_time(fn, text: str, reference: str, repeat: int = 5) -> float:
+def _best_time(fn, text: str, reference: str, repeat: int = 3) -> float:
     """Least CPU time of this process over `repeat` calls (other processes on a shared machine
     do not count)."""
     best = float("inf")
