@@ -42,6 +42,18 @@ def groups_admissible(
     return max(0, cap - started)
 
 
+def sessions_admissible(written: int, settled: int, eta: int, batch_rows: int) -> int:
+    """How many more live sessions' rows a serving proxy may write before the trainer catches up:
+    (η + 1)·B·G − (written − settled), at least 0.
+
+    The admission rule above restated for sessions, which no worker starts in groups: with
+    `settled` the proxy's rows the trainer has trained, dropped or left out, `written − settled`
+    rows wait, and AReaL's (v + η + 1)·B groups started with v·B trained and D discarded is
+    exactly (η + 1)·B waiting. A row is settled whatever becomes of it, so a dropped session
+    gives its place back and the trainer, which waits for B·G rows, is never starved."""
+    return max(0, (eta + 1) * batch_rows - (written - settled))
+
+
 def min_allowed_version(trainer_version: int, eta: int) -> int:
     """Oldest token version the step producing `trainer_version + 1` may train on: v − η."""
     return trainer_version - eta

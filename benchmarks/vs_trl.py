@@ -53,6 +53,7 @@ def sft_checkpoint(root: str, overrides: list[str]) -> str:
 
 
 def run_ours(root: str, init: str, seed: int, args: argparse.Namespace, base: list[str]) -> dict:
+    from areal_core.context import load_run_config
     from areal_core.run import pipeline
     from areal_core.run.launcher import launch
     from areal_core.store import Store
@@ -61,8 +62,9 @@ def run_ours(root: str, init: str, seed: int, args: argparse.Namespace, base: li
     uri, _ = pipeline.prepare("configs/default.yaml", [*base, f"seed={seed}", f"store={root}/{name}-s{seed}"])
     store = Store(uri)
     pipeline.ensure_init_model(store, init)
+    cfg = load_run_config(store)
     cpu0, t0 = children_cpu_s(), time.time()
-    launch(uri, 1, 1, timeout_s=4 * 3600, progress=False)
+    launch(uri, cfg.rollout.num_workers, cfg.reward.num_workers, timeout_s=4 * 3600, progress=False)
     wall, cpu = time.time() - t0, children_cpu_s() - cpu0
     rows = pipeline.metrics_rows(store)
     evals = [r for r in rows if "eval_accuracy" in r]

@@ -402,8 +402,12 @@ def test_continuous_online_rl_trains_on_the_sessions_of_a_proxy_that_follows_the
     """The continuous task (reward pool + trainer) on a run root; a proxy `--follow RUN/weights
     --store RUN` serves simulated calculator users, each session ended with its reward. The trainer
     steps on B·G sessions at a time and publishes each version; the proxy serves it. Sessions older
-    than η (written in as a proxy that fell behind would) are dropped and counted, never trained."""
+    than η (written in as a proxy that fell behind would) are dropped and counted, never trained.
+    The trainer is slowed so that the users outrun it: the proxy then refuses new sessions (429,
+    trainer_behind) and never lets more than (η + 1)·B·G of its rows wait, plus the open sessions'."""
     import threading
+
+    import openai
 
     from areal_core.online.continuous import run_continuous
     from areal_core.protocol import write_shard
@@ -416,6 +420,7 @@ def test_continuous_online_rl_trains_on_the_sessions_of_a_proxy_that_follows_the
         "sft.enabled=false",
         *("task.num_train=40", "task.num_eval=4", "rollout.group_size=2", "train.batch_groups=2"),
         *("train.steps=4", "train.eta=1", "train.checkpoint_every=10", "train.lr_warmup_steps=0"),
+        "train.slow_step_s=1.5",  # traffic outruns the trainer: new sessions wait at the admission bound
     ]
     run_uri, _ = pipeline.prepare("configs/agent_calculator.yaml", ov)
     checkpoint = pipeline.sft(run_uri)
@@ -429,13 +434,20 @@ def test_continuous_online_rl_trains_on_the_sessions_of_a_proxy_that_follows_the
     args = parse_args([*follow, *(a for k in keys for a in ("--api-key", k)), *flags])
     tasks, _ = generate(7, 40, 1, ops="+-", lo=1, hi=9, max_steps=1)
     served: list[int] = []
+    refused: list[str] = []
 
     async def user(server: ProxyServer, key: str, offset: int) -> None:
         n = offset
         auth = {"Authorization": f"Bearer {key}"}
         while trainer.is_alive():
             task = tasks[n % len(tasks)]
-            reward = await calculator_agent(task, server.base_url, key, max_turns=1)
+            try:
+                reward = await calculator_agent(task, server.base_url, key, max_turns=1)
+            except openai.RateLimitError as exc:  # the trainer is behind: a new session waits (admission)
+                assert exc.code == "trainer_behind", exc
+                refused.append(exc.message)
+                await asyncio.sleep(0.2)
+                continue
             async with httpx.AsyncClient(base_url=server.url, headers=auth, timeout=120) as http:
                 r = await http.post(
                     f"/v1/sessions/{session_id_for_key(key)}/end",
@@ -444,6 +456,8 @@ def test_continuous_online_rl_trains_on_the_sessions_of_a_proxy_that_follows_the
                 assert r.status_code == 200, r.text
                 health = (await http.get("/health")).json()
             served.append(health["policy_version"])
+            waiting = health["admission"]["waiting_rows"]  # at most the bound plus the open sessions' rows
+            assert waiting <= health["admission"]["bound"] + len(keys), health
             if health["policy_version"] >= 2 and not run.exists(LAYOUT.shard("graded", "proxy-9", 0)):
                 old = [_session_row(100 + i, [0, health["policy_version"]], worker="proxy-9") for i in range(2)]
                 write_shard(run, LAYOUT.shard("graded", "proxy-9", 0), old)  # oldest token v0 < v - η
@@ -469,4 +483,5 @@ def test_continuous_online_rl_trains_on_the_sessions_of_a_proxy_that_follows_the
         assert all(v < record["trainer_version"] - 1 for _, v in record["dropped"])  # only what η forbids
         dropped += [f"{w}/{sid}" for w, (sid, _) in zip(record["dropped_workers"], record["dropped"])]
     assert {"proxy-9/s100", "proxy-9/s101"} <= set(dropped) and len(dropped) == result["dropped_samples"]
-    print(f"{len(served)} sessions served by versions {sorted(set(served))}; dropped {dropped}")
+    assert refused and all("(bound 8)" in m for m in refused)  # (η + 1)·B·G = 2·4 rows of the proxy's may wait
+    print(f"{len(served)} sessions served by versions {sorted(set(served))}; dropped {dropped}; refused {len(refused)}")

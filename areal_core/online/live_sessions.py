@@ -13,6 +13,12 @@ regroups them (`session_batches.regroup`: rows sharing a prompt_id form a group,
 pool whose baseline is its mean reward) and rows that are not `admissible` are left out. A step
 waits until B·G rows (train.batch_groups × rollout.group_size) are pending, screens them, and
 trains the B·G oldest that survive; the rest wait for the next step.
+
+Every row read is settled once, per proxy, when it is trained, dropped or left out; the totals are
+saved with each checkpoint (`TrainerState.settled`) and published as `trainer/live_settled.json`,
+from which a serving proxy applies the admission rule to sessions (`staleness.sessions_admissible`,
+proxy/backpressure.py): when live traffic outruns the trainer, new sessions get a 429 rather than
+piling up unread.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from collections.abc import Iterable
 from areal_core.config import RunConfig
 from areal_core.events import EventLog
 from areal_core.forks import ForkRef
+from areal_core.layout import LAYOUT
 from areal_core.online.session_batches import admissible, regroup
 from areal_core.protocol import DEFAULT_LIMITS, Sample, ShardLimits
 from areal_core.store import Store
@@ -48,21 +55,43 @@ class LiveSessions(GradedShards):
         super().__init__(store, cfg, state, events, fork=fork, pending=pending, limits=limits)
         self.rows = cfg.train.batch_groups * cfg.rollout.group_size
         self.left_out = 0  # rows not admissible (a reward out of range, a non-finite log-prob)
+        self.settled = dict(state.settled)  # proxy worker id -> its rows trained, dropped or left out
+        self._published: dict[str, int] | None = None
+
+    def _settle(self, rows: Iterable[Sample]) -> None:
+        for s in rows:
+            self.settled[s.worker_id] = self.settled.get(s.worker_id, 0) + 1
+
+    def _publish_settled(self) -> None:
+        if self.settled != self._published:
+            self.store.write_json(LAYOUT.live_settled, {"rows": self.settled})
+            self._published = dict(self.settled)
+
+    def save_into(self, state: TrainerState) -> None:
+        super().save_into(state)
+        state.settled = dict(self.settled)
 
     def _hold(self, samples: list[Sample]) -> None:
         self.buffer = GroupBuffer()
         self.buffer.add(samples)
 
     def next_batch(self, state: TrainerState) -> Batch:
+        try:
+            return self._next_batch(state)
+        finally:
+            self._publish_settled()
+
+    def _next_batch(self, state: TrainerState) -> Batch:
         t0 = time.time()
         self.ingest(state.version)
         t1 = time.time()
         low, high = self.cfg.agent.reward_min, self.cfg.agent.reward_max
         rows = [s for s in self.buffer.samples() if admissible(s, low, high)]
         if len(self.buffer.samples()) > len(rows):
-            n = len(self.buffer.samples()) - len(rows)
-            self.left_out += n
-            self.ev.emit("drop", reason="inadmissible", n=n)
+            out_of_range = [s for s in self.buffer.samples() if not admissible(s, low, high)]
+            self.left_out += len(out_of_range)
+            self._settle(out_of_range)
+            self.ev.emit("drop", reason="inadmissible", n=len(out_of_range))
         if len(rows) < self.rows:  # too few to screen yet: a lone row is never a group of its own
             self._hold(rows)
             return Batch(None, times=(t0, t1, time.time()))
@@ -70,11 +99,13 @@ class LiveSessions(GradedShards):
         pool.add(regroup(rows, f"live-{state.step}"))
         tc, dynamic = self.cfg.train, self.cfg.algo.dynamic_sampling
         out = screen(pool, state.version, tc.eta, state.abandoned, dynamic, self.counters, self.ev)
+        self._settle([*out.dropped, *out.abandoned, *out.filtered])
         arrival = {s.identity(): i for i, s in enumerate(rows)}  # the oldest first, then first come
         kept = sorted(pool.samples(), key=lambda s: (s.min_version(), arrival[s.identity()]))
         if len(kept) < self.rows:
             self._hold(kept)
             return Batch(None, out.dropped, out.abandoned, times=(t0, t1, time.time()))
         self._hold(kept[self.rows :])
+        self._settle(kept[: self.rows])
         batch = regroup(kept[: self.rows], f"live-{state.step}")
         return Batch(batch, out.dropped, out.abandoned, times=(t0, t1, time.time()))

@@ -16,11 +16,14 @@ import os
 from fastapi import FastAPI
 
 from areal_core.config import RunConfig, load_config
+from areal_core.layout import LAYOUT
 from areal_core.logs import setup_logging
 from areal_core.proxy.app import create_app
+from areal_core.proxy.backpressure import SessionAdmission, admission_bound
 from areal_core.proxy.guard import ProxyLimits
 from areal_core.proxy.runner import server_config
 from areal_core.proxy.versions import Follower, first_version, make_source
+from areal_core.store import Store
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -43,6 +46,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--api-key", action="append", default=[], help="accepted key (repeat); or AREAL_PROXY_KEYS")
     ap.add_argument("--store", default="", help="run root: ended sessions are written there as shards")
+    ap.add_argument(
+        "--max-waiting-rows",
+        type=int,
+        default=-1,
+        help="with --store: no new session (429) while this many of the proxy's rows wait for the trainer;"
+        " -1: (η + 1)·B·G from the run root's config, 0: no bound",
+    )
     ap.add_argument("--worker-id", default="proxy-0")
     ap.add_argument("--version", type=int, default=0, help="a folder's version (the first MLflow one's number)")
     ap.add_argument("--turn-discount", type=float, default=1.0)
@@ -83,7 +93,6 @@ def build_app(args: argparse.Namespace) -> FastAPI:
     import torch
 
     from areal_core.rollout.factory import build_engine
-    from areal_core.store import Store
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -100,10 +109,11 @@ def build_app(args: argparse.Namespace) -> FastAPI:
     except BaseException:
         source.close()
         raise
+    store = Store(args.store) if args.store else None
     return create_app(
         engine,
         tokenizer,
-        store=Store(args.store) if args.store else None,
+        store=store,
         api_keys=keys,
         limits=ProxyLimits(
             max_context_tokens=args.max_context_tokens or None,
@@ -117,7 +127,24 @@ def build_app(args: argparse.Namespace) -> FastAPI:
         turn_discount=args.turn_discount,
         tool_prompt=args.tool_prompt,
         follower=Follower(source, engine, args.poll_interval_s),
+        admission=session_admission(store, args),
     )
+
+
+def session_admission(store: Store | None, args: argparse.Namespace) -> SessionAdmission | None:
+    """The bound on the proxy's rows waiting for the trainer: --max-waiting-rows, or (η + 1)·B·G of
+    the run root's config; None without a store, with 0, or for a store that is no run root."""
+    from areal_core.context import load_run_config
+
+    if store is None or args.max_waiting_rows == 0:
+        return None
+    bound = args.max_waiting_rows
+    if bound < 0:
+        if not store.exists(LAYOUT.config):
+            return None
+        cfg = load_run_config(store)
+        bound = admission_bound(cfg.train.eta, cfg.train.batch_groups * cfg.rollout.group_size)
+    return SessionAdmission(store, args.worker_id, bound, poll_s=min(1.0, args.poll_interval_s))
 
 
 def main(argv: list[str] | None = None) -> None:

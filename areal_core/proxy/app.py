@@ -60,6 +60,7 @@ def create_app(
     sampling: SamplingParams | None = None,
     force_sampling: bool = False,
     follower: Any = None,
+    admission: Any = None,
 ) -> FastAPI:
     """The proxy app over `engine_backend`: a RolloutEngine (put behind an AsyncEngine, closed
     with the app) or an AsyncEngine (the rollout worker's, left open).
@@ -70,6 +71,8 @@ def create_app(
     follower: a `proxy/versions.Follower` over the engine (started here, stopped with the app):
     /health then reports the serving version and what it holds, every completion its
     `model_version`.
+    admission: a `proxy/backpressure.SessionAdmission` (online mode): no new session, a 429, while
+    the run's trainer has not settled enough of this proxy's rows.
     """
     limits = limits or ProxyLimits()
     keys = api_keys if isinstance(api_keys, ApiKeys) else ApiKeys(api_keys)
@@ -86,6 +89,7 @@ def create_app(
         reward_range=(limits.reward_min, limits.reward_max),
         max_key_session_segments=limits.max_key_session_segments,
         max_key_session_tokens=limits.max_key_session_tokens,
+        admission=admission,
     )
     state = ProxyState(
         backend=backend,

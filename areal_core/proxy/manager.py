@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from areal_core.protocol import Sample, check_reward
+from areal_core.proxy.backpressure import SessionAdmission
 from areal_core.proxy.sessions import (
     KEY_SESSION_PREFIX,
     InvalidReward,
@@ -56,11 +57,13 @@ class SessionManager:
         reward_range: tuple[float, float] = (-10.0, 10.0),
         max_key_session_segments: int | None = 256,
         max_key_session_tokens: int | None = 262_144,
+        admission: SessionAdmission | None = None,
     ):
         self.template = template
         self.worker_id = worker_id
         self.turn_discount = turn_discount
         self.writer = ShardWriter(store, worker_id) if store is not None else None
+        self.admission = admission  # online mode: no new session while the trainer is behind
         self.session_ttl_s = session_ttl_s
         self.max_sessions, self.max_sessions_per_key = max_sessions, max_sessions_per_key
         self.reward_range = reward_range
@@ -101,7 +104,7 @@ class SessionManager:
     def open(self, session_id: str, owner: str) -> Session:
         """The live session `session_id` of `owner`, created if absent; `InvalidSessionId` for an id
         that is not a name, `ReservedSessionId` for a key-derived id not of `owner`, `TooManySessions`
-        over a quota."""
+        over a quota, `TrainerBehind` (online mode) while the trainer has not settled enough rows."""
         s = self.sessions.get((owner, check_session_id(session_id)))
         if s is not None:
             return s
@@ -113,6 +116,8 @@ class SessionManager:
             raise TooManySessions(self.max_sessions_per_key, per_key=True)
         if len(self.sessions) >= self.max_sessions:
             raise TooManySessions(self.max_sessions, per_key=False)
+        if self.admission is not None:
+            self.admission.check()
         s = Session(session_id, owner, self.template)
         self.sessions[(owner, session_id)] = s
         self.per_key[owner] = self.per_key.get(owner, 0) + 1
@@ -221,6 +226,8 @@ class SessionManager:
         if write and self.writer is not None and samples:
             names = await asyncio.to_thread(self.writer.write, samples)
             self.counters["rows_written"] += len(samples)
+            if self.admission is not None:
+                self.admission.add_written(len(samples))
         self.counters["ended"] += 1
         for hook in self.on_finish:
             hook(s, samples)

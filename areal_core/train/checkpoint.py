@@ -45,6 +45,7 @@ class TrainerState:
     # inclusive [lo, hi] ranges of published versions outside the trainer's lineage (train/lineage.py)
     abandoned: list[list[int]] = field(default_factory=list)
     seen: list[str] = field(default_factory=list)  # identities of the consumed samples (in SEEN_FILE)
+    settled: dict[str, int] = field(default_factory=dict)  # online: live session rows settled per proxy
 
 
 def save(
@@ -169,7 +170,9 @@ def _load(
     optimizer.load_state_dict(blob["optimizer"])
     torch.set_rng_state(blob["rng"])
     record = store.read_json(LAYOUT.checkpoint_file(step, STATE_FILE))
-    state = TrainerState(**{**record, "counters": TrainerCounters.from_json(record.get("counters"))})
+    settled = {str(k): int(v) for k, v in dict(record.get("settled") or {}).items()}
+    counters = TrainerCounters.from_json(record.get("counters"))
+    state = TrainerState(**{**record, "counters": counters, "settled": settled})
     state.seen = decode_identities(store.read_bytes(LAYOUT.checkpoint_file(step, SEEN_FILE)))
     raw = store.read_bytes(LAYOUT.checkpoint_file(step, PENDING_FILE))
     return state, decode_shard(raw) if raw else []

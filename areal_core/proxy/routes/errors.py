@@ -13,6 +13,7 @@ from typing import NamedTuple
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
+from areal_core.proxy.backpressure import TrainerBehind
 from areal_core.proxy.guard import error_body
 from areal_core.proxy.sessions import (
     InvalidReward,
@@ -41,6 +42,7 @@ SESSION_ANSWERS: dict[type[SessionProblem], Answer] = {
     TurnOutOfRange: Answer(400, "invalid_request_error", "unknown_turn"),
     InvalidReward: Answer(422, "invalid_request_error", "invalid_reward", "invalid request: "),
     TooManySessions: Answer(429, "rate_limit_error", "too_many_sessions"),
+    TrainerBehind: Answer(429, "rate_limit_error", "trainer_behind"),
 }
 UNMAPPED = Answer(500, "server_error", "session_error")  # a SessionProblem added without a row above
 
@@ -53,4 +55,5 @@ def answer_for(problem: SessionProblem) -> Answer:
 async def session_problem(request: Request, exc: SessionProblem) -> JSONResponse:
     """The exception handler `create_app` registers for every `SessionProblem`."""
     a = answer_for(exc)
-    return JSONResponse(error_body(a.prefix + exc.message, a.type, a.code), status_code=a.status)
+    headers = {"retry-after": "1"} if a.status == 429 else None  # the openai SDK waits that long, then retries
+    return JSONResponse(error_body(a.prefix + exc.message, a.type, a.code), status_code=a.status, headers=headers)

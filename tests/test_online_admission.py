@@ -1,0 +1,227 @@
+"""Online mode's admission (issue 26): a serving proxy writing sessions into a run root opens no new
+session while (η + 1)·B·G of its rows wait for the trainer; the trainer settles every row it reads
+(trained, dropped or left out) and publishes the totals; open sessions are never cut off."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+import torch
+
+from areal_core.config import load_config
+from areal_core.events import EventLog
+from areal_core.layout import LAYOUT
+from areal_core.protocol import Sample, write_shard
+from areal_core.proxy.backpressure import SessionAdmission, TrainerBehind, admission_bound, count_written
+from areal_core.staleness import sessions_admissible
+from areal_core.store import Store
+
+MODEL = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1"]
+KEY = "sk-admission"
+
+
+def row(i: int, versions: list[int], worker: str = "proxy-0", reward: float = 1.0, prompt_id: str = "") -> Sample:
+    n = len(versions)
+    return Sample(
+        f"s{i}", f"sess-{i}", prompt_id, worker, list(range(1, n + 2)), 1, [0] + [1] * n, [0.0] + [-0.1] * n,
+        [-1, *versions], reward=reward,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("written", "settled", "eta", "rows", "expected"),
+    [
+        (0, 0, 0, 4, 4),  # η = 0: one batch may wait
+        (0, 0, 2, 4, 12),  # (η + 1)·B·G
+        (5, 0, 2, 4, 7),
+        (12, 0, 2, 4, 0),  # at the bound
+        (30, 0, 2, 4, 0),  # beyond it (a restarted proxy): never negative
+        (30, 20, 2, 4, 2),  # settled rows give their places back
+        (3, 10, 0, 4, 11),  # settled ahead of written (a proxy restarted on an old count)
+    ],
+)
+def test_sessions_admissible_by_hand(written, settled, eta, rows, expected):
+    assert sessions_admissible(written, settled, eta, rows) == expected
+
+
+def test_admission_bound_is_eta_plus_one_batches():
+    assert [admission_bound(eta, 8) for eta in (0, 1, 4)] == [8, 16, 40]
+
+
+def test_live_sessions_settle_every_row_once_per_proxy_and_publish_the_totals(tmp_path):
+    """v = 3, η = 1, B·G = 4: of proxy-0's 6 rows 4 train, 1 is left out (reward out of range) and 1
+    waits; proxy-1's 2 rows are too old (dropped). Settled: proxy-0 5, proxy-1 2; the row that waits is
+    not settled until it trains; the totals ride in the checkpoint state."""
+    from areal_core.online.live_sessions import LiveSessions
+    from areal_core.train.checkpoint import TrainerState
+
+    store = Store(str(tmp_path / "run"))
+    cfg = load_config(None, [*MODEL, "train.batch_groups=2", "rollout.group_size=2", "train.eta=1"])
+    ours = [row(i, [3]) for i in range(5)] + [row(5, [3], reward=1e6)]
+    write_shard(store, LAYOUT.shard("graded", "proxy-0", 0), ours)
+    write_shard(store, LAYOUT.shard("graded", "proxy-1", 0), [row(10, [0], "proxy-1"), row(11, [1], "proxy-1")])
+    state = TrainerState(version=3)
+    source = LiveSessions(store, cfg, state, EventLog(None, "trainer", "0"))
+    batch = source.next_batch(state)
+    assert len(batch.samples) == 4 and len(batch.dropped) == 2 and len(source.pending()) == 1
+    assert store.read_json(LAYOUT.live_settled) == {"rows": {"proxy-0": 5, "proxy-1": 2}}
+    source.save_into(state)
+    assert state.settled == {"proxy-0": 5, "proxy-1": 2}
+    again = LiveSessions(store, cfg, state, EventLog(None, "trainer", "0"), pending=source.pending())
+    write_shard(store, LAYOUT.shard("graded", "proxy-0", 1), [row(20 + i, [3]) for i in range(3)])
+    assert len(again.next_batch(state).samples) == 4  # the waiting row and three new ones
+    assert store.read_json(LAYOUT.live_settled) == {"rows": {"proxy-0": 9, "proxy-1": 2}}
+
+
+def test_settled_rows_survive_a_checkpoint_and_a_damaged_count_skips_it(tmp_path):
+    from areal_core.models import build_tiny_model
+    from areal_core.train import checkpoint
+    from areal_core.train.checkpoint import CheckpointError, TrainerState
+
+    store = Store(str(tmp_path / "run"))
+    model = build_tiny_model(load_config(None, MODEL).model, 50, seed=1)
+    opt = torch.optim.AdamW(model.parameters())
+    checkpoint.save(store, TrainerState(step=2, version=2, settled={"proxy-0": 7}), model, opt, [])
+    state, _ = checkpoint.restore(store, model, opt)
+    assert state.settled == {"proxy-0": 7}
+    # a checkpoint written before the field existed restores with nothing settled
+    name = LAYOUT.checkpoint_file(2, checkpoint.STATE_FILE)
+    record = store.read_json(name)
+    record.pop("settled")
+    _rewrite(store, 2, name, record)
+    assert checkpoint.restore(store, model, opt)[0].settled == {}
+    record["settled"] = {"proxy-0": "seven"}  # crafted: refused, and with no other checkpoint, said so
+    _rewrite(store, 2, name, record)
+    skipped: list = []
+    with pytest.raises(CheckpointError, match="none of the committed checkpoints"):
+        checkpoint.restore(store, model, opt, skipped=skipped)
+    assert skipped and "does not load" in skipped[0][1]
+
+
+def _rewrite(store: Store, step: int, name: str, record: dict) -> None:
+    """Rewrite a checkpoint's state.json and its manifest entry (as a writer that can sign would)."""
+    from areal_core.manifest import make_manifest
+    from areal_core.train import checkpoint
+
+    store.write_json(name, record)
+    folder = LAYOUT.checkpoint_dir(step)
+    files = {
+        rel.rsplit("/", 1)[-1]: store.read_bytes(rel)
+        for rel in store.find(folder)
+        if rel.rsplit("/", 1)[-1] not in (checkpoint.MANIFEST_NAME, LAYOUT.committed_name)
+    }
+    store.write_json(LAYOUT.checkpoint_file(step, checkpoint.MANIFEST_NAME), make_manifest(files, step=step))
+
+
+def test_session_admission_refuses_at_the_bound_and_reopens_when_the_trainer_settles(tmp_path):
+    store = Store(str(tmp_path / "run"))
+    adm = SessionAdmission(store, "proxy-0", bound=4, poll_s=0.0)
+    assert adm.written == 0
+    adm.check()
+    adm.add_written(4)
+    with pytest.raises(TrainerBehind, match=r"4 session rows of this proxy wait to be trained \(bound 4\)"):
+        adm.check()
+    store.write_json(LAYOUT.live_settled, {"rows": {"proxy-1": 4}})  # another proxy's rows: no help
+    with pytest.raises(TrainerBehind):
+        adm.check()
+    store.write_json(LAYOUT.live_settled, {"rows": {"proxy-0": 1, "proxy-1": 4}})
+    adm.check()
+    assert adm.waiting() == 3 and adm.refused == 2
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [b"not json", b'{"rows": [1, 2]}', b'{"rows": {"proxy-0": "many"}}', b"[]", b'{"other": 1}'],
+)
+def test_a_damaged_settled_file_keeps_the_last_count_and_never_raises_but_trainer_behind(tmp_path, damage):
+    store = Store(str(tmp_path / "run"))
+    adm = SessionAdmission(store, "proxy-0", bound=4, poll_s=0.0)
+    adm.add_written(5)
+    store.write_json(LAYOUT.live_settled, {"rows": {"proxy-0": 2}})
+    adm.check()
+    store.write_bytes(LAYOUT.live_settled, damage)
+    assert adm.waiting() == 3  # the last good count
+    adm.add_written(1)
+    with pytest.raises(TrainerBehind):
+        adm.check()
+
+
+def test_a_settled_count_that_goes_backwards_is_not_believed(tmp_path):
+    """A trainer restored from an older checkpoint republishes a smaller total: the proxy keeps the
+    larger one (those rows were settled once; they are re-read and settled again, not owed twice)."""
+    store = Store(str(tmp_path / "run"))
+    adm = SessionAdmission(store, "proxy-0", bound=4, poll_s=0.0, written=6)
+    store.write_json(LAYOUT.live_settled, {"rows": {"proxy-0": 5}})
+    assert adm.waiting() == 1
+    store.write_json(LAYOUT.live_settled, {"rows": {"proxy-0": 2}})
+    assert adm.waiting() == 1
+
+
+def test_a_restarted_proxy_counts_the_rows_its_shards_hold(tmp_path):
+    """Graded and ungraded shards of this proxy, a graded twin counted once, a corrupt shard as 0,
+    other proxies' shards not at all."""
+    store = Store(str(tmp_path / "run"))
+    write_shard(store, LAYOUT.shard("ungraded", "proxy-0", 0), [row(0, [0], reward=None), row(1, [0], reward=None)])
+    write_shard(store, LAYOUT.shard("graded", "proxy-0", 0), [row(0, [0]), row(1, [0])])  # its graded twin
+    write_shard(store, LAYOUT.shard("graded", "proxy-0", 1), [row(2, [0]), row(3, [0]), row(4, [0])])
+    store.write_bytes(LAYOUT.shard("graded", "proxy-0", 2), b"ARROW1 not a shard")
+    write_shard(store, LAYOUT.shard("graded", "proxy-1", 0), [row(9, [0], "proxy-1")])
+    assert count_written(store, "proxy-0") == 5
+    assert SessionAdmission(store, "proxy-0", bound=4).written == 5
+
+
+def test_the_bound_must_be_positive(tmp_path):
+    with pytest.raises(ValueError, match="must be >= 1"):
+        SessionAdmission(Store(str(tmp_path)), "proxy-0", bound=0)
+
+
+def test_the_proxy_answers_429_to_a_new_session_while_the_trainer_is_behind_and_serves_open_ones(tmp_path):
+    """Over real HTTP with the openai SDK: bound 2 rows. Two sessions end (2 rows written); a third
+    session gets a 429 (code trainer_behind, a Retry-After) while a session opened before the bound
+    goes on turn after turn; once the trainer settles the rows, new sessions open again. /health
+    reports the rows waiting, the bound and the refusals."""
+    import openai
+
+    from areal_core.models import build_tiny_model, build_tokenizer, save_pretrained
+    from areal_core.proxy.__main__ import build_app, parse_args
+    from areal_core.proxy.examples import calculator_corpus
+    from areal_core.proxy.runner import ProxyServer
+    from datasets.arithmetic import generate
+
+    train, _ = generate(1, 50, 10, ops="+-", lo=1, hi=9, max_steps=1)
+    tok = build_tokenizer(calculator_corpus(train), 300)
+    folder = tmp_path / "model"
+    save_pretrained(build_tiny_model(load_config(None, MODEL).model, len(tok), seed=1), tok, folder)
+    run = Store(str(tmp_path / "run"))
+    flags = ["--max-waiting-rows", "2", "--poll-interval-s", "0.05"]
+    args = parse_args(["--model", str(folder), "--store", run.uri, "--api-key", KEY, *flags])
+    with ProxyServer(build_app(args)) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key=KEY, max_retries=0, timeout=60)
+        http = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
+
+        def turn(sid: str) -> None:
+            client.chat.completions.create(
+                model="policy", messages=[{"role": "user", "content": "1 + 2 ="}], max_tokens=4,
+                extra_headers={"X-Session-Id": sid},
+            )  # fmt: skip
+
+        turn("long")  # opened before the bound is reached
+        for sid in ("a", "b"):
+            turn(sid)
+            assert http.post(f"/v1/sessions/{sid}/end", json={"reward": 1.0}).status_code == 200
+        with pytest.raises(openai.RateLimitError) as refused:
+            turn("c")
+        assert refused.value.status_code == 429 and refused.value.code == "trainer_behind"
+        assert refused.value.response.headers["retry-after"] == "1"
+        assert "2 session rows of this proxy wait to be trained (bound 2)" in refused.value.message
+        turn("long")  # an open session is never refused
+        health = http.get("/health").json()
+        assert health["admission"] == {"waiting_rows": 2, "bound": 2, "refused_sessions": 1}
+        run.write_json(LAYOUT.live_settled, {"rows": {"proxy-0": 2}})  # the trainer caught up
+        time.sleep(0.2)
+        turn("c")
+        assert http.post("/v1/sessions/long/end", json={"reward": 0.0}).status_code == 200
+        health = http.get("/health").json()
+        assert health["admission"]["waiting_rows"] == health["sessions"]["rows_written"] - 2 >= 1  # long's rows
