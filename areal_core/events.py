@@ -38,6 +38,8 @@ One JSON object per line. Every record has "t" (unix seconds, when it was record
   sandbox    {"reason": str, "n": int}                   sandbox failures while grading, per reason
   checkpoint_skipped {"step": int, "reason": str}       a committed checkpoint that failed verification
              (or did not load) passed over for an older one when the trainer started
+  promotion  {"version": int, "score": float, "promoted": bool}   continuous mode's gate (online/promotion.py):
+             the version's held-out score, and whether the registry's champion moved to it
   count      {"completions": int, "tokens": int, "grades": int}   work done since the last count
              (any subset of the keys, summed per flush: never one record per sample); tokens are
              the policy's generated tokens (loss-mask ones)

@@ -92,7 +92,8 @@ class Layout:
       + REGRADE.json (request, then summary), changes.parquet, COMMITTED (reward/regrade.py)
     trainer/checkpoints/step-{N:06d}/ + COMMITTED model, optimizer, pending samples, state
     trainer/trained/step-{N:06d}.json             the audit record of one trained step
-    trainer/metrics.jsonl, trainer/discarded_groups.json, trainer/live_settled.json
+    trainer/metrics.jsonl, trainer/discarded_groups.json, trainer/live_settled.json,
+      trainer/promotions.json
     status/{role}-{id}.json                       heartbeats
     events/{role}-{id}/{seq:08d}.jsonl            timing events, appended in batched parts (events.py)
     LEASE.json                                    the owning run: run id, host/pid, heartbeat (run/ownership.py)
@@ -131,6 +132,7 @@ class Layout:
     trained_dir = f"{trainer_dir}/trained"
     metrics = f"{trainer_dir}/metrics.jsonl"
     discarded_groups = f"{trainer_dir}/discarded_groups.json"  # {"groups": D}: admission given back by the trainer
+    promotions = f"{trainer_dir}/promotions.json"  # continuous mode: the gate's offers and the score to beat
     live_settled = f"{trainer_dir}/live_settled.json"  # {"rows": {proxy: n}}: session rows settled, for admission
     status_dir = "status"
     events_dir = "events"

@@ -421,6 +421,8 @@ def test_continuous_online_rl_trains_on_the_sessions_of_a_proxy_that_follows_the
         *("task.num_train=40", "task.num_eval=4", "rollout.group_size=2", "train.batch_groups=2"),
         *("train.steps=4", "train.eta=1", "train.checkpoint_every=10", "train.lr_warmup_steps=0"),
         "train.slow_step_s=1.5",  # traffic outruns the trainer: new sessions wait at the admission bound
+        *("online.promote_every=2", "online.model_name=continuous-gate", "tracking.enabled=false"),
+        f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
     ]
     run_uri, _ = pipeline.prepare("configs/agent_calculator.yaml", ov)
     checkpoint = pipeline.sft(run_uri)
@@ -484,4 +486,20 @@ def test_continuous_online_rl_trains_on_the_sessions_of_a_proxy_that_follows_the
         dropped += [f"{w}/{sid}" for w, (sid, _) in zip(record["dropped_workers"], record["dropped"])]
     assert {"proxy-9/s100", "proxy-9/s101"} <= set(dropped) and len(dropped) == result["dropped_samples"]
     assert refused and all("(bound 8)" in m for m in refused)  # (η + 1)·B·G = 2·4 rows of the proxy's may wait
+    # the promotion gate scored versions 2 and 4 against the starting policy's score; the alias is at the
+    # last version that won (or nowhere, when none did)
+    from areal_core.events import read_events
+    from areal_core.online.registry import aliased
+    from areal_core.run.tracking import mlflow_client
+
+    gate = run.read_json(LAYOUT.promotions)
+    assert [o["version"] for o in gate["offers"]] == [2, 4]
+    won = [o for o in gate["offers"] if o["promoted"]]
+    champion = aliased(mlflow_client(f"sqlite:///{tmp_path / 'mlflow.db'}"), "continuous-gate")
+    assert (champion is None) == (not won)
+    if won:
+        assert champion.tags["trainer_version"] == str(won[-1]["version"])
+        assert gate["champion_score"] == won[-1]["score"]
+    events = [e for e in read_events(run) if e["kind"] == "promotion"]
+    assert [(e["version"], e["promoted"]) for e in events] == [(o["version"], o["promoted"]) for o in gate["offers"]]
     print(f"{len(served)} sessions served by versions {sorted(set(served))}; dropped {dropped}; refused {len(refused)}")

@@ -396,6 +396,19 @@ class LeaseConfig(ConfigModel):
         return self
 
 
+class OnlineConfig(ConfigModel):
+    promote_every: Int = Field(
+        0,
+        ge=0,
+        description=(
+            "continuous online RL: every this many versions, score the trainer's version on the held-out split and "
+            "move the registry's champion alias to it only when it wins (online/promotion.py); 0: no gate"
+        ),
+    )
+    model_name: Str = Field("areal-flyte-policy", description="the registered model whose champion the gate moves")
+    min_gain: Float = Field(0.0, ge=0, description="a version must beat the champion's held-out score by more")
+
+
 class RunConfig(ConfigModel):
     name: Str = Field("default", description="the run's name")
     store: Str = Field(
@@ -427,6 +440,7 @@ class RunConfig(ConfigModel):
         default_factory=AgentConfig, description="agent rollouts, used when rollout.agent is set (docs/proxy.md)"
     )
     lease: LeaseConfig = Field(default_factory=LeaseConfig, description="the run root's ownership lease")
+    online: OnlineConfig = Field(default_factory=OnlineConfig, description="continuous online RL's promotion gate")
 
     @model_validator(mode="after")
     def _agent_runs(self) -> Self:

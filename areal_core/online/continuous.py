@@ -8,6 +8,10 @@
     proxy        python -m areal_core.proxy --follow RUN/weights --store RUN --api-key ...:
                  serves each published version once verified, writes each ended session to RUN
 
+With `online.promote_every: k` every k-th version is also scored on the held-out split and becomes the
+registry's `champion` only when it wins (online/promotion.py): a proxy following the alias
+(production) moves with the gate, one following RUN/weights (research) with every version.
+
 `run_continuous` is the one task of `workflows/online.py: online_continuous` after prepare and
 SFT: it holds the run's lease, starts the reward pool as processes and runs the trainer here until
 `train.steps` (then final_model/ and DONE); the proxy runs apart, as long as the service does, and
@@ -46,8 +50,9 @@ def run_continuous(run_uri: str, sft_checkpoint: str) -> dict:
         try:
             with EventLog(store, "trainer", "0") as events:
                 trainer = build_run_trainer(
-                    store.uri, cfg, tracker=tracker, guard=lease.check, events=events, source_class=LiveSessions
-                )
+                    store.uri, cfg, tracker=tracker, guard=lease.check, events=events, source_class=LiveSessions,
+                    **promotion_gate(store, cfg),
+                )  # fmt: skip
                 trainer.fit()
         finally:
             stop_all(pool)
@@ -61,6 +66,24 @@ def run_continuous(run_uri: str, sft_checkpoint: str) -> dict:
     }
     log.info("continuous online RL finished: %s", out)
     return out
+
+
+def promotion_gate(store: Store, cfg) -> dict:
+    """build_run_trainer's `evaluate` and `make_sink` for `online.promote_every` > 0 (a PromotingSink
+    on the run's registry), else nothing: every version is published, none offered."""
+    if not cfg.online.promote_every:
+        return {}
+    from areal_core.evaluate import heldout_score
+    from areal_core.online.promotion import PromotingSink, PromotionGate
+    from areal_core.prompts import load_prompts
+    from areal_core.run.tracking import tracking_uri
+
+    records = load_prompts(store, "eval")[: cfg.eval.num_samples]
+    gate = PromotionGate(store, cfg.online.model_name, tracking_uri(cfg.tracking.uri), cfg.online.min_gain)
+    return {
+        "evaluate": lambda model, tokenizer: heldout_score(model, tokenizer, cfg, records),
+        "make_sink": lambda publisher: PromotingSink(publisher, gate, cfg.online.promote_every),
+    }
 
 
 def continuous_task(run_uri: str, sft_checkpoint: str) -> str:

@@ -13,7 +13,7 @@ from areal_core.layout import LAYOUT
 from areal_core.store import Store
 from areal_core.train.distributed import env_ranks, shutdown
 from areal_core.train.parts import load_parts, shard_limits
-from areal_core.train.sinks import PublishingSink
+from areal_core.train.sinks import PublishingSink, Sink
 from areal_core.train.sources import GradedShards
 from areal_core.train.trainer import Evaluate, MetricsTracker, Trainer
 from areal_core.weights.publisher import WeightPublisher
@@ -28,10 +28,12 @@ def build_run_trainer(
     guard: Callable[[], None] | None = None,
     events: EventLog | None = None,
     source_class: type[GradedShards] = GradedShards,
+    make_sink: Callable[[WeightPublisher], Sink] = PublishingSink,
 ) -> Trainer:
     """The run's trainer on init_model, its newest committed checkpoint restored; nothing is
     written until `start()` (or `fit()`). `source_class`: the run's graded shards, or a subclass
-    reading them another way (online/live_sessions.py: live sessions)."""
+    reading them another way (online/live_sessions.py: live sessions). `make_sink`: where the versions
+    go, given the run's publisher (online/promotion.py: published and offered to a promotion gate)."""
     store = Store(run_uri)
     events = events or EventLog(None, "trainer", "0")
     parts = load_parts(store.url(LAYOUT.init_model), cfg, restore_from=store)
@@ -41,7 +43,7 @@ def build_run_trainer(
     fork = read_fork(store)
     source = source_class(store, cfg, parts.state, events, fork=fork, pending=parts.pending, limits=limits)
     tc = cfg.train
-    sink = PublishingSink(WeightPublisher(store, parts.side_files, tc.weight_delta, tc.weight_full_every))
+    sink = make_sink(WeightPublisher(store, parts.side_files, tc.weight_delta, tc.weight_full_every))
     return Trainer(parts, source, sink, store, cfg, evaluate=evaluate, tracker=tracker, guard=guard, events=events)
 
 

@@ -262,7 +262,7 @@ class Trainer:
         self.metrics_file.append({"step": st.step, **rounded}, must_write=must)
 
     # -- the model in one piece ----------------------------------------------------------------
-    def _full_model(self) -> torch.nn.Module | None:
+    def full_model(self) -> torch.nn.Module | None:
         """The model with every parameter in one process: the trainer's own model when not sharded;
         otherwise rank 0's unsharded copy refreshed from the shards (collective; None off rank 0)."""
         if not self.dist.distributed and not self.lora:
@@ -277,14 +277,14 @@ class Trainer:
 
     def evaluate(self) -> float:
         """The injected held-out score (rank 0 evaluates alone on the gathered model; 0.0 elsewhere)."""
-        model = self._full_model()  # collective
+        model = self.full_model()  # collective
         if model is None:
             return 0.0
         return self._evaluate(model, self.tokenizer)
 
     def finish(self) -> None:
         """The final model (final_model/, committed) and DONE (rank 0). Collective."""
-        model = self._full_model()  # collective
+        model = self.full_model()  # collective
         if model is None:
             return
         if self._guard is not None:

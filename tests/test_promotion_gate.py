@@ -1,0 +1,79 @@
+"""Continuous mode's promotion gate (issue 26): every k versions the trainer's version is scored on the
+held-out split and the registry's champion moves to it only when it wins; the score to beat survives
+a restart, a retried offer registers nothing twice, and a damaged record stops the trainer with its name."""
+
+from __future__ import annotations
+
+import pytest
+
+from areal_core.config import load_config
+from areal_core.layout import LAYOUT
+from areal_core.models import build_tiny_model, build_tokenizer, save_pretrained
+from areal_core.online.promotion import PromotionGate
+from areal_core.online.registry import aliased
+from areal_core.run.tracking import mlflow_client
+from areal_core.store import Store
+
+MODEL = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1"]
+NAME = "gate-policy"
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> str:
+    tok = build_tokenizer(["1 + 2 = 3", "user assistant"], 300)
+    out = tmp_path_factory.mktemp("model") / "hf"
+    save_pretrained(build_tiny_model(load_config(None, MODEL).model, len(tok), seed=1), tok, out)
+    return str(out)
+
+
+def champion_version(uri: str) -> str | None:
+    mv = aliased(mlflow_client(uri), NAME)
+    return None if mv is None else mv.version
+
+
+def test_the_alias_moves_only_when_a_version_beats_the_champion(tmp_path, folder):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = Store(str(tmp_path / "run"))
+    gate = PromotionGate(store, NAME, uri, min_gain=0.05)
+    gate.baseline(0.40)  # the starting policy
+    assert not gate.offer(2, 2, 0.43, folder)  # better, but not by more than min_gain
+    assert champion_version(uri) is None
+    assert gate.offer(4, 4, 0.50, folder)
+    first = champion_version(uri)
+    assert first is not None and gate.champion_score == 0.50
+    assert not gate.offer(6, 6, 0.52, folder)  # 0.52 < 0.50 + 0.05
+    assert champion_version(uri) == first
+    assert gate.offer(8, 8, 0.60, folder)
+    assert int(champion_version(uri)) > int(first)
+    record = store.read_json(LAYOUT.promotions)
+    assert record["champion_score"] == 0.60
+    assert [(o["version"], o["promoted"], o["champion_score"]) for o in record["offers"]] == [
+        (2, False, 0.40),
+        (4, True, 0.40),
+        (6, False, 0.50),
+        (8, True, 0.50),
+    ]
+    tags = mlflow_client(uri).get_model_version(NAME, champion_version(uri)).tags
+    assert tags["trainer_version"] == "8" and tags["run_root"] == store.uri
+
+
+def test_a_restarted_trainer_keeps_the_score_to_beat_and_a_retried_offer_registers_once(tmp_path, folder):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = Store(str(tmp_path / "run"))
+    gate = PromotionGate(store, NAME, uri)
+    gate.baseline(0.30)
+    assert gate.offer(2, 2, 0.45, folder)
+    again = PromotionGate(store, NAME, uri)  # the trainer restarted from a checkpoint
+    again.baseline(0.10)  # its resumed weights score lower: the champion's score stands
+    assert again.champion_score == 0.45
+    assert again.offer(2, 2, 0.45 + 1e-9, folder)  # the same version offered again (a retried step)
+    versions = mlflow_client(uri).search_model_versions(f"name='{NAME}'")
+    assert len(versions) == 1  # keyed by run root and version: registered once
+
+
+@pytest.mark.parametrize("damage", [b"not json", b'{"champion_score": "high", "offers": []}', b'{"offers": 3}', b"[]"])
+def test_a_damaged_promotion_record_is_refused_by_name(tmp_path, damage):
+    store = Store(str(tmp_path / "run"))
+    store.write_bytes(LAYOUT.promotions, damage)
+    with pytest.raises(ValueError, match="promotions.json"):
+        PromotionGate(store, NAME, f"sqlite:///{tmp_path / 'mlflow.db'}")
