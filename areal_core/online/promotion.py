@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
+import time
 from typing import Any
 
 from areal_core.layout import LAYOUT
@@ -73,6 +74,7 @@ class PromotionGate:
             key=f"{self.store.uri}#v{version}",
         )
         offer = {"version": version, "step": step, "score": score, "champion_score": self.champion_score}
+        offer["time"] = time.time()
         offer.update(promoted=bool(out["registered"]), model_uri=out["model_uri"])
         self.offers.append(offer)
         if out["registered"]:

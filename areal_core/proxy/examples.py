@@ -90,18 +90,28 @@ def _expression_of(arguments: str | dict) -> str:
     return str(args.get("expression", "")) if isinstance(args, dict) else str(args)
 
 
-async def calculator_agent(task: dict[str, Any], base_url: str, api_key: str, max_turns: int = 4) -> float:
-    """Multi-turn calculator-tool agent with the openai SDK; returns the task reward."""
+async def calculator_agent(
+    task: dict[str, Any],
+    base_url: str,
+    api_key: str,
+    max_turns: int = 4,
+    http_client: Any = None,
+    temperature: float | None = None,
+) -> float:
+    """Multi-turn calculator-tool agent with the openai SDK; returns the task reward. `http_client`: an
+    httpx.AsyncClient for the SDK (closed with it: a traffic simulator's timing one); `temperature`:
+    sent with every request when given (else the server's default)."""
     from openai import AsyncOpenAI, BadRequestError
 
-    client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=120)
+    client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=120, http_client=http_client)
     messages: list[Any] = [{"role": "user", "content": task["prompt"]}]
+    extra = {} if temperature is None else {"temperature": temperature}
     final = ""
     try:
         for _ in range(max_turns):
             try:
                 resp = await client.chat.completions.create(
-                    model="areal-policy", messages=messages, tools=[CALCULATOR_TOOL]
+                    model="areal-policy", messages=messages, tools=[CALCULATOR_TOOL], **extra
                 )
             except BadRequestError:  # the episode outgrew the context
                 break
