@@ -80,7 +80,7 @@ async def simulate(args, url: str, keys: list[str], tasks: list[dict], running) 
     from openai import RateLimitError
 
     from areal_core.proxy.examples import calculator_agent
-    from areal_core.proxy.sessions import key_session_id
+    from areal_core.proxy.sessions import session_id_for_key
 
     requests: list[tuple[float, float, int]] = []
     versions: list[tuple[float, int]] = []
@@ -98,7 +98,7 @@ async def simulate(args, url: str, keys: list[str], tasks: list[dict], running) 
                         task, f"{url}/v1", key, http_client=client, temperature=args.temperature
                     )
                     end = {"reward": reward, "prompt_id": task["prompt_id"]}
-                    r = await http.post(f"/v1/sessions/{key_session_id(key)}/end", json=end)
+                    r = await http.post(f"/v1/sessions/{session_id_for_key(key)}/end", json=end)
                     r.raise_for_status()
                     out["sessions"] += 1
                     out["rewards"].append(reward)
