@@ -274,6 +274,18 @@ def quarantine(store: Store, rel: str, reason: str) -> str:
     return dst
 
 
+def shard_rows(store: Store, rel: str) -> int:
+    """The rows of a stored shard by the bounded reader alone (no schema check: a shard quarantined
+    for its values still counts its rows); 0 for a file that is missing, too big or not Arrow IPC."""
+    try:
+        data = store.read_bytes(rel)
+        if len(data) > DEFAULT_LIMITS.max_bytes:
+            return 0
+        return read_ipc_file(data, DEFAULT_LIMITS.max_rows).num_rows
+    except (FileNotFoundError, IpcError):
+        return 0
+
+
 class Recorder(Protocol):
     """Where a quarantine is recorded: an `areal_core.events.EventLog` (events sit beside this layer)."""
 

@@ -115,48 +115,97 @@ def _rewrite(store: Store, step: int, name: str, record: dict) -> None:
     store.write_json(LAYOUT.checkpoint_file(step, checkpoint.MANIFEST_NAME), make_manifest(files, step=step))
 
 
+def admission(store: Store, bound: int = 4, written: int | None = None) -> SessionAdmission:
+    return SessionAdmission(store, "proxy-0", bound=bound, written=written, background=False)
+
+
 def test_session_admission_refuses_at_the_bound_and_reopens_when_the_trainer_settles(tmp_path):
     store = Store(str(tmp_path / "run"))
-    adm = SessionAdmission(store, "proxy-0", bound=4, poll_s=0.0)
-    assert adm.written == 0
-    adm.check()
-    adm.add_written(4)
-    with pytest.raises(TrainerBehind, match=r"4 session rows of this proxy wait to be trained \(bound 4\)"):
+    adm = admission(store)
+    adm.add_written(9)
+    adm.refresh()
+    adm.check()  # no live_settled.json: no continuous trainer reads this root (yet), nothing to wait for
+    store.write_json(LAYOUT.live_settled, {"rows": {}})  # the continuous trainer started
+    adm.refresh()
+    with pytest.raises(TrainerBehind, match=r"9 session rows of this proxy wait to be trained \(bound 4\)"):
         adm.check()
-    store.write_json(LAYOUT.live_settled, {"rows": {"proxy-1": 4}})  # another proxy's rows: no help
+    store.write_json(LAYOUT.live_settled, {"rows": {"proxy-1": 9}})  # another proxy's rows: no help
+    adm.refresh()
     with pytest.raises(TrainerBehind):
         adm.check()
-    store.write_json(LAYOUT.live_settled, {"rows": {"proxy-0": 1, "proxy-1": 4}})
+    store.write_json(LAYOUT.live_settled, {"rows": {"proxy-0": 6, "proxy-1": 9}})
+    adm.refresh()
     adm.check()
     assert adm.waiting() == 3 and adm.refused == 2
+    store.write_json(LAYOUT.live_settled, {"rows": {"proxy-0": 2}})  # a trainer restored from an older
+    adm.refresh()  # checkpoint: the latest count is taken, which only makes the proxy stricter
+    with pytest.raises(TrainerBehind):
+        adm.check()
+    store.write_json(LAYOUT.done, {"step": 4})  # the run is over: nobody will settle anything more
+    adm.refresh()
+    adm.check()
+    assert not adm.active
 
 
 @pytest.mark.parametrize(
     "damage",
-    [b"not json", b'{"rows": [1, 2]}', b'{"rows": {"proxy-0": "many"}}', b"[]", b'{"other": 1}'],
+    [
+        b"not json",
+        b'{"rows": [1, 2]}',
+        b'{"rows": {"proxy-0": "many"}}',
+        b'{"rows": {"proxy-0": 1e999}}',  # JSON's inf: int() of it would raise OverflowError
+        b'{"rows": {"proxy-0": 99999999999999999999999}}',  # would switch the bound off for good
+        b'{"rows": {"proxy-0": -3}}',
+        b'{"rows": {"proxy-0": true}}',
+        b'{"rows": {"proxy-0": 2.5}}',
+        b"[]",
+        b'{"other": 1}',
+    ],
 )
 def test_a_damaged_settled_file_keeps_the_last_count_and_never_raises_but_trainer_behind(tmp_path, damage):
     store = Store(str(tmp_path / "run"))
-    adm = SessionAdmission(store, "proxy-0", bound=4, poll_s=0.0)
-    adm.add_written(5)
+    adm = admission(store, written=5)
     store.write_json(LAYOUT.live_settled, {"rows": {"proxy-0": 2}})
+    adm.refresh()
     adm.check()
     store.write_bytes(LAYOUT.live_settled, damage)
-    assert adm.waiting() == 3  # the last good count
+    adm.refresh()
+    assert adm.waiting() == 3 and adm.active  # the last good count
     adm.add_written(1)
     with pytest.raises(TrainerBehind):
         adm.check()
 
 
-def test_a_settled_count_that_goes_backwards_is_not_believed(tmp_path):
-    """A trainer restored from an older checkpoint republishes a smaller total: the proxy keeps the
-    larger one (those rows were settled once; they are re-read and settled again, not owed twice)."""
+def test_an_unreadable_store_keeps_the_last_count(tmp_path, monkeypatch):
     store = Store(str(tmp_path / "run"))
-    adm = SessionAdmission(store, "proxy-0", bound=4, poll_s=0.0, written=6)
-    store.write_json(LAYOUT.live_settled, {"rows": {"proxy-0": 5}})
-    assert adm.waiting() == 1
-    store.write_json(LAYOUT.live_settled, {"rows": {"proxy-0": 2}})
-    assert adm.waiting() == 1
+    adm = admission(store, written=5)
+    store.write_json(LAYOUT.live_settled, {"rows": {"proxy-0": 4}})
+    adm.refresh()
+
+    def outage(*_a, **_k):
+        raise OSError("store unreachable")
+
+    monkeypatch.setattr(store, "read_json", outage)
+    adm.refresh()  # logged, never raised into a request
+    assert adm.waiting() == 1 and adm.active
+
+
+def test_the_background_thread_follows_the_trainer(tmp_path):
+    store = Store(str(tmp_path / "run"))
+    store.write_json(LAYOUT.live_settled, {"rows": {"proxy-0": 0}})
+    adm = SessionAdmission(store, "proxy-0", bound=2, poll_s=0.02, written=2)
+    try:
+        deadline = time.time() + 10
+        while not adm.active and time.time() < deadline:
+            time.sleep(0.02)
+        with pytest.raises(TrainerBehind):
+            adm.check()
+        store.write_json(LAYOUT.live_settled, {"rows": {"proxy-0": 1}})
+        while adm.settled != 1 and time.time() < deadline:
+            time.sleep(0.02)
+        adm.check()
+    finally:
+        adm.close()
 
 
 def test_a_restarted_proxy_counts_the_rows_its_shards_hold(tmp_path):
@@ -169,12 +218,12 @@ def test_a_restarted_proxy_counts_the_rows_its_shards_hold(tmp_path):
     store.write_bytes(LAYOUT.shard("graded", "proxy-0", 2), b"ARROW1 not a shard")
     write_shard(store, LAYOUT.shard("graded", "proxy-1", 0), [row(9, [0], "proxy-1")])
     assert count_written(store, "proxy-0") == 5
-    assert SessionAdmission(store, "proxy-0", bound=4).written == 5
+    assert admission(store).written == 5
 
 
 def test_the_bound_must_be_positive(tmp_path):
     with pytest.raises(ValueError, match="must be >= 1"):
-        SessionAdmission(Store(str(tmp_path)), "proxy-0", bound=0)
+        admission(Store(str(tmp_path)), bound=0)
 
 
 def test_the_proxy_answers_429_to_a_new_session_while_the_trainer_is_behind_and_serves_open_ones(tmp_path):
@@ -195,6 +244,7 @@ def test_the_proxy_answers_429_to_a_new_session_while_the_trainer_is_behind_and_
     folder = tmp_path / "model"
     save_pretrained(build_tiny_model(load_config(None, MODEL).model, len(tok), seed=1), tok, folder)
     run = Store(str(tmp_path / "run"))
+    run.write_json(LAYOUT.live_settled, {"rows": {}})  # a continuous trainer reads this root
     flags = ["--max-waiting-rows", "2", "--poll-interval-s", "0.05"]
     args = parse_args(["--model", str(folder), "--store", run.uri, "--api-key", KEY, *flags])
     with ProxyServer(build_app(args)) as server:
@@ -218,10 +268,52 @@ def test_the_proxy_answers_429_to_a_new_session_while_the_trainer_is_behind_and_
         assert "2 session rows of this proxy wait to be trained (bound 2)" in refused.value.message
         turn("long")  # an open session is never refused
         health = http.get("/health").json()
-        assert health["admission"] == {"waiting_rows": 2, "bound": 2, "refused_sessions": 1}
+        assert health["admission"] == {"active": True, "waiting_rows": 2, "bound": 2, "refused_sessions": 1}
         run.write_json(LAYOUT.live_settled, {"rows": {"proxy-0": 2}})  # the trainer caught up
         time.sleep(0.2)
         turn("c")
         assert http.post("/v1/sessions/long/end", json={"reward": 0.0}).status_code == 200
         health = http.get("/health").json()
         assert health["admission"]["waiting_rows"] == health["sessions"]["rows_written"] - 2 >= 1  # long's rows
+
+
+def test_rows_that_will_never_train_are_settled_to_the_proxy_whose_folder_held_them(tmp_path):
+    """η = 0, B·G = 4, so one unsettled row would leave the proxy refusing sessions while the trainer
+    waits for its fourth: a duplicate of a row already read, every row of a shard quarantined for its
+    values (here a reward that is not finite), and rows naming another worker in proxy-0's folder
+    are all settled to proxy-0."""
+    from areal_core.online.live_sessions import LiveSessions
+    from areal_core.protocol import encode_shard
+    from areal_core.train.checkpoint import TrainerState
+
+    store = Store(str(tmp_path / "run"))
+    cfg = load_config(None, [*MODEL, "train.batch_groups=2", "rollout.group_size=2", "train.eta=0"])
+    write_shard(store, LAYOUT.shard("graded", "proxy-0", 0), [row(0, [0]), row(1, [0], worker="elsewhere")])
+    write_shard(store, LAYOUT.shard("graded", "proxy-0", 1), [row(0, [0])])  # a copy of s0
+    bad = bytearray(encode_shard([row(2, [0]), row(3, [0])]))
+    store.write_bytes(LAYOUT.shard("graded", "proxy-0", 2), bytes(bad))
+    state = TrainerState(version=0)
+    source = LiveSessions(store, cfg, state, EventLog(None, "trainer", "0"))
+    monkey_bad_shard(store, LAYOUT.shard("graded", "proxy-0", 2))
+    assert source.next_batch(state).samples is None  # 2 rows wait: too few for a step
+    settled = store.read_json(LAYOUT.live_settled)["rows"]
+    assert settled == {"proxy-0": 3}  # the duplicate and the quarantined shard's 2 rows
+    assert state.counters.quarantined_shards == 1 and state.counters.duplicate_samples == 1
+    write_shard(store, LAYOUT.shard("graded", "proxy-0", 3), [row(4, [0]), row(5, [0])])
+    assert len(source.next_batch(state).samples) == 4
+    assert store.read_json(LAYOUT.live_settled)["rows"] == {"proxy-0": 7}  # every row proxy-0 wrote
+
+
+def monkey_bad_shard(store: Store, rel: str) -> None:
+    """Rewrite a shard with a reward column of NaN: it parses, and the trainer quarantines it."""
+    import pyarrow as pa
+
+    from areal_core.ipc_reader import read_ipc_file
+
+    table = read_ipc_file(store.read_bytes(rel), 100)
+    i = table.schema.get_field_index("reward")
+    table = table.set_column(i, "reward", pa.array([float("nan")] * table.num_rows, table.schema.field(i).type))
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    store.write_bytes(rel, sink.getvalue().to_pybytes())

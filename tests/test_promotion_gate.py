@@ -77,3 +77,40 @@ def test_a_damaged_promotion_record_is_refused_by_name(tmp_path, damage):
     store.write_bytes(LAYOUT.promotions, damage)
     with pytest.raises(ValueError, match="promotions.json"):
         PromotionGate(store, NAME, f"sqlite:///{tmp_path / 'mlflow.db'}")
+
+
+def test_a_champion_from_another_run_is_not_replaced_by_a_version_that_only_beats_this_start(tmp_path, folder):
+    from areal_core.online.registry import register_if_better
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    register_if_better(folder, NAME, uri, 0.70, None, run_name="nightly")  # champion, heldout_score 0.7000
+    nightly = champion_version(uri)
+    gate = PromotionGate(Store(str(tmp_path / "run")), NAME, uri)
+    gate.baseline(0.40)
+    assert gate.champion_score == 0.70
+    assert not gate.offer(2, 2, 0.65, folder) and champion_version(uri) == nightly
+    assert gate.offer(4, 4, 0.75, folder) and champion_version(uri) != nightly
+
+
+def test_a_failing_registry_or_a_nan_score_is_recorded_and_promotes_nothing(tmp_path, folder):
+    store = Store(str(tmp_path / "run"))
+    (tmp_path / "a-file").write_text("")  # the registry's folder cannot be created under it
+    gate = PromotionGate(store, NAME, f"sqlite:///{tmp_path / 'a-file' / 'mlflow.db'}")
+    gate.baseline(0.40)  # the registry cannot be read: the start's score stands
+    assert gate.champion_score == 0.40
+    assert not gate.offer(2, 2, 0.90, folder)
+    assert not gate.offer(4, 4, float("nan"), folder)
+    offers = store.read_json(LAYOUT.promotions)["offers"]
+    assert [o["promoted"] for o in offers] == [False, False] and all(o["error"] for o in offers)
+    assert "not a finite number" in offers[1]["error"] and offers[1]["score"] is None
+    assert PromotionGate(store, NAME, "").champion_score == 0.40  # the record still reads back
+
+
+@pytest.mark.parametrize(
+    "damage", [b'{"champion_score": NaN, "offers": []}', b'{"champion_score": true, "offers": []}']
+)
+def test_a_non_finite_score_to_beat_is_refused(tmp_path, damage):
+    store = Store(str(tmp_path / "run"))
+    store.write_bytes(LAYOUT.promotions, damage)
+    with pytest.raises(ValueError, match="is damaged"):
+        PromotionGate(store, NAME, "")

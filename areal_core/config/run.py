@@ -401,7 +401,7 @@ class OnlineConfig(ConfigModel):
         0,
         ge=0,
         description=(
-            "continuous online RL: every this many versions, score the trainer's version on the held-out split and "
+            "continuous online RL: every this many steps, score the trainer's version on the held-out split and "
             "move the registry's champion alias to it only when it wins (online/promotion.py); 0: no gate"
         ),
     )

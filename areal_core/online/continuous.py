@@ -8,7 +8,7 @@
     proxy        python -m areal_core.proxy --follow RUN/weights --store RUN --api-key ...:
                  serves each published version once verified, writes each ended session to RUN
 
-With `online.promote_every: k` every k-th version is also scored on the held-out split and becomes the
+With `online.promote_every: k` the version of every k-th step is also scored on the held-out split and becomes the
 registry's `champion` only when it wins (online/promotion.py): a proxy following the alias
 (production) moves with the gate, one following RUN/weights (research) with every version.
 
@@ -79,6 +79,8 @@ def promotion_gate(store: Store, cfg) -> dict:
     from areal_core.run.tracking import tracking_uri
 
     records = load_prompts(store, "eval")[: cfg.eval.num_samples]
+    if not records:
+        raise ValueError("online.promote_every needs held-out tasks to score versions on: the eval split is empty")
     gate = PromotionGate(store, cfg.online.model_name, tracking_uri(cfg.tracking.uri), cfg.online.min_gain)
     return {
         "evaluate": lambda model, tokenizer: heldout_score(model, tokenizer, cfg, records),

@@ -14,7 +14,8 @@ pool whose baseline is its mean reward) and rows that are not `admissible` are l
 waits until B·G rows (train.batch_groups × rollout.group_size) are pending, screens them, and
 trains the B·G oldest that survive; the rest wait for the next step.
 
-Every row read is settled once, per proxy, when it is trained, dropped or left out; the totals are
+Every row read is settled once, per proxy (the folder its shard was in), when it is trained, dropped,
+left out, a duplicate, or in a quarantined shard; the totals are
 saved with each checkpoint (`TrainerState.settled`) and published as `trainer/live_settled.json`,
 from which a serving proxy applies the admission rule to sessions (`staleness.sessions_admissible`,
 proxy/backpressure.py): when live traffic outruns the trainer, new sessions get a 429 rather than
@@ -31,7 +32,7 @@ from areal_core.events import EventLog
 from areal_core.forks import ForkRef
 from areal_core.layout import LAYOUT
 from areal_core.online.session_batches import admissible, regroup
-from areal_core.protocol import DEFAULT_LIMITS, Sample, ShardLimits
+from areal_core.protocol import DEFAULT_LIMITS, Sample, ShardLimits, shard_rows
 from areal_core.store import Store
 from areal_core.train.batch import GroupBuffer
 from areal_core.train.checkpoint import TrainerState
@@ -55,12 +56,31 @@ class LiveSessions(GradedShards):
         super().__init__(store, cfg, state, events, fork=fork, pending=pending, limits=limits)
         self.rows = cfg.train.batch_groups * cfg.rollout.group_size
         self.left_out = 0  # rows not admissible (a reward out of range, a non-finite log-prob)
-        self.settled = dict(state.settled)  # proxy worker id -> its rows trained, dropped or left out
+        self.settled = dict(state.settled)  # proxy worker id -> its rows trained, dropped, left out, lost
+        self._owner: dict[str, str] = {}  # a buffered row's identity -> the proxy whose shard held it
         self._published: dict[str, int] | None = None
 
     def _settle(self, rows: Iterable[Sample]) -> None:
         for s in rows:
-            self.settled[s.worker_id] = self.settled.get(s.worker_id, 0) + 1
+            self._settle_to(self._owner.pop(s.identity(), s.worker_id), 1)
+
+    def _settle_to(self, owner: str, n: int) -> None:
+        if n:
+            self.settled[owner] = self.settled.get(owner, 0) + n
+
+    def _add(self, rel: str, samples: list[Sample] | None) -> None:
+        """As GradedShards reads a shard, and: its rows belong to the proxy named by its folder (the
+        one that counted them as written), and rows that will never train are settled now: the
+        duplicates, and every row of a quarantined shard that parses at all."""
+        owner = rel.rsplit("/", 2)[-2]
+        before = {s.identity() for s in self.buffer.samples()}
+        super()._add(rel, samples)
+        if samples is None:
+            self._settle_to(owner, shard_rows(self.store, LAYOUT.quarantined(rel)))
+            return
+        added = {s.identity() for s in samples} & ({s.identity() for s in self.buffer.samples()} - before)
+        self._owner.update((i, owner) for i in added)
+        self._settle_to(owner, len(samples) - len(added))
 
     def _publish_settled(self) -> None:
         if self.settled != self._published:

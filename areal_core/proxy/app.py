@@ -139,6 +139,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         state.follower.stop()
     if state.sessions.writer is not None:
         state.sessions.writer.close()
+    if state.sessions.admission is not None:
+        state.sessions.admission.close()
     if state.owns_backend:
         state.backend.close()
 

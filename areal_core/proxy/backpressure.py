@@ -1,22 +1,25 @@
-"""Online mode's admission: a serving proxy that writes sessions into a run root opens no new session
-while (η + 1)·B·G of its rows wait for the trainer (`staleness.sessions_admissible`).
+"""Online mode's admission: a serving proxy that writes sessions into a continuous run's root opens no
+new session while (η + 1)·B·G of its rows wait for the trainer (`staleness.sessions_admissible`).
 
-The proxy counts the rows it writes; the trainer publishes the rows of each proxy it has settled
-(trained, dropped or left out: `trainer/live_settled.json`, online/live_sessions.py), read here at
-most every `poll_s`. A stale read only overstates what waits, so the bound is never exceeded by more
-than the rows of the sessions already open when it is reached. Sessions that are open go on: only a
-new session is refused (`TrainerBehind`, a 429 saying how many rows wait), so no request in flight
-and no turn of a live session is lost. A restarted proxy counts the rows its shards already hold.
+The proxy counts the rows it writes; the continuous trainer publishes the rows of each proxy it has
+settled (trained, dropped, left out, duplicated or quarantined: `trainer/live_settled.json`,
+online/live_sessions.py). A thread reads that file every `poll_s` (never the event loop: a slow
+store stalls no request), and `check()` only compares two numbers. The bound is applied only while
+the file exists and the run has no DONE: a run root whose trainer does not read live sessions, or
+has finished, is not one to wait for. A damaged file is logged and the last good count kept. A
+stale read only overstates what waits, so the bound is exceeded by at most the rows of the sessions
+already open when it is reached. Sessions that are open go on: only a new session is refused
+(`TrainerBehind`, a 429 saying how many rows wait), so no request in flight and no turn of a live
+session is lost. A restarted proxy counts the rows its shards already hold.
 """
 
 from __future__ import annotations
 
 import logging
-import time
+import threading
 
-from areal_core.ipc_reader import IpcError, read_ipc_file
 from areal_core.layout import LAYOUT
-from areal_core.protocol import DEFAULT_LIMITS
+from areal_core.protocol import shard_rows
 from areal_core.proxy.sessions import SessionProblem
 from areal_core.staleness import sessions_admissible
 from areal_core.store import Store
@@ -35,42 +38,83 @@ class TrainerBehind(SessionProblem):
         self.waiting, self.bound = waiting, bound
 
 
+def parse_settled(record: object, worker_id: str) -> int:
+    """The settled rows of `worker_id` in a live_settled.json record; ValueError for anything but
+    {"rows": {worker: non-negative int}} (a float, a bool, a huge number written by someone else)."""
+    rows = record.get("rows") if isinstance(record, dict) else None
+    if not isinstance(rows, dict):
+        raise ValueError(f"expected {{'rows': {{worker: count}}}}, got {str(record)[:100]}")
+    value = rows.get(worker_id, 0)
+    if type(value) is not int or not 0 <= value < 2**53:
+        raise ValueError(f"rows of {worker_id!r} must be a non-negative integer, not {str(value)[:40]}")
+    return value
+
+
 class SessionAdmission:
     """`check()` before a new session: raises `TrainerBehind` while `bound` rows wait."""
 
-    def __init__(self, store: Store, worker_id: str, bound: int, poll_s: float = 1.0, written: int | None = None):
+    def __init__(
+        self,
+        store: Store,
+        worker_id: str,
+        bound: int,
+        poll_s: float = 1.0,
+        written: int | None = None,
+        background: bool = True,
+    ):
         if bound < 1:
             raise ValueError(f"the bound on waiting session rows must be >= 1, not {bound}")
         self.store, self.worker_id, self.bound, self.poll_s = store, worker_id, bound, poll_s
         self.written = count_written(store, worker_id) if written is None else written
         self.settled = 0
+        self.active = False  # a continuous trainer publishes settled rows, and the run is not DONE
         self.refused = 0
-        self._read_at = -float("inf")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True, name="admission") if background else None
+        if self._thread is not None:
+            self._thread.start()
 
     def add_written(self, rows: int) -> None:
         self.written += rows
 
-    def _refresh(self) -> None:
-        if time.monotonic() - self._read_at < self.poll_s:
-            return
-        self._read_at = time.monotonic()
+    def refresh(self) -> None:
+        """Read the trainer's settled rows (the thread does, every poll_s); never raises."""
         try:
-            rows = self.store.read_json(LAYOUT.live_settled)["rows"]
-            self.settled = max(self.settled, int(rows.get(self.worker_id, 0)))
+            if self.store.exists(LAYOUT.done):
+                self.active = False
+                return
+            record = self.store.read_json(LAYOUT.live_settled)
         except FileNotFoundError:
+            self.active = False
             return
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a damaged file: keep the last count
+        except Exception as exc:  # noqa: BLE001 - the store is out or the file is not JSON: keep the last count
             log.warning("%s unreadable (%s); admission keeps %d settled rows", LAYOUT.live_settled, exc, self.settled)
+            return
+        try:
+            self.settled = parse_settled(record, self.worker_id)
+            self.active = True
+        except ValueError as exc:
+            log.warning("%s damaged (%s); admission keeps %d settled rows", LAYOUT.live_settled, exc, self.settled)
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            self.refresh()
+            self._stop.wait(self.poll_s)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
 
     def waiting(self) -> int:
-        self._refresh()
         return max(0, self.written - self.settled)
 
     def check(self) -> None:
-        waiting = self.waiting()
-        if waiting >= self.bound:
+        if not self.active:
+            return
+        if sessions_admissible(self.written, self.settled, 0, self.bound) == 0:
             self.refused += 1
-            raise TrainerBehind(waiting, self.bound)
+            raise TrainerBehind(self.waiting(), self.bound)
 
 
 def count_written(store: Store, worker_id: str) -> int:
@@ -81,18 +125,6 @@ def count_written(store: Store, worker_id: str) -> int:
         for rel in store.find(LAYOUT.shard_dir(stage, worker_id), ".arrow"):
             names[rel.rsplit("/", 1)[-1]] = rel
     return sum(shard_rows(store, rel) for rel in names.values())
-
-
-def shard_rows(store: Store, rel: str) -> int:
-    """The rows of one shard, read as the trainer reads it (bounded); 0 for one that does not parse
-    (the trainer quarantines it, and it holds no row that can wait)."""
-    try:
-        data = store.read_bytes(rel)
-        if len(data) > DEFAULT_LIMITS.max_bytes:
-            return 0
-        return read_ipc_file(data, DEFAULT_LIMITS.max_rows).num_rows
-    except (FileNotFoundError, IpcError):
-        return 0
 
 
 def admission_bound(eta: int, batch_rows: int) -> int:

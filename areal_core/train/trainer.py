@@ -280,6 +280,10 @@ class Trainer:
         model = self.full_model()  # collective
         if model is None:
             return 0.0
+        return self.score(model)
+
+    def score(self, model: torch.nn.Module) -> float:
+        """The injected held-out score of `model` (an unsharded model on rank 0; not collective)."""
         return self._evaluate(model, self.tokenizer)
 
     def finish(self) -> None:

@@ -20,7 +20,12 @@ async def health(state: State) -> dict:
         "sessions": dict(state.sessions.counters),
     }
     if (adm := state.sessions.admission) is not None:  # online mode: rows waiting for the trainer, and refusals
-        out["admission"] = {"waiting_rows": adm.waiting(), "bound": adm.bound, "refused_sessions": adm.refused}
+        out["admission"] = {
+            "active": adm.active,
+            "waiting_rows": adm.waiting(),
+            "bound": adm.bound,
+            "refused_sessions": adm.refused,
+        }
     if state.follower is not None:  # the serving version, what it holds, and whether the source is still followed
         out["serving"] = state.follower.describe()
         out["ok"] = state.follower.healthy()
