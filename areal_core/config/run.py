@@ -157,11 +157,12 @@ class RolloutConfig(ConfigModel):
     group_size: Int = Field(8, ge=2, description="samples per prompt (>= 2 for group-relative advantages)")
     max_batch_groups: Int = Field(8, gt=0, description="groups generated together in one engine batch")
     max_new_tokens: Int = Field(24, gt=0, description="longest response (per turn for agents)")
-    dtype: Literal["float32", "bfloat16"] = Field(
+    dtype: Literal["float32", "bfloat16", "auto"] = Field(
         "float32",
         description=(
-            "built-in engines' weight dtype (bfloat16: faster decoding on CPUs with avx512_bf16; behaviour log-probs "
-            "then differ slightly from the trainer's)"
+            "built-in engines' weight dtype (bfloat16: faster decoding on CPUs with avx512_bf16 or AMX, emulated and "
+            "slow on AVX2-only CPUs; auto: bfloat16 where it is fast; behaviour log-probs then differ slightly from "
+            "the trainer's)"
         ),
     )
     temperature: Float = Field(1.0, ge=0, description="sampling temperature (the trainer's log-probs use the same)")
@@ -346,9 +347,12 @@ class TrainConfig(ConfigModel):
         0, ge=0, description="LoRA rank r (0: full fine-tuning); >0 trains and publishes only the adapter"
     )
     lora_alpha: Float = Field(16.0, gt=0, description="LoRA scale numerator: updates are (alpha / r)·B·A")
-    bf16_autocast: Bool = Field(
+    bf16_autocast: Bool | Literal["auto"] = Field(
         False,
-        description="the trainer's forward and backward passes under bf16 autocast (weights and optimizer stay fp32)",
+        description=(
+            "the trainer's forward and backward passes under bf16 autocast (weights and optimizer stay fp32); auto: "
+            "on accelerators and CPUs with avx512_bf16 or AMX only"
+        ),
     )
 
     @model_validator(mode="after")

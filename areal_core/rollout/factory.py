@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from areal_core.config import RunConfig
+from areal_core.config.device import use_bf16
 from areal_core.layout import LAYOUT
 from areal_core.models import load_pretrained
 from areal_core.store import Store
@@ -41,8 +42,14 @@ def build_engine(cfg: RunConfig, store: Store, version: int, index: int = 0) -> 
         return build_remote_engine(cfg, store, version, tokenizer.eos_token_id, index), tokenizer
     model, tokenizer = load_pretrained(store.url(LAYOUT.init_model), cfg.device)
     model.load_state_dict(load_state_dict(store, version), strict=False)
-    model.to(getattr(torch, cfg.rollout.dtype))  # later versions are cast as they are loaded
+    model.to(rollout_dtype(cfg))  # later versions are cast as they are loaded
     return build_local_engine(cfg, model, tokenizer, version, seed=cfg.seed * 7919 + index), tokenizer
+
+
+def rollout_dtype(cfg: RunConfig) -> Any:
+    """The built-in engines' weight dtype: rollout.dtype, with "auto" bfloat16 only where it is fast."""
+    choice = {"bfloat16": True, "float32": False}.get(cfg.rollout.dtype, "auto")
+    return torch.bfloat16 if use_bf16(choice, cfg.device) else torch.float32
 
 
 def build_local_engine(cfg: RunConfig, model: Any, tokenizer: Any, version: int, seed: int) -> Any:

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import torch
 
 from areal_core.config import RunConfig
+from areal_core.config.device import use_bf16
 from areal_core.events import EventLog
 from areal_core.layout import LAYOUT
 from areal_core.models import load_pretrained, save_pretrained
@@ -82,6 +83,7 @@ class Trainer:
         self.ev = events or EventLog(None, "trainer", "0")
         self.tracker = tracker if self.dist.is_main else None
         self._evaluate, self._guard, self._check_finite, self._on_step = evaluate, guard, check_finite, on_step
+        self._bf16 = use_bf16(cfg.train.bf16_autocast, cfg.device)  # "auto": only where bf16 is fast
         self._unaudited: tuple[list[Sample], list[Sample]] = ([], [])  # drops while waiting: in the next record
         self._full_copy: torch.nn.Module | None = None  # rank 0's unsharded model for eval / final_model
         self.metrics_file = MetricsFile(store, self.state.step) if self.dist.is_main else None
@@ -176,7 +178,7 @@ class Trainer:
         abandoned = abandoned or []
         lr = set_lr(self.optimizer, cfg.train, st.step)
         t0 = time.perf_counter()
-        with self.ev.span("train"), torch.autocast(cfg.device, torch.bfloat16, enabled=cfg.train.bf16_autocast):
+        with self.ev.span("train"), torch.autocast(cfg.device, torch.bfloat16, enabled=self._bf16):
             metrics = train_step(
                 self.model,
                 self.optimizer,
