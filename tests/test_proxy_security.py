@@ -18,6 +18,7 @@ import torch
 from areal_core.config import ModelConfig
 from areal_core.models import build_tiny_model, build_tokenizer
 from areal_core.proxy.app import create_app
+from areal_core.proxy.backpressure import SessionAdmission, TrainerBehind
 from areal_core.proxy.examples import ScriptedEngine
 from areal_core.proxy.guard import ProxyLimits
 from areal_core.proxy.routes.errors import SESSION_ANSWERS, answer_for
@@ -34,6 +35,7 @@ from areal_core.proxy.sessions import (
     session_id_for_key,
 )
 from areal_core.rollout.torch_engine import TorchEngine
+from areal_core.store import Store
 
 KEY_A, KEY_B = "sk-alice", "sk-bob"
 USER = [{"role": "user", "content": "Ann has 3 pens"}]
@@ -306,6 +308,9 @@ PROBLEMS = [
      openai.RateLimitError),
     ("quota", TooManySessions, lambda a, b: _filled(a, b, lambda: (_turn(b, "p"), _turn(b, "q"))),
      429, "rate_limit_error", "too_many_sessions", "too many live sessions (limit 3)", openai.RateLimitError),
+    ("trainer-behind", TrainerBehind, lambda a, b: _turn(a, "p"),
+     429, "rate_limit_error", "trainer_behind", "the trainer is behind: 1 session rows of this proxy wait to be "
+     "trained (bound 1); retry the session later", openai.RateLimitError),
 ]  # fmt: skip
 
 
@@ -318,16 +323,26 @@ def test_every_session_problem_has_one_answer():
         assert SESSION_ANSWERS[problem][:3] == (status, kind, code), problem
     assert all(a.status != 403 for a in SESSION_ANSWERS.values())  # no answer says "exists, not yours"
     assert answer_for(SessionProblem("new")).status == 500  # a problem without a row is the server's own fault
-    for module in ("sessions", "manager", "segments"):  # the domain speaks no HTTP: no status code, no web framework
+    for module in (
+        "sessions",
+        "manager",
+        "segments",
+        "backpressure",
+    ):  # the domain speaks no HTTP: no status code, no web framework
         source = (Path(__file__).parent.parent / "areal_core" / "proxy" / f"{module}.py").read_text()
         assert not re.search(r"\b(?:200|[45]\d\d)\b|fastapi|starlette", source), module
 
 
 @pytest.mark.parametrize("case", PROBLEMS, ids=[c[0] for c in PROBLEMS])
-def test_each_session_problem_is_its_status_and_error_type(tok, case):
-    _, _, provoke, status, kind, code, message, sdk_error = case
+def test_each_session_problem_is_its_status_and_error_type(tok, case, tmp_path):
+    _, problem, provoke, status, kind, code, message, sdk_error = case
     limits = ProxyLimits(max_sessions=3, max_sessions_per_key=2)
-    app = create_app(ScriptedEngine(tok, lambda _: "ok"), tok, api_keys=[KEY_A, KEY_B], limits=limits)
+    admission = None
+    if problem is TrainerBehind:  # online mode: one row of this proxy waits, the bound is one
+        admission = SessionAdmission(Store(str(tmp_path)), "proxy-0", bound=1, written=1, background=False)
+        admission.active = True
+    engine = ScriptedEngine(tok, lambda _: "ok")
+    app = create_app(engine, tok, api_keys=[KEY_A, KEY_B], limits=limits, admission=admission)
     with ProxyServer(app) as s, pytest.raises(sdk_error) as exc:
         provoke(sdk(s, KEY_A), sdk(s, KEY_B))
     assert exc.value.status_code == status

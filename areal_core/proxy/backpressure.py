@@ -9,7 +9,7 @@ the file exists and the run has no DONE: a run root whose trainer does not read 
 has finished, is not one to wait for. A damaged file is logged and the last good count kept. A
 stale read only overstates what waits, so the bound is exceeded by at most the rows of the sessions
 already open when it is reached. Sessions that are open go on: only a new session is refused
-(`TrainerBehind`, a 429 saying how many rows wait), so no request in flight and no turn of a live
+(`TrainerBehind`, saying how many rows wait; routes/errors.py answers it), so no request in flight and no turn of a live
 session is lost. A restarted proxy counts the rows its shards already hold.
 """
 
