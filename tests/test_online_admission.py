@@ -317,3 +317,20 @@ def monkey_bad_shard(store: Store, rel: str) -> None:
     with pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)
     store.write_bytes(rel, sink.getvalue().to_pybytes())
+
+
+def test_a_proxy_writing_into_a_fork_starts_after_the_parent_s_shards(tmp_path):
+    """The fork's trainer starts from the parent's consumed list: a session shard named like one of
+    the parent's would never be read. The writer starts after the fork cursor of its worker."""
+    from areal_core.forks import ForkRef, WorkerCursor, write_fork
+    from areal_core.proxy.shards import ShardWriter
+
+    child = Store(str(tmp_path / "child"))
+    ref = ForkRef("file:///parent", 3, 3, {}, {"proxy-0": WorkerCursor(next_seq=7, groups=[])})
+    write_fork(child, ref)
+    writer = ShardWriter(child, "proxy-0")
+    try:
+        assert writer.write([row(0, [3])]) == [LAYOUT.shard("graded", "proxy-0", 7)]
+        assert ShardWriter(child, "proxy-1").seq == 0  # a worker the parent never had
+    finally:
+        writer.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 from areal_core.events import EventLog
+from areal_core.forks import read_fork
 from areal_core.layout import LAYOUT
 from areal_core.protocol import Sample, write_shard
 from areal_core.store import Store
@@ -14,7 +15,8 @@ class ShardWriter:
     """Writes each finished session as one shard under the proxy's worker id (online mode).
 
     Rows with a reward go to the graded stage, others to the ungraded stage for the
-    reward workers. Sequence numbers continue after the worker's existing shards. The writer
+    reward workers. Sequence numbers continue after the worker's existing shards (in a fork, after
+    the parent's too: `lineage` names where the parent's worker stopped). The writer
     holds the proxy's event log (`count` records of completions and tokens); `close()` ends it.
     """
 
@@ -27,7 +29,10 @@ class ShardWriter:
             for p in store.find(LAYOUT.shard_dir(stage, worker_id), ".arrow")
             if (seq := LAYOUT.shard_seq(p)) is not None  # a copied or renamed shard holds no position
         ]
-        self.seq = max(seqs) + 1 if seqs else 0
+        cursor = fork.workers.get(worker_id) if (fork := read_fork(store)) is not None else None
+        # in a fork, after every shard the parent's worker wrote: a path the parent's checkpoint consumed
+        # would never be read by the fork's trainer
+        self.seq = max([*seqs, (cursor.next_seq - 1) if cursor else -1]) + 1
         self.events = EventLog(store, "proxy", worker_id.rsplit("-", 1)[-1])
 
     def write(self, samples: list[Sample]) -> list[str]:
