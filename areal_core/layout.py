@@ -272,6 +272,11 @@ class Layout:
         return parts[-2], int(parts[-1].split(".")[0])
 
     @staticmethod
+    def shard_worker(rel: str) -> str:
+        """The worker whose folder holds shard `rel`, whatever the file is named."""
+        return rel.rsplit("/", 2)[-2]
+
+    @staticmethod
     def shard_seq(rel: str) -> int | None:
         """The sequence number a writer gave shard `rel` ('.../00000041.arrow' -> 41); None for
         any other name the store holds ('copy-of-1.arrow', '1 (2).arrow'): readers keep such a

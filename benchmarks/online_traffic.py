@@ -176,6 +176,7 @@ def summarize(sim: dict[str, Any], store, t_start: float) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from areal_core.layout import LAYOUT
     from areal_core.logs import setup_logging
     from areal_core.prompts import load_prompts
     from areal_core.run import pipeline
@@ -220,9 +221,9 @@ def main(argv: list[str] | None = None) -> None:
         stderr=subprocess.STDOUT,
     )  # fmt: skip
     proxy_cmd = [
-        *(sys.executable, "-m", "areal_core.proxy", "--follow", store.url("weights"), "--store", run_uri),
+        *(sys.executable, "-m", "areal_core.proxy", "--follow", store.url(LAYOUT.weights_root), "--store", run_uri),
         *("--engine", args.engine, "--port", str(port), "--threads", "1", "--poll-interval-s", "0.5"),
-        *("--config", str(root / "run" / "config.yaml"), "--default-max-tokens", "40", "--tool-prompt", "none"),
+        *("--config", str(root / "run" / LAYOUT.config), "--default-max-tokens", "40", "--tool-prompt", "none"),
         *(a for k in keys for a in ("--api-key", k)),
     ]
     proxy = subprocess.Popen(proxy_cmd, env=env, stdout=open(logs / "proxy.log", "w"), stderr=subprocess.STDOUT)

@@ -22,7 +22,7 @@ import platform
 import sys
 from pathlib import Path
 
-from benchmarks.vs_trl import run_ours, sft_checkpoint
+from benchmarks.vs_trl import our_overrides, run_ours, sft_checkpoint
 from benchmarks.weight_transfer import start_moto
 
 JOBS: dict[str, list[str]] = {
@@ -44,13 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
     setup_logging()
-    base = [
-        "tracking.enabled=false",
-        "launcher.progress=false",
-        f"train.steps={args.steps}",
-        f"train.eval_every={args.eval_every}",
-        *args.overrides,
-    ]
+    base = our_overrides(args.steps, args.eval_every, args.overrides)
     init = sft_checkpoint(args.root, ["tracking.enabled=false", "launcher.progress=false"])
     moto, results = None, []
     try:

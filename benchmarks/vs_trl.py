@@ -52,6 +52,17 @@ def sft_checkpoint(root: str, overrides: list[str]) -> str:
     return pipeline.sft(uri)
 
 
+def our_overrides(steps: int, eval_every: int, extra: list[str]) -> list[str]:
+    """The overrides of every run of ours: no tracking, no progress bar, the steps and evaluation cadence."""
+    return [
+        "tracking.enabled=false",
+        "launcher.progress=false",
+        f"train.steps={steps}",
+        f"train.eval_every={eval_every}",
+        *extra,
+    ]
+
+
 def run_ours(root: str, init: str, seed: int, args: argparse.Namespace, base: list[str]) -> dict:
     from areal_core.context import load_run_config
     from areal_core.run import pipeline
@@ -239,13 +250,7 @@ def main() -> None:
     from areal_core.logs import setup_logging
 
     setup_logging()
-    base = [
-        "tracking.enabled=false",
-        "launcher.progress=false",
-        f"train.steps={args.steps}",
-        f"train.eval_every={args.eval_every}",
-        *args.overrides,
-    ]
+    base = our_overrides(args.steps, args.eval_every, args.overrides)
     init = sft_checkpoint(args.root, ["tracking.enabled=false", "launcher.progress=false"])
     rows = []
     for seed in args.seeds:

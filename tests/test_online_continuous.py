@@ -7,7 +7,6 @@ import asyncio
 
 import httpx
 import pytest
-import torch
 
 from areal_core.config import load_config
 from areal_core.layout import LAYOUT
@@ -17,15 +16,7 @@ from areal_core.proxy.sessions import session_id_for_key
 from areal_core.store import Store
 from datasets.arithmetic import generate
 from tests.test_flyte import serialize
-from tests.test_online import MODEL
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+from tests.test_online import MODEL, one_torch_thread  # noqa: F401 - the autouse fixture: one torch thread
 
 
 # ---------------------------------------------------------------------------------------------

@@ -72,7 +72,7 @@ class LiveSessions(GradedShards):
         """As GradedShards reads a shard, and: its rows belong to the proxy named by its folder (the
         one that counted them as written), and rows that will never train are settled now: the
         duplicates, and every row of a quarantined shard that parses at all."""
-        owner = rel.rsplit("/", 2)[-2]
+        owner = LAYOUT.shard_worker(rel)
         before = {s.identity() for s in self.buffer.samples()}
         super()._add(rel, samples)
         if samples is None:

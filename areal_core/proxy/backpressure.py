@@ -118,13 +118,12 @@ class SessionAdmission:
 
 
 def count_written(store: Store, worker_id: str) -> int:
-    """Rows in the proxy's shards, graded and ungraded, where a graded shard has an ungraded twin
-    only once (the reward pool writes the graded copy under the same name)."""
-    names: dict[str, str] = {}
-    for stage in ("ungraded", "graded"):
-        for rel in store.find(LAYOUT.shard_dir(stage, worker_id), ".arrow"):
-            names[rel.rsplit("/", 1)[-1]] = rel
-    return sum(shard_rows(store, rel) for rel in names.values())
+    """Rows in the proxy's shards, graded and ungraded, a graded shard and its ungraded twin (the
+    reward pool's graded copy of it) counted once."""
+    graded = store.find(LAYOUT.shard_dir("graded", worker_id), ".arrow")
+    twins = {LAYOUT.ungraded_twin(rel) for rel in graded}
+    ungraded = [rel for rel in store.find(LAYOUT.shard_dir("ungraded", worker_id), ".arrow") if rel not in twins]
+    return sum(shard_rows(store, rel) for rel in [*graded, *ungraded])
 
 
 def admission_bound(eta: int, batch_rows: int) -> int:
