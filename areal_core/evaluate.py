@@ -1,5 +1,7 @@
 """Held-out evaluation: greedy accuracy (the task verifier over greedy completions of the
-built-in engine), or for agent runs the agent's success rate through an in-process proxy."""
+built-in engine), or for agent runs the agent's success rate through an in-process proxy. A
+vision-language model answers each held-out question with its images (`meta.image_ids`, read by
+id from `images`)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,9 @@ from areal_core.models import chat_prompt
 from areal_core.reward.pool import DEFAULT_REWARD, RewardPool
 from areal_core.rollout.engine import SamplingParams
 from areal_core.rollout.torch_engine import TorchEngine
+from areal_core.vlm.images import ImageCache
+from areal_core.vlm.processor import VisionProcessor
+from areal_core.vlm.records import record_image_ids
 
 
 @torch.no_grad()
@@ -23,11 +28,13 @@ def greedy_accuracy(
     reward_fn: str = DEFAULT_REWARD,
     timeout_s: float = 30.0,
     system: str = "",
+    images: ImageCache | None = None,
 ) -> float:
     """Mean verifier score of greedy completions (for math: the fraction answered correctly).
 
     `reward_fn` is an import path; every call runs in a RewardPool process with `timeout_s`
-    (a call past it is killed and scores 0), as in the reward workers."""
+    (a call past it is killed and scores 0), as in the reward workers. `images`: where the
+    records' images are read (a VLM, whose processor `tokenizer` is)."""
     if not records:
         raise ValueError("no held-out records to evaluate")
     was_training = model.training
@@ -37,7 +44,11 @@ def greedy_accuracy(
     with RewardPool(reward_fn, size=1, timeout_s=timeout_s, retries=0) as pool:
         for start in range(0, len(records), batch_size):
             chunk = records[start : start + batch_size]
-            gens = engine.generate([chat_prompt(tokenizer, r["prompt"], system) for r in chunk], params)
+            prompts, mm = zip(*(encode(tokenizer, r, system, images) for r in chunk))
+            if any(m is not None for m in mm):
+                gens = engine.generate(list(prompts), params, mm=list(mm))
+            else:
+                gens = engine.generate(list(prompts), params)
             jobs = [
                 {
                     "completion": tokenizer.decode(g.token_ids, skip_special_tokens=True),
@@ -49,6 +60,16 @@ def greedy_accuracy(
             correct += sum(res.reward for res in pool.grade(jobs))
     model.train(was_training)
     return correct / len(records)
+
+
+def encode(tokenizer, record: dict[str, Any], system: str, images: ImageCache | None) -> tuple[list[int], Any]:
+    """The record's prompt ids in the chat template and its images as MMInputs (None: a text prompt)."""
+    ids = record_image_ids(record)
+    if not ids:
+        return chat_prompt(tokenizer, record["prompt"], system), None
+    if not isinstance(tokenizer, VisionProcessor) or images is None:
+        raise ValueError(f"held-out prompt {record.get('prompt_id')!r} has images: evaluate a VLM with its images")
+    return tokenizer.encode(record["prompt"], images.load(ids), system)
 
 
 def agent_success(model, tokenizer, agent: str, records: list[dict[str, Any]], max_new_tokens: int, **kw: Any) -> float:
@@ -70,9 +91,9 @@ def agent_success(model, tokenizer, agent: str, records: list[dict[str, Any]], m
         model.train(was_training)
 
 
-def heldout_score(model, tokenizer, cfg: Any, records: list[dict[str, Any]]) -> float:
+def heldout_score(model, tokenizer, cfg: Any, records: list[dict[str, Any]], images: ImageCache | None = None) -> float:
     """The run's held-out metric: agent success when `rollout.agent` is set, else greedy accuracy
-    under the configured verifier."""
+    under the configured verifier (`images`: the run's, for a VLM)."""
     if cfg.rollout.agent:
         return agent_success(
             model,
@@ -93,4 +114,5 @@ def heldout_score(model, tokenizer, cfg: Any, records: list[dict[str, Any]]) -> 
         cfg.reward.function or DEFAULT_REWARD,
         cfg.reward.timeout_s,
         cfg.task.system_prompt,
+        images,
     )

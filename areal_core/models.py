@@ -86,18 +86,23 @@ def chat_prompt(tokenizer: Any, question: str, system: str = "") -> list[int]:
 
 def load_pretrained(path: str, device: str = "cpu") -> tuple[Any, Any]:
     """(model, tokenizer) from a local folder or an fsspec URI of an HF checkpoint, checked against
-    its MANIFEST.json when it has one (init_model/ does: areal_core/manifest.py)."""
+    its MANIFEST.json when it has one (init_model/ does: areal_core/manifest.py). A vision-language
+    folder gives its VisionProcessor as the tokenizer (it answers as one, and holds the image processor)."""
     from areal_core.logs import quiet_libraries
     from areal_core.manifest import verify_local_dir
 
     quiet_libraries()
     local = localize(path)
     verify_local_dir(local)
-    tokenizer = AutoTokenizer.from_pretrained(local)
-    auto = AutoModelForCausalLM
     if "vision_config" in json.loads((Path(local) / "config.json").read_text()):  # model.kind vlm (docs/vlm.md)
-        from transformers import AutoModelForImageTextToText as auto
-    model = auto.from_pretrained(local, dtype=torch.float32).to(device)
+        from transformers import AutoModelForImageTextToText
+
+        from areal_core.vlm.processor import VisionProcessor
+
+        model = AutoModelForImageTextToText.from_pretrained(local, dtype=torch.float32).to(device)
+        return model, VisionProcessor.from_pretrained(local)  # the tokenizer, and the image processor
+    tokenizer = AutoTokenizer.from_pretrained(local)
+    model = AutoModelForCausalLM.from_pretrained(local, dtype=torch.float32).to(device)
     return model, tokenizer
 
 

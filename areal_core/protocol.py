@@ -178,6 +178,7 @@ class ShardLimits:
     max_tokens: int = 1 << 17  # per sample; the trainer lowers it to the model's context
     vocab_size: int | None = None
     max_version: int | None = None
+    vision_token_ids: tuple[int, ...] = ()  # a VLM's placeholder tokens: prompt-only, never a policy token
 
 
 DEFAULT_LIMITS = ShardLimits()
@@ -186,7 +187,8 @@ PER_TOKEN = ("loss_mask", "behav_logprobs", "versions")
 
 def _check_table(table: pa.Table, limits: ShardLimits) -> None:
     """The per-token invariants, vectorised before a row becomes Python objects: equal lengths,
-    at most `max_tokens` tokens, token ids in [0, vocab), policy-token versions in [0, max_version]."""
+    at most `max_tokens` tokens, token ids in [0, vocab), policy-token versions in [0, max_version],
+    no vision placeholder among the policy tokens (a VLM's image tokens belong to the prompt)."""
     if table.num_rows == 0:
         return
     lengths = pc.list_value_length(table["input_ids"])
@@ -214,6 +216,10 @@ def _check_table(table: pa.Table, limits: ShardLimits) -> None:
         newest = limits.max_version
         if vlo.as_py() < 0 or (newest is not None and vhi.as_py() > newest):
             raise ShardError(f"policy-token versions span [{vlo}, {vhi}], outside [0, {newest}]")
+    if limits.vision_token_ids:
+        placed = pc.is_in(pc.filter(ids, policy), pa.array(limits.vision_token_ids, pa.int32()))
+        if pc.any(placed).as_py():
+            raise ShardError(f"a policy token is a vision placeholder {list(limits.vision_token_ids)}")
 
 
 def decode_shard(data: bytes, limits: ShardLimits = DEFAULT_LIMITS) -> list[Sample]:

@@ -451,3 +451,21 @@ class RunConfig(ConfigModel):
         if self.rollout.agent and self.train.eval_every:
             raise Invalid("train.eval_every", "must be 0 with rollout.agent (the evaluate step measures agent success)")
         return self
+
+    @model_validator(mode="after")
+    def _vlm_runs(self) -> Self:
+        """What a vision-language run cannot do yet (docs/vlm.md), refused before any work starts."""
+        if self.model.kind != "vlm":
+            return self
+        if self.rollout.engine != "torch":
+            raise Invalid(
+                "rollout.engine",
+                f"must be torch with model.kind vlm: the {self.rollout.engine} engine takes no images (docs/vlm.md)",
+            )
+        if self.train.packing:
+            raise Invalid("train.packing", "must be false with model.kind vlm: image batches run unpacked")
+        if self.train.nproc_per_node > 1:
+            raise Invalid("train.nproc_per_node", "must be 1 with model.kind vlm: image batches train on one rank")
+        if self.rollout.agent:
+            raise Invalid("rollout.agent", "must be empty with model.kind vlm: agent sessions are text-only")
+        return self

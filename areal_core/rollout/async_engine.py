@@ -6,7 +6,8 @@ thread-safe, so one thread runs it: the calls made in one step of an event loop 
 a worker starts together) and those waiting while the engine is busy, with the same sampling
 settings apart from max_new_tokens, go into one `generate` call run to the largest
 max_new_tokens and cut back per call; every caller of that batch is woken in the same loop
-step. While idle, the thread installs staged weight versions.
+step. While idle, the thread installs staged weight versions. A vision-language prompt brings
+its images as one MMInputs (`mm`, None for a text prompt), passed through to the torch engine.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class _Call:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
     queued_at: float
+    mm: list[Any] | None = None  # one MMInputs (or None) per prompt
 
 
 def _key(p: SamplingParams) -> tuple:
@@ -79,8 +81,17 @@ class AsyncEngine:
     def health(self) -> dict:
         return {**self.engine.health(), "batching": dict(self.stats)}
 
-    async def agenerate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+    async def agenerate(
+        self, prompts: list[list[int]], params: SamplingParams, mm: list[Any] | None = None
+    ) -> list[Generation]:
+        """`mm`: one MMInputs (or None) per prompt: a vision-language model's images."""
+        if mm is not None and len(mm) != len(prompts):
+            raise ValueError(f"{len(mm)} image inputs for {len(prompts)} prompts")
+        if mm is not None and all(m is None for m in mm):
+            mm = None
         if self.remote:
+            if mm is not None:
+                raise ValueError(f"{type(self.engine).__name__} takes no images (docs/vlm.md)")
             return list(await self.engine.agenerate(prompts, params))
         if self._thread is None:
             raise RuntimeError("the engine is closed")
@@ -88,7 +99,7 @@ class AsyncEngine:
         fut = loop.create_future()
         with self._lock:  # calls made in one step of a loop reach the engine thread together
             calls = self._pending.setdefault(loop, [])
-            calls.append(_Call([list(p) for p in prompts], params, loop, fut, time.perf_counter()))
+            calls.append(_Call([list(p) for p in prompts], params, loop, fut, time.perf_counter(), mm))
             if len(calls) == 1:
                 loop.call_soon(self._flush, loop)
         return await fut
@@ -149,9 +160,14 @@ class AsyncEngine:
     def _run(self, batch: list[_Call]) -> None:
         params = replace(batch[0].params, max_new_tokens=max(c.params.max_new_tokens for c in batch))
         flat = [p for c in batch for p in c.prompts]
+        images = any(c.mm is not None for c in batch)
         t0 = time.perf_counter()
         try:
-            gens = self.engine.generate(flat, params)
+            if images:  # only the torch engine takes `mm` (config: a VLM runs on it)
+                mm = [m for c in batch for m in (c.mm or [None] * len(c.prompts))]
+                gens = self.engine.generate(flat, params, mm=mm)
+            else:
+                gens = self.engine.generate(flat, params)
         except Exception as exc:  # noqa: BLE001 - handed to every caller of the batch
             outcomes: list[tuple[asyncio.Future, Any]] = [(c.future, exc) for c in batch]
         else:

@@ -1,33 +1,61 @@
 """Single-turn generation: `rollout.group_size` completions of one prompt in the chat template,
-ungraded (the reward workers run the task's verifier)."""
+ungraded (the reward workers run the task's verifier). A prompt with images (`meta.image_ids`,
+a vision-language run) is encoded by the model's processor and generated with its images; its
+samples name them in `image_ids`."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any
 
 from areal_core.models import chat_prompt
 from areal_core.protocol import Sample
 from areal_core.rollout.workflow import RolloutWorkflow, WorkflowContext
+from areal_core.vlm.processor import MMInputs, VisionProcessor
+from areal_core.vlm.records import record_image_ids
+
+MM_CACHE = 64  # prompts whose pixel values are kept (a group's rows share one)
 
 
 class SingleTurnWorkflow(RolloutWorkflow):
     def __init__(self, ctx: WorkflowContext):
         self.tokenizer = ctx.tokenizer
+        self.images = ctx.images
         self.system = ctx.cfg.task.system_prompt
         self.group_size = ctx.cfg.rollout.group_size
         self.params = ctx.sampling()
         self._prompt_ids: dict[str, list[int]] = {}
+        self._mm: OrderedDict[str, MMInputs] = OrderedDict()
 
     def prompt_ids(self, task: dict[str, Any]) -> list[int]:
-        key = task["prompt_id"]
-        if key not in self._prompt_ids:
-            self._prompt_ids[key] = chat_prompt(self.tokenizer, task["prompt"], self.system)
-        return self._prompt_ids[key]
+        return self.encode(task)[0]
+
+    def encode(self, task: dict[str, Any]) -> tuple[list[int], MMInputs | None]:
+        """The prompt's token ids (vision tokens included) and its images as model inputs (None: text)."""
+        key, ids = task["prompt_id"], record_image_ids(task)
+        if not ids:
+            if key not in self._prompt_ids:
+                self._prompt_ids[key] = chat_prompt(self.tokenizer, task["prompt"], self.system)
+            return self._prompt_ids[key], None
+        if not isinstance(self.tokenizer, VisionProcessor) or self.images is None:
+            raise ValueError(f"prompt {key!r} has images but the policy is a text model (set model.kind=vlm)")
+        if key in self._mm:
+            self._mm.move_to_end(key)
+            return self._prompt_ids[key], self._mm[key]
+        prompt, mm = self.tokenizer.encode(task["prompt"], self.images.load(ids), self.system)
+        self._prompt_ids[key], self._mm[key] = prompt, mm
+        while len(self._mm) > MM_CACHE:
+            self._mm.popitem(last=False)
+        return prompt, mm
 
     async def arun_episode(self, engine: Any, task: dict[str, Any]) -> list[Sample]:
-        prompt = self.prompt_ids(task)
-        gens = await engine.agenerate([prompt] * self.group_size, self.params)
+        prompt, mm = self.encode(task)
+        if mm is None:
+            gens = await engine.agenerate([prompt] * self.group_size, self.params)
+        else:
+            gens = await engine.agenerate([prompt] * self.group_size, self.params, mm=[mm] * self.group_size)
         n_p = len(prompt)
+        image_ids = record_image_ids(task) or None
         return [
             Sample(
                 sample_id="",
@@ -40,6 +68,7 @@ class SingleTurnWorkflow(RolloutWorkflow):
                 behav_logprobs=[0.0] * n_p + list(gen.logprobs),
                 versions=[-1] * n_p + list(gen.versions),
                 finish_reason=gen.finish_reason,
+                image_ids=image_ids,
             )
             for gen in gens
         ]

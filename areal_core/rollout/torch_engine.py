@@ -21,7 +21,7 @@ from transformers import DynamicCache
 
 from areal_core.rollout.engine import Generation, SamplingParams
 from areal_core.rollout.local_engine import LocalEngine
-from areal_core.vlm.inputs import VisionPrompts
+from areal_core.vlm.inputs import VisionPrompts, mask_vision_logits, vision_token_ids
 from areal_core.vlm.model import MMInputs
 
 
@@ -76,6 +76,8 @@ class TorchEngine(LocalEngine):
         else:
             extra = {"position_ids": (mask.cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1] :]}
         out = self.model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True, **extra)
+        if vision is not None:  # a VLM never samples its vision placeholders (the trainer masks them too)
+            return mask_vision_logits(out.logits[:, -1], vision_token_ids(self.model.config))
         return out.logits[:, -1]
 
     @torch.no_grad()

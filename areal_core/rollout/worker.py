@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from areal_core.context import load_run_config, set_threads, wait_for_version
+from areal_core.dataset import image_roots
 from areal_core.events import EventLog
 from areal_core.layout import LAYOUT
 from areal_core.prompts import load_prompts
@@ -27,6 +28,7 @@ from areal_core.rollout.async_engine import AsyncEngine
 from areal_core.rollout.factory import build_engine
 from areal_core.rollout.workflow import RolloutWorkflow, WorkflowContext, load_workflow
 from areal_core.store import Store
+from areal_core.vlm.images import ImageCache
 from areal_core.weights.watcher import WeightWatcher
 
 log = logging.getLogger("areal.rollout")
@@ -193,7 +195,8 @@ def _run(store: Store, index: int, ev: EventLog) -> dict:
     aengine = AsyncEngine(engine, max(256, ro.max_batch_groups * ro.group_size), ro.poll_interval_s)
     workflow = None
     try:
-        workflow = load_workflow(WorkflowContext(cfg, tokenizer, worker_id, index))
+        images = ImageCache(image_roots(store)) if cfg.model.kind == "vlm" else None  # a record's meta.image_ids
+        workflow = load_workflow(WorkflowContext(cfg, tokenizer, worker_id, index, images))
         progress = recover_progress(store, worker_id)
         admission = Admission(
             num_prompts=len(tasks),

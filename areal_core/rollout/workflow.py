@@ -7,8 +7,9 @@
 The worker builds the engine once (`rollout.engine`: torch, continuous, vllm, sglang) and
 hands it to every episode as an `AsyncEngine` (`await engine.agenerate(prompts, params)`,
 `await engine.generate(prompt_ids, params)`, `engine.version`); `task` is one prompt record
-(prompt_id, prompt, answer, meta). An episode returns one group: the samples that share an
-advantage baseline. The worker names them (group_id, sample_id, worker_id), writes them as an
+(prompt_id, prompt, answer, meta; `meta.image_ids`: its stored images, read with `ctx.images`
+and passed as `agenerate(..., mm=[MMInputs])`). An episode returns one group: the samples that
+share an advantage baseline. The worker names them (group_id, sample_id, worker_id), writes them as an
 ungraded shard, and the reward workers grade every sample whose `reward` is None; a sample
 the workflow already rewarded keeps its reward (`reward_info["reward_source"]` says who set it).
 
@@ -36,9 +37,10 @@ class WorkflowContext:
     """What a workflow is built from: the run's config, the policy's tokenizer, the worker."""
 
     cfg: Any  # RunConfig
-    tokenizer: Any
+    tokenizer: Any  # a VLM's VisionProcessor (it answers as its tokenizer)
     worker_id: str = "rollout-0"
     worker_index: int = 0
+    images: Any = None  # vlm.images.ImageCache over the run's image roots: a record's meta.image_ids
 
     def sampling(self) -> SamplingParams:
         """The behaviour policy's sampling settings (rollout.max_new_tokens, temperature, top_p, top_k)."""

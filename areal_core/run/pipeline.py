@@ -75,6 +75,11 @@ def prepare(
     from areal_core.train.loss import check_algorithm  # torch: not at import (tasks import this module)
 
     check_algorithm(cfg.algo)  # an unknown loss is refused before any work
+    if cfg.model.kind == "vlm":
+        from areal_core.train.algorithm import required_inputs
+
+        if unsupported := required_inputs(cfg.algo) & {"entropy", "values"}:
+            raise ConfigError(f"config key 'algo': model.kind vlm does not train with {sorted(unsupported)} yet")
     store = Store(cfg.store)
     check_root(store)
     if resume:
@@ -228,18 +233,21 @@ def evaluate_run(run_uri: str) -> dict[str, Any]:
     import torch
 
     from areal_core.context import load_run_config
+    from areal_core.dataset import image_roots
     from areal_core.evaluate import heldout_score
     from areal_core.models import load_pretrained
     from areal_core.prompts import load_prompts
+    from areal_core.vlm.images import ImageCache
 
     store = Store(run_uri)
     cfg = load_run_config(store)
     torch.set_num_threads(max(2, cfg.threads_per_role))
     records = load_prompts(store, "eval")[: cfg.eval.num_samples]
+    images = ImageCache(image_roots(store)) if cfg.model.kind == "vlm" else None  # held-out questions' images
     out: dict[str, Any] = {}
     for label, rel in (("before", LAYOUT.init_model), ("after", LAYOUT.final_model)):
         model, tokenizer = load_pretrained(store.url(rel), cfg.device)
-        out[label] = heldout_score(model, tokenizer, cfg, records)
+        out[label] = heldout_score(model, tokenizer, cfg, records, images)
     out["gain"] = out["after"] - out["before"]
     out["curves"] = metrics_rows(store)
     metric = "heldout_agent_success" if cfg.rollout.agent else "heldout_accuracy"

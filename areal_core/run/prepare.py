@@ -2,25 +2,29 @@
 
 from __future__ import annotations
 
-from areal_core.config import RunConfig, to_yaml
+from areal_core.config import ConfigError, RunConfig, to_yaml
 from areal_core.layout import LAYOUT
 from areal_core.prompts import write_prompts
 from areal_core.run.ownership import claim
 from areal_core.store import Store
+from areal_core.vlm.records import has_images, store_record_images
 
 
 def prepare_run(cfg: RunConfig, resume: bool = False) -> str:
     """Claim the run root (run/ownership.py; a new run clears an earlier run's state, a resume
-    keeps it), then write config.yaml and prompts/; returns the root URI.
+    keeps it), then write config.yaml, the prompts' images (images/, content-addressed: a record
+    with `meta.image_source` or `meta.images` gets `meta.image_ids`) and prompts/; returns the root URI.
 
-    Raises (before writing anything) when the task's data cannot be loaded or another run owns
-    the root.
+    Raises (before writing anything) when the task's data cannot be loaded, holds images for a
+    text model, or another run owns the root.
     """
     from datasets import load_task
 
     train, held_out = load_task(cfg.task, cfg.seed)
     if not train or not held_out:
         raise ValueError(f"task {cfg.task.name!r} produced an empty split (train={len(train)}, eval={len(held_out)})")
+    if cfg.model.kind != "vlm" and any(has_images(r) for r in train[:1] + held_out[:1]):
+        raise ConfigError(f"config key 'model.kind': task {cfg.task.name!r} has images; set model.kind=vlm")
     store = Store(cfg.store)
     claim(store, cfg.lease, resume)
     if not resume:
@@ -28,5 +32,6 @@ def prepare_run(cfg: RunConfig, resume: bool = False) -> str:
             store.delete(name, recursive=True)
     kept = cfg.model_copy(update={"lease": cfg.lease.model_copy(update={"takeover": False})})  # a one-time request
     store.write_text(LAYOUT.config, to_yaml(kept))
+    store_record_images(store, train + held_out)
     write_prompts(store, train, held_out)
     return store.uri

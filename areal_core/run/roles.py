@@ -54,25 +54,38 @@ def _role(role: str, run_uri: str, index: int) -> dict:
 
 def trainer_role(run_uri: str) -> dict:
     """The trainer on this process (every torchrun rank runs it), given the run's config, and on
-    rank 0 the MLflow tracker and the held-out greedy accuracy."""
+    rank 0 the MLflow tracker and the held-out greedy accuracy (under the task's verifier, a VLM
+    with its images)."""
     from areal_core.context import load_run_config, set_threads
+    from areal_core.dataset import image_roots
     from areal_core.evaluate import greedy_accuracy
     from areal_core.prompts import load_prompts
+    from areal_core.reward.pool import DEFAULT_REWARD
     from areal_core.run.ownership import hold, renew
     from areal_core.run.tracking import Tracker
     from areal_core.store import Store
     from areal_core.train.distributed import env_ranks
     from areal_core.train.run_trainer import run_trainer
+    from areal_core.vlm.images import ImageCache
 
     store = Store(run_uri)
     cfg = load_run_config(store)
     set_threads(cfg.threads_per_role)
     main = env_ranks()[0] == 0
     records = load_prompts(store, "eval")[: cfg.eval.num_samples] if main else []
+    images = ImageCache(image_roots(store)) if cfg.model.kind == "vlm" else None
 
     def evaluate(model, tokenizer) -> float:
         return greedy_accuracy(
-            model, tokenizer, records, cfg.eval.max_new_tokens, cfg.eval.batch_size, system=cfg.task.system_prompt
+            model,
+            tokenizer,
+            records,
+            cfg.eval.max_new_tokens,
+            cfg.eval.batch_size,
+            cfg.reward.function or DEFAULT_REWARD,
+            cfg.reward.timeout_s,
+            cfg.task.system_prompt,
+            images,
         )
 
     # rank 0 renews the lease and watches the checkpoints; the final model and DONE are written

@@ -6,14 +6,24 @@ import torch
 
 
 def token_logprobs(
-    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0, **model_inputs
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    temperature: float = 1.0,
+    banned: tuple[int, ...] = (),
+    **model_inputs,
 ) -> torch.Tensor:
     """logp[:, t] = log π(x_t | x_<t) for t >= 1 and 0 at t = 0; right-padded batches.
     `model_inputs`: further forward() arguments (a VLM's pixel values, image grids and mrope
-    positions: areal_core/vlm/inputs.py)."""
+    positions: areal_core/vlm/inputs.py); `banned`: tokens the policy cannot emit (a VLM's vision
+    placeholders, masked as the engine masks them), whose targets in the prompt get 0."""
     out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **model_inputs)
     logits = out.logits[:, :-1].float()
     if temperature != 1.0:
         logits = logits / temperature
+    if banned:
+        logits = logits.index_fill(-1, torch.tensor(banned, device=logits.device), float("-inf"))
     logp = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    if banned:
+        logp = logp.masked_fill(torch.isin(input_ids[:, 1:], torch.tensor(banned, device=logp.device)), 0.0)
     return torch.nn.functional.pad(logp, (1, 0))

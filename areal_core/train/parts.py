@@ -31,6 +31,7 @@ from areal_core.train.distributed import (
 )
 from areal_core.train.loss import check_algorithm
 from areal_core.train.value_head import Critic
+from areal_core.vlm.inputs import vision_token_ids
 from areal_core.weights.publisher import hf_side_files
 
 log = logging.getLogger("areal.trainer")
@@ -118,6 +119,9 @@ def load_parts(
 def shard_limits(model: torch.nn.Module) -> ShardLimits:
     """What the trainer accepts of a graded shard: token ids within the model's vocabulary and
     samples within its context (a longer one would fail or silently wrap position embeddings)."""
-    config = model.config
+    config = model.config.get_text_config()  # a VLM's language model
     context = getattr(config, "max_position_embeddings", None) or DEFAULT_LIMITS.max_tokens
-    return dataclasses.replace(DEFAULT_LIMITS, vocab_size=config.vocab_size, max_tokens=context)
+    vision = vision_token_ids(model.config)  # a VLM's: a shard whose policy tokens hold one is corrupt
+    return dataclasses.replace(
+        DEFAULT_LIMITS, vocab_size=config.vocab_size, max_tokens=context, vision_token_ids=vision
+    )

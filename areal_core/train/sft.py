@@ -2,7 +2,9 @@
 (for agent runs with `agent.sft_examples`: whole agent episodes, loss on the assistant's tokens).
 
 Writes the HF checkpoint (model + tokenizer) to `init_model/` under the run root; that is
-the policy the RL run starts from and the 'before RL' point of the evaluation.
+the policy the RL run starts from and the 'before RL' point of the evaluation. A VLM
+(`model.kind: vlm`) learns from image+text demonstrations (vlm/sft.py), and its checkpoint
+holds its processor (tokenizer and image processor).
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import logging
 import random
 import tempfile
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -28,6 +32,10 @@ from areal_core.models import (
 from areal_core.prompts import load_prompts
 from areal_core.store import Store
 from areal_core.train.schedule import lr_factor
+from areal_core.vlm.images import ImageCache
+from areal_core.vlm.processor import VisionProcessor
+from areal_core.vlm.records import record_image_ids
+from areal_core.vlm.sft import Demonstration, demonstration, vision_sft_loss
 
 log = logging.getLogger("areal.sft")
 
@@ -68,27 +76,65 @@ def agent_sft_examples(cfg, tokenizer, records: list[dict]) -> list[tuple[list[i
     return out
 
 
+def initial_model(cfg, train: list[dict]) -> tuple[torch.nn.Module, Any]:
+    """(model, tokenizer) before SFT: `model.path`'s checkpoint, or the tiny model built from
+    `model.*` with a tokenizer trained on the task's text (model.kind vlm: the tiny Qwen2.5-VL,
+    its VisionProcessor in place of the tokenizer)."""
+    if cfg.model.path:
+        return load_pretrained(cfg.model.path, cfg.device)
+    corpus = [r["prompt"] + "\n" + r["answer"] for r in train]
+    if cfg.agent.corpus:  # the agent's own text (e.g. its tool-call format)
+        corpus = list(import_object(cfg.agent.corpus, key="agent.corpus")(train))
+    if cfg.model.kind == "vlm":
+        from areal_core.vlm.model import build_image_processor, build_tiny_vlm, build_vlm_tokenizer
+
+        tok = build_vlm_tokenizer(corpus, cfg.model.vocab_size)
+        processor = VisionProcessor(tok, build_image_processor(cfg.model.image_size, cfg.model.patch_size))
+        return build_tiny_vlm(cfg.model, processor, cfg.seed), processor
+    tokenizer = build_tokenizer(corpus, cfg.model.vocab_size)
+    return build_tiny_model(cfg.model, len(tokenizer), cfg.seed), tokenizer
+
+
+def batch_loss(cfg, store: Store, model, tokenizer, train: list[dict]) -> Callable[[random.Random], torch.Tensor]:
+    """The loss of one SFT batch drawn with `rng`: answers (agent runs: episodes) of the SFT
+    records; a VLM's demonstrations with their images (read by id, encoded once per prompt)."""
+    sc = cfg.sft
+    records = sft_records(train, sc.multi_step_fraction, cfg.seed)
+    log.info("sft on %d of %d train problems", len(records), len(train))
+    if isinstance(tokenizer, VisionProcessor):
+        images, demos = ImageCache([store], capacity=1024), {}
+
+        def demo(r: dict) -> Demonstration:
+            if r["prompt_id"] not in demos:
+                pics = images.load(record_image_ids(r))
+                demos[r["prompt_id"]] = demonstration(tokenizer, r["prompt"], pics, r["answer"], cfg.task.system_prompt)
+            return demos[r["prompt_id"]]
+
+        def vision(rng: random.Random) -> torch.Tensor:
+            batch = [demo(r) for r in rng.sample(records, min(sc.batch_size, len(records)))]
+            return vision_sft_loss(model, tokenizer.pad_token_id, tokenizer.image_token_id, batch)
+
+        return vision
+    if cfg.agent.sft_examples:
+        examples = agent_sft_examples(cfg, tokenizer, records)
+    else:
+        examples = sft_examples(tokenizer, records, cfg.task.system_prompt)
+
+    def text(rng: random.Random) -> torch.Tensor:
+        return sft_loss(model, rng.sample(examples, min(sc.batch_size, len(examples))), tokenizer.pad_token_id)
+
+    return text
+
+
 def run_sft(run_uri: str) -> str:
     store = Store(run_uri)
     cfg = load_run_config(store)
     set_threads(max(cfg.threads_per_role, torch.get_num_threads()))
     train = load_prompts(store, "train")
-    if cfg.model.path:
-        model, tokenizer = load_pretrained(cfg.model.path, cfg.device)
-    else:
-        corpus = [r["prompt"] + "\n" + r["answer"] for r in train]
-        if cfg.agent.corpus:  # the agent's own text (e.g. its tool-call format)
-            corpus = list(import_object(cfg.agent.corpus, key="agent.corpus")(train))
-        tokenizer = build_tokenizer(corpus, cfg.model.vocab_size)
-        model = build_tiny_model(cfg.model, len(tokenizer), cfg.seed)
+    model, tokenizer = initial_model(cfg, train)
     sc = cfg.sft
     if sc.enabled and sc.steps:
-        records = sft_records(train, sc.multi_step_fraction, cfg.seed)
-        if cfg.agent.sft_examples:
-            examples = agent_sft_examples(cfg, tokenizer, records)
-        else:
-            examples = sft_examples(tokenizer, records, cfg.task.system_prompt)
-        log.info("sft on %d of %d train problems", len(examples), len(train))
+        loss_of = batch_loss(cfg, store, model, tokenizer, train)
         rng = random.Random(cfg.seed)
         opt = torch.optim.AdamW(model.parameters(), lr=sc.lr, weight_decay=0.0)
 
@@ -97,7 +143,7 @@ def run_sft(run_uri: str) -> str:
         )
         model.train()
         for step in range(sc.steps):
-            loss = sft_loss(model, rng.sample(examples, min(sc.batch_size, len(examples))), tokenizer.pad_token_id)
+            loss = loss_of(rng)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -43,7 +43,7 @@ from areal_core.train.loss.common import behaviour_abs_diff
 from areal_core.train.loss.registry import LossInputs, check_algorithm
 from areal_core.train.packing import packed_token_logprobs
 from areal_core.train.value_head import Critic
-from areal_core.vlm.inputs import MultimodalRows
+from areal_core.vlm.inputs import MultimodalRows, vision_token_ids
 
 # per-minibatch metrics that are counts over the rows (summed over ranks, not averaged)
 SUMMED = {"policy_tokens", "pref_pairs"}
@@ -79,7 +79,8 @@ def policy_logprobs(
     if mm is not None:
         if entropy:
             raise ValueError("entropy terms are not supported on image batches yet")
-        return token_logprobs(model, ids, attn, temperature, **mm.model_inputs(model, rows, ids, attn))
+        banned = vision_token_ids(model.config)
+        return token_logprobs(model, ids, attn, temperature, banned, **mm.model_inputs(model, rows, ids, attn))
     if cfg.train.packing:
         return packed_token_logprobs(
             model, ids, attn, temperature, pad_id=pad_id, with_entropy=entropy, group_index=groups
@@ -233,6 +234,8 @@ def train_step(
             stats[k] = stats.get(k, 0.0) + v / n_mb
         lap("optimizer")
     stats["reward_mean"] = batch.rewards.mean().item()
+    if mm is not None:  # the rows trained with their images in the forward passes
+        stats["image_rows"] = float(sum(m is not None for m in mm.per_row))
     stats["response_tokens"] = batch.loss_mask.sum().item()
     return stats
 

@@ -26,6 +26,7 @@ import torch
 
 from areal_core.config import RunConfig
 from areal_core.config.device import use_bf16
+from areal_core.dataset import image_roots
 from areal_core.events import EventLog
 from areal_core.layout import LAYOUT
 from areal_core.models import load_pretrained, save_pretrained
@@ -41,6 +42,9 @@ from areal_core.train.schedule import set_lr
 from areal_core.train.sinks import Sink
 from areal_core.train.sources import Batch, BatchSource
 from areal_core.train.step import train_step
+from areal_core.vlm.images import ImageCache
+from areal_core.vlm.inputs import MultimodalRows
+from areal_core.vlm.processor import VisionProcessor
 from areal_core.weights.publisher import state_dict_bytes
 
 log = logging.getLogger("areal.trainer")
@@ -88,6 +92,7 @@ class Trainer:
         self._full_copy: torch.nn.Module | None = None  # rank 0's unsharded model for eval / final_model
         self.metrics_file = MetricsFile(store, self.state.step) if self.dist.is_main else None
         self._started = False
+        self._images: ImageCache | None = None  # a VLM's decoded images by id
 
     def start(self) -> None:
         """Tell the sink the trainer begins, once (a run publishes its resumed version). Collective."""
@@ -178,6 +183,7 @@ class Trainer:
         abandoned = abandoned or []
         lr = set_lr(self.optimizer, cfg.train, st.step)
         t0 = time.perf_counter()
+        mm = self.images_of(samples)
         with self.ev.span("train"), torch.autocast(cfg.device, torch.bfloat16, enabled=self._bf16):
             metrics = train_step(
                 self.model,
@@ -189,6 +195,7 @@ class Trainer:
                 ref_model=self.parts.ref_model,
                 critic=self.parts.critic,
                 teacher_model=self.parts.teacher_model,
+                mm=mm,
                 phase=self.ev.add,
             )
         t_train = time.perf_counter() - t0
@@ -223,6 +230,18 @@ class Trainer:
                 metrics["eval_accuracy"] = self.evaluate()
             metrics.update(eval_s=time.perf_counter() - t_eval, eval_cpu_s=time.process_time() - cpu_eval)
         return metrics
+
+    def images_of(self, samples: list[Sample]) -> MultimodalRows | None:
+        """The batch's images as model inputs (rows naming `image_ids`), read from the run's image
+        roots (a fork's parents, a replay's source) and checked against their ids; None for text."""
+        if not any(s.image_ids for s in samples):
+            return None
+        if not isinstance(self.tokenizer, VisionProcessor):
+            raise ValueError("the samples name images but the policy is a text model (model.kind vlm)")
+        if self._images is None:
+            self._images = ImageCache(image_roots(self.store), capacity=1024)
+        with self.ev.span("images"):
+            return MultimodalRows.from_samples(samples, self.tokenizer, self._images)
 
     def _count_drops(self, dropped: list[Sample], abandoned: list[Sample]) -> None:
         counters = self.state.counters

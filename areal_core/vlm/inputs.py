@@ -35,6 +35,24 @@ def _vl_model(model: Any) -> Any:
     raise TypeError(f"{type(model).__name__} is not a Qwen2.5-VL model (no get_rope_index)")
 
 
+VISION_TOKEN_KEYS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+
+
+def vision_token_ids(config: Any) -> tuple[int, ...]:
+    """A VLM config's placeholder tokens (image/video pad, vision start/end): prompt-only. The engine
+    never samples them and the trainer's log-probs use the same masked distribution; a tiny
+    untrained model would otherwise emit an image pad that `get_rope_index` takes for an image."""
+    ids = (getattr(config, k, None) for k in VISION_TOKEN_KEYS)
+    return tuple(sorted({int(i) for i in ids if i is not None}))
+
+
+def mask_vision_logits(logits: torch.Tensor, banned: tuple[int, ...]) -> torch.Tensor:
+    """logits with the vision placeholders at -inf: π(x) = 0 for x in `banned`, renormalised by softmax."""
+    if not banned:
+        return logits
+    return logits.index_fill(-1, torch.tensor(banned, device=logits.device), float("-inf"))
+
+
 def rope_positions(
     model: Any, ids: torch.Tensor, attn: torch.Tensor, grid: torch.Tensor | None, image_token_id: int
 ) -> torch.Tensor:

@@ -1,0 +1,128 @@
+"""A vision-language run through the real pipeline: the config refuses what a VLM cannot do yet
+before any work; the policy never samples a vision placeholder (engine and trainer mask the same
+tokens, so their log-probs still agree); a shard whose policy tokens hold one is quarantined;
+and `configs/vlm_shapes.yaml`, shrunk, runs prepare → SFT → rollout/reward/trainer → evaluation
+to DONE with the images stored once and named by every trained row."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from areal_core.config import ConfigError, RunConfig, load_config
+from areal_core.layout import LAYOUT
+from areal_core.protocol import read_shard_or_quarantine, write_shard
+from areal_core.run import pipeline
+from areal_core.run.launcher import launch
+from areal_core.run.pipeline import metrics_rows
+from areal_core.store import Store
+from areal_core.train.batch import collate
+from areal_core.train.parts import shard_limits
+from areal_core.train.sft import run_sft
+from areal_core.train.step import policy_logprobs
+from areal_core.vlm.images import ImageCache
+from areal_core.vlm.inputs import MultimodalRows, vision_token_ids
+from areal_core.vlm.model import IMAGE_PAD, VISION_TOKENS
+from tests.test_vlm_model import tiny
+from tests.test_vlm_store import sample
+from tests.test_vlm_train import rollouts
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("rollout.engine=continuous", "rollout.engine"),
+        ("rollout.engine=vllm", "rollout.engine"),
+        ("train.packing=true", "train.packing"),
+        ("train.nproc_per_node=2", "train.nproc_per_node"),
+    ],
+)
+def test_the_config_refuses_what_a_vlm_run_cannot_do_before_any_work(tmp_path, override, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_config("configs/vlm_shapes.yaml", [f"store={tmp_path}/run", override])
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_text_task_with_a_vlm_and_a_picture_task_with_a_text_model_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match="model.kind"):
+        pipeline.prepare("configs/vlm_shapes.yaml", [f"store={tmp_path}/run", "model.kind=tiny", "train.packing=false"])
+    assert not list((tmp_path / "run").glob("prompts*"))
+
+
+def test_the_placeholders_are_the_configs_vision_tokens():
+    model, processor = tiny()
+    ids = vision_token_ids(model.config)
+    assert processor.image_token_id in ids
+    assert set(ids) <= {processor.tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS}
+    assert vision_token_ids(RunConfig().model) == ()  # a text config has none
+
+
+def favour_image_pad(model, token: int) -> None:
+    """A policy that would pick the image pad almost always: +40 on its logit at every position."""
+
+    def hook(_module, _inputs, out):
+        out = out.clone()
+        out[..., token] += 40.0
+        return out
+
+    model.get_output_embeddings().register_forward_hook(hook)
+
+
+def test_the_engine_never_samples_a_placeholder_and_the_trainer_masks_the_same_tokens(tmp_path):
+    model, processor = tiny()
+    favour_image_pad(model, processor.image_token_id)
+    _, _, store, samples = rollouts(tmp_path, policy=(model, processor))
+    responses = [s.input_ids[s.prompt_len :] for s in samples]
+    assert all(len(r) == 5 for r in responses) and not any(
+        t in vision_token_ids(model.config) for r in responses for t in r
+    )
+    batch = collate(samples, processor.pad_token_id)
+    rows = MultimodalRows.from_samples(samples, processor, ImageCache([store]))
+    with torch.no_grad():
+        logp = policy_logprobs(model, batch, None, RunConfig(), processor.pad_token_id, mm=rows)
+    mask = batch.loss_mask.bool()
+    assert torch.isfinite(logp).all()  # the prompt's own image pads are targets: 0, not -inf
+    torch.testing.assert_close(logp[mask], batch.behav_logprobs[mask], atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("where", ["response", "prompt"])
+def test_a_policy_token_that_is_a_vision_placeholder_quarantines_its_shard(tmp_path, where):
+    model, processor = tiny()
+    store = Store(str(tmp_path))
+    bad = sample(0)
+    pad = processor.tokenizer.convert_tokens_to_ids(IMAGE_PAD)
+    at = 3 if where == "response" else 0  # loss_mask [0, 0, 1, 1]: a pad in the prompt is what images are
+    bad.input_ids = [pad if i == at else t for i, t in enumerate(bad.input_ids)]
+    rel = LAYOUT.graded_shard("rollout-0", 1)
+    write_shard(store, rel, [sample(1), bad])
+    got = read_shard_or_quarantine(store, rel, limits=shard_limits(model))
+    if where == "prompt":
+        assert got is not None and len(got) == 2
+        return
+    assert got is None
+    [note] = store.find(LAYOUT.quarantine_dir, ".reason.json")
+    assert "vision placeholder" in store.read_json(note)["reason"]
+
+
+@pytest.mark.slow
+def test_the_vlm_shapes_config_runs_the_pipeline_to_done(tmp_path):
+    overrides = [
+        f"store={tmp_path}/run",
+        "sft.steps=10",
+        "train.steps=4",
+        "train.checkpoint_every=2",
+        "task.num_train=64",
+        "task.num_eval=16",
+        "eval.num_samples=16",
+    ]
+    uri, _ = pipeline.prepare("configs/vlm_shapes.yaml", overrides)
+    store = Store(uri)
+    images = store.find(LAYOUT.images_dir, "")
+    assert 0 < len(images) <= 80  # one picture per scene, stored once by content
+    run_sft(uri)
+    launch(uri, 1, 1, timeout_s=600, progress=False)
+    assert store.done()
+    rows = [r for r in metrics_rows(store) if "image_rows" in r]
+    assert len(rows) == 4 and all(r["image_rows"] == 32 for r in rows)  # B 4 × G 8, each with its picture
+    result = pipeline.evaluate_run(uri)
+    assert 0.0 <= result["before"] <= 1.0 and 0.0 <= result["after"] <= 1.0
