@@ -217,9 +217,13 @@ def _check_table(table: pa.Table, limits: ShardLimits) -> None:
         if vlo.as_py() < 0 or (newest is not None and vhi.as_py() > newest):
             raise ShardError(f"policy-token versions span [{vlo}, {vhi}], outside [0, {newest}]")
     if limits.vision_token_ids:
-        placed = pc.is_in(pc.filter(ids, policy), pa.array(limits.vision_token_ids, pa.int32()))
-        if pc.any(placed).as_py():
+        vision = pa.array(limits.vision_token_ids, pa.int32())
+        if pc.any(pc.is_in(pc.filter(ids, policy), vision)).as_py():
             raise ShardError(f"a policy token is a vision placeholder {list(limits.vision_token_ids)}")
+        if "image_ids" in table.schema.names:  # placeholders stand for images: a row without any has none
+            textual = pc.equal(pc.fill_null(pc.list_value_length(table["image_ids"]), 0), 0)
+            if pc.any(pc.is_in(pc.list_flatten(pc.filter(table["input_ids"], textual)), vision)).as_py():
+                raise ShardError("a row without image_ids holds a vision placeholder")
 
 
 def decode_shard(data: bytes, limits: ShardLimits = DEFAULT_LIMITS) -> list[Sample]:
@@ -299,17 +303,22 @@ class Recorder(Protocol):
 
 
 def read_shard_or_quarantine(
-    store: Store, rel: str, events: Recorder | None = None, limits: ShardLimits = DEFAULT_LIMITS
+    store: Store,
+    rel: str,
+    events: Recorder | None = None,
+    limits: ShardLimits = DEFAULT_LIMITS,
+    image_roots: list[Store] | None = None,
 ) -> list[Sample] | None:
     """The shard's samples, or None after moving a corrupt shard to quarantine/ (and recording a
     `quarantine` event when `events` is given). A shard whose rows name images is corrupt when one
-    of them is missing from the store, altered or undecodable."""
+    of them is missing from `image_roots` (default: the run's own root; a fork's or a replay's
+    reader passes dataset.image_roots), altered or undecodable."""
     try:
         samples = decode_shard(store.read_bytes(rel), limits)
         if any(s.image_ids for s in samples):
             from areal_core.vlm.images import image_problem
 
-            if problem := image_problem(store, [i for s in samples for i in s.image_ids or []]):
+            if problem := image_problem(image_roots or [store], [i for s in samples for i in s.image_ids or []]):
                 raise ShardError(problem)
         return samples
     except ShardError as exc:

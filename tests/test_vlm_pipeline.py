@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import Qwen2Config
 
 from areal_core.config import ConfigError, RunConfig, load_config
 from areal_core.layout import LAYOUT
@@ -20,10 +21,10 @@ from areal_core.train.batch import collate
 from areal_core.train.parts import shard_limits
 from areal_core.train.sft import run_sft
 from areal_core.train.step import policy_logprobs
-from areal_core.vlm.images import ImageCache
+from areal_core.vlm.images import ImageCache, encode_png, put_image
 from areal_core.vlm.inputs import MultimodalRows, vision_token_ids
 from areal_core.vlm.model import IMAGE_PAD, VISION_TOKENS
-from tests.test_vlm_model import tiny
+from tests.test_vlm_model import picture, tiny
 from tests.test_vlm_store import sample
 from tests.test_vlm_train import rollouts
 
@@ -40,10 +41,16 @@ from tests.test_vlm_train import rollouts
 def test_the_config_refuses_what_a_vlm_run_cannot_do_before_any_work(tmp_path, override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         load_config("configs/vlm_shapes.yaml", [f"store={tmp_path}/run", override])
-    assert not (tmp_path / "run").exists()
 
 
-def test_a_text_task_with_a_vlm_and_a_picture_task_with_a_text_model_are_refused(tmp_path):
+@pytest.mark.parametrize("algo", ["algo.entropy_coef=0.01", "algo.adv_estimator=gae"])
+def test_a_vlm_run_refuses_losses_that_need_entropy_or_a_critic(tmp_path, algo):
+    with pytest.raises(ConfigError, match="model.kind vlm does not train with"):
+        pipeline.prepare("configs/vlm_shapes.yaml", [f"store={tmp_path}/run", *algo.split()])
+    assert not (tmp_path / "run").exists()  # refused before the root is claimed
+
+
+def test_a_picture_task_with_a_text_model_is_refused_before_prompts_are_written(tmp_path):
     with pytest.raises(ConfigError, match="model.kind"):
         pipeline.prepare("configs/vlm_shapes.yaml", [f"store={tmp_path}/run", "model.kind=tiny", "train.packing=false"])
     assert not list((tmp_path / "run").glob("prompts*"))
@@ -54,7 +61,7 @@ def test_the_placeholders_are_the_configs_vision_tokens():
     ids = vision_token_ids(model.config)
     assert processor.image_token_id in ids
     assert set(ids) <= {processor.tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS}
-    assert vision_token_ids(RunConfig().model) == ()  # a text config has none
+    assert vision_token_ids(Qwen2Config()) == () and vision_token_ids(None) == ()  # a text model has none
 
 
 def favour_image_pad(model, token: int) -> None:
@@ -85,23 +92,25 @@ def test_the_engine_never_samples_a_placeholder_and_the_trainer_masks_the_same_t
     torch.testing.assert_close(logp[mask], batch.behav_logprobs[mask], atol=2e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("where", ["response", "prompt"])
-def test_a_policy_token_that_is_a_vision_placeholder_quarantines_its_shard(tmp_path, where):
+@pytest.mark.parametrize("where", ["response", "text row", "prompt with its image"])
+def test_a_vision_placeholder_outside_an_images_prompt_quarantines_its_shard(tmp_path, where):
     model, processor = tiny()
     store = Store(str(tmp_path))
-    bad = sample(0)
+    sha = put_image(store, encode_png(picture()))
     pad = processor.tokenizer.convert_tokens_to_ids(IMAGE_PAD)
-    at = 3 if where == "response" else 0  # loss_mask [0, 0, 1, 1]: a pad in the prompt is what images are
+    bad = sample(0, [sha] if where != "text row" else None)
+    at = 3 if where == "response" else 0  # loss_mask [0, 0, 1, 1]
     bad.input_ids = [pad if i == at else t for i, t in enumerate(bad.input_ids)]
     rel = LAYOUT.graded_shard("rollout-0", 1)
     write_shard(store, rel, [sample(1), bad])
     got = read_shard_or_quarantine(store, rel, limits=shard_limits(model))
-    if where == "prompt":
+    if where == "prompt with its image":
         assert got is not None and len(got) == 2
         return
     assert got is None
     [note] = store.find(LAYOUT.quarantine_dir, ".reason.json")
-    assert "vision placeholder" in store.read_json(note)["reason"]
+    reason = store.read_json(note)["reason"]
+    assert "vision placeholder" in reason and (("without image_ids" in reason) == (where == "text row"))
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 from PIL import Image
 
-from areal_core.dataset import load_images, samples_table
+from areal_core.dataset import image_roots, load_images, samples_table
 from areal_core.forks import ForkRef, write_fork
 from areal_core.layout import LAYOUT, BadName
 from areal_core.protocol import SCHEMA, Sample, decode_shard, encode_shard, read_shard_or_quarantine, write_shard
@@ -124,3 +124,10 @@ def test_images_are_found_through_a_fork_parent_and_a_replay_source(tmp_path):
     assert load_images(replay, [sha])[0].getpixel((10, 10)) == (5, 100, 5)
     with pytest.raises(ImageError, match="missing"):
         load_images(Store(str(tmp_path / "alone")), [sha])
+    for derived in (fork, replay):  # a derived run's shards naming the parent's images are not corrupt
+        rel = LAYOUT.graded_shard("rollout-0", 7)
+        write_shard(derived, rel, [sample(0, [sha])])
+        assert read_shard_or_quarantine(derived, rel, image_roots=image_roots(derived))[0].image_ids == [sha]
+    alone = Store(str(tmp_path / "alone"))
+    write_shard(alone, LAYOUT.graded_shard("rollout-0", 7), [sample(0, [sha])])
+    assert read_shard_or_quarantine(alone, LAYOUT.graded_shard("rollout-0", 7), image_roots=image_roots(alone)) is None

@@ -12,6 +12,7 @@ import zlib
 from collections import Counter
 
 from areal_core.context import load_run_config
+from areal_core.dataset import image_roots
 from areal_core.events import EventLog
 from areal_core.layout import LAYOUT
 from areal_core.prompts import load_prompts
@@ -27,6 +28,15 @@ def owner(path: str, num_workers: int) -> int:
     return zlib.crc32(path.encode()) % num_workers
 
 
+_ROOTS: dict[str, list[Store]] = {}  # a run's image roots (its fork and replay records do not change)
+
+
+def _image_roots(store: Store) -> list[Store]:
+    if store.uri not in _ROOTS:
+        _ROOTS[store.uri] = image_roots(store)
+    return _ROOTS[store.uri]
+
+
 def grade_shard(
     store: Store,
     rel: str,
@@ -40,7 +50,7 @@ def grade_shard(
     the timeline ("io" reading and writing, "grade"), grades, sandbox failures, quarantine."""
     ev = events or EventLog(None, "reward", "0")
     ev.switch("io")
-    samples = read_shard_or_quarantine(store, rel, ev)
+    samples = read_shard_or_quarantine(store, rel, ev, image_roots=_image_roots(store))
     if samples is None:
         log.warning("quarantined %s", rel)
         return 0

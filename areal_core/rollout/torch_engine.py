@@ -63,6 +63,7 @@ class TorchEngine(LocalEngine):
         self.eos_id = eos_id
         self.device = next(model.parameters()).device
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self._banned = vision_token_ids(getattr(model, "config", None))  # a VLM's placeholders; () for a text model
 
     def health(self) -> dict:
         return {"ok": True, "version": self.version, "swaps": self.swaps}
@@ -76,9 +77,8 @@ class TorchEngine(LocalEngine):
         else:
             extra = {"position_ids": (mask.cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1] :]}
         out = self.model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True, **extra)
-        if vision is not None:  # a VLM never samples its vision placeholders (the trainer masks them too)
-            return mask_vision_logits(out.logits[:, -1], vision_token_ids(self.model.config))
-        return out.logits[:, -1]
+        # a VLM never samples its vision placeholders, with or without images (the trainer masks them too)
+        return mask_vision_logits(out.logits[:, -1], self._banned)
 
     @torch.no_grad()
     def generate(

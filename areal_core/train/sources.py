@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from areal_core.config import RunConfig
+from areal_core.dataset import image_roots
 from areal_core.events import EventLog
 from areal_core.forks import ForkRef
 from areal_core.layout import LAYOUT
@@ -109,6 +110,7 @@ class GradedShards(BatchSource):
         limits: ShardLimits = DEFAULT_LIMITS,
     ):
         self.store, self.cfg, self.ev, self.fork, self.limits = store, cfg, events, fork, limits
+        self.image_roots = image_roots(store) if cfg.model.kind == "vlm" else None  # a fork's parents hold images too
         self.counters = state.counters
         self.consumed = set(state.consumed)
         self.seen = set(state.seen)
@@ -127,7 +129,7 @@ class GradedShards(BatchSource):
             self._add(rel, self.fork.read_shard(rel, self.limits))  # later versions: off the fork's lineage
         own = dataclasses.replace(self.limits, max_version=version)
         for rel in new:
-            self._add(rel, read_shard_or_quarantine(self.store, rel, self.ev, own))
+            self._add(rel, read_shard_or_quarantine(self.store, rel, self.ev, own, self.image_roots))
         return len(new)
 
     def _add(self, rel: str, samples: list[Sample] | None) -> None:

@@ -76,11 +76,12 @@ def policy_logprobs(
     if rows is not None:
         ids, attn, groups = ids[rows], attn[rows], groups[rows]
     temperature = cfg.rollout.temperature or 1.0
-    if mm is not None:
+    banned = vision_token_ids(getattr(model, "config", None))  # a VLM's placeholders, masked as the engine masks them
+    if mm is not None or banned:
         if entropy:
-            raise ValueError("entropy terms are not supported on image batches yet")
-        banned = vision_token_ids(model.config)
-        return token_logprobs(model, ids, attn, temperature, banned, **mm.model_inputs(model, rows, ids, attn))
+            raise ValueError("entropy terms are not supported for vision-language models yet")
+        extra = mm.model_inputs(model, rows, ids, attn) if mm is not None else {}
+        return token_logprobs(model, ids, attn, temperature, banned, **extra)
     if cfg.train.packing:
         return packed_token_logprobs(
             model, ids, attn, temperature, pad_id=pad_id, with_entropy=entropy, group_index=groups

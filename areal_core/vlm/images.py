@@ -141,20 +141,22 @@ def read_from(stores: list[Store], sha: str) -> Image.Image:
     raise missing or ImageError(f"image {sha}: no store to read it from")
 
 
-_VERIFIED: set[tuple[str, str]] = set()  # (root, id) already checked by this process
+_VERIFIED: set[tuple[tuple[str, ...], str]] = set()  # (roots, id) already checked by this process
 _VERIFIED_LOCK = threading.Lock()
 
 
-def image_problem(store: Store, ids: Iterable[str]) -> str | None:
+def image_problem(store: Store | list[Store], ids: Iterable[str]) -> str | None:
     """Why a shard naming images `ids` cannot be trained on (the first missing, altered or
-    undecodable one), or None. Each (root, id) is checked once per process."""
+    undecodable one), or None. `store`: the run's root, or its image roots in order (a fork's
+    parents, a replay's source: dataset.image_roots). Each (roots, id) is checked once per process."""
+    stores = store if isinstance(store, list) else [store]
     for sha in dict.fromkeys(ids):
-        key = (store.uri, sha)
+        key = (tuple(s.uri for s in stores), sha)
         with _VERIFIED_LOCK:
             if key in _VERIFIED:
                 continue
         try:
-            read_image(store, sha)
+            read_from(stores, sha)
         except ImageError as exc:
             return str(exc)
         with _VERIFIED_LOCK:
