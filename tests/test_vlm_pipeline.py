@@ -14,6 +14,7 @@ from areal_core.config import ConfigError, RunConfig, load_config
 from areal_core.layout import LAYOUT
 from areal_core.protocol import read_shard_or_quarantine, write_shard
 from areal_core.run import pipeline
+from areal_core.run.derived import DerivedRunError, derived_config
 from areal_core.run.launcher import launch
 from areal_core.run.pipeline import metrics_rows
 from areal_core.store import Store
@@ -135,3 +136,10 @@ def test_the_vlm_shapes_config_runs_the_pipeline_to_done(tmp_path):
     assert len(rows) == 4 and all(r["image_rows"] == 32 for r in rows)  # B 4 × G 8, each with its picture
     result = pipeline.evaluate_run(uri)
     assert 0.0 <= result["before"] <= 1.0 and 0.0 <= result["after"] <= 1.0
+
+
+def test_a_fork_or_replay_of_a_vlm_run_refuses_the_same_losses(tmp_path):
+    source = load_config("configs/vlm_shapes.yaml", [f"store={tmp_path}/run"])
+    with pytest.raises(DerivedRunError, match="model.kind vlm does not train with"):
+        derived_config(source, ["algo.entropy_coef=0.01"], f"{tmp_path}/fork", (), "fork")
+    assert derived_config(source, ["train.lr=1e-4"], f"{tmp_path}/fork", (), "fork").train.lr == 1e-4

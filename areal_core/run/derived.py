@@ -20,9 +20,11 @@ def derived_config(source: RunConfig, overrides: list[str], into: str, fixed: tu
     overrides change a key under one of the `fixed` prefixes (a key, or a section ending in '.')."""
     try:
         cfg = load_config(None, [*overrides, f"store={into}"], typed=source)
+        from areal_core.train.algorithm import check_for_model
         from areal_core.train.loss import check_algorithm
 
         check_algorithm(cfg.algo)
+        check_for_model(cfg.algo, cfg.model.kind)  # a fork or replay may change algo.*
     except ConfigError as exc:
         raise DerivedRunError(str(exc)) from None
     old, new = to_flat_dict(source), to_flat_dict(cfg)

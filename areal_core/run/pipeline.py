@@ -72,14 +72,11 @@ def prepare(
     (same run id, same config); there must be one.
     """
     cfg = load_config(config_path or None, parse_overrides(overrides), typed)
+    from areal_core.train.algorithm import check_for_model
     from areal_core.train.loss import check_algorithm  # torch: not at import (tasks import this module)
 
     check_algorithm(cfg.algo)  # an unknown loss is refused before any work
-    if cfg.model.kind == "vlm":
-        from areal_core.train.algorithm import required_inputs
-
-        if unsupported := required_inputs(cfg.algo) & {"entropy", "values"}:
-            raise ConfigError(f"config key 'algo': model.kind vlm does not train with {sorted(unsupported)} yet")
+    check_for_model(cfg.algo, cfg.model.kind)
     store = Store(cfg.store)
     check_root(store)
     if resume:

@@ -35,6 +35,15 @@ _WHAT = {
 }
 
 
+def check_for_model(cfg: AlgorithmConfig, model_kind: str) -> None:
+    """ConfigError when the model cannot train with the algorithm: a VLM (model.kind vlm) has no
+    entropy or critic path on image batches yet (docs/vlm.md)."""
+    from areal_core.config import ConfigError
+
+    if model_kind == "vlm" and (unsupported := required_inputs(cfg) & {"entropy", "values"}):
+        raise ConfigError(f"config key 'algo': model.kind vlm does not train with {sorted(unsupported)} yet")
+
+
 def required_inputs(cfg: AlgorithmConfig) -> set[str]:
     """Optional tensors the trainer must provide: 'ref_logp', 'values' (+ 'old_values'), 'teacher_logp', 'entropy',
     as the registered losses `cfg` activates declare them (`check_algorithm`: ConfigError for an
