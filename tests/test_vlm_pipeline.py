@@ -11,6 +11,7 @@ import torch
 from transformers import Qwen2Config
 
 from areal_core.config import ConfigError, RunConfig, load_config
+from areal_core.events import EventLog
 from areal_core.layout import LAYOUT
 from areal_core.protocol import read_shard_or_quarantine, write_shard
 from areal_core.run import pipeline
@@ -19,11 +20,13 @@ from areal_core.run.launcher import launch
 from areal_core.run.pipeline import metrics_rows
 from areal_core.store import Store
 from areal_core.train.batch import collate
+from areal_core.train.checkpoint import TrainerState
 from areal_core.train.parts import shard_limits
 from areal_core.train.sft import run_sft
+from areal_core.train.sources import GradedShards
 from areal_core.train.step import policy_logprobs
 from areal_core.vlm.images import ImageCache, encode_png, put_image
-from areal_core.vlm.inputs import MultimodalRows, vision_token_ids
+from areal_core.vlm.inputs import MultimodalRows, PlaceholderCheck, vision_token_ids
 from areal_core.vlm.model import IMAGE_PAD, VISION_TOKENS
 from tests.test_vlm_model import picture, tiny
 from tests.test_vlm_store import sample
@@ -143,3 +146,34 @@ def test_a_fork_or_replay_of_a_vlm_run_refuses_the_same_losses(tmp_path):
     with pytest.raises(DerivedRunError, match="model.kind vlm does not train with"):
         derived_config(source, ["algo.entropy_coef=0.01"], f"{tmp_path}/fork", (), "fork")
     assert derived_config(source, ["train.lr=1e-4"], f"{tmp_path}/fork", (), "fork").train.lr == 1e-4
+
+
+@pytest.mark.parametrize("damage", ["one pad short", "split run", "no image named", "intact"])
+def test_a_sample_whose_image_pads_do_not_fit_its_image_quarantines_its_shard(tmp_path, damage):
+    """A crafted prompt whose pads do not stand for its images would stop the trainer in
+    get_rope_index; the trainer's source quarantines its shard instead (GradedShards.check)."""
+    model, processor = tiny()
+    _, _, store, samples = rollouts(tmp_path, policy=(model, processor))
+    s = samples[0]
+    pad = processor.image_token_id
+    first = s.input_ids.index(pad)
+    if damage == "one pad short":
+        s.input_ids, s.prompt_len = s.input_ids[:first] + s.input_ids[first + 1 :], s.prompt_len - 1
+        for name in ("loss_mask", "behav_logprobs", "versions"):
+            setattr(s, name, getattr(s, name)[1:])
+    elif damage == "split run":
+        s.input_ids = [*s.input_ids[: first + 2], processor.pad_token_id, *s.input_ids[first + 3 :]]
+    elif damage == "no image named":
+        s.image_ids = None
+    cfg = RunConfig.model_validate({"model": {"kind": "vlm"}, "train": {"packing": False}})
+    source = GradedShards(store, cfg, TrainerState(), EventLog(None, "trainer", "0"), limits=shard_limits(model))
+    source.check = PlaceholderCheck(processor, ImageCache([store]))
+    write_shard(store, LAYOUT.graded_shard("rollout-0", 0), samples)
+    source.ingest(0)
+    quarantined = store.find(LAYOUT.quarantine_dir, ".reason.json")
+    if damage == "intact":
+        assert not quarantined and source.counters.quarantined_shards == 0
+        return
+    assert len(quarantined) == 1 and source.counters.quarantined_shards == 1
+    reason = store.read_json(quarantined[0])["reason"]
+    assert ("without image_ids" if damage == "no image named" else "do not match its images") in reason

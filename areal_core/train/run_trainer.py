@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from areal_core.config import RunConfig
+from areal_core.dataset import image_roots
 from areal_core.events import EventLog
 from areal_core.forks import read_fork
 from areal_core.layout import LAYOUT
@@ -16,6 +17,9 @@ from areal_core.train.parts import load_parts, shard_limits
 from areal_core.train.sinks import PublishingSink, Sink
 from areal_core.train.sources import GradedShards
 from areal_core.train.trainer import Evaluate, MetricsTracker, Trainer
+from areal_core.vlm.images import ImageCache
+from areal_core.vlm.inputs import PlaceholderCheck
+from areal_core.vlm.processor import VisionProcessor
 from areal_core.weights.publisher import WeightPublisher
 
 
@@ -42,6 +46,8 @@ def build_run_trainer(
     limits = shard_limits(parts.model)
     fork = read_fork(store)
     source = source_class(store, cfg, parts.state, events, fork=fork, pending=parts.pending, limits=limits)
+    if isinstance(parts.tokenizer, VisionProcessor) and isinstance(source, GradedShards):
+        source.check = PlaceholderCheck(parts.tokenizer, ImageCache(image_roots(store), capacity=1024))
     tc = cfg.train
     sink = make_sink(WeightPublisher(store, parts.side_files, tc.weight_delta, tc.weight_full_every))
     return Trainer(parts, source, sink, store, cfg, evaluate=evaluate, tracker=tracker, guard=guard, events=events)

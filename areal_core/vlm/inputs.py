@@ -78,6 +78,38 @@ def _vision_kwargs(mm: MMInputs | None, model: Any) -> dict[str, torch.Tensor]:
     }
 
 
+def pad_runs(ids: Sequence[int], pad: int) -> list[int]:
+    """Lengths of the runs of `pad` in `ids`, in order."""
+    runs, n = [], 0
+    for t in (*ids, None):
+        if t == pad:
+            n += 1
+        elif n:
+            runs.append(n)
+            n = 0
+    return runs
+
+
+class PlaceholderCheck:
+    """Why a sample's image pads do not stand for its images (None when they do): one run per
+    image, each as long as that image's merged patches (`get_rope_index` and the model's
+    placeholder mask would fail on the rest). Each prompt's images are processed once."""
+
+    def __init__(self, processor: VisionProcessor, images: ImageCache):
+        self.processor, self.images = processor, images
+        self._want: dict[tuple[str, ...], list[int]] = {}
+
+    def __call__(self, sample: Any) -> str | None:
+        runs = pad_runs(sample.input_ids, self.processor.image_token_id)
+        key = tuple(sample.image_ids or ())
+        if key not in self._want:
+            grid = self.processor.pixels(self.images.load(list(key))).image_grid_thw if key else torch.zeros(0, 3)
+            self._want[key] = self.processor.image_tokens(grid)
+        if runs != self._want[key]:
+            return f"sample {sample.sample_id}: image pad runs {runs[:8]} do not match its images' {self._want[key]}"
+        return None
+
+
 class MultimodalRows:
     """The images of a training batch's rows (row i: samples[i]) as model inputs for any subset of rows."""
 
