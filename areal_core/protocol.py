@@ -11,6 +11,7 @@ import json
 import math
 import numbers
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -308,11 +309,13 @@ def read_shard_or_quarantine(
     events: Recorder | None = None,
     limits: ShardLimits = DEFAULT_LIMITS,
     image_roots: list[Store] | None = None,
+    check: Callable[[Sample], str | None] | None = None,
 ) -> list[Sample] | None:
     """The shard's samples, or None after moving a corrupt shard to quarantine/ (and recording a
     `quarantine` event when `events` is given). A shard whose rows name images is corrupt when one
     of them is missing from `image_roots` (default: the run's own root; a fork's or a replay's
-    reader passes dataset.image_roots), altered or undecodable."""
+    reader passes dataset.image_roots), altered or undecodable; and when `check(sample)` gives a
+    reason (a VLM trainer's vlm.inputs.PlaceholderCheck)."""
     try:
         samples = decode_shard(store.read_bytes(rel), limits)
         if any(s.image_ids for s in samples):
@@ -320,6 +323,8 @@ def read_shard_or_quarantine(
 
             if problem := image_problem(image_roots or [store], [i for s in samples for i in s.image_ids or []]):
                 raise ShardError(problem)
+        if check is not None and (problem := next((p for x in samples if (p := check(x))), None)):
+            raise ShardError(problem)
         return samples
     except ShardError as exc:
         quarantine(store, rel, str(exc))

@@ -58,9 +58,8 @@ def trainer_role(run_uri: str) -> dict:
     with its images)."""
     from areal_core.context import load_run_config, set_threads
     from areal_core.dataset import image_roots
-    from areal_core.evaluate import greedy_accuracy
+    from areal_core.evaluate import heldout_score
     from areal_core.prompts import load_prompts
-    from areal_core.reward.pool import DEFAULT_REWARD
     from areal_core.run.ownership import hold, renew
     from areal_core.run.tracking import Tracker
     from areal_core.store import Store
@@ -76,17 +75,7 @@ def trainer_role(run_uri: str) -> dict:
     images = ImageCache(image_roots(store)) if cfg.model.kind == "vlm" else None
 
     def evaluate(model, tokenizer) -> float:
-        return greedy_accuracy(
-            model,
-            tokenizer,
-            records,
-            cfg.eval.max_new_tokens,
-            cfg.eval.batch_size,
-            cfg.reward.function or DEFAULT_REWARD,
-            cfg.reward.timeout_s,
-            cfg.task.system_prompt,
-            images,
-        )
+        return heldout_score(model, tokenizer, cfg, records, images)  # eval_every is 0 for agent runs
 
     # rank 0 renews the lease and watches the checkpoints; the final model and DONE are written
     # only after one more check, and the lease is then marked done

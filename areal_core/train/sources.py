@@ -24,7 +24,7 @@ from areal_core.dataset import image_roots
 from areal_core.events import EventLog
 from areal_core.forks import ForkRef
 from areal_core.layout import LAYOUT
-from areal_core.protocol import DEFAULT_LIMITS, Sample, ShardLimits, quarantine, read_shard_or_quarantine, unique
+from areal_core.protocol import DEFAULT_LIMITS, Sample, ShardLimits, read_shard_or_quarantine, unique
 from areal_core.store import Store
 from areal_core.train.backlog import BacklogRecorder
 from areal_core.train.batch import GroupBuffer
@@ -130,20 +130,8 @@ class GradedShards(BatchSource):
             self._add(rel, self.fork.read_shard(rel, self.limits))  # later versions: off the fork's lineage
         own = dataclasses.replace(self.limits, max_version=version)
         for rel in new:
-            self._add(
-                rel, self._checked(rel, read_shard_or_quarantine(self.store, rel, self.ev, own, self.image_roots))
-            )
+            self._add(rel, read_shard_or_quarantine(self.store, rel, self.ev, own, self.image_roots, self.check))
         return len(new)
-
-    def _checked(self, rel: str, samples: list[Sample] | None) -> list[Sample] | None:
-        """`samples`, or None after quarantining their shard when `check` finds a sample it cannot train."""
-        if samples is None or self.check is None:
-            return samples
-        if problem := next((p for s in samples if (p := self.check(s))), None):
-            quarantine(self.store, rel, problem)
-            self.ev.emit("quarantine", path=rel, reason=problem[:300])
-            return None
-        return samples
 
     def _add(self, rel: str, samples: list[Sample] | None) -> None:
         self.consumed.add(rel)
