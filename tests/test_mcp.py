@@ -217,6 +217,20 @@ def test_the_config_selects_the_mcp_workflow():
     assert env.max_calls == 3 and spec.executable() == sys.executable
 
 
+def test_agent_configs_with_mcp_servers_key_their_warm_start():
+    """prepare hashes the agent section into the SFT key: its MCP servers (models) must serialise,
+    and a change of server changes the key."""
+    from areal_core.run.pipeline import sft_key
+
+    cfg = load_config(str(ROOT / "configs" / "agent_python.yaml"))
+    (server,) = cfg.agent.mcp_servers
+    assert server.transport == "http" and "{port}" in server.args
+    key = json.loads(sft_key(cfg))
+    assert key["agent"]["mcp_servers"][0]["transport"] == "http"
+    other = load_config(str(ROOT / "configs" / "agent_python.yaml"), ["agent.mcp_max_calls=5"])
+    assert sft_key(other) != sft_key(cfg)
+
+
 def test_an_mcp_agent_run_without_servers_says_so(tok):
     workflow = AgentWorkflow(tok, scripted_agent_with_default_tools, group_size=1)
     try:

@@ -4,6 +4,7 @@ an episode and not across, limits per call, output cut and said; the ideal episo
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 
 import pytest
@@ -72,3 +73,90 @@ def test_the_ideal_python_episode_earns_the_verifiers_reward():
     assert result.error is None and result.reward == 1.0
     (row,) = result.samples
     assert (row.input_ids, row.loss_mask) == ChatTemplate(tok, tool_prompt="none").episode(python_transcript(train[0]))
+
+
+PYTHON_HTTP = ServerSpec(
+    "python",
+    command="python",
+    args=("-m", "examples.python_agent.server", "--wall-s", "20", "--cpu-s", "1", "--http", "{port}"),
+    transport="http",
+)
+
+
+def test_one_http_server_process_gives_each_episode_its_own_interpreter_and_is_restarted_when_it_dies():
+    env = MCPEnvironment([PYTHON_HTTP], max_calls=10)
+    served = env.served["python"]
+
+    async def episode(value: int) -> list[str]:
+        async with env.episode() as tools:
+            out = [await tools.call("run_python", {"code": f"x = {value}"})]
+            await asyncio.sleep(0.2)  # the other episode sets its own x meanwhile
+            return out + [await tools.call("run_python", {"code": "print(x)"})]
+
+    async def fresh() -> str:
+        async with env.episode() as tools:
+            return await tools.call("run_python", {"code": "print(x)"})
+
+    async def main():
+        both = await asyncio.gather(episode(1), episode(2))
+        pid = served.proc.pid
+        after = await fresh()
+        served.proc.kill()  # the server dies between episodes: the next episode starts it again
+        served.proc.wait(5)
+        again = await fresh()
+        return both, pid, after, again
+
+    try:
+        both, pid, after, again = asyncio.run(main())
+        assert both == [["(no output)", "1"], ["(no output)", "2"]]  # concurrent sessions, separate state
+        assert after == again == "error: NameError: name 'x' is not defined"
+        assert served.starts == 2 and served.proc.pid != pid
+        assert env.outcomes == {"ok": 4}
+        proc = served.proc
+    finally:
+        env.close()
+    assert proc.poll() is not None and served.proc is None  # close() ends the process
+
+
+def test_an_http_command_that_never_listens_or_exits_costs_a_counted_episode():
+    never = ServerSpec(
+        "never",
+        command="python",
+        args=("-c", "import sys, time; sys.argv.append('{port}'); time.sleep(60)"),
+        transport="http",
+        connect_timeout_s=1.5,
+    )
+    dies = ServerSpec("dies", command="python", args=("-c", "raise SystemExit('bad flag {port}')"), transport="http")
+
+    async def one(spec: ServerSpec) -> str:
+        env = MCPEnvironment([spec])
+        try:
+            async with env.episode():
+                return "connected"
+        except Exception as exc:  # noqa: BLE001
+            return f"{type(exc).__name__}: {exc} | {dict(env.outcomes)}"
+        finally:
+            env.close()
+
+    timed_out = asyncio.run(one(never))
+    failed = asyncio.run(one(dies))
+    assert timed_out.startswith("ServerFailure: MCP server 'never': connect_timeout: not listening on port")
+    assert timed_out.endswith("{'connect_timeout:never': 1}")
+    assert "connect_failed: exited with status 1 (stderr: bad flag " in failed
+    assert failed.endswith("{'connect_failed:dies': 1}")
+
+
+@pytest.mark.parametrize(
+    "server, problem",
+    [
+        ({"command": "python", "args": ["-m", "x"], "transport": "http"}, "must hold {port}"),
+        ({"url": "http://127.0.0.1:1/mcp", "transport": "http"}, "http is for a command"),
+        ({"command": "python", "args": ["{port}"], "transport": "http", "http_path": "mcp"}, "must start with '/'"),
+        ({"command": "python", "transport": "sse"}, "transport"),
+    ],
+)
+def test_http_transport_config_errors(server, problem):
+    from areal_core.config.run import MCPServerConfig
+
+    with pytest.raises(ValueError, match=re.escape(problem)):
+        MCPServerConfig.model_validate(server)

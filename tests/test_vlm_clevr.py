@@ -85,6 +85,20 @@ def test_scenes_are_seeded_and_their_answers_are_right_in_the_pixels():
     assert {"0", "1", "yes", "no"} <= answers  # the questions are not constant
 
 
+def test_counting_answers_are_balanced_so_a_blind_policy_scores_about_one_in_five():
+    from collections import Counter
+
+    train, _ = generate(2, 2000, 0, "count_colour,count_shape", 4)
+    share = {a: n / len(train) for a, n in Counter(r["meta"]["final"] for r in train).items()}
+    assert set(share) == {"0", "1", "2", "3", "4"} and all(0.16 < v < 0.24 for v in share.values()), share
+    # the asked colour or shape is the scene's target, and the other objects never have it
+    for r in train[:200]:
+        scene = r["meta"]["scene"]
+        attr = "colour" if scene["qtype"] == "count_colour" else "shape"
+        assert sum(it[attr] == scene["target"] for it in scene["items"]) == int(r["meta"]["final"])
+        assert (scene["target"] in r["prompt"]) or (PLURAL[scene["target"]] in r["prompt"])
+
+
 def test_the_verifier_checks_the_final_answer_and_the_task_is_registered():
     assert clevr_reward("I count them.\n#### 3", "#### 3")[0] == 1.0
     assert clevr_reward("#### 2", "#### 3")[0] == 0.0

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -32,6 +33,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 LIST_PAGES = 20  # tools/list pages read at most: a paginator that never ends cannot hang a connect
 CLOSE_S = 10.0  # bound on closing one connection (the SDK's own shutdown waits ~2 s, then kills)
 STDERR_TAIL = 300
+logging.getLogger("mcp.client.streamable_http").setLevel(logging.WARNING)  # no line per episode's session id
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,8 @@ class ServerSpec:
     env: tuple[tuple[str, str], ...] = ()
     url: str = ""
     stateless: bool = False
+    transport: str = "stdio"  # a command's: stdio (a process per session) or http (one process, sessions over HTTP)
+    http_path: str = "/mcp"
     connect_timeout_s: float = 60.0
     call_timeout_s: float = 30.0
 
@@ -60,6 +64,8 @@ class ServerSpec:
             env=tuple(sorted(cfg.env.items())),
             url=cfg.url,
             stateless=cfg.stateless,
+            transport=cfg.transport,
+            http_path=cfg.http_path,
             connect_timeout_s=cfg.connect_timeout_s or connect_timeout_s,
             call_timeout_s=cfg.call_timeout_s or call_timeout_s,
         )
@@ -147,7 +153,10 @@ class Connection:
         from mcp import Client
 
         try:
-            async with Client(self._transport(), read_timeout_seconds=self.spec.call_timeout_s) as client:
+            # a URL server the episode owns gets the handshake protocol (`legacy`): the server keeps a
+            # session for it (mcp-session-id), which the stateless 2026 protocol of `auto` does not
+            mode = "legacy" if self.spec.url and not self.spec.stateless else "auto"
+            async with Client(self._transport(), read_timeout_seconds=self.spec.call_timeout_s, mode=mode) as client:
                 tools, cursor = [], None
                 for _ in range(LIST_PAGES):
                     page = await client.list_tools(cursor=cursor)

@@ -6,9 +6,10 @@
         text = await tools.call("search", '{"query": "..."}')   # the tool message's content
 
 Each episode gets its own session of every server (a fresh process for a stdio server, a fresh
-client session for a URL), opened concurrently and closed when the episode ends, so nothing one
-episode did is visible to the next. A server declared `stateless` is connected once per event
-loop and shared by every episode on it (reconnected after it fails).
+client session for a URL or a `transport: http` command, whose one process `served.ServedProcess`
+starts and restarts), opened concurrently and closed when the episode ends, so nothing one episode
+did is visible to the next. A server declared `stateless` is connected once per event loop and
+shared by every episode on it (reconnected after it fails). `close()` stops the started processes.
 
 What the model does wrong is told to it in the tool message and counted as an event, and the
 episode goes on: `unknown_tool`, `bad_arguments` (not JSON, not an object, missing or mistyped
@@ -39,6 +40,7 @@ from areal_core.agents.mcp import (
     parse_arguments,
     result_text,
 )
+from areal_core.agents.served import ServedProcess
 
 
 @dataclass
@@ -124,6 +126,7 @@ class MCPEnvironment:
         self.tool_calls = 0
         self._shared: dict[Any, dict[str, Connection]] = {}  # event loop -> server name -> connection
         self._locks: dict[Any, asyncio.Lock] = {}
+        self.served = {s.name: ServedProcess(s) for s in self.servers if s.transport == "http" and not s.url}
 
     @property
     def mcp_servers(self) -> list[ServerSpec]:
@@ -139,6 +142,8 @@ class MCPEnvironment:
         return cls(specs, agent.mcp_max_calls, agent.mcp_max_result_chars)
 
     async def _shared_connection(self, spec: ServerSpec) -> Connection:
+        if spec.name in self.served:
+            spec = await asyncio.to_thread(self.served[spec.name].url_spec)
         loop = asyncio.get_running_loop()
         for dead in [k for k in self._shared if k is not loop and k.is_closed()]:
             self._shared.pop(dead, None)
@@ -155,6 +160,8 @@ class MCPEnvironment:
     async def _open(self, spec: ServerSpec) -> Connection:
         if spec.stateless:
             return await self._shared_connection(spec)
+        if spec.name in self.served:
+            spec = await asyncio.to_thread(self.served[spec.name].url_spec)
         conn = Connection(spec)
         await conn.open()
         return conn
@@ -203,6 +210,11 @@ class MCPEnvironment:
         """Close the shared connections of the running loop (those of a closed loop ended with it)."""
         conns = self._shared.pop(asyncio.get_running_loop(), {})
         await asyncio.gather(*(c.close() for c in conns.values()), return_exceptions=True)
+
+    def close(self) -> None:
+        """Stop the processes of `transport: http` servers (a later episode starts them again)."""
+        for served in self.served.values():
+            served.stop()
 
     def stats(self) -> dict[str, Any]:
         return {"outcomes": dict(self.outcomes), "events": dict(self.events), "tool_calls": self.tool_calls}

@@ -48,3 +48,7 @@ class MCPWorkflow(AgentWorkflow):
 
     def stats(self) -> dict[str, Any]:
         return {**super().stats(), "mcp": self.environment.stats()}
+
+    def close(self) -> None:
+        super().close()
+        self.environment.close()

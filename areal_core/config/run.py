@@ -211,6 +211,14 @@ class MCPServerConfig(ConfigModel):
     args: list[Str] = Field(default_factory=list, description="stdio: its arguments")
     env: dict[Str, Str] = Field(default_factory=dict, description="stdio: extra environment variables")
     url: Str = Field("", description="streamable HTTP: the server's URL (http://host:port/mcp)")
+    transport: Literal["stdio", "http"] = Field(
+        "stdio",
+        description=(
+            "a command's transport: stdio (a process per episode unless stateless); http: started once per "
+            "rollout worker on a free port (`{port}` in args), each episode its own session over streamable HTTP"
+        ),
+    )
+    http_path: Str = Field("/mcp", description="transport http: the path of the server's MCP endpoint")
     stateless: Bool = Field(
         False,
         description=(
@@ -231,6 +239,13 @@ class MCPServerConfig(ConfigModel):
             raise Invalid("url", f"must be an http(s) URL, got {self.url!r}")
         if (self.args or self.env) and not self.command:
             raise Invalid("args", "and env are for a command (stdio) server")
+        if self.transport == "http":
+            if not self.command:
+                raise Invalid("transport", "http is for a command the worker starts; a url server is reached as it is")
+            if "{port}" not in " ".join(self.args):
+                raise Invalid("args", "of a transport: http server must hold {port} (the port it is started on)")
+            if not self.http_path.startswith("/"):
+                raise Invalid("http_path", f"must start with '/', got {self.http_path!r}")
         return self
 
 

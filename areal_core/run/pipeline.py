@@ -36,7 +36,7 @@ def sft_key(cfg: RunConfig) -> str:
     """What the SFT result depends on: seed, task, model and SFT settings."""
     part = {"seed": cfg.seed, "task": vars(cfg.task), "model": vars(cfg.model), "sft": vars(cfg.sft)}
     if cfg.agent.sft_examples or cfg.agent.corpus:  # an agent's warm start and tokenizer text
-        part["agent"] = vars(cfg.agent)
+        part["agent"] = cfg.agent.model_dump(mode="json")  # mcp_servers are models, not JSON
     return json.dumps(part, sort_keys=True)
 
 

@@ -1,13 +1,15 @@
 """The Python agent's MCP server: `run_python(code)` in the project's bubblewrap sandbox.
 
-    python -m examples.python_agent.server [--wall-s 5] [--cpu-s 3] [--max-output 1000]
+    python -m examples.python_agent.server [--wall-s 5] [--cpu-s 3] [--max-output 1000] [--http PORT]
 
 Each call runs in a fresh sandbox through `areal_core.reward.sandbox.Sandbox.run`, the sandbox's
 public entry point (no network, read-only system, private /tmp, CPU, memory, process and file
 limits, a wall clock): the same one code rewards use. The interpreter is stateful within a
 session: the cells that ran without error are replayed first (their output discarded), so
-`x = 21` then `print(x * 2)` prints 42. A session is a server process here (the run does not
-declare it stateless), so each episode starts empty. A cell whose last statement is an
+`x = 21` then `print(x * 2)` prints 42. Each MCP session has its own interpreter: over stdio a
+session is a process (one per episode), over streamable HTTP (`--http PORT`, what
+`transport: http` in configs/agent_python.yaml starts once per rollout worker) one process holds
+a session per episode, so each episode still starts empty without a new process. A cell whose last statement is an
 expression prints its value, as a REPL does. Output past `--max-output` characters is cut and
 the cut is said; a cell that errs returns the error's last line, one past the limit says so.
 Without a working bubblewrap the server does not start: the episode fails as `connect_failed`.
@@ -17,8 +19,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from collections import OrderedDict
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 
 from areal_core.reward.sandbox import Limits, Sandbox
 
@@ -49,12 +52,16 @@ _run(_CELLS[-1], True)
 """
 
 
+MAX_SESSIONS = 1024  # interpreters kept; an episode's session is used for seconds, then ended
+
+
 class Interpreter:
     """One session's cells, run in the sandbox."""
 
     def __init__(self, limits: Limits, max_output: int):
         self.sandbox, self.limits, self.max_output = Sandbox(limits), limits, max_output
         self.cells: list[str] = []
+        self.lock = asyncio.Lock()  # one cell at a time: they share the session's state
 
     def run(self, code: str) -> str:
         result = self.sandbox.run(PROGRAM.format(cells=[*self.cells, code]))
@@ -78,14 +85,23 @@ class Interpreter:
 
 
 def build(wall_s: float, cpu_s: int, max_output: int) -> MCPServer:
-    interpreter = Interpreter(Limits(wall_s=wall_s, cpu_s=cpu_s, memory_mb=512, fsize_mb=2), max_output)
+    limits = Limits(wall_s=wall_s, cpu_s=cpu_s, memory_mb=512, fsize_mb=2)
     server = MCPServer("python", log_level="WARNING")
-    lock = asyncio.Lock()
+    sessions: OrderedDict[str, Interpreter] = OrderedDict()  # the least recently used first
 
     @server.tool()
-    async def run_python(code: str) -> str:
+    async def run_python(code: str, ctx: Context) -> str:
         """Run Python code (state is kept between calls); returns what it printed, or its error."""
-        async with lock:  # one cell at a time: they share the session's state
+        # over HTTP the session is the client's MCP session (the handshake's mcp-session-id);
+        # over stdio the process is the session
+        key = (ctx.headers or {}).get("mcp-session-id", "stdio")
+        interpreter = sessions.get(key)
+        if interpreter is None:
+            interpreter = sessions[key] = Interpreter(limits, max_output)
+            while len(sessions) > MAX_SESSIONS:
+                sessions.popitem(last=False)
+        sessions.move_to_end(key)
+        async with interpreter.lock:
             return await asyncio.to_thread(interpreter.run, code)
 
     return server
@@ -96,8 +112,13 @@ def main() -> None:
     ap.add_argument("--wall-s", type=float, default=5.0, help="wall-clock limit per call, replay included")
     ap.add_argument("--cpu-s", type=int, default=3, help="CPU seconds per call (per process of the sandbox)")
     ap.add_argument("--max-output", type=int, default=1000, help="characters of output returned")
+    ap.add_argument("--http", type=int, default=0, help="serve streamable HTTP on this port (0: stdio)")
     a = ap.parse_args()
-    build(a.wall_s, a.cpu_s, a.max_output).run()
+    server = build(a.wall_s, a.cpu_s, a.max_output)
+    if a.http:
+        server.run("streamable-http", host="127.0.0.1", port=a.http)
+    else:
+        server.run()
 
 
 if __name__ == "__main__":
