@@ -4,8 +4,15 @@ an episode and not across, limits per call, output cut and said; the ideal episo
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import re
 import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import time
 
 import pytest
 import torch
@@ -17,6 +24,7 @@ from areal_core.models import build_tokenizer
 from areal_core.proxy.examples import ScriptedEngine
 from areal_core.proxy.templating import ChatTemplate
 from examples.python_agent.agent import generate, python_agent, python_corpus, python_transcript
+from tests.conftest import ROOT
 
 pytestmark = [
     pytest.mark.sandbox,
@@ -118,7 +126,7 @@ def test_one_http_server_process_gives_each_episode_its_own_interpreter_and_is_r
     assert proc.poll() is not None and served.proc is None  # close() ends the process
 
 
-def test_an_http_command_that_never_listens_or_exits_costs_a_counted_episode():
+def test_an_http_command_that_never_listens_or_exits_costs_a_counted_episode_and_the_next_fails_fast():
     never = ServerSpec(
         "never",
         command="python",
@@ -128,22 +136,113 @@ def test_an_http_command_that_never_listens_or_exits_costs_a_counted_episode():
     )
     dies = ServerSpec("dies", command="python", args=("-c", "raise SystemExit('bad flag {port}')"), transport="http")
 
-    async def one(spec: ServerSpec) -> str:
-        env = MCPEnvironment([spec])
+    async def one(env: MCPEnvironment) -> str:
         try:
             async with env.episode():
                 return "connected"
         except Exception as exc:  # noqa: BLE001
-            return f"{type(exc).__name__}: {exc} | {dict(env.outcomes)}"
+            return f"{type(exc).__name__}: {exc}"
+
+    async def twice(spec: ServerSpec) -> tuple[list[str], dict, int, float]:
+        env = MCPEnvironment([spec])
+        try:
+            first = await one(env)
+            t0 = time.monotonic()
+            second = await one(env)  # within RETRY_AFTER_S: the same failure at once, no new process
+            return [first, second], dict(env.outcomes), env.served[spec.name].starts, time.monotonic() - t0
         finally:
             env.close()
 
-    timed_out = asyncio.run(one(never))
-    failed = asyncio.run(one(dies))
+    (timed_out, again), outcomes, starts, waited = asyncio.run(twice(never))
     assert timed_out.startswith("ServerFailure: MCP server 'never': connect_timeout: not listening on port")
-    assert timed_out.endswith("{'connect_timeout:never': 1}")
+    assert again == timed_out and starts == 1 and waited < 0.5
+    assert outcomes == {"connect_timeout:never": 2}
+    (failed, _), outcomes, _, _ = asyncio.run(twice(dies))
     assert "connect_failed: exited with status 1 (stderr: bad flag " in failed
-    assert failed.endswith("{'connect_failed:dies': 1}")
+    assert outcomes == {"connect_failed:dies": 2}
+
+
+def test_a_listener_of_another_process_on_the_port_is_not_taken_for_the_server(monkeypatch):
+    """The port picked is taken by a stranger before the server binds it: the server is started
+    again on another port, and episodes reach it, not the stranger."""
+    from areal_core.agents import served
+
+    stranger = socket.socket()
+    stranger.bind(("127.0.0.1", 0))
+    stranger.listen()
+    ports = iter([stranger.getsockname()[1]])
+    real = served.free_port
+    monkeypatch.setattr(served, "free_port", lambda: next(ports, None) or real())
+    env = MCPEnvironment([PYTHON_HTTP])
+
+    async def main() -> str:
+        async with env.episode() as tools:
+            return await tools.call("run_python", {"code": "6 * 7"})
+
+    try:
+        assert asyncio.run(main()) == "42"
+        assert env.served["python"].starts == 2 and env.served["python"].port != stranger.getsockname()[1]
+    finally:
+        env.close()
+        stranger.close()
+
+
+def test_the_http_server_dies_with_the_worker_that_started_it(tmp_path):
+    """SIGKILL of the worker: the kernel ends the server it started (no orphan left listening)."""
+    script = tmp_path / "worker.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import asyncio, sys, time
+            sys.path.insert(0, {str(ROOT)!r})
+            from areal_core.agents.mcp import ServerSpec
+            from areal_core.agents.tools import MCPEnvironment
+            spec = ServerSpec("python", command="python", transport="http",
+                              args=("-m", "examples.python_agent.server", "--http", "{{port}}"))
+            env = MCPEnvironment([spec])
+            async def main():
+                async with env.episode() as tools:
+                    await tools.call("run_python", {{"code": "1"}})
+                print(env.served["python"].proc.pid, flush=True)
+                time.sleep(60)
+            asyncio.run(main())
+            """
+        )
+    )
+    worker = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        server_pid = int(worker.stdout.readline())
+        assert os.path.exists(f"/proc/{server_pid}")
+        worker.kill()
+        worker.wait(10)
+        deadline = time.monotonic() + 10
+        while os.path.exists(f"/proc/{server_pid}") and time.monotonic() < deadline:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(server_pid, os.WNOHANG)
+            time.sleep(0.1)
+        alive = os.path.exists(f"/proc/{server_pid}") and "Z" not in open(f"/proc/{server_pid}/stat").read().split()[2]
+        assert not alive
+    finally:
+        worker.kill()
+
+
+def test_an_http_call_outside_a_session_is_refused():
+    """The Python server over HTTP keeps state per MCP session; a client without one (the stateless
+    2026 protocol) is told so rather than sharing an interpreter with every other such client."""
+    env = MCPEnvironment([PYTHON_HTTP])
+
+    async def main() -> str:
+        from mcp import Client
+
+        spec = await env.served["python"].url_spec()
+        async with Client(spec.url) as client:  # mode auto: no session
+            result = await client.call_tool("run_python", {"code": "1"})
+            return result.content[0].text
+
+    try:
+        assert "keeps state per MCP session" in asyncio.run(main())
+    finally:
+        env.close()
 
 
 @pytest.mark.parametrize(

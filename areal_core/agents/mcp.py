@@ -153,9 +153,11 @@ class Connection:
         from mcp import Client
 
         try:
-            # a URL server the episode owns gets the handshake protocol (`legacy`): the server keeps a
-            # session for it (mcp-session-id), which the stateless 2026 protocol of `auto` does not
-            mode = "legacy" if self.spec.url and not self.spec.stateless else "auto"
+            # a server the worker started (transport http) and an episode owns gets the handshake
+            # protocol (`legacy`): the server keeps a session for it (mcp-session-id), which the
+            # stateless 2026 protocol of `auto` does not; a user's URL server is spoken to as it prefers
+            own_session = self.spec.transport == "http" and not self.spec.stateless
+            mode = "legacy" if own_session else "auto"
             async with Client(self._transport(), read_timeout_seconds=self.spec.call_timeout_s, mode=mode) as client:
                 tools, cursor = [], None
                 for _ in range(LIST_PAGES):

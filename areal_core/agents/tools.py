@@ -143,7 +143,7 @@ class MCPEnvironment:
 
     async def _shared_connection(self, spec: ServerSpec) -> Connection:
         if spec.name in self.served:
-            spec = await asyncio.to_thread(self.served[spec.name].url_spec)
+            spec = await self.served[spec.name].url_spec()
         loop = asyncio.get_running_loop()
         for dead in [k for k in self._shared if k is not loop and k.is_closed()]:
             self._shared.pop(dead, None)
@@ -151,7 +151,7 @@ class MCPEnvironment:
         async with self._locks.setdefault(loop, asyncio.Lock()):
             conns = self._shared.setdefault(loop, {})
             conn = conns.get(spec.name)
-            if conn is None or not conn.alive:
+            if conn is None or not conn.alive or conn.spec.url != spec.url:  # a restarted server: its new port
                 conn = Connection(spec)
                 conns[spec.name] = conn
                 await conn.open()
@@ -161,7 +161,7 @@ class MCPEnvironment:
         if spec.stateless:
             return await self._shared_connection(spec)
         if spec.name in self.served:
-            spec = await asyncio.to_thread(self.served[spec.name].url_spec)
+            spec = await self.served[spec.name].url_spec()
         conn = Connection(spec)
         await conn.open()
         return conn

@@ -121,7 +121,7 @@ class AgentWorkflow(RolloutWorkflow):
     def serve(self, engine: Any) -> ProxyServer:
         """The proxy over `engine`, started at first use (again if the engine changes)."""
         if self.server is None or self.engine is not engine:
-            self.close()
+            self._stop_proxy()  # not close(): a subclass's close may end more (MCP servers) than the proxy
             self.engine, self.backend = engine, as_backend(engine)
             limits = self.limits or ProxyLimits()
             if not limits.max_context_tokens:  # the engine's model, also behind the worker's AsyncEngine
@@ -147,6 +147,9 @@ class AgentWorkflow(RolloutWorkflow):
             self.capped.setdefault(session.owner, []).append(session)
 
     def close(self) -> None:
+        self._stop_proxy()
+
+    def _stop_proxy(self) -> None:
         if self.server is not None:
             self.server.stop()
             self.server = None

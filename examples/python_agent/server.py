@@ -58,8 +58,8 @@ MAX_SESSIONS = 1024  # interpreters kept; an episode's session is used for secon
 class Interpreter:
     """One session's cells, run in the sandbox."""
 
-    def __init__(self, limits: Limits, max_output: int):
-        self.sandbox, self.limits, self.max_output = Sandbox(limits), limits, max_output
+    def __init__(self, sandbox: Sandbox, limits: Limits, max_output: int):
+        self.sandbox, self.limits, self.max_output = sandbox, limits, max_output
         self.cells: list[str] = []
         self.lock = asyncio.Lock()  # one cell at a time: they share the session's state
 
@@ -84,20 +84,26 @@ class Interpreter:
         return text[: self.max_output] + f"\n[output cut: {self.max_output} of {len(text)} characters shown]"
 
 
-def build(wall_s: float, cpu_s: int, max_output: int) -> MCPServer:
+def build(wall_s: float, cpu_s: int, max_output: int, http: bool = False) -> MCPServer:
+    """The server; `http`: sessions are the clients' MCP sessions, and a call outside one is refused.
+    Raises SandboxUnavailable without a working bubblewrap, so the server never starts without it."""
     limits = Limits(wall_s=wall_s, cpu_s=cpu_s, memory_mb=512, fsize_mb=2)
+    sandbox = Sandbox(limits)  # checks bubblewrap now, not at the first call
     server = MCPServer("python", log_level="WARNING")
-    sessions: OrderedDict[str, Interpreter] = OrderedDict()  # the least recently used first
+    # an episode's session is used for seconds and then ended; the least recently used goes first
+    sessions: OrderedDict[str, Interpreter] = OrderedDict()
 
     @server.tool()
     async def run_python(code: str, ctx: Context) -> str:
         """Run Python code (state is kept between calls); returns what it printed, or its error."""
         # over HTTP the session is the client's MCP session (the handshake's mcp-session-id);
         # over stdio the process is the session
-        key = (ctx.headers or {}).get("mcp-session-id", "stdio")
+        key = (ctx.headers or {}).get("mcp-session-id") if http else "stdio"
+        if not key:
+            return "error: run_python keeps state per MCP session; connect with one (the initialize handshake)"
         interpreter = sessions.get(key)
         if interpreter is None:
-            interpreter = sessions[key] = Interpreter(limits, max_output)
+            interpreter = sessions[key] = Interpreter(sandbox, limits, max_output)
             while len(sessions) > MAX_SESSIONS:
                 sessions.popitem(last=False)
         sessions.move_to_end(key)
@@ -114,7 +120,7 @@ def main() -> None:
     ap.add_argument("--max-output", type=int, default=1000, help="characters of output returned")
     ap.add_argument("--http", type=int, default=0, help="serve streamable HTTP on this port (0: stdio)")
     a = ap.parse_args()
-    server = build(a.wall_s, a.cpu_s, a.max_output)
+    server = build(a.wall_s, a.cpu_s, a.max_output, http=bool(a.http))
     if a.http:
         server.run("streamable-http", host="127.0.0.1", port=a.http)
     else:
