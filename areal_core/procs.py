@@ -15,6 +15,7 @@ import ctypes
 import functools
 import os
 import signal
+import socket
 import sys
 from collections.abc import Callable
 
@@ -77,3 +78,10 @@ def descendants(pid: int) -> list[int]:
         for child in kids:
             out += [child, *descendants(child)]
     return out
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on `host` now (a child started on it may still find it taken: check it bound)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]

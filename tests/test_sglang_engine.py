@@ -22,9 +22,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from areal_core.layout import LAYOUT
+from areal_core.procs import free_port
 from areal_core.rollout.engine import SamplingParams
 from areal_core.rollout.sglang_engine import SGLangEngine, SGLangEngineError
-from areal_core.rollout.vllm_server import free_port
 from areal_core.store import Store
 from areal_core.weights import WEIGHTS_FILE, WeightsError
 from areal_core.weights.publisher import publish

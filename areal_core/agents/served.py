@@ -25,7 +25,6 @@ import contextlib
 import dataclasses
 import os
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -33,19 +32,13 @@ import time
 from pathlib import Path
 
 from areal_core.agents.mcp import PROJECT_ROOT, STDERR_TAIL, ServerFailure, ServerSpec
-from areal_core.procs import kill_group, own_group_dying_with_parent
+from areal_core.procs import free_port, kill_group, own_group_dying_with_parent
 
 PORT_FIELD = "{port}"
 POLL_S = 0.05
 RETRY_AFTER_S = 5.0
 PORT_TRIES = 3
 STDERR_CAP = 1 << 20  # bytes of a server's stderr kept (the file is emptied past it)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def listening_inodes(port: int) -> set[str]:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import warnings
 from pathlib import Path
@@ -34,6 +33,7 @@ import torch.multiprocessing as mp
 
 from areal_core.megatron.shapes import ModelShape
 from areal_core.megatron.shard import gather_hf_state_dict, shard_for_rank
+from areal_core.procs import free_port
 
 WORLD = 2
 
@@ -95,18 +95,12 @@ def _worker(rank: int, cases_path: str, out_dir: str, port: int) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
     Path(argv[1]).mkdir(parents=True, exist_ok=True)
-    mp.spawn(_worker, args=(argv[0], argv[1], _free_port()), nprocs=WORLD)
+    mp.spawn(_worker, args=(argv[0], argv[1], free_port()), nprocs=WORLD)
     print(Path(argv[1], "selfcheck.json").read_text())
     return 0
 

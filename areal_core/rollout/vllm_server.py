@@ -12,7 +12,6 @@ import logging
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -24,7 +23,7 @@ import httpx
 
 from areal_core.config.base import PROJECT_ROOT
 from areal_core.config.run import DEFAULT_VLLM_PYTHON, resolve_python
-from areal_core.procs import own_group_dying_with_parent
+from areal_core.procs import free_port, own_group_dying_with_parent
 
 log = logging.getLogger("areal.rollout.vllm")
 
@@ -35,12 +34,6 @@ LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM 0.32's allowed --max
 
 class VLLMServerError(RuntimeError):
     """The vLLM server could not be started, or died; the message carries its log tail."""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 @dataclass
