@@ -119,7 +119,7 @@ def test_one_http_server_process_gives_each_episode_its_own_interpreter_and_is_r
         assert both == [["(no output)", "1"], ["(no output)", "2"]]  # concurrent sessions, separate state
         assert after == again == "error: NameError: name 'x' is not defined"
         assert served.starts == 2 and served.proc.pid != pid
-        assert env.outcomes == {"ok": 4}
+        assert env.outcomes == {"ok": 4} and env.stats()["server_starts"] == {"python": 2}
         proc = served.proc
     finally:
         env.close()

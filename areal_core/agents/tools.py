@@ -217,4 +217,7 @@ class MCPEnvironment:
             served.stop()
 
     def stats(self) -> dict[str, Any]:
-        return {"outcomes": dict(self.outcomes), "events": dict(self.events), "tool_calls": self.tool_calls}
+        out = {"outcomes": dict(self.outcomes), "events": dict(self.events), "tool_calls": self.tool_calls}
+        if self.served:  # a count that grows means the server keeps dying (each start costs its episodes)
+            out["server_starts"] = {name: served.starts for name, served in self.served.items()}
+        return out
