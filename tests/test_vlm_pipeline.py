@@ -177,3 +177,22 @@ def test_a_sample_whose_image_pads_do_not_fit_its_image_quarantines_its_shard(tm
     assert len(quarantined) == 1 and source.counters.quarantined_shards == 1
     reason = store.read_json(quarantined[0])["reason"]
     assert ("without image_ids" if damage == "no image named" else "do not match its images") in reason
+
+
+def test_freeze_vision_trains_the_lm_only_and_is_refused_for_a_text_model(tmp_path):
+    from areal_core.train.parts import make_optimizer
+    from areal_core.vlm.model import freeze_vision_tower, save_vlm
+
+    model, processor = tiny()
+    save_vlm(model, processor, tmp_path / "vlm")
+    cfg = load_config("configs/vlm_shapes.yaml", [f"store={tmp_path}/run", "train.freeze_vision=true"])
+    visual = {id(p) for p in model.model.visual.parameters()}
+    frozen = freeze_vision_tower(model)
+    assert frozen == sum(p.numel() for p in model.model.visual.parameters()) > 0
+    trained = [p for g in make_optimizer(model, cfg, False).param_groups for p in g["params"]]
+    assert trained and not {id(p) for p in trained} & visual  # no optimizer state for the tower
+    assert all(p.requires_grad for n, p in model.named_parameters() if not n.startswith("model.visual"))
+    with pytest.raises(ConfigError, match=r"train\.freeze_vision"):
+        load_config(None, ["train.freeze_vision=true"])
+    with pytest.raises(ValueError, match="no vision tower"):
+        freeze_vision_tower(torch.nn.Linear(2, 2))

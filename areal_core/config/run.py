@@ -362,6 +362,9 @@ class TrainConfig(ConfigModel):
         0, ge=0, description="LoRA rank r (0: full fine-tuning); >0 trains and publishes only the adapter"
     )
     lora_alpha: Float = Field(16.0, gt=0, description="LoRA scale numerator: updates are (alpha / r)·B·A")
+    freeze_vision: Bool = Field(
+        False, description="model.kind vlm: RL leaves the vision tower and merger as they are (only the LM trains)"
+    )
     bf16_autocast: Bool | Literal["auto"] = Field(
         False,
         description=(
@@ -471,6 +474,8 @@ class RunConfig(ConfigModel):
     def _vlm_runs(self) -> Self:
         """What a vision-language run cannot do yet (docs/vlm.md), refused before any work starts."""
         if self.model.kind != "vlm":
+            if self.train.freeze_vision:
+                raise Invalid("train.freeze_vision", "is for model.kind vlm: this model has no vision tower")
             return self
         if self.rollout.engine != "torch":
             raise Invalid(

@@ -74,6 +74,10 @@ def load_parts(
     model, tokenizer = load_pretrained(model_url, cfg.device)
     side_files = hf_side_files(model, tokenizer)
     model, is_lora = lora.with_lora(model, cfg.train, dist.distributed)
+    if cfg.train.freeze_vision:  # before the optimizer: it keeps no state for what does not train
+        from areal_core.vlm.model import freeze_vision_tower
+
+        freeze_vision_tower(model)
     optimizer = make_optimizer(model, cfg, dist.distributed)
     need = required_inputs(cfg.algo)
     ref_model = None

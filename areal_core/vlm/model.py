@@ -132,3 +132,14 @@ def save_vlm(model: Any, processor: VisionProcessor, out_dir: str | Path) -> Non
     from areal_core.models import save_pretrained
 
     save_pretrained(model, processor, out_dir)
+
+
+def freeze_vision_tower(model: Any) -> int:
+    """Turn off the gradients of a Qwen2.5-VL's vision tower and merger (`model.model.visual`, the
+    same module under peft); returns the number of parameters frozen. ValueError without one."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    visual = getattr(getattr(base, "model", None), "visual", None)
+    if visual is None:
+        raise ValueError(f"{type(base).__name__} has no vision tower (model.visual) to freeze")
+    visual.requires_grad_(False)
+    return sum(p.numel() for p in visual.parameters())
