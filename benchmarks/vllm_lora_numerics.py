@@ -21,7 +21,6 @@ effect, and near the torch bf16 error, means the served policy is the trained on
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -30,7 +29,7 @@ import httpx
 import torch
 
 from benchmarks.smollm2_rl import grade, load_model, prompts_of
-from benchmarks.vllm_rl import cpu_name
+from benchmarks.vllm_rl import cpu_name, write_result
 
 
 def teacher_forced(model, ids: list[int], start: int) -> list[float]:
@@ -129,10 +128,7 @@ def main(argv: list[str] | None = None) -> None:
         "greedy_acc_vllm_native": statistics.mean(grade(tok, records, [g.token_ids for g in gens])),
         "greedy_same_tokens": statistics.mean(float(g.token_ids == a) for g, a in zip(gens, answers)),
     }
-    print("RESULT " + json.dumps(res), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=2)
+    write_result(res, args.out)
 
 
 if __name__ == "__main__":

@@ -54,6 +54,14 @@ def cpu_name() -> str:
     return machine()
 
 
+def write_result(res: dict[str, Any], out: str) -> None:
+    """Print one RESULT line (JSON) and, with `out`, write the same to that file."""
+    print("RESULT " + json.dumps(res), flush=True)
+    if out:
+        with open(out, "w") as f:
+            json.dump(res, f, indent=2)
+
+
 def steady_s_per_step(events: list[dict]) -> float:
     """Seconds per trained step from the trainer's `train` spans: first to last step end."""
     ends = sorted(e["t1"] for e in events if e["role"] == "trainer" and e["kind"] == "span" and e["on"] == "train")

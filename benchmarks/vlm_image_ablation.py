@@ -18,7 +18,6 @@ question alone scores the same on all three.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import torch
@@ -51,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     from areal_core.prompts import load_prompts
     from areal_core.store import Store
     from areal_core.vlm.images import ImageCache
-    from benchmarks.vllm_rl import cpu_name
+    from benchmarks.vllm_rl import cpu_name, write_result
     from datasets.clevr import BACKGROUND
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -78,10 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     ):
         res[label] = heldout_score(model, tokenizer, cfg, records, images)
         print(f"{label}: {res[label]:.3f}", flush=True)
-    print("RESULT " + json.dumps(res), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=2)
+    write_result(res, args.out)
 
 
 if __name__ == "__main__":

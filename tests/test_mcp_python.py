@@ -187,6 +187,28 @@ def test_a_listener_of_another_process_on_the_port_is_not_taken_for_the_server(m
         stranger.close()
 
 
+def test_a_wrapper_command_whose_child_listens_is_the_server():
+    """`sh -c '...; true'` (or `uv run ...`): the listener is the wrapper's child, not the process started."""
+    toy = ServerSpec(
+        "toy",
+        command="sh",
+        args=("-c", f"{sys.executable} -m examples.toy_mcp.server --http {{port}}; true"),
+        transport="http",
+        connect_timeout_s=30,
+    )
+    env = MCPEnvironment([toy])
+
+    async def main():
+        async with env.episode() as tools:
+            return await tools.call("add", {"a": 20, "b": 22})
+
+    try:
+        assert asyncio.run(main()) == "42" and env.served["toy"].starts == 1
+    finally:
+        env.close()
+    assert env.served["toy"].proc is None
+
+
 def test_the_http_server_dies_with_the_worker_that_started_it(tmp_path):
     """SIGKILL of the worker: the kernel ends the server it started (no orphan left listening)."""
     script = tmp_path / "worker.py"

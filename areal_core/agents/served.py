@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import os
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -32,13 +33,14 @@ import time
 from pathlib import Path
 
 from areal_core.agents.mcp import PROJECT_ROOT, STDERR_TAIL, ServerFailure, ServerSpec
-from areal_core.procs import free_port, kill_group, own_group_dying_with_parent
+from areal_core.procs import descendants, free_port, kill_group, own_group_dying_with_parent
 
 PORT_FIELD = "{port}"
 POLL_S = 0.05
 RETRY_AFTER_S = 5.0
 PORT_TRIES = 3
 STDERR_CAP = 1 << 20  # bytes of a server's stderr kept (the file is emptied past it)
+HAVE_PROC_NET = os.path.exists("/proc/net/tcp")  # Linux: who holds a listening socket can be told
 
 
 def listening_inodes(port: int) -> set[str]:
@@ -51,6 +53,12 @@ def listening_inodes(port: int) -> set[str]:
                 if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
                     inodes.add(cols[9])
     return inodes
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def holds_socket(pid: int, inodes: set[str]) -> bool:
@@ -143,7 +151,10 @@ class ServedProcess:
                 self._kill(proc)
                 raise self._fail("connect_failed", "the environment was closed while the server started")
             inodes = listening_inodes(port)
-            if inodes and holds_socket(proc.pid, inodes):
+            # the command may be a wrapper (sh -c, uv run): the listener is then one of its descendants
+            if inodes and any(holds_socket(p, inodes) for p in (proc.pid, *descendants(proc.pid))):
+                return True
+            if not HAVE_PROC_NET and proc.poll() is None and listening(port):  # no /proc: trust the port
                 return True
             if proc.poll() is not None:
                 if inodes:  # someone else listens there and ours could not bind: another port
