@@ -172,6 +172,27 @@ def test_swap_mid_generation_is_a_rollout_setting_the_factory_passes_on():
     assert build_local_engine(cfg, m, tok, 0, seed=1).swap_mid_generation is True
 
 
+def test_a_step_delay_slows_the_engine_and_changes_no_token():
+    """rollout.step_delay_s (the controlled experiment of issue 25): the same seeded tokens, one sleep per step."""
+    from areal_core.rollout.factory import build_local_engine
+
+    tok = build_tokenizer(["1 2 3 4 5 + - = ####"], 300)
+    cfg = load_config("configs/default.yaml", ["rollout.step_delay_s=0.05"])
+    m = build_tiny_model(CFG, len(tok), 0).eval()
+    slow = build_local_engine(cfg, m, tok, 0, seed=1)
+    assert slow.step_delay_s == 0.05
+    fast = ContinuousEngine(m, tok.pad_token_id, tok.eos_token_id, slots=4, seed=1)
+    slow.slots = 4
+    params = SamplingParams(max_new_tokens=6, temperature=1.0, seed=5)
+    t0 = time.perf_counter()
+    got = slow.generate(prompts(), params)
+    elapsed = time.perf_counter() - t0
+    assert [g.token_ids for g in got] == [g.token_ids for g in fast.generate(prompts(), params)]
+    assert elapsed >= 0.05 * slow.stats["steps"] > 0
+    with pytest.raises(ConfigError, match="step_delay_s"):
+        load_config("configs/default.yaml", ["rollout.step_delay_s=-1"])
+
+
 def test_versions_switch_at_the_right_token_with_new_weights():
     new = model(seed=5)
     eng = ContinuousEngine(model(), PAD, EOS, slots=8)

@@ -177,6 +177,9 @@ class RolloutConfig(ConfigModel):
             "older, no re-prefill)"
         ),
     )
+    step_delay_s: Float = Field(
+        0.0, ge=0, description="benchmarks: sleep per continuous-engine step, to make generation the bottleneck"
+    )
     admission: Bool = Field(
         True, description="AReaL's admission rule (staleness bound at generation); off only for tests of the hard bound"
     )

@@ -21,6 +21,7 @@ same tokens whatever slot or batch it runs in, and across a swap to equal weight
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -82,6 +83,7 @@ class ContinuousEngine(LocalEngine):
         tokenizer=None,
         policy: str = "continuous",
         swap_mid_generation: bool = True,
+        step_delay_s: float = 0.0,
     ):
         check_supported(model)
         if policy not in {"continuous", "static"}:
@@ -91,6 +93,7 @@ class ContinuousEngine(LocalEngine):
         self.device = next(model.parameters()).device
         self.slots, self.max_seq_len, self.prefill_tokens = slots, max_seq_len, prefill_tokens
         self.tokenizer, self.policy = tokenizer, policy
+        self.step_delay_s = step_delay_s  # benchmarks: a slower engine at the same sampling
         self.generator = torch.Generator().manual_seed(seed)  # draws request seeds
         self.runner: StaticCacheDecoder | None = None
         # prefill_shared: rows whose prefill was copied from an identical sequence's row
@@ -192,6 +195,8 @@ class ContinuousEngine(LocalEngine):
     def _step(self, b: _Batch, pending: deque[int], n: int, step: int) -> int:
         """One engine step; returns the number of active rows after it."""
         runner = self.runner
+        if self.step_delay_s:
+            time.sleep(self.step_delay_s)
         swapped = self._install_staged() if (self.swap_mid_generation or not n) else False
         parts: list[torch.Tensor] = []
         if n and swapped:  # drop the cache: re-prefill prompt + generated tokens under the new weights

@@ -61,7 +61,15 @@ def build_local_engine(cfg: RunConfig, model: Any, tokenizer: Any, version: int,
 
         slots = cfg.rollout.max_batch_groups * cfg.rollout.group_size
         return ContinuousEngine(
-            model, pad, eos, version, seed=seed, slots=slots, tokenizer=tokenizer, swap_mid_generation=mid
+            model,
+            pad,
+            eos,
+            version,
+            seed=seed,
+            slots=slots,
+            tokenizer=tokenizer,
+            swap_mid_generation=mid,
+            step_delay_s=cfg.rollout.step_delay_s,
         )
     from areal_core.rollout.torch_engine import TorchEngine
 
