@@ -59,6 +59,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--tool-prompt", default="full", choices=["full", "names", "none"])
     ap.add_argument("--max-context-tokens", type=int, default=0)
     ap.add_argument("--default-max-tokens", type=int, default=256)
+    ap.add_argument(
+        "--max-images", type=int, default=ProxyLimits.max_images, help="a VLM: image_url parts per chat request"
+    )
     ap.add_argument("--reward-min", type=float, default=-10.0, help="rewards outside [min, max] are a 422")
     ap.add_argument("--reward-max", type=float, default=10.0)
     ap.add_argument(
@@ -118,6 +121,7 @@ def build_app(args: argparse.Namespace) -> FastAPI:
         limits=ProxyLimits(
             max_context_tokens=args.max_context_tokens or None,
             default_max_tokens=args.default_max_tokens,
+            max_images=args.max_images,
             reward_min=args.reward_min,
             reward_max=args.reward_max,
             max_key_session_segments=args.max_key_session_segments or None,

@@ -15,6 +15,9 @@ Endpoints (all under /v1 need `Authorization: Bearer <key>`), one router each in
     POST /v1/sessions/{id}/end       {"reward"?, "discount"?, "group_id"?, "prompt_id"?, "meta"?}
     GET  /health                     no key needed                          health.py
 
+A vision-language model (its VisionProcessor as `tokenizer`, on the torch engine) also takes
+OpenAI `image_url` content parts holding data URIs (proxy/images.py; docs/vlm.md).
+
 Every completion carries an extra top-level field `areal` (OpenAI clients ignore it):
 session_id, turn, segment, prompt_token_ids (the whole prompt fed), token_ids (served),
 logprobs (behaviour log-probs), versions (policy version per served token), timing.
@@ -37,6 +40,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from areal_core.proxy.backend import as_backend
 from areal_core.proxy.guard import ApiKeys, GuardMiddleware, ProxyError, ProxyLimits, context_limit, error_body
+from areal_core.proxy.images import image_refusal, vision_token_ids
 from areal_core.proxy.manager import SessionManager
 from areal_core.proxy.routes import chat, completions, health, sessions
 from areal_core.proxy.routes.errors import session_problem
@@ -104,6 +108,8 @@ def create_app(
         force_sampling=force_sampling,
         model_name=model_name,
         follower=follower,
+        image_refusal=image_refusal(tokenizer, backend),
+        vision_tokens=vision_token_ids(tokenizer),
     )
     app = FastAPI(
         title="AReaL-Flyte agent proxy",

@@ -245,6 +245,7 @@ class ProxyLimits:
     max_new_tokens: int = 1024  # an explicit max_tokens above this is a 400
     default_max_tokens: int = 256  # when the request gives none (cut to the room left in the context)
     max_messages: int = 512
+    max_images: int = 4  # image_url parts in one chat request, its history included (400 above; a VLM only)
     max_sessions: int = 100_000  # live sessions of all keys together (429 above)
     max_sessions_per_key: int = 1_000  # live sessions of one key (429 above): one key cannot fill the table
     max_concurrent_per_key: int = 64  # requests of one key being served at once (429 above)
@@ -264,6 +265,7 @@ def context_limit(engine_backend: Any, configured: int | None) -> int:
     if configured:
         return configured
     inner = getattr(engine_backend, "engine", engine_backend)
-    model = getattr(inner, "model", None)
-    n = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    config = getattr(getattr(inner, "model", None), "config", None)
+    n = getattr(config, "max_position_embeddings", None)
+    n = n or getattr(getattr(config, "text_config", None), "max_position_embeddings", None)  # a VLM's LM
     return int(n) if n else 4096

@@ -224,7 +224,7 @@ class SessionManager:
         )
         names: list[str] = []
         if write and self.writer is not None and samples:
-            names = await asyncio.to_thread(self.writer.write, samples)
+            names = await asyncio.to_thread(self.writer.write, samples, s.image_bytes())
             self.counters["rows_written"] += len(samples)
             if self.admission is not None:
                 self.admission.add_written(len(samples))

@@ -24,9 +24,15 @@ class ToolCall(_Lenient):
     function: FunctionCall
 
 
+class ImageUrl(_Lenient):
+    url: str = Field(description="a data URI, data:image/png;base64,... or data:image/jpeg;base64,... (no fetch)")
+    detail: str | None = None  # accepted and ignored: the model's image processor decides the resolution
+
+
 class ContentPart(_Lenient):
     type: str
     text: str | None = None
+    image_url: ImageUrl | None = None  # type "image_url": a vision-language model only (proxy/images.py)
 
 
 class ChatMessage(_Lenient):
@@ -270,6 +276,7 @@ class Trajectory(BaseModel):
     versions: list[int]
     reward: float | None
     token_rewards: list[float] | None
+    image_ids: list[str] | None = Field(default=None, description="the row's images by sha256 (Layout.image)")
 
 
 class SessionEnded(BaseModel):

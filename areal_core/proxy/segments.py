@@ -1,6 +1,6 @@
 """A segment of a session: one growing token sequence, the turns served in it, and the trajectory
 row it becomes when the session ends: each turn's discounted return, then one `Sample` (what was
-fed and served, its rewards, and where each turn lies in it)."""
+fed and served, its rewards, where each turn lies in it, and the ids of its images)."""
 
 from __future__ import annotations
 
@@ -43,6 +43,8 @@ class Segment:
     versions: list[int] = field(default_factory=list)
     pending_close: list[int] = field(default_factory=list)  # closes the last assistant message if a turn follows
     turns: list[int] = field(default_factory=list)
+    # chat, a VLM: (sha256, bytes as sent) of each image whose placeholders `tokens` hold, in order
+    images: list[tuple[str, bytes]] = field(default_factory=list)
 
     def append(self, ids: list[int], policy: Generation | None = None) -> None:
         self.tokens.extend(ids)
@@ -134,6 +136,7 @@ def segment_row(
             **({"reward_source": "agent"} if reward is not None else {}),
         },
         num_turns=len(turns),
+        image_ids=[sha for sha, _ in seg.images] or None,
         meta={
             **(meta or {}),
             "session_id": session_id,

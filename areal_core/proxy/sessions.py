@@ -9,7 +9,9 @@ behaviour log-probs and versions). The new messages are the token delta the mode
 template gives them after the segment's history (proxy/templating.py), so earlier turns keep
 the exact ids that were fed and served. A request whose message history extends a segment's
 history continues that segment; one that does not (the agent rewrote its history, or runs
-two conversations in one session) opens a new segment. Each segment becomes one row of
+two conversations in one session) opens a new segment. A VLM's chat segment also keeps the
+bytes of the images its placeholders stand for, in order; its row names them in `image_ids`
+and the manager stores them under the run root before the row's shard (proxy/shards.py). Each segment becomes one row of
 the trajectory protocol when the session ends; an episode that only ever appends is one row.
 
 Sessions are named within their API key: `SessionManager` (proxy/manager.py) indexes its table by
@@ -38,9 +40,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from areal_core.protocol import Sample
+from areal_core.proxy.images import RequestImage, prompt_images
 from areal_core.proxy.segments import Segment, TurnRecord, segment_row
-from areal_core.proxy.templating import ChatTemplate, fingerprint
+from areal_core.proxy.templating import ChatTemplate, TemplateError, fingerprint
 from areal_core.rollout.engine import Generation
+from areal_core.vlm.processor import MMInputs
 
 
 class SessionProblem(Exception):
@@ -171,6 +175,8 @@ class TurnPlan:
     fingerprints: list[tuple] | None = None  # chat: fingerprint of each request message
     messages: list[Any] | None = None  # chat: the segment's messages then the request's new ones
     prompt_text: str | None = None  # text: the request's prompt string
+    images: list[RequestImage] | None = None  # chat, a VLM: the images `fed` holds the placeholders of
+    mm: MMInputs | None = None  # the whole prompt's images (the segment's and the new ones) for the engine
 
 
 class Session:
@@ -188,7 +194,10 @@ class Session:
         self.lock = asyncio.Lock()
 
     # -- planning a turn -----------------------------------------------------------------
-    def plan_chat(self, messages: list[Any], tools: list[Any] | None) -> TurnPlan:
+    def plan_chat(
+        self, messages: list[Any], tools: list[Any] | None, images: list[list[RequestImage]] | None = None
+    ) -> TurnPlan:
+        """`images`: each message's decoded images (proxy/images.py: request_images), for a VLM."""
         prints = [fingerprint(m) for m in messages]
         best: Segment | None = None  # the chat segment whose history is the longest prefix of the request's
         for seg in self.segments:
@@ -206,7 +215,16 @@ class Session:
             fed = best.pending_close + t.delta(best.messages, new_msgs, tools)
             history = best.messages + list(new_msgs)
             base = best.tokens
-        return TurnPlan(best, "chat", fed, base + fed, fingerprints=prints, messages=history)
+        plan = TurnPlan(best, "chat", fed, base + fed, fingerprints=prints, messages=history)
+        if t.vision is not None:  # a VLM: each image's placeholder expanded to its patches, its pixels
+            per_message = images or [[] for _ in messages]
+            seen = [im for ims in per_message[: len(best.fingerprints) if best else 0] for im in ims]
+            new = [im for ims in per_message[len(best.fingerprints) if best else 0 :] for im in ims]
+            if [im.id for im in seen] != [sha for sha, _ in (best.images if best else [])]:
+                raise TemplateError("the request's history holds other images than its conversation so far")
+            plan.fed, plan.mm = prompt_images(t.vision, fed, seen + new, len(new))
+            plan.prompt_ids, plan.images = base + plan.fed, new
+        return plan
 
     def plan_text(self, prompt: str | list[int]) -> TurnPlan:
         t = self.template
@@ -241,6 +259,7 @@ class Session:
         seg.append(plan.fed)
         start = len(seg.tokens)
         seg.append(gen.token_ids, policy=gen)
+        seg.images += [(im.id, im.data) for im in plan.images or []]
         if plan.kind == "chat":
             reply = assistant_message or {"role": "assistant"}
             seg.fingerprints = list(plan.fingerprints or []) + [fingerprint(reply)]
@@ -266,6 +285,10 @@ class Session:
 
     def num_tokens(self) -> int:
         return sum(len(seg.tokens) for seg in self.segments)
+
+    def image_bytes(self) -> dict[str, bytes]:
+        """The bytes of every image the session's rows name, by id (stored before its shard)."""
+        return {sha: data for seg in self.segments for sha, data in seg.images}
 
     # -- rewards and the end ---------------------------------------------------------------
     def set_reward(self, reward: float, turn: int | None = None, completion_id: str | None = None) -> str:

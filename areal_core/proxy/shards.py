@@ -1,4 +1,5 @@
-"""Online mode: each ended proxy session is written as one shard under the proxy's worker id."""
+"""Online mode: each ended proxy session is written as one shard under the proxy's worker id, its
+images (a VLM's) stored content-addressed under the run root first (vlm/images.py: put_image)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from areal_core.forks import read_fork
 from areal_core.layout import LAYOUT
 from areal_core.protocol import Sample, write_shard
 from areal_core.store import Store
+from areal_core.vlm.images import put_image
 
 
 class ShardWriter:
@@ -35,9 +37,15 @@ class ShardWriter:
         self.seq = max([*seqs, (cursor.next_seq - 1) if cursor else -1]) + 1
         self.events = EventLog(store, "proxy", worker_id.rsplit("-", 1)[-1])
 
-    def write(self, samples: list[Sample]) -> list[str]:
+    def write(self, samples: list[Sample], images: dict[str, bytes] | None = None) -> list[str]:
+        """Write `samples`; `images`: the bytes of the images they name, by id, stored before the
+        shard so that no reader ever meets a row whose image is not there yet (it would be quarantined)."""
         if not samples:
             return []
+        for sha in dict.fromkeys(i for s in samples for i in s.image_ids or []):
+            if images is None or sha not in images:
+                raise ValueError(f"no bytes given for image {sha} that a row names")
+            put_image(self.store, images[sha])
         graded = [s for s in samples if s.reward is not None]
         ungraded = [s for s in samples if s.reward is None]
         names = []

@@ -51,6 +51,8 @@ class ProxyState:
     force_sampling: bool
     model_name: str
     follower: Any = None  # proxy/versions.Follower when the proxy follows a source of versions
+    image_refusal: str | None = "this model takes text content only"  # None: a VLM on an engine that takes images
+    vision_tokens: frozenset[int] = frozenset()  # a VLM's placeholders: only the template writes them
 
     def model_version(self, version: int) -> str | None:
         """What serving version `version` holds (models:/NAME/N, RUN/weights/v..., a folder); None
@@ -130,10 +132,18 @@ class ProxyState:
             plan = await run_in_threadpool(plan_fn, session)
         except TemplateError as exc:
             raise ProxyError(400, str(exc), "invalid_messages") from None
+        if plan.kind == "text" and self.vision_tokens.intersection(plan.fed):
+            raise ProxyError(
+                400,
+                "the prompt holds vision placeholder tokens that stand for no image: send images as image_url "
+                "parts of a chat request",
+                "invalid_token_id",
+            )
         params = self.sampling_for(req, self.budget(len(plan.prompt_ids), explicit))
+        images = {"mm": plan.mm} if plan.mm is not None else {}  # a text turn calls the backend as before
         t0 = time.perf_counter()
         try:
-            gen = await self.backend.generate(plan.prompt_ids, params)
+            gen = await self.backend.generate(plan.prompt_ids, params, **images)
         except Exception as exc:  # noqa: BLE001 - any engine failure is the client's 500
             log.exception("engine failed")
             raise ProxyError(500, f"engine error: {exc}", "engine_error", "server_error") from None

@@ -28,12 +28,18 @@ listing the tools in `<tools>[...]</tools>` and asking for `<tool_call>[{"name":
 user messages `<tool_response>\\n...\\n</tool_response>`. `parse_tool_calls` reads both forms:
 a `<tool_call>` block holding a JSON object or a JSON list of objects.
 
+Images (a VLM: `tokenizer` is its VisionProcessor). A user message's `image_url` parts become the
+template's `{"type": "image"}` parts, so the prompt holds one `<|image_pad|>` per image (expanded
+to its patches by proxy/images.py); a message's fingerprint names each image by the sha256 of
+its URL. A text model's template gets text only (`content_text`).
+
 tool_prompt: how a request's `tools` reach the template: "full" (as given), "names" (names
 only) or "none" (not shown: the model learnt its tools in training).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import uuid
@@ -41,6 +47,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import jinja2
+
+from areal_core.vlm.processor import VisionProcessor
 
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 _TOOL_CALL_RE = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)" + re.escape(TOOL_CALL_CLOSE), re.DOTALL)
@@ -82,6 +90,44 @@ def content_text(content: Any) -> str:
     raise TemplateError(f"unsupported content of type {type(content).__name__}")
 
 
+def image_parts(content: Any) -> list[Any]:
+    """The `image_url` parts of a message's content (none for a string)."""
+    return [p for p in content if _get(p, "type") == "image_url"] if isinstance(content, list) else []
+
+
+def url_of(part: Any) -> str | None:
+    url = _get(_get(part, "image_url"), "url")
+    return url if isinstance(url, str) else None
+
+
+def content_key(content: Any) -> Any:
+    """What a message's content says, for its fingerprint: its text, or with images each part in
+    order, an image as the sha256 of its URL (the same image resent matches, another does not)."""
+    if not image_parts(content):
+        return content_text(content)
+    return tuple(
+        ("image", hashlib.sha256((url_of(p) or "").encode()).hexdigest())
+        if _get(p, "type") == "image_url"
+        else ("text", _get(p, "text"))
+        for p in content
+    )
+
+
+def vision_parts(content: Any) -> list[dict[str, Any]]:
+    """Content with images in the shape VLM chat templates read (Qwen2.5-VL's, VL_CHAT_TEMPLATE): an
+    `{"type": "image"}` part per image (the template writes its vision placeholder), text parts as is."""
+    parts: list[dict[str, Any]] = []
+    for part in content:
+        kind, text = _get(part, "type"), _get(part, "text")
+        if kind == "image_url":
+            parts.append({"type": "image"})
+        elif kind == "text" and isinstance(text, str):
+            parts.append({"type": "text", "text": text})
+        else:
+            raise TemplateError(f"only text and image_url content parts are supported, got type {kind!r}")
+    return parts
+
+
 def _arguments_obj(arguments: Any) -> Any:
     """Tool-call arguments as a JSON value (clients send a JSON string; some re-serialise it)."""
     if isinstance(arguments, str):
@@ -118,17 +164,20 @@ def fingerprint(message: Any) -> tuple:
         calls.append((_get(fn, "name"), json.dumps(_arguments_obj(_get(fn, "arguments")), sort_keys=True)))
     return (
         _role(message),
-        content_text(_get(message, "content")),
+        content_key(_get(message, "content")),
         _get(message, "name") or "",
         _get(message, "tool_call_id") or "",
         tuple(calls),
     )
 
 
-def hf_message(message: Any) -> dict[str, Any]:
-    """An OpenAI-shaped message (dict or pydantic) in the shape HF chat templates read."""
+def hf_message(message: Any, images: bool = False) -> dict[str, Any]:
+    """An OpenAI-shaped message (dict or pydantic) in the shape HF chat templates read; with
+    `images` (a VLM's template) image parts become the template's image parts."""
     role = _role(message)
-    out: dict[str, Any] = {"role": role, "content": content_text(_get(message, "content"))}
+    content = _get(message, "content")
+    shown = vision_parts(content) if images and image_parts(content) else content_text(content)
+    out: dict[str, Any] = {"role": role, "content": shown}
     calls = _get(message, "tool_calls") or []
     if role == "assistant" and calls:
         out["tool_calls"] = []
@@ -242,7 +291,10 @@ class ChatTemplate:
             raise ValueError(f"tool_prompt must be full, names or none, got {tool_prompt!r}")
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("the tokenizer has no chat template")
-        self.tokenizer = tokenizer
+        # a VLM's processor: image parts render as its vision placeholders (proxy/images.py expands
+        # them); its text tokenizer renders and encodes (the processor's own encode takes images)
+        self.vision = tokenizer if isinstance(tokenizer, VisionProcessor) else None
+        self.tokenizer = tokenizer.tokenizer if self.vision is not None else tokenizer
         self.tool_prompt = tool_prompt
         self.eos_id = tokenizer.eos_token_id
         self.native_tools = self._probe_native_tools()
@@ -272,7 +324,7 @@ class ChatTemplate:
 
     def _prepare(self, messages: list[Any], tools: list[Any] | None, native: bool | None = None):
         """(messages, tools) for apply_chat_template; `native` set: a probe (tools shown whole)."""
-        msgs = [hf_message(m) for m in messages]
+        msgs = [hf_message(m, images=self.vision is not None) for m in messages]
         specs = hf_tools(tools, "full" if native is not None else self.tool_prompt)
         if native if native is not None else self.native_tools:
             return msgs, specs

@@ -110,9 +110,9 @@ class AsyncEngine:
         if calls:
             self._q.put(calls)
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
-        """One prompt (the proxy's backend interface)."""
-        return (await self.agenerate([prompt_ids], params))[0]
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, mm: Any = None) -> Generation:
+        """One prompt (the proxy's backend interface); `mm`: its MMInputs (a VLM's images) or None."""
+        return (await self.agenerate([prompt_ids], params, mm=None if mm is None else [mm]))[0]
 
     def close(self) -> None:
         thread, self._thread = self._thread, None

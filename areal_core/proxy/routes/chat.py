@@ -7,9 +7,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from fastapi import APIRouter, Depends, Header, Request
+from starlette.concurrency import run_in_threadpool
 
 from areal_core.proxy.decoding import cut_at_stop, text_pieces, token_logprobs, usage
 from areal_core.proxy.guard import ProxyError
+from areal_core.proxy.images import ImageRefused, count_images, request_images
 from areal_core.proxy.routes.common import ERRORS, arrival_of, bearer, check_n, reply, session_of
 from areal_core.proxy.schemas import ChatCompletionRequest, ChatCompletionResponse
 from areal_core.proxy.state import State
@@ -39,10 +41,16 @@ async def chat_completions(
     limit = state.limits.max_messages
     if len(req.messages) > limit:
         raise ProxyError(400, f"{len(req.messages)} messages exceed the limit of {limit}")
+    images = None
+    if count_images(req.messages):  # decoding is CPU work: off the event loop; refused before any session opens
+        try:
+            images = await run_in_threadpool(request_images, req.messages, state.limits.max_images, state.image_refusal)
+        except ImageRefused as exc:
+            raise ProxyError(400, exc.message, exc.code) from None
     tools = req.tools if req.tool_choice != "none" else None
     sid, owner = session_of(request, x_session_id)
     explicit = req.max_completion_tokens or req.max_tokens
-    turn = await state.run_turn(sid, owner, lambda s: s.plan_chat(req.messages, tools), req, explicit)
+    turn = await state.run_turn(sid, owner, lambda s: s.plan_chat(req.messages, tools, images), req, explicit)
     tok = state.tokenizer
     gen, text, stopped = cut_at_stop(tok, state.template.eos_id, turn.gen, req.stop)
     turn.gen = gen

@@ -20,7 +20,8 @@ ERRORS = {
     for code, what in (
         (
             400,
-            "bad request: limits (context, max_tokens, n), unsupported content, a session id that is not a name "
+            "bad request: limits (context, max_tokens, n), unsupported content, a refused image (invalid_image, "
+            "invalid_image_url, too_many_images, images_unsupported), a session id that is not a name "
             "(invalid_session_id) or another key's key-derived id (reserved_session_id)",
         ),
         (401, "missing or invalid API key"),

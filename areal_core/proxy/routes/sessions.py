@@ -78,6 +78,7 @@ async def end_session(session_id: str, request: Request, state: State, body: End
                 "versions": s.versions,
                 "reward": s.reward,
                 "token_rewards": s.token_rewards,
+                "image_ids": s.image_ids,
             }
             for s in samples
         ]
