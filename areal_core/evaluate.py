@@ -17,9 +17,11 @@ from areal_core.vlm.images import ImageCache
 from areal_core.vlm.processor import VisionProcessor
 from areal_core.vlm.records import record_image_ids
 
+ANSWER_CHARS = 2000  # of a question, reference or answer kept for the report (a text run's long ones)
+
 
 @torch.no_grad()
-def greedy_accuracy(
+def greedy_answers(
     model,
     tokenizer,
     records: list[dict[str, Any]],
@@ -29,8 +31,8 @@ def greedy_accuracy(
     timeout_s: float = 30.0,
     system: str = "",
     images: ImageCache | None = None,
-) -> float:
-    """Mean verifier score of greedy completions (for math: the fraction answered correctly).
+) -> list[tuple[str, float]]:
+    """(greedy completion, verifier score) of each record, in order.
 
     `reward_fn` is an import path; every call runs in a RewardPool process with `timeout_s`
     (a call past it is killed and scores 0), as in the reward workers. `images`: where the
@@ -40,7 +42,7 @@ def greedy_accuracy(
     was_training = model.training
     engine = TorchEngine(model, tokenizer.pad_token_id, tokenizer.eos_token_id)
     params = SamplingParams(max_new_tokens=max_new_tokens, greedy=True)
-    correct = 0.0
+    out: list[tuple[str, float]] = []
     with RewardPool(reward_fn, size=1, timeout_s=timeout_s, retries=0) as pool:
         for start in range(0, len(records), batch_size):
             chunk = records[start : start + batch_size]
@@ -49,17 +51,37 @@ def greedy_accuracy(
                 gens = engine.generate(list(prompts), params, mm=list(mm))
             else:
                 gens = engine.generate(list(prompts), params)
+            texts = [tokenizer.decode(g.token_ids, skip_special_tokens=True) for g in gens]
             jobs = [
-                {
-                    "completion": tokenizer.decode(g.token_ids, skip_special_tokens=True),
-                    "reference": r["answer"],
-                    "meta": r.get("meta", {}),
-                }
-                for r, g in zip(chunk, gens)
+                {"completion": text, "reference": r["answer"], "meta": r.get("meta", {})}
+                for r, text in zip(chunk, texts)
             ]
-            correct += sum(res.reward for res in pool.grade(jobs))
+            out += [(text, res.reward) for text, res in zip(texts, pool.grade(jobs))]
     model.train(was_training)
-    return correct / len(records)
+    return out
+
+
+def greedy_accuracy(
+    model, tokenizer, records: list[dict[str, Any]], max_new_tokens: int, batch_size: int, **kw: Any
+) -> float:
+    """Mean verifier score of greedy completions (for math: the fraction answered correctly);
+    `kw` as `greedy_answers`."""
+    answers = greedy_answers(model, tokenizer, records, max_new_tokens, batch_size, **kw)
+    return sum(reward for _, reward in answers) / len(records)
+
+
+def answer_record(record: dict[str, Any], completion: str, reward: float) -> dict[str, Any]:
+    """One held-out answer as the run report shows it (`Layout.heldout_answers`): the question,
+    its images by id, the reference, the model's greedy answer and the verifier's verdict."""
+    return {
+        "prompt_id": str(record.get("prompt_id", "")),
+        "question": str(record.get("prompt", ""))[:ANSWER_CHARS],
+        "image_ids": record_image_ids(record),
+        "reference": str(record.get("answer", ""))[:ANSWER_CHARS],
+        "answer": completion[:ANSWER_CHARS],
+        "reward": float(reward),
+        "correct": reward >= 1.0,
+    }
 
 
 def encode(tokenizer, record: dict[str, Any], system: str, images: ImageCache | None) -> tuple[list[int], Any]:
@@ -94,8 +116,17 @@ def agent_success(model, tokenizer, agent: str, records: list[dict[str, Any]], m
 def heldout_score(model, tokenizer, cfg: Any, records: list[dict[str, Any]], images: ImageCache | None = None) -> float:
     """The run's held-out metric: agent success when `rollout.agent` is set, else greedy accuracy
     under the configured verifier (`images`: the run's, for a VLM)."""
+    return heldout_eval(model, tokenizer, cfg, records, images)[0]
+
+
+def heldout_eval(
+    model, tokenizer, cfg: Any, records: list[dict[str, Any]], images: ImageCache | None = None, keep: int = 0
+) -> tuple[float, list[dict[str, Any]]]:
+    """`heldout_score`, and the answers to the first `keep` records (`answer_record`) from the same
+    greedy pass, so the report's before/after answers are the ones that were scored (an agent
+    run records none: its episodes are conversations, not one answer)."""
     if cfg.rollout.agent:
-        return agent_success(
+        score = agent_success(
             model,
             tokenizer,
             cfg.rollout.agent,
@@ -105,7 +136,8 @@ def heldout_score(model, tokenizer, cfg: Any, records: list[dict[str, Any]], ima
             tool_prompt=cfg.agent.tool_prompt,
             mcp=cfg.agent,  # its MCP servers, when it has any (agent.mcp_servers)
         )
-    return greedy_accuracy(
+        return score, []
+    answers = greedy_answers(
         model,
         tokenizer,
         records,
@@ -116,3 +148,5 @@ def heldout_score(model, tokenizer, cfg: Any, records: list[dict[str, Any]], ima
         cfg.task.system_prompt,
         images,
     )
+    kept = [answer_record(r, text, reward) for r, (text, reward) in zip(records[:keep], answers)]
+    return sum(reward for _, reward in answers) / len(records), kept

@@ -99,6 +99,7 @@ class Layout:
     LEASE.json                                    the owning run: run id, host/pid, heartbeat (run/ownership.py)
     quarantine/{path with / as __}                shards that failed to parse, + .reason.json
     DONE, tracking.json                           end of the run; the MLflow run it logs to
+    heldout_answers.json                          a few held-out answers before/after RL, for the report
     init_model/, final_model/ (+ COMMITTED)       the policy RL starts from and the trained one (HF)
     lineage/parent.json                           a fork's reference to its parent (forks.py)
     lineage/children/{id}.json                    in a forked run: one record per fork made of it
@@ -140,6 +141,7 @@ class Layout:
     done = "DONE"
     lease = "LEASE.json"  # who owns the root; kept across runs (a new run replaces it, run/ownership.py)
     tracking = "tracking.json"
+    heldout_answers = "heldout_answers.json"  # evaluate_run: the first held-out questions, answered before/after RL
     init_model = "init_model"  # the policy RL starts from (after SFT), HF format
     final_model = "final_model"  # the trained policy, HF format, written before DONE
     labels_dir = "labels"
@@ -169,6 +171,7 @@ class Layout:
         quarantine_dir,
         done,
         tracking,
+        heldout_answers,
         final_model,
         lineage_dir,
     )

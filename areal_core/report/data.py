@@ -9,6 +9,7 @@ from typing import Any
 from areal_core.config import ConfigError
 from areal_core.events import read_events
 from areal_core.layout import LAYOUT
+from areal_core.report.answers import HeldoutAnswers, load_answers
 from areal_core.store import Store
 
 
@@ -24,6 +25,7 @@ class RunData:
     audits: list[dict[str, Any]]  # trainer/trained/step-N.json, read only when no `trained` events
     done: bool
     config: dict[str, Any]
+    answers: HeldoutAnswers = dataclasses.field(default_factory=lambda: HeldoutAnswers([], "not recorded"))
 
 
 def _jsonl(text: str) -> list[dict[str, Any]]:
@@ -39,8 +41,8 @@ def _jsonl(text: str) -> list[dict[str, Any]]:
 
 
 def load_run(store: Store) -> RunData:
-    """The run's events, metrics rows and (when the events have no `trained` records) audit
-    records. NotARun when the root holds no config.yaml."""
+    """The run's events, metrics rows, (when the events have no `trained` records) audit records
+    and recorded held-out answers. NotARun when the root holds no config.yaml."""
     from areal_core.config import ConfigError
     from areal_core.config.base import load_yaml_text
 
@@ -55,4 +57,5 @@ def load_run(store: Store) -> RunData:
         config = load_yaml_text(store.read_bytes(LAYOUT.config), LAYOUT.config) or {}
     except ConfigError:
         config = {}
-    return RunData(store.uri, records, rows, audits, store.done(), config if isinstance(config, dict) else {})
+    config = config if isinstance(config, dict) else {}
+    return RunData(store.uri, records, rows, audits, store.done(), config, load_answers(store))

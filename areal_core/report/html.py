@@ -1,6 +1,7 @@
 """The report as one self-contained HTML page: the doctor's verdict at the top, then every chart
-as an inline PNG (data: URI), no script, no external font or stylesheet: it opens offline, in a
-browser, a Flyte Deck or MLflow's artifact view."""
+as an inline PNG (data: URI), the first held-out questions answered before and after RL (a VLM's
+with its picture, inline too: report/answers.py), no script, no external font or stylesheet: it
+opens offline, in a browser, a Flyte Deck or MLflow's artifact view."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import html
 import time
 from typing import Any
 
-from areal_core.report import plots, series
+from areal_core.report import answers, plots, series
 from areal_core.report.data import RunData, load_run
 from areal_core.report.doctor import Finding, diagnose, rl_start
 from areal_core.report.timing import role_time
@@ -27,6 +28,10 @@ STYLE = """
 .areal-report th{background:#f5f5f5} .areal-report td:first-child,.areal-report th:first-child{text-align:left}
 .areal-report figure{margin:.6em 0} .areal-report img{max-width:100%}
 .areal-report .empty{color:#777;font-style:italic} .areal-report .meta{color:#666;font-size:.85em}
+.areal-report table.answers td,.areal-report table.answers th{text-align:left;vertical-align:top}
+.areal-report .txt{white-space:pre-wrap}
+.areal-report td.right{background:#edf7ed} .areal-report td.wrong{background:#fbeeee}
+.areal-report img.scene{width:128px;image-rendering:pixelated}
 """
 
 
@@ -96,6 +101,8 @@ def render(data: RunData, heldout: tuple[float, float] | None = None) -> str:
         _table(["", ""], summary),
         "<h2>Learning</h2>",
         _img(plots.learning(reward, accuracy, heldout), "learning", "no trained step yet"),
+        "<h2>Held-out answers before and after RL</h2>",
+        answers.section(data.answers),
         "<h2>Where the time went</h2>",
         _table(["role", "workers", "busy", "waiting", "waiting on"], roles) if roles else "",
         _img(plots.timeline(lanes), "timeline", "no timing events yet"),

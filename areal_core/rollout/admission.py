@@ -9,6 +9,10 @@ may start now.
 - Prompt order: a fixed shuffle of the prompt set, interleaved across workers; the prompt of
   group g is a pure function of (seed, worker, g), so a restarted worker continues with the
   same prompts.
+- Given back: a group this worker started and dropped (a bad prompt record, an empty group)
+  never reaches the trainer, so it holds no admission (`give_back`), like the trainer's
+  discarded groups (D); otherwise each drop would shrink the rollout side's room for good, and
+  after η·B of them the trainer would wait for a batch that admission never lets start.
 - Progress recovery: the next shard sequence number and the groups already written are read
   back from the worker's own ungraded shards; groups that were in flight when the worker died
   (missing below the highest written index) are started again first, so group indices end up
@@ -116,6 +120,7 @@ class Admission:
         self._redo = [g for g in range(top) if g not in done]  # in flight when the worker died
         self._next = top
         self.started = len(done)
+        self.given_back = 0  # started groups dropped by the worker (not in its shards: redone after a restart)
         self.read_discarded, self.reread_every_s, self.clock = read_discarded, reread_every_s, clock
         self.discarded = read_discarded() if read_discarded is not None else 0
         self._read_at = clock()
@@ -125,13 +130,20 @@ class Admission:
         re-read at most once every `reread_every_s`."""
         if not self.enabled:
             return UNLIMITED
-        args = (self.started, version, self.eta, self.batch_groups, self.worker_index, self.num_workers)
+        held = self.started - self.given_back
+        args = (held, version, self.eta, self.batch_groups, self.worker_index, self.num_workers)
         room = groups_admissible(*args, self.discarded)
         if room == 0 and self.read_discarded is not None and self.clock() - self._read_at >= self.reread_every_s:
             self.discarded = self.read_discarded()
             self._read_at = self.clock()
             room = groups_admissible(*args, self.discarded)
         return room
+
+    def give_back(self, n: int = 1) -> None:
+        """`n` started groups were dropped by the worker: they no longer hold admission."""
+        if n < 0 or self.given_back + n > self.started:
+            raise ValueError(f"cannot give back {n} more groups than the {self.started - self.given_back} held")
+        self.given_back += n
 
     def prompt_index(self, group: int) -> int:
         return prompt_for_group(self.order, group, self.worker_index, self.num_workers)

@@ -1,7 +1,9 @@
 """Single-turn generation: `rollout.group_size` completions of one prompt in the chat template,
 ungraded (the reward workers run the task's verifier). A prompt with images (`meta.image_ids`,
 a vision-language run) is encoded by the model's processor and generated with its images; its
-samples name them in `image_ids`."""
+samples name them in `image_ids`. A record whose image is missing, altered or not an image id
+(`bad_image`), or whose prompt the processor refuses (`bad_prompt`), raises `BadPrompt`: the
+worker drops that group, counted, and goes on."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ from typing import Any
 
 from areal_core.models import chat_prompt
 from areal_core.protocol import Sample
-from areal_core.rollout.workflow import RolloutWorkflow, WorkflowContext
+from areal_core.rollout.workflow import BadPrompt, RolloutWorkflow, WorkflowContext
+from areal_core.vlm.images import ImageError
 from areal_core.vlm.processor import MMInputs, VisionProcessor
 from areal_core.vlm.records import record_image_ids
 
@@ -42,7 +45,14 @@ class SingleTurnWorkflow(RolloutWorkflow):
         if key in self._mm:
             self._mm.move_to_end(key)
             return self._prompt_ids[key], self._mm[key]
-        prompt, mm = self.tokenizer.encode(task["prompt"], self.images.load(ids), self.system)
+        try:
+            images = self.images.load(ids)
+        except ImageError as exc:  # checked against its id on every read: damaged or hand-made records
+            raise BadPrompt("bad_image", f"prompt {key!r}: {exc}") from exc
+        try:
+            prompt, mm = self.tokenizer.encode(task["prompt"], images, self.system)
+        except ValueError as exc:  # pad tokens typed in its text, an image the processor cannot size
+            raise BadPrompt("bad_prompt", f"prompt {key!r}: {exc}") from exc
         self._prompt_ids[key], self._mm[key] = prompt, mm
         while len(self._mm) > MM_CACHE:
             self._mm.popitem(last=False)

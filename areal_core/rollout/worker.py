@@ -7,6 +7,13 @@ are in flight; the groups that finish together become one shard
 (`LAYOUT.ungraded_shard(worker, seq)`). Restart-safe: the sequence number and the
 groups written are recovered from the worker's own shards (`admission.recover_progress`), and
 prompt choice is a pure function of (worker, group index).
+
+A group whose prompt record is bad input (the workflow raised `BadPrompt`: an image missing or
+altered, a prompt the processor refuses) is dropped with its reason counted (a `drop` event
+naming the prompt, the heartbeat's `dropped_groups`) and its admission given back; the worker
+goes on. A restarted worker starts that group again and drops it again: never a crash loop.
+Only when `max_bad_in_a_row` groups in a row are bad (the prompt set or images/ is damaged as a
+whole, not one record) does it stop, with `BadPromptSet`.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -26,7 +34,7 @@ from areal_core.protocol import Sample, write_shard
 from areal_core.rollout.admission import Admission, group_id, recover_progress
 from areal_core.rollout.async_engine import AsyncEngine
 from areal_core.rollout.factory import build_engine
-from areal_core.rollout.workflow import RolloutWorkflow, WorkflowContext, load_workflow
+from areal_core.rollout.workflow import BadPrompt, RolloutWorkflow, WorkflowContext, load_workflow
 from areal_core.store import Store
 from areal_core.vlm.images import ImageCache
 from areal_core.weights.watcher import WeightWatcher
@@ -36,6 +44,10 @@ log = logging.getLogger("areal.rollout")
 
 class RolloutEngineFailed(RuntimeError):
     """The engine raised while generating; names the worker, groups, shard and version."""
+
+
+class BadPromptSet(RuntimeError):
+    """Every one of the last `max_bad_in_a_row` groups was a bad prompt record: not one record."""
 
 
 class RolloutLoop:
@@ -64,6 +76,8 @@ class RolloutLoop:
         self.poll_interval_s, self.engine_name = poll_interval_s, engine_name
         self.status_id, self.check = status_id, check
         self.produced = 0
+        self.dropped: Counter[str] = Counter()  # groups dropped for bad input, by reason
+        self.bad_in_a_row, self.max_bad_in_a_row = 0, 64
         self.t0 = time.time()
         self.ev = events or EventLog(None, "rollout", worker_id.rsplit("-", 1)[-1])
 
@@ -109,17 +123,25 @@ class RolloutLoop:
         return {"worker": self.worker_id, "shards": self.seq, "groups": self.admission.started}
 
     async def _finish(self, done: dict[asyncio.Task, tuple[int, int]]) -> None:
-        """Write the groups that finished together as one shard; raise if any of them failed."""
+        """Write the groups that finished together as one shard; drop (and count) those whose
+        prompt was bad input; raise if any of them failed otherwise."""
         rows: list[Sample] = []
         failed: list[tuple[int, BaseException]] = []
+        bad = 0
         for task, (g, p) in sorted(done.items(), key=lambda kv: kv[1][0]):
             exc = task.exception()
+            if isinstance(exc, BadPrompt):  # bad input, not the engine: dropped and counted, the worker goes on
+                self._drop(exc.reason, g, self.tasks[p], str(exc))
+                bad += 1
+                continue
             if exc is not None:
                 failed.append((g, exc))
                 continue
             named = self._named(task.result(), g, self.tasks[p])
             if not named:
-                self.ev.emit("drop", reason="empty_group", n=1, unit="groups")
+                self._drop("empty_group", g, self.tasks[p])
+                continue
+            self.bad_in_a_row = 0
             rows += named
         if rows:
             with self.ev.span("shard_write"):
@@ -128,7 +150,13 @@ class RolloutLoop:
             self.ev.count(completions=len(rows), tokens=sum(sum(s.loss_mask) for s in rows))
             self.seq += 1
             self.produced += len(rows)
+        if rows or bad:
             self._heartbeat()
+        if self.bad_in_a_row >= self.max_bad_in_a_row:
+            raise BadPromptSet(
+                f"{self.worker_id}: the last {self.bad_in_a_row} groups' prompt records were all bad input "
+                f"({dict(self.dropped)}): the prompt set or its images are damaged, not one record"
+            )
         if failed:
             self.ev.emit("drop", reason="engine_failed", n=len(failed), unit="groups")
             (a, exc), (b, _) = failed[0], failed[-1]
@@ -137,6 +165,21 @@ class RolloutLoop:
                 f"(shard {self.seq}, version {self.engine.version}): {exc}; a restarted worker "
                 f"resumes from shard {self.seq}"
             ) from exc
+
+    def _drop(self, reason: str, g: int, task: dict[str, Any], error: str = "") -> None:
+        """Group `g` never reaches the trainer: count it by `reason` and give its admission back.
+        An empty group (the workflow chose to drop it, e.g. every agent episode failed) is counted
+        as an event only, as before; a bad prompt record also in the heartbeat, and logged."""
+        prompt_id = str(task.get("prompt_id", ""))
+        self.admission.give_back(1)
+        if reason == "empty_group":
+            self.ev.emit("drop", reason=reason, n=1, unit="groups")
+            return
+        self.dropped[reason] += 1
+        self.bad_in_a_row += 1
+        gid = group_id(self.worker_id, g)
+        self.ev.emit("drop", reason=reason, n=1, unit="groups", group=gid, prompt_id=prompt_id, error=error[:500])
+        log.warning("%s: group %d dropped (%s): %s", self.worker_id, g, reason, error[:500])
 
     def _named(self, samples: list[Sample], g: int, task: dict[str, Any]) -> list[Sample]:
         """The worker names a group's rows; a reward the workflow set is kept and marked as its own."""
@@ -159,6 +202,7 @@ class RolloutLoop:
             version=self.engine.version,
             swaps=self.engine.engine.swaps,
             samples_per_s=self.produced / max(time.time() - self.t0, 1e-9),
+            dropped_groups=dict(self.dropped),
             **self.workflow.stats(),
         )
 

@@ -13,6 +13,11 @@ share an advantage baseline. The worker names them (group_id, sample_id, worker_
 ungraded shard, and the reward workers grade every sample whose `reward` is None; a sample
 the workflow already rewarded keeps its reward (`reward_info["reward_source"]` says who set it).
 
+A prompt record the workflow cannot run (its image missing or altered, a prompt its processor
+refuses) raises `BadPrompt`: the worker drops that group with the named outcome counted, gives
+its admission back and goes on with the next prompt, so one bad record never stops the run nor
+crash-loops a restarted worker on it.
+
 Which workflow (`workflow_path`): `rollout.workflow` ("pkg.module:Name", a callable taking the
 WorkflowContext, usually the class itself); empty: the agent workflow when `rollout.agent` is
 set, else single-turn generation.
@@ -30,6 +35,15 @@ from areal_core.rollout.engine import SamplingParams
 
 SINGLE_TURN = "areal_core.rollout.single_turn:SingleTurnWorkflow"
 AGENT = "areal_core.proxy.agent_workflow:from_context"
+
+
+class BadPrompt(ValueError):
+    """The record is bad input, not an engine failure: its group is dropped and counted as
+    `reason` (a `drop` event, the heartbeat's `dropped_groups`); the message names the prompt."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass

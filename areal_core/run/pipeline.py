@@ -226,12 +226,13 @@ def log_report(store: Store, tracker: Tracker, heldout: tuple[float, float] | No
 
 def evaluate_run(run_uri: str) -> dict[str, Any]:
     """Held-out greedy accuracy (agent runs: agent success) of the SFT checkpoint and of the final
-    model, logged to MLflow."""
+    model, logged to MLflow; the first HELDOUT_ANSWERS questions' answers before and after are
+    recorded for the report (`record_answers`)."""
     import torch
 
     from areal_core.context import load_run_config
     from areal_core.dataset import image_roots
-    from areal_core.evaluate import heldout_score
+    from areal_core.evaluate import heldout_eval
     from areal_core.models import load_pretrained
     from areal_core.prompts import load_prompts
     from areal_core.vlm.images import ImageCache
@@ -242,10 +243,12 @@ def evaluate_run(run_uri: str) -> dict[str, Any]:
     records = load_prompts(store, "eval")[: cfg.eval.num_samples]
     images = ImageCache(image_roots(store)) if cfg.model.kind == "vlm" else None  # held-out questions' images
     out: dict[str, Any] = {}
+    answers: dict[str, list[dict[str, Any]]] = {}
     for label, rel in (("before", LAYOUT.init_model), ("after", LAYOUT.final_model)):
         model, tokenizer = load_pretrained(store.url(rel), cfg.device)
-        out[label] = heldout_score(model, tokenizer, cfg, records, images)
+        out[label], answers[label] = heldout_eval(model, tokenizer, cfg, records, images, keep=HELDOUT_ANSWERS)
     out["gain"] = out["after"] - out["before"]
+    record_answers(store, answers, out)
     out["curves"] = metrics_rows(store)
     metric = "heldout_agent_success" if cfg.rollout.agent else "heldout_accuracy"
     tracker = Tracker.attach(store)
@@ -257,6 +260,31 @@ def evaluate_run(run_uri: str) -> dict[str, Any]:
     what = f"agent success ({cfg.rollout.agent})" if cfg.rollout.agent else "greedy accuracy"
     print(f"held-out {what}: before RL {out['before']:.3f}, after RL {out['after']:.3f} ({out['gain']:+.3f})")
     return out
+
+
+HELDOUT_ANSWERS = 6  # held-out questions whose answers before and after RL the report shows
+
+
+def record_answers(store: Store, answers: dict[str, list[dict[str, Any]]], scores: dict[str, Any]) -> None:
+    """Write `Layout.heldout_answers`: each of the first held-out questions with the answers before
+    and after RL (the report shows them, a VLM's with its picture). Never fails the evaluation: a
+    report is not worth a failed run."""
+    before, after = answers.get("before", []), answers.get("after", [])
+    keys = ("answer", "reward", "correct")
+    rows = [
+        {
+            **{k: v for k, v in b.items() if k not in keys},
+            "before": {k: b[k] for k in keys},
+            "after": {k: a[k] for k in keys},
+        }
+        for b, a in zip(before, after)
+        if b["prompt_id"] == a["prompt_id"]
+    ]
+    body = {"version": 1, "scores": {k: scores[k] for k in ("before", "after")}, "answers": rows}
+    try:
+        store.write_json(LAYOUT.heldout_answers, body)
+    except Exception as exc:  # noqa: BLE001 - the report says "not recorded" instead
+        log.warning("the held-out answers of %s were not recorded: %s: %s", store.uri, type(exc).__name__, exc)
 
 
 def metrics_rows(store: Store) -> list[dict[str, float]]:

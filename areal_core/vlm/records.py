@@ -45,7 +45,11 @@ def _ids(store: Store, record: dict[str, Any]) -> list[str]:
     meta = record["meta"]
     if meta.get("image_source"):
         source = import_object(meta["image_source"], key="meta.image_source")
-        return put_images(store, source(record))
+        try:
+            images = list(source(record))
+        except Exception as exc:  # noqa: BLE001 - the task's own code: say which source failed and how
+            raise ImageError(f"meta.image_source {meta['image_source']!r} failed: {type(exc).__name__}: {exc}") from exc
+        return put_images(store, images)
     ids = []
     for ref in meta.get("images") or []:
         if _SHA.fullmatch(str(ref)):
