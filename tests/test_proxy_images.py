@@ -141,7 +141,14 @@ def _too_many_pixels() -> bytes:
     return buf.getvalue()
 
 
+def _elongated() -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (4096, 16)).save(buf, format="PNG")  # valid, but Qwen's smart_resize refuses 256:1
+    return buf.getvalue()
+
+
 BAD = {
+    "elongated": ([image_message(data_uri(_elongated()))], "invalid_image", "more elongated than 200:1"),
     "truncated": ([image_message(data_uri(png()[: len(png()) // 2]))], "invalid_image", "undecodable PNG"),
     "corrupt": ([image_message(data_uri(b"\x89PNG\r\n\x1a\n" + b"\x00" * 64))], "invalid_image", "undecodable"),
     "not_an_image": ([image_message(data_uri(b"hello, world"))], "invalid_image", "not a PNG or JPEG"),

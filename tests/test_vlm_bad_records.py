@@ -170,3 +170,15 @@ def test_a_record_whose_images_cannot_be_stored_stops_the_prepare_step_naming_it
     with pytest.raises(ImageError, match="prompt 'p1'") as err:
         store_record_images(store, [ok, {"prompt_id": "p1", "prompt": "q", "meta": meta}])
     assert why in str(err.value)
+
+
+def test_a_restart_redoing_every_earlier_drop_is_not_a_damaged_prompt_set(tmp_path):
+    """A restarted worker redoes every group it dropped before (none is in a shard) first, so they fail
+    together: those redone drops must not count toward `max_bad_in_a_row`, or one bad record met often
+    enough would crash-loop every restart."""
+    store, tasks, bad = damaged_run(tmp_path, "missing")
+    policy = tiny()
+    assert run_loop(store, tasks, policy, num_groups=6)["groups"] == 6  # groups 2 and 5 dropped
+    for started in (7, 8):  # each restart redoes the earlier drops (2 bad in a row) and goes on
+        assert run_loop(store, tasks, policy, num_groups=3, max_bad=2)["groups"] == started
+    assert bad not in written_prompts(store)

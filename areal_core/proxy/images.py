@@ -32,6 +32,7 @@ from areal_core.proxy.templating import TemplateError, image_parts, url_of
 from areal_core.vlm.images import MAX_IMAGE_BYTES, ImageError, decode_image, image_id
 from areal_core.vlm.processor import VISION_TOKENS, MMInputs, VisionProcessor
 
+MAX_ASPECT = 200  # Qwen2-VL's smart_resize refuses a more elongated image (a ValueError, not a 4xx)
 MIME_TYPES = ("image/png", "image/jpeg", "image/jpg")  # the bytes decide which it is (decode_image)
 _DATA_URI = re.compile(r"data:([^,;]*)((?:;[^,;]*)*),(.*)", re.DOTALL)
 _WHITESPACE = re.compile(rb"\s+")
@@ -96,6 +97,9 @@ def decode_part(part: Any, where: str) -> RequestImage:
         image = decode_image(data, where)
     except ImageError as exc:
         raise ImageRefused(str(exc), "invalid_image") from None
+    w, h = image.size
+    if max(w, h) > MAX_ASPECT * min(w, h):
+        raise ImageRefused(f"{where}: a {w}×{h} image is more elongated than {MAX_ASPECT}:1", "invalid_image")
     return RequestImage(data, image_id(data), image)
 
 

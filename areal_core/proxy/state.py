@@ -132,6 +132,8 @@ class ProxyState:
             plan = await run_in_threadpool(plan_fn, session)
         except TemplateError as exc:
             raise ProxyError(400, str(exc), "invalid_messages") from None
+        except ValueError as exc:  # the processor refusing an image that passed our checks: the client's input
+            raise ProxyError(400, f"the model's processor refused the request: {exc}", "invalid_image") from None
         if plan.kind == "text" and self.vision_tokens.intersection(plan.fed):
             raise ProxyError(
                 400,

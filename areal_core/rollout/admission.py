@@ -119,6 +119,7 @@ class Admission:
         top = max(done) + 1 if done else 0
         self._redo = [g for g in range(top) if g not in done]  # in flight when the worker died
         self._next = top
+        self.first_new = top  # groups below it were started before a restart (redone first)
         self.started = len(done)
         self.given_back = 0  # started groups dropped by the worker (not in its shards: redone after a restart)
         self.read_discarded, self.reread_every_s, self.clock = read_discarded, reread_every_s, clock

@@ -176,7 +176,8 @@ class RolloutLoop:
             self.ev.emit("drop", reason=reason, n=1, unit="groups")
             return
         self.dropped[reason] += 1
-        self.bad_in_a_row += 1
+        if g >= self.admission.first_new:  # a restart redoes every earlier drop first: not a damaged set
+            self.bad_in_a_row += 1
         gid = group_id(self.worker_id, g)
         self.ev.emit("drop", reason=reason, n=1, unit="groups", group=gid, prompt_id=prompt_id, error=error[:500])
         log.warning("%s: group %d dropped (%s): %s", self.worker_id, g, reason, error[:500])
