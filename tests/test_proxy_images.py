@@ -147,7 +147,14 @@ def _elongated() -> bytes:
     return buf.getvalue()
 
 
+def _over_the_proxy_limit() -> bytes:
+    buf = io.BytesIO()
+    Image.new("1", (1025, 1024)).save(buf, format="PNG")  # storable (under 4096²), but over --max-image-pixels
+    return buf.getvalue()
+
+
 BAD = {
+    "over_max_image_pixels": ([image_message(data_uri(_over_the_proxy_limit()))], "invalid_image", "1048576 pixels"),
     "elongated": ([image_message(data_uri(_elongated()))], "invalid_image", "more elongated than 200:1"),
     "truncated": ([image_message(data_uri(png()[: len(png()) // 2]))], "invalid_image", "undecodable PNG"),
     "corrupt": ([image_message(data_uri(b"\x89PNG\r\n\x1a\n" + b"\x00" * 64))], "invalid_image", "undecodable"),

@@ -62,6 +62,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--max-images", type=int, default=ProxyLimits.max_images, help="a VLM: image_url parts per chat request"
     )
+    ap.add_argument(
+        "--max-image-pixels", type=int, default=ProxyLimits.max_image_pixels, help="a VLM: width × height of one image"
+    )
     ap.add_argument("--reward-min", type=float, default=-10.0, help="rewards outside [min, max] are a 422")
     ap.add_argument("--reward-max", type=float, default=10.0)
     ap.add_argument(
@@ -122,6 +125,7 @@ def build_app(args: argparse.Namespace) -> FastAPI:
             max_context_tokens=args.max_context_tokens or None,
             default_max_tokens=args.default_max_tokens,
             max_images=args.max_images,
+            max_image_pixels=args.max_image_pixels,
             reward_min=args.reward_min,
             reward_max=args.reward_max,
             max_key_session_segments=args.max_key_session_segments or None,

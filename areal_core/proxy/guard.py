@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from areal_core.proxy.images import MAX_REQUEST_PIXELS
 from areal_core.proxy.sessions import key_digest
 
 log = logging.getLogger("areal.proxy")
@@ -246,6 +247,9 @@ class ProxyLimits:
     default_max_tokens: int = 256  # when the request gives none (cut to the room left in the context)
     max_messages: int = 512
     max_images: int = 4  # image_url parts in one chat request, its history included (400 above; a VLM only)
+    max_image_pixels: int = (
+        MAX_REQUEST_PIXELS  # w·h of one request image (400 above): bounds its vision tokens and pixels
+    )
     max_sessions: int = 100_000  # live sessions of all keys together (429 above)
     max_sessions_per_key: int = 1_000  # live sessions of one key (429 above): one key cannot fill the table
     max_concurrent_per_key: int = 64  # requests of one key being served at once (429 above)

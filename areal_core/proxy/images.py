@@ -32,6 +32,7 @@ from areal_core.proxy.templating import TemplateError, image_parts, url_of
 from areal_core.vlm.images import MAX_IMAGE_BYTES, ImageError, decode_image, image_id
 from areal_core.vlm.processor import VISION_TOKENS, MMInputs, VisionProcessor
 
+MAX_REQUEST_PIXELS = 1024 * 1024  # the default of ProxyLimits.max_image_pixels (--max-image-pixels)
 MAX_ASPECT = 200  # Qwen2-VL's smart_resize refuses a more elongated image (a ValueError, not a 4xx)
 MIME_TYPES = ("image/png", "image/jpeg", "image/jpg")  # the bytes decide which it is (decode_image)
 _DATA_URI = re.compile(r"data:([^,;]*)((?:;[^,;]*)*),(.*)", re.DOTALL)
@@ -86,7 +87,7 @@ def data_uri_bytes(url: str, where: str) -> bytes:
         raise ImageRefused(f"{where}: the data URI's base64 is malformed", "invalid_image") from None
 
 
-def decode_part(part: Any, where: str) -> RequestImage:
+def decode_part(part: Any, where: str, max_pixels: int = MAX_REQUEST_PIXELS) -> RequestImage:
     url = url_of(part)
     if url is None:
         raise ImageRefused(
@@ -98,6 +99,8 @@ def decode_part(part: Any, where: str) -> RequestImage:
     except ImageError as exc:
         raise ImageRefused(str(exc), "invalid_image") from None
     w, h = image.size
+    if w * h > max_pixels:  # a few kB of PNG can hold 16 M pixels: the processor's tokens and tensors follow w·h
+        raise ImageRefused(f"{where}: a {w}×{h} image has more than {max_pixels} pixels", "invalid_image")
     if max(w, h) > MAX_ASPECT * min(w, h):
         raise ImageRefused(f"{where}: a {w}×{h} image is more elongated than {MAX_ASPECT}:1", "invalid_image")
     return RequestImage(data, image_id(data), image)
@@ -107,7 +110,9 @@ def count_images(messages: Sequence[Any]) -> int:
     return sum(len(image_parts(_get(m, "content"))) for m in messages)
 
 
-def request_images(messages: Sequence[Any], max_images: int, refusal: str | None) -> list[list[RequestImage]]:
+def request_images(
+    messages: Sequence[Any], max_images: int, refusal: str | None, max_pixels: int = MAX_REQUEST_PIXELS
+) -> list[list[RequestImage]]:
     """Each message's images, decoded and checked, in order (CPU work: the route runs it off the
     event loop). `refusal`: why this proxy takes no images (None when it does: image_refusal)."""
     n = count_images(messages)
@@ -123,7 +128,8 @@ def request_images(messages: Sequence[Any], max_images: int, refusal: str | None
                 f"messages[{i}]: only user messages may hold images, not {_get(m, 'role')!r}", "invalid_image"
             )
         parts = enumerate(content if isinstance(content, list) else [])
-        out.append([decode_part(p, f"messages[{i}].content[{j}]") for j, p in parts if _get(p, "type") == "image_url"])
+        where = f"messages[{i}].content"
+        out.append([decode_part(p, f"{where}[{j}]", max_pixels) for j, p in parts if _get(p, "type") == "image_url"])
     return out
 
 

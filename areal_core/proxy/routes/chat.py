@@ -44,7 +44,10 @@ async def chat_completions(
     images = None
     if count_images(req.messages):  # decoding is CPU work: off the event loop; refused before any session opens
         try:
-            images = await run_in_threadpool(request_images, req.messages, state.limits.max_images, state.image_refusal)
+            lim = state.limits
+            images = await run_in_threadpool(
+                request_images, req.messages, lim.max_images, state.image_refusal, lim.max_image_pixels
+            )
         except ImageRefused as exc:
             raise ProxyError(400, exc.message, exc.code) from None
     tools = req.tools if req.tool_choice != "none" else None
