@@ -74,6 +74,17 @@ def wait_http(url: str, timeout_s: float = 60.0) -> None:
     raise TimeoutError(f"{url} did not come up in {timeout_s}s")
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch thread for a module's tests (their proxy and engine share the CPU with the suite)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
     """The converted SmolLM2-135M-Instruct folder (areal_core.pretrained). CI (.ci/run, which sets

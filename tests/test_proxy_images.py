@@ -37,12 +37,7 @@ QUESTION = "how many red shapes?"
 PADS = 16  # a 64² image, 8-pixel patches merged 2×2
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 class RecordingEngine(TorchEngine):
