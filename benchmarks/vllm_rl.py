@@ -9,6 +9,8 @@ Engines (every other setting from the config; one seed):
   continuous   the built-in engine (bf16 weights, the config's choice)
   continuous-slow  the built-in engine sleeping 1 s per engine step (rollout.step_delay_s): generation as
                slow as vLLM CPU's native LoRA decoding, everything else equal (the controlled experiment)
+  continuous-slow-noswap  the same, a version installed only between generate calls (no mid-answer swap)
+  continuous-slow-sync    the same at η = 0 (every batch from the newest version)
   vllm-merged  rollout.engine=vllm, each LoRA version merged into init_model and reloaded whole
                (AREAL_VLLM_LORA=merged: the full-fine-tuning path)
   vllm-native  rollout.engine=vllm, each LoRA version loaded as the adapter `v{N}` by name
@@ -42,6 +44,8 @@ VLLM = ["rollout.engine=vllm", "rollout.server.kv_cache_mb=512"]
 ENGINES: dict[str, tuple[list[str], dict[str, str]]] = {
     "continuous": ([], {}),
     "continuous-slow": (["rollout.step_delay_s=1.0"], {}),
+    "continuous-slow-noswap": (["rollout.step_delay_s=1.0", "rollout.swap_mid_generation=false"], {}),
+    "continuous-slow-sync": (["rollout.step_delay_s=1.0", "train.eta=0"], {}),
     "vllm-merged": (VLLM, {"AREAL_VLLM_LORA": "merged"}),
     "vllm-native": (VLLM, {"AREAL_VLLM_LORA": "native"}),
 }
