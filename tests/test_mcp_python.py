@@ -83,6 +83,29 @@ def test_the_ideal_python_episode_earns_the_verifiers_reward():
     assert (row.input_ids, row.loss_mask) == ChatTemplate(tok, tool_prompt="none").episode(python_transcript(train[0]))
 
 
+def test_every_ideal_turn_fits_the_configs_per_turn_budget():
+    """At 40 tokens a turn a six-number sum's tool call was cut (61 tokens at vocab 300), so no sum
+    could ever score and RL had nothing to learn on half the tasks: every assistant turn of every
+    ideal episode, in the tokenizer the config builds, must fit `rollout.max_new_tokens`."""
+    from areal_core.config import load_config
+
+    cfg = load_config(str(ROOT / "configs" / "agent_python.yaml"))
+    train, held_out = generate(1, cfg.task.num_train, cfg.task.num_eval)
+    tok = build_tokenizer(python_corpus(train), cfg.model.vocab_size)
+    t = ChatTemplate(tok, tool_prompt="none")
+    longest = {}
+    for task in train + held_out:
+        messages = python_transcript(task)
+        for k, m in enumerate(messages):
+            if m["role"] == "assistant":
+                n = len(t.assistant_ids(messages[:k], m))
+                kind = "sum" if "sum" in task["prompt"] else "product"
+                longest[kind] = max(longest.get(kind, 0), n)
+    assert set(longest) == {"sum", "product"}
+    assert max(longest.values()) <= cfg.rollout.max_new_tokens, longest
+    assert max(longest.values()) <= cfg.eval.max_new_tokens, longest
+
+
 PYTHON_HTTP = ServerSpec(
     "python",
     command="python",
