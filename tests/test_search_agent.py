@@ -180,3 +180,44 @@ def test_held_out_success_through_the_runs_agent_section_and_its_mcp_server(kb, 
     assert evaluate.heldout_score(None, tok, cfg, held_out) == 1.0
     no_servers = cfg.model_copy(update={"agent": cfg.agent.model_copy(update={"mcp_servers": []})})
     assert evaluate.heldout_score(None, tok, no_servers, held_out) == 0.0
+
+
+def test_the_breakdown_splits_success_by_hops_and_by_searching(kb, qs):
+    """benchmarks/search_agent_breakdown.py: an episode that searches and reads is counted as
+    searched, one that answers at once as plain, each under its question's hops."""
+    from areal_core.config import RunConfig
+    from benchmarks.search_agent_breakdown import breakdown, model_path, score_episodes
+
+    one_hop = next(q for q in qs[1] if q["meta"]["hops"] == 1)
+    two_hop = next(q for q in qs[1] if q["meta"]["hops"] == 2)
+    tok = build_tokenizer(search_corpus([one_hop, two_hop]), 400)
+    ideal = [
+        tool_call_text(m["tool_calls"][0]["function"]["name"], eval_args(m)) if m.get("tool_calls") else m["content"]
+        for m in search_transcript(one_hop)
+        if m["role"] == "assistant"
+    ]
+
+    def reply(prompt_text: str) -> str:
+        if one_hop["prompt"] in prompt_text:
+            return ideal[prompt_text.count("<|im_start|>tool\n")]
+        return "#### nowhere [d0000]"  # answers the two-hop question at once, wrongly
+
+    server = {"name": "search", "command": "python", "stateless": True,
+              "args": ["-m", "examples.search_agent.server", "--seed", str(SEED), "--people", str(PEOPLE)]}  # fmt: skip
+    cfg = RunConfig.model_validate(
+        {
+            "rollout": {"agent": "examples.search_agent.agent:search_agent"},
+            "agent": {"mcp_servers": [server]},
+            "eval": {"max_new_tokens": 64},  # a whole tool call at vocab 400
+        }
+    )
+    rows = score_episodes(ScriptedEngine(tok, reply), tok, cfg, [one_hop, two_hop])
+    assert rows == [(1, True, 1.0), (2, False, 0.0)]
+    out = breakdown(rows + [(1, True, 0.2)])
+    assert out["1-hop searched"] == {"n": 2, "share": 0.667, "mean": 0.6}
+    assert out["2-hop plain"] == {"n": 1, "share": 0.333, "mean": 0.0}
+    assert out["all"]["mean"] == round(1.2 / 3, 3)
+    assert model_path("init_model") == "init_model"
+    assert model_path("v000060") == model_path("60") != "init_model"
+    with pytest.raises(SystemExit, match="not init_model"):
+        model_path("vx")
