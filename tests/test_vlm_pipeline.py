@@ -47,8 +47,8 @@ def test_the_config_refuses_what_a_vlm_run_cannot_do_before_any_work(tmp_path, o
         load_config("configs/vlm_shapes.yaml", [f"store={tmp_path}/run", override])
 
 
-@pytest.mark.parametrize("algo", ["algo.entropy_coef=0.01", "algo.adv_estimator=gae"])
-def test_a_vlm_run_refuses_losses_that_need_entropy_or_a_critic(tmp_path, algo):
+@pytest.mark.parametrize("algo", ["algo.adv_estimator=gae", "algo.adv_estimator=gae algo.entropy_coef=0.01"])
+def test_a_vlm_run_refuses_losses_that_need_a_critic(tmp_path, algo):
     with pytest.raises(ConfigError, match="model.kind vlm does not train with"):
         pipeline.prepare("configs/vlm_shapes.yaml", [f"store={tmp_path}/run", *algo.split()])
     assert not (tmp_path / "run").exists()  # refused before the root is claimed
@@ -144,7 +144,8 @@ def test_the_vlm_shapes_config_runs_the_pipeline_to_done(tmp_path):
 def test_a_fork_or_replay_of_a_vlm_run_refuses_the_same_losses(tmp_path):
     source = load_config("configs/vlm_shapes.yaml", [f"store={tmp_path}/run"])
     with pytest.raises(DerivedRunError, match="model.kind vlm does not train with"):
-        derived_config(source, ["algo.entropy_coef=0.01"], f"{tmp_path}/fork", (), "fork")
+        derived_config(source, ["algo.adv_estimator=gae"], f"{tmp_path}/fork", (), "fork")
+    assert derived_config(source, ["algo.entropy_coef=0.01"], f"{tmp_path}/fork", (), "fork").algo.entropy_coef == 0.01
     assert derived_config(source, ["train.lr=1e-4"], f"{tmp_path}/fork", (), "fork").train.lr == 1e-4
 
 

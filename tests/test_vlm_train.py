@@ -5,6 +5,7 @@ image batch gives a finite loss and gradients that reach the vision tower."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from areal_core.config import RunConfig
@@ -106,3 +107,37 @@ def test_vision_sft_loss_sees_the_images_and_falls_when_trained(tmp_path):
     with torch.no_grad():
         after = vision_sft_loss(model, *args, demos).item()
     assert torch.isfinite(torch.tensor(after)) and after < 0.7 * base, (base, after)
+
+
+def test_the_entropy_term_on_an_image_batch_is_the_emittable_tokens_entropy(tmp_path):
+    """With `algo.entropy_coef` a VLM batch gets H = −Σ π log π over the tokens the policy can emit
+    (the vision placeholders masked as the engine masks them), and it enters the loss."""
+    from areal_core.train.entropy import entropy_from_logits
+    from areal_core.vlm.inputs import vision_token_ids
+
+    model, processor, store, samples = rollouts(tmp_path)
+    cfg = RunConfig.model_validate({"train": {"packing": False}, "algo": {"entropy_coef": 0.5}})
+    batch = collate(samples, processor.pad_token_id)
+    rows = MultimodalRows.from_samples(samples, processor, ImageCache([store]))
+    with torch.no_grad():
+        logp, ent = policy_logprobs(model, batch, None, cfg, processor.pad_token_id, entropy=True, mm=rows)
+        plain = policy_logprobs(model, batch, None, cfg, processor.pad_token_id, mm=rows)
+        extra = rows.model_inputs(model, None, batch.input_ids, batch.attention_mask)
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, **extra).logits[:, :-1]
+    torch.testing.assert_close(logp, plain)
+    banned = list(vision_token_ids(model.config))
+    assert banned
+    keep = torch.ones(logits.shape[-1], dtype=torch.bool)
+    keep[banned] = False
+    want = entropy_from_logits(logits[..., keep] / (cfg.rollout.temperature or 1.0))
+    mask = batch.loss_mask.bool()
+    torch.testing.assert_close(ent[:, 1:][mask[:, 1:]], want[mask[:, 1:]], atol=1e-4, rtol=1e-4)
+    assert torch.isfinite(ent).all() and ent[mask].min() > 0 and ent[:, 0].abs().max() == 0
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    stats = train_step(model, opt, samples, cfg, processor.pad_token_id, mm=rows)
+    assert stats["entropy"] == pytest.approx(float(ent[mask].mean()), rel=1e-3)
+    no_bonus = RunConfig.model_validate({"train": {"packing": False}})
+    model2, *_ = rollouts(tmp_path)
+    other = train_step(model2, torch.optim.AdamW(model2.parameters(), lr=1e-3), samples, no_bonus,
+                       processor.pad_token_id, mm=rows)  # fmt: skip
+    assert stats["loss"] == pytest.approx(other["loss"] - 0.5 * stats["entropy"], abs=1e-4)

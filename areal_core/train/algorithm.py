@@ -37,10 +37,10 @@ _WHAT = {
 
 def check_for_model(cfg: AlgorithmConfig, model_kind: str) -> None:
     """ConfigError when the model cannot train with the algorithm: a VLM (model.kind vlm) has no
-    entropy or critic path on image batches yet (docs/vlm.md)."""
+    critic path on image batches yet (docs/vlm.md)."""
     from areal_core.config import ConfigError
 
-    if model_kind == "vlm" and (unsupported := required_inputs(cfg) & {"entropy", "values"}):
+    if model_kind == "vlm" and (unsupported := required_inputs(cfg) & {"values"}):
         raise ConfigError(f"config key 'algo': model.kind vlm does not train with {sorted(unsupported)} yet")
 
 

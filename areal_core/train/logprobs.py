@@ -11,19 +11,27 @@ def token_logprobs(
     attention_mask: torch.Tensor,
     temperature: float = 1.0,
     banned: tuple[int, ...] = (),
+    with_entropy: bool = False,
     **model_inputs,
-) -> torch.Tensor:
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """logp[:, t] = log π(x_t | x_<t) for t >= 1 and 0 at t = 0; right-padded batches.
     `model_inputs`: further forward() arguments (a VLM's pixel values, image grids and mrope
     positions: areal_core/vlm/inputs.py); `banned`: tokens the policy cannot emit (a VLM's vision
-    placeholders, masked as the engine masks them), whose targets in the prompt get 0."""
+    placeholders, masked as the engine masks them), whose targets in the prompt get 0.
+    with_entropy: also H[:, t] = −Σ_v π(v | x_<t) log π(v | x_<t) over the tokens it can emit
+    (0 at t = 0), returned as (logp, H)."""
     out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **model_inputs)
     logits = out.logits[:, :-1].float()
     if temperature != 1.0:
         logits = logits / temperature
     if banned:
         logits = logits.index_fill(-1, torch.tensor(banned, device=logits.device), float("-inf"))
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    logz = torch.log_softmax(logits, dim=-1)
+    logp = logz.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
     if banned:
         logp = logp.masked_fill(torch.isin(input_ids[:, 1:], torch.tensor(banned, device=logp.device)), 0.0)
-    return torch.nn.functional.pad(logp, (1, 0))
+    logp = torch.nn.functional.pad(logp, (1, 0))
+    if not with_entropy:
+        return logp
+    entropy = -torch.special.xlogy(logz.exp(), logz.exp()).sum(-1)  # banned tokens: 0 · log 0 = 0
+    return logp, torch.nn.functional.pad(entropy, (1, 0))

@@ -78,10 +78,8 @@ def policy_logprobs(
     temperature = cfg.rollout.temperature or 1.0
     banned = vision_token_ids(getattr(model, "config", None))  # a VLM's placeholders, masked as the engine masks them
     if mm is not None or banned:
-        if entropy:
-            raise ValueError("entropy terms are not supported for vision-language models yet")
         extra = mm.model_inputs(model, rows, ids, attn) if mm is not None else {}
-        return token_logprobs(model, ids, attn, temperature, banned, **extra)
+        return token_logprobs(model, ids, attn, temperature, banned, with_entropy=entropy, **extra)
     if cfg.train.packing:
         return packed_token_logprobs(
             model, ids, attn, temperature, pad_id=pad_id, with_entropy=entropy, group_index=groups
