@@ -136,6 +136,7 @@ def test_the_entropy_term_on_an_image_batch_is_the_emittable_tokens_entropy(tmp_
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     stats = train_step(model, opt, samples, cfg, processor.pad_token_id, mm=rows)
     assert stats["entropy"] == pytest.approx(float(ent[mask].mean()), rel=1e-3)
+    assert stats["grad_norm"] > 0 and all(torch.isfinite(p).all() for p in model.parameters())  # no 0·log 0 NaN
     no_bonus = RunConfig.model_validate({"train": {"packing": False}})
     model2, *_ = rollouts(tmp_path)
     other = train_step(model2, torch.optim.AdamW(model2.parameters(), lr=1e-3), samples, no_bonus,

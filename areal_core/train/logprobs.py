@@ -33,5 +33,6 @@ def token_logprobs(
     logp = torch.nn.functional.pad(logp, (1, 0))
     if not with_entropy:
         return logp
-    entropy = -torch.special.xlogy(logz.exp(), logz.exp()).sum(-1)  # banned tokens: 0 · log 0 = 0
+    # banned tokens add 0 · log 0 = 0: masking their −inf log-probs keeps the gradient finite too
+    entropy = -(logz.exp() * logz.masked_fill(torch.isinf(logz), 0.0)).sum(-1)
     return logp, torch.nn.functional.pad(entropy, (1, 0))
