@@ -1,6 +1,7 @@
 """Where a search-agent run's held-out success comes from: one greedy episode per held-out question
 (the run's own MCP servers, agent and per-turn budget, as the evaluate step runs it), split by the
-question's hops and by whether the episode searched (called a tool) or answered at once.
+question's hops and by whether the episode searched (a tool result came back, so the episode had more
+than one turn) or answered at once; an episode that failed before any sample is its own row.
 
     PYTHONPATH=. .venv/bin/python benchmarks/search_agent_breakdown.py --run runs/se6k \\
         [--model init_model | final_model | v000060] [--n 100] [--out breakdown.json]
@@ -20,12 +21,13 @@ from typing import Any
 import torch
 
 
-def breakdown(rows: list[tuple[int, bool, float]]) -> dict[str, dict[str, float]]:
-    """(hops, searched, reward) per episode -> {"<hops>-hop searched|plain": {n, share, mean}, "all": ...}.
-    share = n / len(rows); mean = the rows' mean reward."""
+def breakdown(rows: list[tuple[int, bool | None, float]]) -> dict[str, dict[str, float]]:
+    """(hops, searched, reward) per episode -> {"<hops>-hop searched|plain|failed": {n, share, mean}, "all": ...}.
+    searched None: the episode failed before any sample. share = n / len(rows); mean = the rows' mean reward."""
     groups: dict[str, list[float]] = defaultdict(list)
     for hops, searched, reward in rows:
-        groups[f"{hops}-hop {'searched' if searched else 'plain'}"].append(reward)
+        kind = "failed" if searched is None else "searched" if searched else "plain"
+        groups[f"{hops}-hop {kind}"].append(reward)
     total = max(len(rows), 1)
     out = {
         k: {"n": len(v), "share": round(len(v) / total, 3), "mean": round(sum(v) / len(v), 3)}
@@ -41,22 +43,27 @@ def model_path(name: str) -> str:
 
     if name in (LAYOUT.init_model, LAYOUT.final_model):
         return name
-    version = LAYOUT.weights_version(name) if name.startswith("v") else int(name)
+    version = LAYOUT.weights_version(name) if name.startswith("v") else int(name) if name.isdigit() else None
     if version is None:
         raise SystemExit(f"--model {name!r}: not init_model, final_model or a version like v000060")
     return LAYOUT.weights_dir(version)
 
 
-def score_episodes(engine: Any, tokenizer: Any, cfg: Any, tasks: list[dict[str, Any]]) -> list[tuple[int, bool, float]]:
-    """(hops, searched, reward) of one greedy episode per task, with the run's agent, MCP servers
-    and per-turn budget (`cfg`: its RunConfig); searched: the episode had more than one turn."""
+def score_episodes(
+    engine: Any, tokenizer: Any, cfg: Any, tasks: list[dict[str, Any]]
+) -> list[tuple[int, bool | None, float]]:
+    """(hops, searched, reward) of one greedy episode per task, with the run's agent, MCP servers,
+    tool prompt and per-turn budget (`cfg`: its RunConfig), as `evaluate.heldout_eval` plays them;
+    searched: its samples hold more than one turn in all; None when it failed before any sample."""
     from areal_core.proxy.agent_workflow import workflow_class
     from areal_core.rollout.engine import SamplingParams
     from examples.search_agent.kb import from_record
 
     cls, extra = workflow_class(cfg.agent)
     sampling = SamplingParams(max_new_tokens=cfg.eval.max_new_tokens, greedy=True, temperature=0.0)
-    workflow = cls(tokenizer, cfg.rollout.agent, group_size=1, sampling=sampling, **extra)
+    workflow = cls(
+        tokenizer, cfg.rollout.agent, group_size=1, sampling=sampling, tool_prompt=cfg.agent.tool_prompt, **extra
+    )
 
     async def run_all() -> list:
         return [await workflow.run_episode(engine, t) for t in tasks]
@@ -67,12 +74,12 @@ def score_episodes(engine: Any, tokenizer: Any, cfg: Any, tasks: list[dict[str, 
         workflow.close()
     rows = []
     for task, result in zip(tasks, results):
-        turns = result.samples[0].num_turns if result.samples else 0
-        rows.append((int(from_record(task)["meta"]["hops"]), turns > 1, float(result.reward or 0.0)))
+        searched = sum(s.num_turns for s in result.samples) > 1 if result.samples else None
+        rows.append((int(from_record(task)["meta"]["hops"]), searched, float(result.reward or 0.0)))
     return rows
 
 
-def episodes(run: str, model: str, n: int) -> list[tuple[int, bool, float]]:
+def episodes(run: str, model: str, n: int) -> list[tuple[int, bool | None, float]]:
     """`score_episodes` of the run's `model` on its first `n` held-out questions."""
     from areal_core.context import load_run_config
     from areal_core.models import load_pretrained

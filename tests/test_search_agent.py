@@ -213,11 +213,13 @@ def test_the_breakdown_splits_success_by_hops_and_by_searching(kb, qs):
     )
     rows = score_episodes(ScriptedEngine(tok, reply), tok, cfg, [one_hop, two_hop])
     assert rows == [(1, True, 1.0), (2, False, 0.0)]
-    out = breakdown(rows + [(1, True, 0.2)])
-    assert out["1-hop searched"] == {"n": 2, "share": 0.667, "mean": 0.6}
-    assert out["2-hop plain"] == {"n": 1, "share": 0.333, "mean": 0.0}
-    assert out["all"]["mean"] == round(1.2 / 3, 3)
+    out = breakdown(rows + [(1, True, 0.2), (2, None, 0.0)])
+    assert out["1-hop searched"] == {"n": 2, "share": 0.5, "mean": 0.6}
+    assert out["2-hop plain"] == {"n": 1, "share": 0.25, "mean": 0.0}
+    assert out["2-hop failed"] == {"n": 1, "share": 0.25, "mean": 0.0}
+    assert out["all"] == {"n": 4, "share": 1.0, "mean": 0.3}
     assert model_path("init_model") == "init_model"
     assert model_path("v000060") == model_path("60") != "init_model"
-    with pytest.raises(SystemExit, match="not init_model"):
-        model_path("vx")
+    for bad in ("vx", "final", "-3"):
+        with pytest.raises(SystemExit, match="not init_model"):
+            model_path(bad)

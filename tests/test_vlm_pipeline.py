@@ -11,6 +11,7 @@ import torch
 from transformers import Qwen2Config
 
 from areal_core.config import ConfigError, RunConfig, load_config
+from areal_core.context import load_run_config
 from areal_core.events import EventLog
 from areal_core.layout import LAYOUT
 from areal_core.protocol import read_shard_or_quarantine, write_shard
@@ -49,9 +50,15 @@ def test_the_config_refuses_what_a_vlm_run_cannot_do_before_any_work(tmp_path, o
 
 @pytest.mark.parametrize("algo", ["algo.adv_estimator=gae", "algo.adv_estimator=gae algo.entropy_coef=0.01"])
 def test_a_vlm_run_refuses_losses_that_need_a_critic(tmp_path, algo):
-    with pytest.raises(ConfigError, match="model.kind vlm does not train with"):
+    with pytest.raises(ConfigError, match=r"model.kind vlm does not train with \['values'\]"):
         pipeline.prepare("configs/vlm_shapes.yaml", [f"store={tmp_path}/run", *algo.split()])
     assert not (tmp_path / "run").exists()  # refused before the root is claimed
+
+
+def test_a_vlm_run_takes_an_entropy_bonus(tmp_path):
+    overrides = [f"store={tmp_path}/run", "algo.entropy_coef=0.01", "task.num_train=8", "task.num_eval=4"]
+    uri, _ = pipeline.prepare("configs/vlm_shapes.yaml", overrides)
+    assert load_run_config(Store(uri)).algo.entropy_coef == 0.01
 
 
 def test_a_picture_task_with_a_text_model_is_refused_before_prompts_are_written(tmp_path):

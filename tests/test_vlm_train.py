@@ -110,35 +110,43 @@ def test_vision_sft_loss_sees_the_images_and_falls_when_trained(tmp_path):
 
 
 def test_the_entropy_term_on_an_image_batch_is_the_emittable_tokens_entropy(tmp_path):
-    """With `algo.entropy_coef` a VLM batch gets H = −Σ π log π over the tokens the policy can emit
-    (the vision placeholders masked as the engine masks them), and it enters the loss."""
+    """With `algo.entropy_coef` a VLM batch gets H = −Σ π log π of the tempered policy over the tokens
+    it can emit (the vision placeholders masked as the engine masks them): its value and its
+    gradient are those of the reference, the parameters stay finite, and it enters the loss."""
     from areal_core.train.entropy import entropy_from_logits
     from areal_core.vlm.inputs import vision_token_ids
 
     model, processor, store, samples = rollouts(tmp_path)
-    cfg = RunConfig.model_validate({"train": {"packing": False}, "algo": {"entropy_coef": 0.5}})
+    config = {"train": {"packing": False}, "rollout": {"temperature": 0.7}}
+    cfg = RunConfig.model_validate({**config, "algo": {"entropy_coef": 0.5}})
     batch = collate(samples, processor.pad_token_id)
     rows = MultimodalRows.from_samples(samples, processor, ImageCache([store]))
+    logp, ent = policy_logprobs(model, batch, None, cfg, processor.pad_token_id, entropy=True, mm=rows)
     with torch.no_grad():
-        logp, ent = policy_logprobs(model, batch, None, cfg, processor.pad_token_id, entropy=True, mm=rows)
         plain = policy_logprobs(model, batch, None, cfg, processor.pad_token_id, mm=rows)
-        extra = rows.model_inputs(model, None, batch.input_ids, batch.attention_mask)
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, **extra).logits[:, :-1]
+    extra = rows.model_inputs(model, None, batch.input_ids, batch.attention_mask)
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, **extra).logits[:, :-1]
     torch.testing.assert_close(logp, plain)
     banned = list(vision_token_ids(model.config))
     assert banned
     keep = torch.ones(logits.shape[-1], dtype=torch.bool)
     keep[banned] = False
-    want = entropy_from_logits(logits[..., keep] / (cfg.rollout.temperature or 1.0))
+    want = entropy_from_logits(logits[..., keep] / 0.7)
     mask = batch.loss_mask.bool()
-    torch.testing.assert_close(ent[:, 1:][mask[:, 1:]], want[mask[:, 1:]], atol=1e-4, rtol=1e-4)
+    got = ent[:, 1:][mask[:, 1:]]
+    torch.testing.assert_close(got, want[mask[:, 1:]], atol=1e-4, rtol=1e-4)
     assert torch.isfinite(ent).all() and ent[mask].min() > 0 and ent[:, 0].abs().max() == 0
+    head = model.get_output_embeddings().weight
+    (g_got,) = torch.autograd.grad(got.sum(), head, retain_graph=True)
+    (g_want,) = torch.autograd.grad(want[mask[:, 1:]].sum(), head)
+    assert torch.isfinite(g_got).all() and g_got.abs().sum() > 0
+    torch.testing.assert_close(g_got, g_want, atol=1e-4, rtol=1e-3)
+    model.zero_grad(set_to_none=True)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     stats = train_step(model, opt, samples, cfg, processor.pad_token_id, mm=rows)
-    assert stats["entropy"] == pytest.approx(float(ent[mask].mean()), rel=1e-3)
+    assert stats["entropy"] == pytest.approx(float(ent.detach()[mask].mean()), rel=1e-3)
     assert stats["grad_norm"] > 0 and all(torch.isfinite(p).all() for p in model.parameters())  # no 0·log 0 NaN
-    no_bonus = RunConfig.model_validate({"train": {"packing": False}})
     model2, *_ = rollouts(tmp_path)
-    other = train_step(model2, torch.optim.AdamW(model2.parameters(), lr=1e-3), samples, no_bonus,
-                       processor.pad_token_id, mm=rows)  # fmt: skip
+    other = train_step(model2, torch.optim.AdamW(model2.parameters(), lr=1e-3), samples,
+                       RunConfig.model_validate(config), processor.pad_token_id, mm=rows)  # fmt: skip
     assert stats["loss"] == pytest.approx(other["loss"] - 0.5 * stats["entropy"], abs=1e-4)

@@ -11,6 +11,12 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(-1)
 
 
+def entropy_from_logprobs(logz: torch.Tensor) -> torch.Tensor:
+    """H = −Σ_v p_v log p_v from log-probs over the last dim; tokens at −inf (masked out) add 0 and
+    keep the gradient finite (0 · log 0 taken as 0 before, not after, differentiation)."""
+    return -(logz.exp() * logz.masked_fill(torch.isinf(logz), 0.0)).sum(-1)
+
+
 def logprobs_and_entropy_from_logits(
     logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -23,7 +29,7 @@ def logprobs_and_entropy_from_logits(
         z = z / temperature
     logz = torch.log_softmax(z, dim=-1)
     logp = logz.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-    ent = -(logz.exp() * logz).sum(-1)
+    ent = -(logz.exp() * logz).sum(-1)  # no −inf here: skip entropy_from_logprobs's vocabulary-sized mask
     pad = torch.nn.functional.pad
     return pad(logp, (1, 0)), pad(ent, (1, 0))
 

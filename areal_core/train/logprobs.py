@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from areal_core.train.entropy import entropy_from_logprobs
+
 
 def token_logprobs(
     model,
@@ -33,6 +35,4 @@ def token_logprobs(
     logp = torch.nn.functional.pad(logp, (1, 0))
     if not with_entropy:
         return logp
-    # banned tokens add 0 · log 0 = 0: masking their −inf log-probs keeps the gradient finite too
-    entropy = -(logz.exp() * logz.masked_fill(torch.isinf(logz), 0.0)).sum(-1)
-    return logp, torch.nn.functional.pad(entropy, (1, 0))
+    return logp, torch.nn.functional.pad(entropy_from_logprobs(logz), (1, 0))  # banned tokens add 0
