@@ -190,3 +190,27 @@ def test_two_process_fsdp2_matches_one_process(tmp_path):
     assert ranks[0]["total"] == ranks[1]["total"]
     assert all(r["local"] < r["total"] for r in ranks)  # parameters really are sharded
     assert [r["blob"] for r in ranks] == [True, False]  # only rank 0 gets the weights to publish
+
+
+def test_a_step_with_a_non_finite_gradient_is_skipped_and_counted():
+    """A NaN in the gradient never reaches the weights or AdamW's moments: the update is skipped,
+    `nonfinite_grad_frac` says so, and the next step trains as from the unharmed state."""
+    from areal_core.train.step import train_step
+
+    cfg = run_config()
+    batches = fixed_batches()
+    model, twin = make_model(cfg), make_model(cfg)
+    opt, twin_opt = make_optimizer(model, cfg), make_optimizer(twin, cfg)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    poison = next(model.parameters()).register_hook(lambda g: g * float("nan"))
+    stats = train_step(model, opt, batches[0], cfg, 0)
+    poison.remove()
+    assert stats["nonfinite_grad_frac"] == 1.0
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert all(not s for s in opt.state.values())  # no moments were written
+    healthy = train_step(model, opt, batches[1], cfg, 0)
+    reference = train_step(twin, twin_opt, batches[1], cfg, 0)
+    assert healthy["nonfinite_grad_frac"] == 0.0 and healthy["loss"] == pytest.approx(reference["loss"])
+    for (k, v), w in zip(model.state_dict().items(), twin.state_dict().values()):
+        assert torch.isfinite(v).all() and torch.allclose(v, w, atol=1e-6), k

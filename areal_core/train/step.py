@@ -16,7 +16,9 @@ Per step, with the batch B (every rank receives all of it; rank 0 chose it):
         ∇L_M = (1/W) Σ_r ∇(W · L_r)  with  L_M = Σ_r L_r;
      a rank left without groups in M runs one masked dummy row, so every rank makes the same
      collective calls;
-  4. backward, gradient clipping (the global norm over every shard), optimizer step.
+  4. backward, gradient clipping (the global norm over every shard), optimizer step; a step whose
+     norm is not finite is skipped and counted (`nonfinite_grad_frac`), so its NaN never reaches
+     the weights, the optimizer's moments or a published version.
 
 Not supported with more than one rank: the losses that declare `distributed = False` in the loss
 registry (areal_core/train/loss/): the preference losses (their mean over pairs has no global
@@ -26,6 +28,7 @@ denominator) and the critic's value term (the critic of `value_head.py` is not s
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -223,7 +226,12 @@ def train_step(
         (loss * world).backward()
         lap("backward")
         grad_norm = clip_grad_norm(model, cfg.train.grad_clip or float("inf"))
-        optimizer.step()
+        # a NaN/inf gradient (the global norm: every rank skips alike) would poison the weights and
+        # AdamW's moments, and the next published version with them: skip the update, count it
+        finite = math.isfinite(grad_norm)
+        if finite:
+            optimizer.step()
+        mb_stats["nonfinite_grad_frac"] = 0.0 if finite else 1.0
         if critic is not None:
             mb_stats["critic_grad_norm"] = critic.step()
         if ctx.distributed:

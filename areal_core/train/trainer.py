@@ -199,6 +199,8 @@ class Trainer:
                 phase=self.ev.add,
             )
         t_train = time.perf_counter() - t0
+        if metrics.get("nonfinite_grad_frac", 0.0) > 0 and self.dist.is_main:
+            log.warning("step %d: gradient norm not finite; the update was skipped", st.step)
         if self._check_finite and (bad := [n for n, p in self.model.named_parameters() if not p.isfinite().all()]):
             raise FloatingPointError(f"step {st.step} made {len(bad)} parameters non-finite (first: {bad[0]})")
         trained_versions = [v for s in samples for v, m in zip(s.versions, s.loss_mask) if m]
