@@ -2,9 +2,48 @@
 
 from __future__ import annotations
 
+from typing import Any, Literal, overload
+
 import torch
 
 from areal_core.train.entropy import entropy_from_logprobs
+
+
+@overload
+def token_logprobs(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    temperature: float = ...,
+    banned: tuple[int, ...] = ...,
+    with_entropy: Literal[False] = ...,
+    **model_inputs: Any,
+) -> torch.Tensor: ...
+
+
+@overload
+def token_logprobs(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    temperature: float = ...,
+    banned: tuple[int, ...] = ...,
+    *,
+    with_entropy: Literal[True],
+    **model_inputs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@overload
+def token_logprobs(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    temperature: float = ...,
+    banned: tuple[int, ...] = ...,
+    with_entropy: bool = ...,
+    **model_inputs: Any,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
 
 
 def token_logprobs(
@@ -14,7 +53,7 @@ def token_logprobs(
     temperature: float = 1.0,
     banned: tuple[int, ...] = (),
     with_entropy: bool = False,
-    **model_inputs,
+    **model_inputs: Any,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """logp[:, t] = log π(x_t | x_<t) for t >= 1 and 0 at t = 0; right-padded batches.
     `model_inputs`: further forward() arguments (a VLM's pixel values, image grids and mrope
