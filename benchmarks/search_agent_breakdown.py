@@ -99,7 +99,9 @@ def episodes(run: str, model: str, n: int) -> list[tuple[int, bool | None, float
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--run", required=True, help="a search-agent run's store (its config, test prompts, weights)")
-    ap.add_argument("--model", default="init_model", help="init_model, final_model or a weights version")
+    from areal_core.layout import LAYOUT
+
+    ap.add_argument("--model", default=LAYOUT.init_model, help="init_model, final_model or a weights version")
     ap.add_argument("--n", type=int, default=100, help="held-out questions, from the first")
     ap.add_argument("--out", default="", help="also write the breakdown here as JSON")
     a = ap.parse_args()

@@ -218,8 +218,10 @@ def test_the_breakdown_splits_success_by_hops_and_by_searching(kb, qs):
     assert out["2-hop plain"] == {"n": 1, "share": 0.25, "mean": 0.0}
     assert out["2-hop failed"] == {"n": 1, "share": 0.25, "mean": 0.0}
     assert out["all"] == {"n": 4, "share": 1.0, "mean": 0.3}
-    assert model_path("init_model") == "init_model"
-    assert model_path("v000060") == model_path("60") != "init_model"
+    from areal_core.layout import LAYOUT
+
+    assert model_path(LAYOUT.init_model) == LAYOUT.init_model
+    assert model_path("v000060") == model_path("60") == LAYOUT.weights_dir(60)
     for bad in ("vx", "final", "-3"):
         with pytest.raises(SystemExit, match="not init_model"):
             model_path(bad)

@@ -2,48 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, overload
+from typing import Any
 
 import torch
 
 from areal_core.train.entropy import entropy_from_logprobs
-
-
-@overload
-def token_logprobs(
-    model,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    temperature: float = ...,
-    banned: tuple[int, ...] = ...,
-    with_entropy: Literal[False] = ...,
-    **model_inputs: Any,
-) -> torch.Tensor: ...
-
-
-@overload
-def token_logprobs(
-    model,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    temperature: float = ...,
-    banned: tuple[int, ...] = ...,
-    *,
-    with_entropy: Literal[True],
-    **model_inputs: Any,
-) -> tuple[torch.Tensor, torch.Tensor]: ...
-
-
-@overload
-def token_logprobs(
-    model,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    temperature: float = ...,
-    banned: tuple[int, ...] = ...,
-    with_entropy: bool = ...,
-    **model_inputs: Any,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
 
 
 def token_logprobs(
