@@ -20,6 +20,7 @@ Subclasses give the request body (`_request_body`) and parse the response (`_par
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import shutil
 import tempfile
@@ -35,6 +36,13 @@ from areal_core.store import Store
 from areal_core.weights.reader import prune_staged, stage_verified
 
 logging.getLogger("httpx").setLevel(logging.WARNING)  # no log line per generate request
+
+
+def request_params(params: SamplingParams, index: int) -> SamplingParams:
+    """The i-th request's sampling parameters: a shared seed s becomes s + i, as the built-in
+    engines derive it, so that the requests of one group (the same prompt G times) sample
+    independently rather than G identical answers."""
+    return params if params.seed is None else dataclasses.replace(params, seed=params.seed + index)
 
 
 class RemoteEngineError(RuntimeError):
@@ -282,7 +290,8 @@ class RemoteEngine:
         limits = httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency)
         timeout = httpx.Timeout(self.request_timeout_s, connect=10.0)
         async with httpx.AsyncClient(base_url=self.url, timeout=timeout, limits=limits) as client:
-            return list(await asyncio.gather(*(self._one(client, sem, p, params) for p in prompts)))
+            requests = (self._one(client, sem, p, request_params(params, i)) for i, p in enumerate(prompts))
+            return list(await asyncio.gather(*requests))
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """One request per prompt, all in flight at once (the server batches them continuously)."""
