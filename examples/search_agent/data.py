@@ -18,7 +18,7 @@ def main() -> None:
     ap.add_argument("--out", default="runs/search_data")
     ap.add_argument("--seed", type=int, default=1, help="the knowledge base's seed (the server's --seed)")
     ap.add_argument("--people", type=int, default=1500, help="its size (the server's --people)")
-    ap.add_argument("--train", type=int, default=2000)
+    ap.add_argument("--train", type=int, default=6000)
     ap.add_argument("--eval", type=int, default=200)
     ap.add_argument("--kinds", default="town,year,region", help="question kinds: town, year (one hop), region (two)")
     a = ap.parse_args()
