@@ -174,3 +174,29 @@ def test_gspo_pipeline_runs_without_nan(tiny_overrides):
     store = _run(tiny_overrides, "gspo")
     rows = [json.loads(line) for line in store.read_text("trainer/metrics.jsonl").splitlines() if line]
     assert all(0.0 <= r["clip_frac"] <= 1.0 for r in rows)
+
+
+def test_a_non_finite_critic_gradient_skips_the_critics_step():
+    """A NaN in the critic's gradient never reaches its weights or AdamW's moments (as the policy's
+    does not, tests/test_fsdp.py); the next finite step updates it as usual."""
+    cfg = from_preset("ppo_critic", value_clip=0.0, lam=1.0)
+    c = critic(lr=3e-3)
+    ids, attn, mask, rewards = toy_batch()
+    logp, gi = torch.zeros_like(mask), torch.tensor([0, 0, 1, 1])
+
+    def backward() -> None:
+        v = c.token_values(ids, attn)
+        loss, _ = compute_loss(cfg, logp, logp, logp, rewards, gi, mask, values=v, old_values=v.detach())
+        c.zero_grad()
+        loss.backward()
+
+    before = {k: t.clone() for k, t in c.model.state_dict().items()}
+    poison = next(p for p in c.model.parameters() if p.requires_grad).register_hook(lambda g: g * float("nan"))
+    backward()
+    poison.remove()
+    assert math.isnan(c.step())
+    assert all(torch.equal(t, before[k]) for k, t in c.model.state_dict().items())
+    assert all(not s for s in c.optimizer.state.values())  # no moments were written
+    backward()
+    assert math.isfinite(c.step())
+    assert any(not torch.equal(t, before[k]) for k, t in c.model.state_dict().items())

@@ -233,7 +233,8 @@ def train_step(
             optimizer.step()
         mb_stats["nonfinite_grad_frac"] = 0.0 if finite else 1.0
         if critic is not None:
-            mb_stats["critic_grad_norm"] = critic.step()
+            mb_stats["critic_grad_norm"] = critic.step()  # skipped, like the policy's, when not finite
+            mb_stats["critic_nonfinite_grad_frac"] = 0.0 if math.isfinite(mb_stats["critic_grad_norm"]) else 1.0
         if ctx.distributed:
             mb_stats = _reduce(mb_stats, float(mask.sum()) / mb.global_tokens, ctx)
         mb_stats["grad_norm"] = grad_norm

@@ -25,6 +25,7 @@ weights/v{N}, since rollout workers only need the policy.
 from __future__ import annotations
 
 import io
+import math
 from typing import Any
 
 import torch
@@ -140,10 +141,13 @@ class Critic:
         self.optimizer.zero_grad(set_to_none=True)
 
     def step(self) -> float:
-        """Clip the critic's gradient (train.grad_clip), take an AdamW step; returns the grad norm."""
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip or float("inf"))
-        self.optimizer.step()
-        return float(norm)
+        """Clip the critic's gradient (train.grad_clip), take an AdamW step; returns the grad norm.
+        A NaN/inf norm skips the step, as the policy's does, so that it never reaches the critic's
+        weights or AdamW's moments (the caller counts it from the returned norm)."""
+        norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip or float("inf")))
+        if math.isfinite(norm):
+            self.optimizer.step()
+        return norm
 
     def save(self, store: Store, step: int) -> None:
         """Write the critic into trainer/checkpoints/step-{step}/ (call before its COMMITTED)."""
