@@ -199,8 +199,10 @@ class Trainer:
                 phase=self.ev.add,
             )
         t_train = time.perf_counter() - t0
-        if metrics.get("nonfinite_grad_frac", 0.0) > 0 and self.dist.is_main:
-            log.warning("step %d: gradient norm not finite; the update was skipped", st.step)
+        if self.dist.is_main:
+            for key, what in (("nonfinite_grad_frac", "gradient"), ("critic_nonfinite_grad_frac", "critic's gradient")):
+                if metrics.get(key, 0.0) > 0:
+                    log.warning("step %d: %s norm not finite; the update was skipped", st.step, what)
         if self._check_finite and (bad := [n for n, p in self.model.named_parameters() if not p.isfinite().all()]):
             raise FloatingPointError(f"step {st.step} made {len(bad)} parameters non-finite (first: {bad[0]})")
         trained_versions = [v for s in samples for v, m in zip(s.versions, s.loss_mask) if m]
