@@ -111,26 +111,51 @@ def ask(scene: dict[str, Any], rng: random.Random) -> tuple[str, str]:
     return f"Are there more {PLURAL[a]} than {PLURAL[b]}?", "yes" if more else "no"
 
 
-def make_record(scene_seed: int, qtype: str, max_objects: int) -> dict[str, Any]:
+def describe(scene: dict[str, Any]) -> str:
+    """The scene's grid cells in reading order, each as what it holds: `red circle`, a digit, or
+    `none`; e.g. "red circle, none, blue square, red triangle"."""
+    step = IMAGE_SIZE / GRID
+    cells = ["none"] * (GRID * GRID)
+    for it in scene["items"]:
+        cell = int(it["y"] // step) * GRID + int(it["x"] // step)
+        cells[cell] = str(it["digit"]) if "digit" in it else f"{it['colour']} {it['shape']}"
+    return ", ".join(cells)
+
+
+def make_record(scene_seed: int, qtype: str, max_objects: int, describe_first: bool = False) -> dict[str, Any]:
+    """One question about one scene; `describe_first`: its demonstration lists the grid's cells
+    (`describe`) before the final answer, a worked answer where the default answers at once."""
     scene = make_scene(scene_seed, qtype, max_objects)
     question, final = ask(scene, random.Random(scene_seed + 7))
     meta = {"final": final, "scene": scene, "image_source": "datasets.clevr:record_images"}
-    return {"prompt": question, "answer": f"#### {final}", "meta": meta}
+    answer = f"{describe(scene)} #### {final}" if describe_first else f"#### {final}"
+    return {"prompt": question, "answer": answer, "meta": meta}
 
 
 def generate(
-    seed: int, num_train: int, num_eval: int, questions: str = ",".join(QUESTIONS), max_objects: int = 4
+    seed: int,
+    num_train: int,
+    num_eval: int,
+    questions: str = ",".join(QUESTIONS),
+    max_objects: int = 4,
+    describe_fraction: float = 0.0,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(train, eval) records; question types cycle through `questions` (comma-separated)."""
+    """(train, eval) records; question types cycle through `questions` (comma-separated). A seeded
+    `describe_fraction` of the training records demonstrate describing the grid before answering
+    (`make_record`); held-out records are scored on their final answer alone either way."""
+    if not 0.0 <= describe_fraction <= 1.0:
+        raise ValueError(f"clevr describe_fraction must be in [0, 1], got {describe_fraction}")
     kinds = [q.strip() for q in questions.split(",") if q.strip()]
     if not kinds or set(kinds) - set(QUESTIONS):
         raise ValueError(f"clevr questions must be among {QUESTIONS}, got {questions!r}")
     if not 1 <= max_objects <= GRID * GRID:
         raise ValueError(f"clevr max_objects must be in 1..{GRID * GRID}, got {max_objects}")
     out: dict[str, list[dict[str, Any]]] = {"train": [], "eval": []}
+    pick = random.Random(seed * SEED_STRIDE + 5)
     for split, n, parity in (("train", num_train, 0), ("eval", num_eval, 1)):
         for i in range(n):
-            rec = make_record(seed * SEED_STRIDE + 2 * i + parity, kinds[i % len(kinds)], max_objects)
+            worked = split == "train" and pick.random() < describe_fraction
+            rec = make_record(seed * SEED_STRIDE + 2 * i + parity, kinds[i % len(kinds)], max_objects, worked)
             rec["prompt_id"] = f"clevr-{split}-{i}"
             out[split].append(rec)
     return out["train"], out["eval"]

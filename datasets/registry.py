@@ -18,7 +18,9 @@ def load_task(task: Any, seed: int) -> tuple[list[dict[str, Any]], list[dict[str
     if task.name == "code":
         return code_tasks.load(task.num_train, task.num_eval)
     if task.name == "clevr":
-        return clevr.generate(seed, task.num_train, task.num_eval, task.questions, task.max_objects)
+        return clevr.generate(
+            seed, task.num_train, task.num_eval, task.questions, task.max_objects, task.describe_fraction
+        )
     if task.name == "humaneval":
         return humaneval.load(task.num_train, task.num_eval)
     raise ValueError(f"unknown task {task.name!r}")

@@ -107,3 +107,45 @@ def test_the_verifier_checks_the_final_answer_and_the_task_is_registered():
     cfg = RunConfig.model_validate({"task": {"name": "clevr", "num_train": 10, "num_eval": 4, "questions": "compare"}})
     train, held_out = load_task(cfg.task, cfg.seed)
     assert len(train) == 10 and len(held_out) == 4 and all(r["prompt"].startswith("Are there") for r in train)
+
+
+def test_worked_demonstrations_describe_each_cell_as_the_pixels_show_it():
+    """`describe_fraction` of the training answers list the 2×2 grid in reading order before the
+    final answer; each named cell holds that object in the pixels and each `none` cell is blank; the
+    count read off the description is the answer. Held-out answers stay bare, and fraction 0 leaves
+    every record as it was."""
+    kinds = "count_colour,count_shape,compare,digit_sum"
+    train, held_out = generate(5, 400, 40, kinds, 4, describe_fraction=0.3)
+    plain, plain_held = generate(5, 400, 40, kinds, 4)
+    assert [r["meta"] for r in train] == [r["meta"] for r in plain]  # the same scenes and questions
+    assert held_out == plain_held and all(r["answer"] == f"#### {r['meta']['final']}" for r in held_out)
+    worked = [r for r in train if not r["answer"].startswith("####")]
+    assert 0.24 < len(worked) / len(train) < 0.36
+    assert all(r["answer"] == f"#### {r['meta']['final']}" for r in plain)
+    names = {rgb: name for name, rgb in COLOURS.items()}
+    for r in worked:
+        listing, final = r["answer"].split(" #### ")
+        assert final == r["meta"]["final"] and clevr_reward(r["answer"], f"#### {final}")[0] == 1.0
+        cells = listing.split(", ")
+        assert len(cells) == 4
+        pixels = np.asarray(record_images(r)[0])
+        scene = r["meta"]["scene"]
+        for i, cell in enumerate(cells):
+            y, x = divmod(i, 2)
+            quadrant = pixels[y * 32 : (y + 1) * 32, x * 32 : (x + 1) * 32]
+            if cell == "none":
+                assert (quadrant == BACKGROUND).all(), (r["prompt"], i)
+            elif scene["qtype"] == "digit_sum":
+                assert cell.isdigit() and (quadrant.min(axis=2) < 100).sum() > 10
+            else:
+                ((colour, fill),) = components(quadrant)
+                assert cell == f"{names[colour]} {shape_of(fill)}", (r["prompt"], i)
+        if scene["qtype"] in ("count_colour", "count_shape"):
+            target = scene["target"]
+            assert str(sum(target in c.split() for c in cells)) == final
+    try:
+        generate(5, 4, 1, kinds, 4, describe_fraction=1.5)
+    except ValueError as exc:
+        assert "describe_fraction" in str(exc)
+    else:
+        raise AssertionError("a fraction above 1 was accepted")

@@ -46,6 +46,12 @@ class TaskConfig(ConfigModel):
         description="clevr: the question types asked, comma-separated, in turn",
     )
     max_objects: Int = Field(4, ge=1, le=4, description="clevr: most shapes (or digits) in one scene (a 2×2 grid)")
+    describe_fraction: Float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="clevr: share of the training demonstrations that list the grid's cells before the answer",
+    )
     system_prompt: Text = Field(
         "",
         description=(
