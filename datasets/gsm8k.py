@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import fsspec
@@ -43,6 +44,10 @@ def final_answer(solution: str) -> str:
 
 def load_split(root: str, split: str, limit: int = 0) -> list[dict[str, Any]]:
     rows = read_jsonl(f"{root.rstrip('/')}/{split}.jsonl")
+    if limit and len(rows) < limit:  # e.g. data written for another config: said, not silently trained on
+        logging.getLogger("areal.datasets").warning(
+            "%s/%s.jsonl has %d rows, fewer than the %d asked", root, split, len(rows), limit
+        )
     if limit:
         rows = rows[:limit]
     return [

@@ -6,11 +6,13 @@ from __future__ import annotations
 from collections import deque
 
 import numpy as np
+import pytest
 
 from areal_core.config import RunConfig
 from areal_core.vlm.images import encode_png
 from datasets import load_task
 from datasets.clevr import BACKGROUND, COLOURS, PLURAL, clevr_reward, generate, record_images
+from tests.conftest import ROOT
 
 
 def components(pixels: np.ndarray) -> list[tuple[tuple[int, int, int], float]]:
@@ -149,3 +151,20 @@ def test_worked_demonstrations_describe_each_cell_as_the_pixels_show_it():
         assert "describe_fraction" in str(exc)
     else:
         raise AssertionError("a fraction above 1 was accepted")
+
+
+def test_worked_demonstrations_are_refused_where_they_cannot_work():
+    """A describe_fraction on another task, or with answers cut before the list ends, is a config
+    error before any work starts."""
+    from areal_core.config import load_config
+    from areal_core.config.base import ConfigError
+
+    with pytest.raises(ConfigError, match="task.describe_fraction.*clevr"):
+        load_config(str(ROOT / "configs/default.yaml"), ["task.describe_fraction=0.3"])
+    with pytest.raises(ConfigError, match="rollout.max_new_tokens"):
+        load_config(str(ROOT / "configs/vlm_shapes.yaml"), ["task.describe_fraction=0.3", "eval.max_new_tokens=32"])
+    cfg = load_config(
+        str(ROOT / "configs/vlm_shapes.yaml"),
+        ["task.describe_fraction=0.3", "rollout.max_new_tokens=32", "eval.max_new_tokens=32"],
+    )
+    assert cfg.task.describe_fraction == 0.3

@@ -46,18 +46,9 @@ class TaskConfig(ConfigModel):
         description="clevr: the question types asked, comma-separated, in turn",
     )
     max_objects: Int = Field(4, ge=1, le=4, description="clevr: most shapes (or digits) in one scene (a 2×2 grid)")
-    describe_fraction: Float = Field(
-        0.0,
-        ge=0,
-        le=1,
-        description="clevr: share of the training demonstrations that list the grid's cells before the answer",
-    )
+    describe_fraction: Float = Field(0.0, ge=0, le=1, description="clevr: share of answers listing the grid first")
     system_prompt: Text = Field(
-        "",
-        description=(
-            "a system message before every question in the model's chat template (rollout, SFT, evaluation); empty: "
-            "none"
-        ),
+        "", description="a system message before every question in the chat template (rollout, SFT, evaluation)"
     )
 
     @model_validator(mode="after")
@@ -71,6 +62,8 @@ class TaskConfig(ConfigModel):
                 raise Invalid("ops", f"must use only '+-*', got {self.ops!r}")
         if self.name == "gsm8k" and not self.path:
             raise Invalid("path", "is required when task.name is gsm8k")
+        if self.describe_fraction and self.name != "clevr":
+            raise Invalid("describe_fraction", f"is for task.name clevr, not {self.name}")
         return self
 
 
@@ -497,4 +490,6 @@ class RunConfig(ConfigModel):
             raise Invalid("train.nproc_per_node", "must be 1 with model.kind vlm: image batches train on one rank")
         if self.rollout.agent:
             raise Invalid("rollout.agent", "must be empty with model.kind vlm: agent sessions are text-only")
+        if self.task.describe_fraction and min(self.rollout.max_new_tokens, self.eval.max_new_tokens) < 32:
+            raise Invalid("rollout.max_new_tokens", "and eval's: >= 32 with task.describe_fraction (20-token lists)")
         return self
