@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import fcntl
 import logging
 import os
 from collections.abc import Callable, Iterator
@@ -39,11 +40,22 @@ def tracking_uri(configured: str) -> str:
 
 
 def mlflow_client(uri: str) -> Any:
-    """An MlflowClient on `uri`, also made the process's tracking URI (artifact downloads use it)."""
+    """An MlflowClient on `uri`, also made the process's tracking URI (artifact downloads use it).
+    On a sqlite file, processes open it one at a time (an flock beside it): two runs started at
+    once on a new file otherwise race in its schema migration, and one fails ("Online migration
+    expected to match one row ... 0 found")."""
     import mlflow
 
     mlflow.set_tracking_uri(uri)
-    return mlflow.MlflowClient(uri)
+    if not uri.startswith("sqlite:///"):
+        return mlflow.MlflowClient(uri)
+    db = Path(uri.removeprefix("sqlite:///"))
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{db}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        client = mlflow.MlflowClient(uri)
+        client.search_experiments(max_results=1)  # opens (and migrates) the store under the lock
+    return client
 
 
 EXECUTION_ENV = {
