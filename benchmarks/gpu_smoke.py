@@ -218,6 +218,7 @@ def vllm(dims: dict, device: str, batch: int, new: int) -> dict:
 
 def rl(device: str, tiny: bool, steps: int, root: str) -> dict:
     from areal_core.context import load_run_config
+    from areal_core.layout import LAYOUT
     from areal_core.run import pipeline
     from areal_core.run.launcher import launch
     from areal_core.store import Store
@@ -240,7 +241,7 @@ def rl(device: str, tiny: bool, steps: int, root: str) -> dict:
     store = Store(run_uri)
     cfg = load_run_config(store)
     result = launch(run_uri, cfg.rollout.num_workers, cfg.reward.num_workers, timeout_s=1200, progress=False)
-    rows = [json.loads(line) for line in store.read_text("trainer/metrics.jsonl").splitlines() if line]
+    rows = [json.loads(line) for line in store.read_text(LAYOUT.metrics).splitlines() if line]
     last = rows[-min(10, len(rows)) :]
     return {
         "steps": result["step"],

@@ -13,6 +13,7 @@ import os
 import sys
 import time
 
+from areal_core.layout import LAYOUT
 from areal_core.logs import setup_logging
 from areal_core.run import pipeline
 from areal_core.run.launcher import launch
@@ -32,7 +33,7 @@ def main() -> None:
     launch(run_uri, 1, 1, timeout_s=3600, progress=False)
     wall = time.time() - t0
     acc = pipeline.evaluate_run(run_uri)
-    rows = [json.loads(line) for line in store.read_text("trainer/metrics.jsonl").splitlines() if line]
+    rows = [json.loads(line) for line in store.read_text(LAYOUT.metrics).splitlines() if line]
     curve = [round(r["eval_accuracy"], 3) for r in rows if "eval_accuracy" in r]
     print(
         f"RESULT {name} {overrides} wall={wall:.0f}s before={acc['before']:.3f} after={acc['after']:.3f} curve {curve}"
