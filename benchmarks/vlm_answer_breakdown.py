@@ -15,12 +15,9 @@ own evaluate pass), broken down two ways.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections import Counter, defaultdict
 from typing import Any
-
-import torch
 
 
 def follows(scene: dict[str, Any], question: str, cells: list[str]) -> str | None:
@@ -80,33 +77,19 @@ def breakdown(records: list[dict[str, Any]], answers: list[dict[str, Any]]) -> d
 
 
 def main(argv: list[str] | None = None) -> None:
-    from areal_core.context import load_run_config
-    from areal_core.dataset import image_roots
     from areal_core.evaluate import heldout_eval
-    from areal_core.layout import LAYOUT
-    from areal_core.models import load_pretrained
-    from areal_core.prompts import load_prompts
-    from areal_core.store import Store
-    from areal_core.vlm.images import ImageCache
     from benchmarks.vllm_rl import cpu_name, write_result
+    from benchmarks.vlm_run import open_vlm_run, vlm_run_parser
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--run", required=True)
-    ap.add_argument("--model", default="init_model", choices=["init_model", "final_model"])
+    ap = vlm_run_parser(__doc__)
     ap.add_argument("--split", default="eval", choices=["eval", "train"])
-    ap.add_argument("--n", type=int, default=200)
-    ap.add_argument("--out", default="")
     args = ap.parse_args(argv)
-    torch.set_num_threads(1)
-    store = Store(args.run)
-    cfg = load_run_config(store)
-    if cfg.model.kind != "vlm" or cfg.task.name != "clevr":
-        raise SystemExit(f"{args.run} is not a clevr VLM run (model.kind {cfg.model.kind}, task {cfg.task.name})")
-    records = load_prompts(store, args.split)[: args.n]
-    model, tokenizer = load_pretrained(store.url(getattr(LAYOUT, args.model)), cfg.device)
-    _, answers = heldout_eval(model, tokenizer, cfg, records, ImageCache(image_roots(store)), keep=len(records))
+    run = open_vlm_run(args, args.split)
+    if run.cfg.task.name != "clevr":
+        raise SystemExit(f"{args.run} is not a clevr run (task {run.cfg.task.name})")
+    _, answers = heldout_eval(run.model, run.tokenizer, run.cfg, run.records, run.cache, keep=len(run.records))
     res = {"cpu": cpu_name(), "run": args.run, "model": args.model, "split": args.split}
-    res.update(breakdown(records, answers))
+    res.update(breakdown(run.records, answers))
     write_result(res, args.out)
 
 

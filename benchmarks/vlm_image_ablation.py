@@ -17,10 +17,8 @@ question alone scores the same on all three.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-import torch
 from PIL import Image
 
 
@@ -42,33 +40,16 @@ class SwappedImages:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from areal_core.context import load_run_config
-    from areal_core.dataset import image_roots
     from areal_core.evaluate import heldout_score
-    from areal_core.layout import LAYOUT
-    from areal_core.models import load_pretrained
-    from areal_core.prompts import load_prompts
-    from areal_core.store import Store
-    from areal_core.vlm.images import ImageCache
     from benchmarks.vllm_rl import cpu_name, write_result
+    from benchmarks.vlm_run import open_vlm_run, vlm_run_parser
     from datasets.clevr import BACKGROUND
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--run", required=True)
-    ap.add_argument("--model", default="init_model", choices=["init_model", "final_model"])
-    ap.add_argument("--n", type=int, default=200)
-    ap.add_argument("--out", default="")
-    args = ap.parse_args(argv)
-    torch.set_num_threads(1)
-    store = Store(args.run)
-    cfg = load_run_config(store)
-    if cfg.model.kind != "vlm":
-        raise SystemExit(f"{args.run} is not a VLM run (model.kind {cfg.model.kind})")
-    records = load_prompts(store, "eval")[: args.n]
-    cache = ImageCache(image_roots(store))
+    args = vlm_run_parser(__doc__).parse_args(argv)
+    run = open_vlm_run(args)
+    cfg, records, model, tokenizer, cache = run.cfg, run.records, run.model, run.tokenizer, run.cache
     ids = [i for r in records for i in (r.get("meta") or {}).get("image_ids") or []]
     shuffled = {sha: ids[(k + 1) % len(ids)] for k, sha in enumerate(ids)}
-    model, tokenizer = load_pretrained(store.url(getattr(LAYOUT, args.model)), cfg.device)
     res = {"cpu": cpu_name(), "run": args.run, "model": args.model, "n": len(records)}
     for label, images in (
         ("own", cache),
