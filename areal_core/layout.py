@@ -8,6 +8,7 @@ and `check_name`, the one validator of every name that becomes part of a store p
 
 from __future__ import annotations
 
+import hashlib
 import posixpath
 import re
 import unicodedata
@@ -15,6 +16,7 @@ import unicodedata
 _LAYER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # not hidden, not a path
 _SEQ = re.compile(r"[0-9]{1,18}")  # a shard's sequence number as the writers name it
 _IMAGE_ID = re.compile(r"[0-9a-f]{64}")  # an image's id: the sha256 of its bytes, lower-case hex
+QUARANTINE_NAME_BYTES = 200  # a quarantined shard's file name, with room for the reason file's suffix
 MAX_NAME_CHARS = 128  # a name that becomes one folder or file name (file systems allow 255 bytes)
 _SEPARATORS = frozenset("/\\")
 _CONTROL = frozenset(("Cc", "Cf", "Cs", "Zl", "Zp"))  # control, format (bidi, zero-width), surrogate, line breaks
@@ -335,8 +337,15 @@ class Layout:
         return f"{self.events_dir}/{check_name(role, 'role')}-{check_name(worker_id, 'worker id')}/{seq:08d}.jsonl"
 
     def quarantined(self, rel: str) -> str:
-        """Where a bad shard `rel` is moved: quarantine/ with its path flattened."""
-        return f"{self.quarantine_dir}/" + rel.replace("/", "__")
+        """Where a bad shard `rel` is moved: quarantine/ with its path flattened ("/" to "__"). Where
+        that name could stand for two paths (`rel` holds "__") or is too long for a file system, the
+        name is cut and ends in a digest of `rel` instead, so no quarantine overwrites another's."""
+        flat = rel.replace("/", "__")
+        if "__" in rel or len(flat.encode()) > QUARANTINE_NAME_BYTES:
+            digest = hashlib.sha256(rel.encode()).hexdigest()[:16]
+            head = flat.encode()[: QUARANTINE_NAME_BYTES - 48].decode(errors="ignore")
+            flat = f"{head}.{digest}{posixpath.splitext(rel)[1][:16]}"
+        return f"{self.quarantine_dir}/{flat}"
 
     @staticmethod
     def quarantine_reason(quarantined: str) -> str:

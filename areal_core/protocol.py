@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 
 from areal_core.ipc_reader import IpcError, read_ipc_file
 from areal_core.layout import LAYOUT
-from areal_core.store import Store
+from areal_core.store import Store, UnreadableObject
 
 SCHEMA_VERSION = "1"
 
@@ -184,6 +184,7 @@ class ShardLimits:
 
 DEFAULT_LIMITS = ShardLimits()
 PER_TOKEN = ("loss_mask", "behav_logprobs", "versions")
+REQUIRED_VALUES = ("sample_id", "group_id", "prompt_id", "worker_id", "input_ids", "prompt_len") + PER_TOKEN
 
 
 def _check_table(table: pa.Table, limits: ShardLimits) -> None:
@@ -192,6 +193,14 @@ def _check_table(table: pa.Table, limits: ShardLimits) -> None:
     no vision placeholder among the policy tokens (a VLM's image tokens belong to the prompt)."""
     if table.num_rows == 0:
         return
+    for name in REQUIRED_VALUES:
+        if table[name].null_count:
+            raise ShardError(f"a sample without {name}")
+    for name in ("input_ids",) + PER_TOKEN + ("token_rewards",):
+        if pc.list_flatten(table[name]).null_count:
+            raise ShardError(f"a sample whose {name} holds a null")
+    if not pc.all(pc.is_in(pc.list_flatten(table["loss_mask"]), pa.array([0, 1], pa.int8()))).as_py():
+        raise ShardError("a loss_mask value other than 0 or 1")
     lengths = pc.list_value_length(table["input_ids"])
     longest = pc.max(lengths).as_py() or 0
     if longest > limits.max_tokens:
@@ -251,6 +260,8 @@ def decode_shard(data: bytes, limits: ShardLimits = DEFAULT_LIMITS) -> list[Samp
         return from_table(table)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, TypeError, json.JSONDecodeError) as exc:
         raise ShardError(f"bad values: {str(exc)[:300]}") from None
+    except RecursionError:  # json.loads of a crafted reward_info or meta nested past the interpreter's stack
+        raise ShardError("reward_info or meta is nested too deeply") from None
 
 
 def unique(samples: list[Sample], seen: set[str]) -> list[Sample]:
@@ -317,7 +328,11 @@ def read_shard_or_quarantine(
     reader passes dataset.image_roots), altered or undecodable; and when `check(sample)` gives a
     reason (a VLM trainer's vlm.inputs.PlaceholderCheck)."""
     try:
-        samples = decode_shard(store.read_bytes(rel), limits)
+        try:
+            data = store.read_bytes(rel, limits.max_bytes)
+        except UnreadableObject as exc:
+            raise ShardError(str(exc)) from None
+        samples = decode_shard(data, limits)
         if any(s.image_ids for s in samples):
             from areal_core.vlm.images import image_problem
 

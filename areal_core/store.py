@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import re
+import stat
 import tempfile
 import time
 import uuid
@@ -54,6 +55,18 @@ def storage_options(uri: str) -> dict[str, Any]:
 
 TEMP_STALE_S = 3600.0  # a temporary file this old belongs to no live writer (a write takes seconds)
 _TEMP_NAME = re.compile(r"\.(.*\.)?tmp-[0-9a-f]{32}|\..+\.lock")  # the store's own names, nothing else
+
+
+SMALL_JSON_BYTES = 1 << 20  # a status or counter file: a few fields
+
+
+class UnreadableObject(ValueError):
+    """A store object that is refused before it is read: not a regular file, or over a size limit."""
+
+
+def _check_size(rel: str, size: int, limit: int | None) -> None:
+    if limit is not None and size > limit:
+        raise UnreadableObject(f"{rel} is {size} bytes (at most {limit})")
 
 
 def _temp_name(dst: str) -> str:
@@ -133,11 +146,22 @@ class Store:
             self.fs.pipe_file(full, data)
 
     @retried
-    def read_bytes(self, rel: str) -> bytes:
+    def read_bytes(self, rel: str, limit: int | None = None) -> bytes:
+        """The object whole. Refused with UnreadableObject, before its bytes are read: a local entry
+        that is not a regular file (a FIFO would block, a link to /dev/zero never ends) and, with
+        `limit`, an object of more than `limit` bytes."""
+        full = self.path(rel)
         if self.local:
-            with open(self.path(rel), "rb") as f:
-                return f.read()
-        return self.fs.cat_file(self.path(rel))
+            fd = os.open(full, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once, and is refused below
+            with os.fdopen(fd, "rb") as f:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    raise UnreadableObject(f"{rel} is not a regular file")
+                _check_size(rel, st.st_size, limit)
+                return f.read() if limit is None else f.read(limit + 1)
+        if limit is not None:
+            _check_size(rel, int(self.fs.info(full).get("size") or 0), limit)
+        return self.fs.cat_file(full)
 
     @retried
     def read_versioned(self, rel: str) -> tuple[bytes, str] | None:
@@ -183,8 +207,8 @@ class Store:
     def write_text(self, rel: str, text: str) -> None:
         self.write_bytes(rel, text.encode())
 
-    def read_text(self, rel: str) -> str:
-        return self.read_bytes(rel).decode()
+    def read_text(self, rel: str, limit: int | None = None) -> str:
+        return self.read_bytes(rel, limit).decode()
 
     def write_json(self, rel: str, obj: Any) -> None:
         self.write_bytes(rel, json.dumps(obj, indent=1, sort_keys=True).encode())
@@ -328,9 +352,10 @@ class Store:
     def discarded_groups(self) -> int:
         """Groups the trainer discarded untrained (they give their admission back); 0 if none yet."""
         try:
-            return int(self.read_json(LAYOUT.discarded_groups)["groups"])
-        except (FileNotFoundError, KeyError, TypeError, ValueError):
+            groups = json.loads(self.read_bytes(LAYOUT.discarded_groups, SMALL_JSON_BYTES))["groups"]
+        except (FileNotFoundError, KeyError, TypeError, ValueError, RecursionError):  # ValueError: JSON, UTF-8, size
             return 0
+        return groups if isinstance(groups, int) and not isinstance(groups, bool) and groups > 0 else 0
 
     def heartbeat(self, role: str, worker_id: str, **counters: Any) -> None:
         self.write_json(
@@ -342,8 +367,8 @@ class Store:
         out = {}
         for name in self.find(LAYOUT.status_dir, ".json"):
             try:
-                out[name.rsplit("/", 1)[-1][:-5]] = self.read_json(name)
-            except (json.JSONDecodeError, FileNotFoundError):
+                out[name.rsplit("/", 1)[-1][:-5]] = json.loads(self.read_bytes(name, SMALL_JSON_BYTES))
+            except (ValueError, RecursionError, FileNotFoundError):  # not JSON, not UTF-8, too big, too deep
                 continue
         return out
 

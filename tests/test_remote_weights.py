@@ -6,6 +6,8 @@ import hashlib
 import time
 
 import pytest
+import torch
+from safetensors.torch import save as st_save
 
 from areal_core.config import ConfigError, load_config
 from areal_core.layout import LAYOUT
@@ -18,17 +20,30 @@ from areal_core.weights.reader import prune_staged, stage_verified
 from areal_core.weights.watcher import WeightWatcher
 
 
+def safetensors_of(tag: int) -> bytes:
+    """A real (tiny) safetensors file: staging checks that the weights file parses."""
+    return st_save({"w": torch.full((4,), float(tag))})
+
+
+def test_staging_refuses_a_weights_file_that_is_not_safetensors(tmp_path):
+    s = Store(str(tmp_path / "run"))
+    publish(s, 0, b"weights-0" * 100, {"config.json": b"{}"})  # its digest matches: only the parse can tell
+    with pytest.raises(WeightsError, match="not a valid safetensors file"):
+        stage_verified(s, 0, tmp_path / "stage")
+    assert not any((tmp_path / "stage").iterdir())
+
+
 @pytest.fixture
 def store(tmp_path) -> Store:
     s = Store(str(tmp_path / "run"))
-    publish(s, 0, b"weights-0" * 100, {"config.json": b'{"a": 1}', "tokenizer.json": b"{}"})
+    publish(s, 0, safetensors_of(0), {"config.json": b'{"a": 1}', "tokenizer.json": b"{}"})
     return s
 
 
 def test_stage_verified_copies_every_manifest_file(store, tmp_path):
     path = stage_verified(store, 0, tmp_path / "stage")
     assert path.name == "v000000"
-    assert (path / WEIGHTS_FILE).read_bytes() == b"weights-0" * 100
+    assert (path / WEIGHTS_FILE).read_bytes() == safetensors_of(0)
     assert (path / "config.json").read_bytes() == b'{"a": 1}'
     assert hashlib.sha256((path / "tokenizer.json").read_bytes()).hexdigest() == hashlib.sha256(b"{}").hexdigest()
     assert stage_verified(store, 0, tmp_path / "stage") == path  # staged once
@@ -62,7 +77,7 @@ def test_stage_verified_refuses_and_leaves_nothing(store, tmp_path, damage, matc
 
 
 def test_prune_staged_keeps_only_named_versions(store, tmp_path):
-    publish(store, 1, b"w1", {"config.json": b"{}"})
+    publish(store, 1, safetensors_of(1), {"config.json": b"{}"})
     stage_verified(store, 0, tmp_path / "st")
     stage_verified(store, 1, tmp_path / "st")
     prune_staged(tmp_path / "st", {1})

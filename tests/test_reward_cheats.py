@@ -206,3 +206,11 @@ def test_main_cheats_score_zero_on_all_of_humaneval(pool, name):
         refs.append((p["task_id"], json.dumps(spec)))
     got = scores(pool, program + define(body, names), refs)
     assert all(v == 0.0 for v in got.values()), {k: v for k, v in got.items() if v}
+
+
+def test_a_program_that_is_not_valid_utf8_scores_zero_with_the_reason():
+    from areal_core.reward.code import code_reward
+
+    reference = json.dumps(humaneval.spec(humaneval.problems()[0]))
+    out = code_reward("    return 1  # \ud800\n", reference)  # a lone surrogate: no UTF-8 file can hold it
+    assert out["reward"] == 0.0 and out["info"]["error"] == "the program is not valid UTF-8"

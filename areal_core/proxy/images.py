@@ -94,13 +94,11 @@ def decode_part(part: Any, where: str, max_pixels: int = MAX_REQUEST_PIXELS) -> 
             f"{where}: an image_url part needs {{'image_url': {{'url': 'data:...'}}}}", "invalid_image_url"
         )
     data = data_uri_bytes(url, where)
-    try:
-        image = decode_image(data, where)
+    try:  # a few kB of PNG can hold 16 M pixels: refused from its header, before it is decoded
+        image = decode_image(data, where, max_pixels)
     except ImageError as exc:
         raise ImageRefused(str(exc), "invalid_image") from None
     w, h = image.size
-    if w * h > max_pixels:  # a few kB of PNG can hold 16 M pixels: the processor's tokens and tensors follow w·h
-        raise ImageRefused(f"{where}: a {w}×{h} image has more than {max_pixels} pixels", "invalid_image")
     if max(w, h) > MAX_ASPECT * min(w, h):
         raise ImageRefused(f"{where}: a {w}×{h} image is more elongated than {MAX_ASPECT}:1", "invalid_image")
     return RequestImage(data, image_id(data), image)

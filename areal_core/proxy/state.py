@@ -134,6 +134,8 @@ class ProxyState:
             raise ProxyError(400, str(exc), "invalid_messages") from None
         except ValueError as exc:  # the processor refusing an image that passed our checks: the client's input
             raise ProxyError(400, f"the model's processor refused the request: {exc}", "invalid_image") from None
+        if not plan.prompt_ids:  # nothing to condition on: an engine cannot prefill zero tokens
+            raise ProxyError(400, "the prompt is empty (it encodes to no tokens)", "empty_prompt")
         if plan.kind == "text" and self.vision_tokens.intersection(plan.fed):
             raise ProxyError(
                 400,

@@ -44,7 +44,8 @@ def load_run(store: Store) -> RunData:
     """The run's events, metrics rows, (when the events have no `trained` records) audit records
     and recorded held-out answers. NotARun when the root holds no config.yaml."""
     from areal_core.config import ConfigError
-    from areal_core.config.base import load_yaml_text
+    from areal_core.config.base import MAX_YAML_BYTES, load_yaml_text
+    from areal_core.store import UnreadableObject
 
     if not store.exists(LAYOUT.config):
         raise NotARun(f"{store.uri} is not a run root (no {LAYOUT.config})")
@@ -54,8 +55,8 @@ def load_run(store: Store) -> RunData:
     if not any(r.get("kind") == "trained" for r in records):
         audits = [store.read_json(p) for p in store.find(LAYOUT.trained_dir, ".json")]
     try:  # bounded (config/base.py): a hostile config.yaml cannot hang the report
-        config = load_yaml_text(store.read_bytes(LAYOUT.config), LAYOUT.config) or {}
-    except ConfigError:
+        config = load_yaml_text(store.read_bytes(LAYOUT.config, MAX_YAML_BYTES), LAYOUT.config) or {}
+    except (ConfigError, UnreadableObject):
         config = {}
     config = config if isinstance(config, dict) else {}
     return RunData(store.uri, records, rows, audits, store.done(), config, load_answers(store))

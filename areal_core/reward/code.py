@@ -133,6 +133,10 @@ def code_reward(completion: str, reference: str, meta: dict[str, Any] | None = N
     program = program_of(completion, spec)
     if program is None:
         return {"reward": 0.0, "info": {"error": "no code found in the completion", "passed": 0, "total": 0}}
+    try:
+        program.encode()
+    except UnicodeEncodeError:  # a lone surrogate: no file can hold the program as UTF-8
+        return {"reward": 0.0, "info": {"error": "the program is not valid UTF-8", "passed": 0, "total": 0}}
     sandbox = sandbox_for(spec["limits"])
     report = run_tests(sandbox, program, spec["tests"], parallel=spec["parallel"], setup=spec["setup"])
     info: dict[str, Any] = {"passed": report.passed, "total": report.total}

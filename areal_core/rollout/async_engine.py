@@ -168,7 +168,11 @@ class AsyncEngine:
                 gens = self.engine.generate(flat, params, mm=mm)
             else:
                 gens = self.engine.generate(flat, params)
-        except Exception as exc:  # noqa: BLE001 - handed to every caller of the batch
+        except Exception as exc:  # noqa: BLE001 - handed to the caller whose request fails alone
+            if len(batch) > 1:  # one bad request must not fail the others batched with it: each again, alone
+                for c in batch:
+                    self._run([c])
+                return
             outcomes: list[tuple[asyncio.Future, Any]] = [(c.future, exc) for c in batch]
         else:
             dt = time.perf_counter() - t0

@@ -16,7 +16,25 @@ import threading
 import torch
 
 from areal_core.store import Store
-from areal_core.weights.reader import load_state_dict
+from areal_core.weights import WeightsError
+from areal_core.weights.reader import is_adapter, load_state_dict, read_manifest
+
+
+def check_fits(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], complete: bool, version: int) -> None:
+    """WeightsError unless every tensor of `state_dict` is one of the model's, of its shape, and (when
+    `complete`: a whole checkpoint, not a LoRA version's adapted weights) every model tensor is given,
+    a tied alias of a given one aside. Checked before staging: `load_state_dict` copies the tensors
+    that fit before it raises on one that does not, which would leave the served weights mixed."""
+    own = model.state_dict()
+    unknown = sorted(k for k in state_dict if k not in own)
+    wrong = sorted(k for k in state_dict if k in own and tuple(own[k].shape) != tuple(state_dict[k].shape))
+    given = {own[k].data_ptr() for k in state_dict if k in own}
+    missing = sorted(k for k, t in own.items() if k not in state_dict and t.data_ptr() not in given) if complete else []
+    for what, names in (("names tensors the model has not", unknown), ("has tensors of another shape", wrong)):
+        if names:
+            raise WeightsError(f"weights v{version} {what}: {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}")
+    if missing:
+        raise WeightsError(f"weights v{version} lacks {len(missing)} of the model's tensors: {', '.join(missing[:3])}")
 
 
 class LocalEngine:
@@ -34,7 +52,9 @@ class LocalEngine:
         """RolloutEngine: read, verify and stage weights/v{version}; installed at the next step.
         Raises WeightsError (nothing staged) when the version fails its checks."""
         if version > self.version:
-            self.stage_weights(version, load_state_dict(store, version))
+            state_dict = load_state_dict(store, version)
+            check_fits(self.model, state_dict, complete=not is_adapter(read_manifest(store, version)), version=version)
+            self.stage_weights(version, state_dict)
 
     def stage_weights(self, version: int, state_dict: dict[str, torch.Tensor]) -> None:
         """Called from any thread; keeps only the newest staged version."""

@@ -12,7 +12,7 @@ import shlex
 from typing import Any
 
 from areal_core.config import ConfigError, RunConfig, from_yaml_text, load_config, to_dict
-from areal_core.config.base import excerpt
+from areal_core.config.base import MAX_YAML_BYTES, excerpt
 from areal_core.layout import LAYOUT
 from areal_core.run.live import Publish
 from areal_core.run.tracking import Tracker
@@ -82,7 +82,7 @@ def prepare(
     if resume:
         if not store.exists(LAYOUT.config):
             raise ConfigError(f"cannot resume {store.uri}: no run was started there (no {LAYOUT.config})")
-        if _comparable(from_yaml_text(store.read_text(LAYOUT.config))) != _comparable(cfg):
+        if _comparable(from_yaml_text(store.read_text(LAYOUT.config, MAX_YAML_BYTES))) != _comparable(cfg):
             raise ConfigError(f"cannot resume {store.uri}: its config.yaml differs from this config")
     from areal_core.run.prepare import prepare_run
 

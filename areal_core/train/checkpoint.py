@@ -21,7 +21,15 @@ from safetensors.torch import save as st_save
 
 from areal_core.layout import LAYOUT
 from areal_core.manifest import MANIFEST_NAME, failures, make_manifest
-from areal_core.protocol import Sample, decode_identities, decode_shard, encode_identities, encode_shard
+from areal_core.protocol import (
+    DEFAULT_LIMITS,
+    Sample,
+    ShardLimits,
+    decode_identities,
+    decode_shard,
+    encode_identities,
+    encode_shard,
+)
 from areal_core.store import Store
 from areal_core.train.counters import TrainerCounters
 from areal_core.weights.publisher import state_dict_bytes
@@ -110,10 +118,10 @@ def committed_steps(store: Store) -> list[int]:
 
 def verify(store: Store, step: int) -> list[str]:
     """What is wrong with committed checkpoint `step`: files missing or failing the sha256 its
-    MANIFEST.json records (empty when it verifies; a checkpoint older than manifests verifies)."""
+    MANIFEST.json records, or the manifest itself missing (empty when it verifies)."""
     rel = LAYOUT.checkpoint_file(step, MANIFEST_NAME)
-    if not store.exists(rel):
-        return []
+    if not store.exists(rel):  # every checkpoint is written with one: a missing manifest was removed
+        return [f"no {MANIFEST_NAME}"]
     try:
         manifest = store.read_json(rel)
     except ValueError as exc:
@@ -131,6 +139,7 @@ def restore(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     skipped: list[tuple[int, str]] | None = None,
+    limits: ShardLimits = DEFAULT_LIMITS,
 ) -> tuple[TrainerState, list[Sample]] | None:
     """Load the newest committed checkpoint that verifies into model and optimizer (a newer one
     that fails is skipped, said in one line and appended to `skipped` as (step, why)); None when
@@ -143,8 +152,8 @@ def restore(
         problems = verify(store, step)
         if not problems:
             try:
-                return _load(store, step, model, optimizer)
-            except Exception as exc:  # a checkpoint from before manifests, damaged
+                return _load(store, step, model, optimizer, limits)
+            except Exception as exc:  # verified bytes that still do not load (e.g. another model's)
                 problems = [f"does not load: {type(exc).__name__}: {str(exc)[:200]}"]
         why = "; ".join(problems[:3])
         log.warning("checkpoint %s skipped: %s", LAYOUT.checkpoint_dir(step), why)
@@ -154,7 +163,7 @@ def restore(
 
 
 def _load(
-    store: Store, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+    store: Store, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, limits: ShardLimits
 ) -> tuple[TrainerState, list[Sample]]:
     if store.exists(LAYOUT.checkpoint_file(step, ADAPTER_FILE)):
         from peft import set_peft_model_state_dict
@@ -175,4 +184,4 @@ def _load(
     state = TrainerState(**{**record, "counters": counters, "settled": settled})
     state.seen = decode_identities(store.read_bytes(LAYOUT.checkpoint_file(step, SEEN_FILE)))
     raw = store.read_bytes(LAYOUT.checkpoint_file(step, PENDING_FILE))
-    return state, decode_shard(raw) if raw else []
+    return state, decode_shard(raw, limits) if raw else []  # the trainer's limits, as for any shard it reads

@@ -96,7 +96,7 @@ def load_parts(
     )
     parts.teacher_model = teacher_model
     restored = (
-        checkpoint.restore(restore_from, model, optimizer, parts.skipped_checkpoints)
+        checkpoint.restore(restore_from, model, optimizer, parts.skipped_checkpoints, shard_limits(model))
         if restore_from is not None
         else None
     )

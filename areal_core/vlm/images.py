@@ -40,8 +40,9 @@ def image_format(data: bytes) -> str | None:
     return next((name for magic, name in FORMATS.items() if data.startswith(magic)), None)
 
 
-def decode_image(data: bytes, what: str = "image") -> Image.Image:
-    """The RGB image in PNG/JPEG `data`, decoded in full; ImageError otherwise."""
+def decode_image(data: bytes, what: str = "image", max_pixels: int = MAX_PIXELS) -> Image.Image:
+    """The RGB image in PNG/JPEG `data`, decoded in full; ImageError otherwise, and (from the header
+    alone, before any pixel is decoded) for more than `max_pixels` (at most MAX_PIXELS) pixels."""
     if len(data) > MAX_IMAGE_BYTES:
         raise ImageError(f"{what}: {len(data)} bytes (at most {MAX_IMAGE_BYTES})")
     fmt = image_format(data)
@@ -51,8 +52,9 @@ def decode_image(data: bytes, what: str = "image") -> Image.Image:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             im = Image.open(io.BytesIO(data), formats=[fmt])
-            if im.width * im.height > MAX_PIXELS:
-                raise ImageError(f"{what}: {im.width}x{im.height} pixels (at most {MAX_PIXELS})")
+            limit = min(max_pixels, MAX_PIXELS)
+            if im.width * im.height > limit:
+                raise ImageError(f"{what}: a {im.width}×{im.height} image has more than {limit} pixels")
             im.load()
             return im.convert("RGB")
     except ImageError:

@@ -29,24 +29,27 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from areal_core.layout import LAYOUT
-from areal_core.store import Store
+from areal_core.store import Store, UnreadableObject
 from areal_core.weights import DELTA_FILE, WEIGHTS_FILE, WeightsError, sha256
 from areal_core.weights.adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS, lora_scale, merged_weights
 from areal_core.weights.delta import decode_delta
+
+MAX_MANIFEST_BYTES = 1 << 20  # a manifest lists a few files and their digests
 
 
 def read_manifest(store: Store, version: int) -> dict[str, Any]:
     """The manifest of a published version; WeightsError if it is missing or malformed."""
     try:
-        manifest = store.read_json(LAYOUT.manifest(version))
+        manifest = json.loads(store.read_bytes(LAYOUT.manifest(version), MAX_MANIFEST_BYTES))
     except FileNotFoundError:
         raise WeightsError(f"weights v{version} incomplete: no {LAYOUT.manifest_name}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise WeightsError(f"weights v{version}: {LAYOUT.manifest_name} is not JSON") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, UnreadableObject):
+        raise WeightsError(f"weights v{version}: {LAYOUT.manifest_name} is not JSON of a sane size and depth") from None
     files = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(files, dict) or not {WEIGHTS_FILE, DELTA_FILE, ADAPTER_WEIGHTS} & set(files):
         raise WeightsError(f"weights v{version}: {LAYOUT.manifest_name} lists no {WEIGHTS_FILE}")
@@ -161,7 +164,25 @@ def load_state_dict(store: Store, version: int) -> dict[str, torch.Tensor]:
         with _last_lock:
             if version > _last_loaded.get(store.uri, (-1, b""))[0]:
                 _last_loaded[store.uri] = (version, data)
-    return st_load(data)
+    return checked_tensors(data, f"weights v{version}: {WEIGHTS_FILE}")
+
+
+def checked_tensors(data: bytes, what: str) -> dict[str, torch.Tensor]:
+    """safetensors bytes as tensors; WeightsError (not safetensors' own error) when they do not parse,
+    e.g. a header that claims more bytes than the file holds."""
+    try:
+        return st_load(data)
+    except Exception as exc:  # noqa: BLE001 - SafetensorError, or any error of a malformed header
+        raise WeightsError(f"{what} is not a valid safetensors file: {str(exc)[:200]}") from None
+
+
+def _check_header(path: Path, what: str) -> None:
+    """WeightsError unless safetensors opens `path` (its header parses and fits the file)."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            list(f.keys())
+    except Exception as exc:  # noqa: BLE001 - SafetensorError, or any error of a malformed header
+        raise WeightsError(f"{what} is not a valid safetensors file: {str(exc)[:200]}") from None
 
 
 # -- staging on local disk, for servers that load a folder ---------------------------------------
@@ -181,7 +202,7 @@ def stage_verified(store: Store, version: int, staging_root: str | Path) -> Path
     tmp.mkdir(parents=True)
     try:
         for name in sorted(manifest["files"]):
-            if "/" in name or name.startswith("."):
+            if not name or "/" in name or "\\" in name or "\0" in name or name.startswith("."):
                 raise WeightsError(f"weights v{version}: {LAYOUT.manifest_name} names an unsafe file {name!r}")
             if name == DELTA_FILE:  # rebuilt, every file checked: from the staged base or the full snapshot
                 (tmp / WEIGHTS_FILE).write_bytes(_rebuild(store, version, manifest, root))
@@ -193,6 +214,8 @@ def stage_verified(store: Store, version: int, staging_root: str | Path) -> Path
                 (tmp / WEIGHTS_FILE).write_bytes(st_save(merged, metadata={"format": "pt"}))
                 continue
             (tmp / name).write_bytes(_read_checked(store, version, manifest, name))
+            if name.endswith(".safetensors"):
+                _check_header(tmp / name, f"weights v{version}: {name}")
         (tmp / LAYOUT.manifest_name).write_text(json.dumps(manifest))
         if final.exists():
             shutil.rmtree(final)
