@@ -7,18 +7,22 @@ import time
 
 import torch
 
-from areal_core.config import RunConfig, from_yaml_text
+from areal_core.config import ConfigError, RunConfig, from_yaml_text
 from areal_core.config.base import MAX_YAML_BYTES
 from areal_core.layout import LAYOUT
 from areal_core.retry import configure
-from areal_core.store import Store
+from areal_core.store import Store, UnreadableObject
 
 
 def load_run_config(store: Store) -> RunConfig:
     """The run's config; its `store_retry_s` becomes this process's (and its children's) store retry window."""
     if not store.exists(LAYOUT.config):
         raise FileNotFoundError(f"{store.url(LAYOUT.config)} is missing: the run was not prepared")
-    cfg = from_yaml_text(store.read_text(LAYOUT.config, MAX_YAML_BYTES))
+    try:
+        text = store.read_text(LAYOUT.config, MAX_YAML_BYTES)
+    except UnreadableObject as exc:
+        raise ConfigError(f"the run's {LAYOUT.config}: {exc}") from None
+    cfg = from_yaml_text(text)
     configure(cfg.store_retry_s)
     return cfg
 

@@ -300,11 +300,9 @@ def shard_rows(store: Store, rel: str) -> int:
     """The rows of a stored shard by the bounded reader alone (no schema check: a shard quarantined
     for its values still counts its rows); 0 for a file that is missing, too big or not Arrow IPC."""
     try:
-        data = store.read_bytes(rel)
-        if len(data) > DEFAULT_LIMITS.max_bytes:
-            return 0
+        data = store.read_bytes(rel, DEFAULT_LIMITS.max_bytes)
         return read_ipc_file(data, DEFAULT_LIMITS.max_rows).num_rows
-    except (FileNotFoundError, IpcError):
+    except (FileNotFoundError, IpcError, UnreadableObject):
         return 0
 
 

@@ -167,3 +167,42 @@ def test_a_status_file_that_cannot_be_read_is_skipped(tmp_path, data):
     store.write_bytes(LAYOUT.status("rollout", "0"), data)
     store.heartbeat("reward", "0")
     assert list(store.statuses()) == [LAYOUT.status("reward", "0").rsplit("/", 1)[1][: -len(".json")]]
+
+
+def test_every_reader_of_a_file_that_is_not_regular_refuses_it_in_its_own_terms(tmp_path):
+    from areal_core.config import ConfigError
+    from areal_core.context import load_run_config
+    from areal_core.manifest import MANIFEST_NAME, make_manifest
+    from areal_core.protocol import shard_rows
+    from areal_core.vlm.images import ImageError, read_image_bytes
+
+    store = Store(str(tmp_path))
+
+    def fifo(rel: str) -> None:
+        os.makedirs(os.path.dirname(store.path(rel)), exist_ok=True)
+        os.mkfifo(store.path(rel))
+
+    fifo(LAYOUT.quarantined(LAYOUT.graded_shard("w", 1)))
+    assert shard_rows(store, LAYOUT.quarantined(LAYOUT.graded_shard("w", 1))) == 0  # the online source's count
+    sha = "ab" * 32
+    fifo(LAYOUT.image(sha))
+    with pytest.raises(ImageError, match="not a regular file"):
+        read_image_bytes(store, sha)
+    good = st_save({"w": torch.zeros(2)})
+    publish(store, 5, {WEIGHTS_FILE: good})
+    os.unlink(store.path(LAYOUT.weights_file(5, WEIGHTS_FILE)))
+    fifo(LAYOUT.weights_file(5, WEIGHTS_FILE))
+    with pytest.raises(WeightsError, match="not a regular file"):
+        load_state_dict(store, 5)
+    store.write_bytes(LAYOUT.checkpoint_file(6, "state.json"), b"{}")
+    store.write_json(LAYOUT.checkpoint_file(6, MANIFEST_NAME), make_manifest({"state.json": b"{}"}, step=6))
+    assert checkpoint.verify(store, 6) == []
+    os.unlink(store.path(LAYOUT.checkpoint_file(6, "state.json")))
+    fifo(LAYOUT.checkpoint_file(6, "state.json"))
+    assert checkpoint.verify(store, 6)  # skipped for an older checkpoint, not a crash
+    store.write_bytes(LAYOUT.checkpoint_file(6, MANIFEST_NAME), DEEP.encode())
+    assert "does not parse" in checkpoint.verify(store, 6)[0]
+    with open(store.path(LAYOUT.config), "wb") as f:
+        f.truncate((1 << 20) + 1)
+    with pytest.raises(ConfigError, match="at most"):
+        load_run_config(store)

@@ -16,7 +16,7 @@ from areal_core.config.base import MAX_YAML_BYTES, excerpt
 from areal_core.layout import LAYOUT
 from areal_core.run.live import Publish
 from areal_core.run.tracking import Tracker
-from areal_core.store import RootLost, Store
+from areal_core.store import RootLost, Store, UnreadableObject
 
 log = logging.getLogger("areal.pipeline")
 
@@ -82,7 +82,11 @@ def prepare(
     if resume:
         if not store.exists(LAYOUT.config):
             raise ConfigError(f"cannot resume {store.uri}: no run was started there (no {LAYOUT.config})")
-        if _comparable(from_yaml_text(store.read_text(LAYOUT.config, MAX_YAML_BYTES))) != _comparable(cfg):
+        try:
+            stored = store.read_text(LAYOUT.config, MAX_YAML_BYTES)
+        except UnreadableObject as exc:
+            raise ConfigError(f"the run's {LAYOUT.config}: {exc}") from None
+        if _comparable(from_yaml_text(stored)) != _comparable(cfg):
             raise ConfigError(f"cannot resume {store.uri}: its config.yaml differs from this config")
     from areal_core.run.prepare import prepare_run
 

@@ -30,7 +30,7 @@ from areal_core.protocol import (
     encode_identities,
     encode_shard,
 )
-from areal_core.store import Store
+from areal_core.store import Store, UnreadableObject
 from areal_core.train.counters import TrainerCounters
 from areal_core.weights.publisher import state_dict_bytes
 
@@ -124,12 +124,17 @@ def verify(store: Store, step: int) -> list[str]:
         return [f"no {MANIFEST_NAME}"]
     try:
         manifest = store.read_json(rel)
-    except ValueError as exc:
-        return [f"{MANIFEST_NAME} does not parse ({exc})"]
+    except (ValueError, RecursionError) as exc:  # ValueError: not JSON, not UTF-8, not a regular file
+        return [f"{MANIFEST_NAME} does not parse ({str(exc)[:200] or type(exc).__name__})"]
 
     def read(name: str) -> bytes | None:
         path = LAYOUT.checkpoint_file(step, name)
-        return store.read_bytes(path) if "/" not in name and store.exists(path) else None
+        if "/" in name or not store.exists(path):
+            return None
+        try:
+            return store.read_bytes(path)
+        except UnreadableObject:  # a FIFO or a device where a file was: as good as missing
+            return None
 
     return failures(manifest, read)
 

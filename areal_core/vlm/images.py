@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from PIL import Image
 
 from areal_core.layout import LAYOUT, BadName
-from areal_core.store import Store
+from areal_core.store import Store, UnreadableObject
 
 MAX_IMAGE_BYTES = 16 << 20
 MAX_PIXELS = 4096 * 4096  # a decompression bomb is refused before it is decoded
@@ -92,9 +92,11 @@ def read_image_bytes(store: Store, sha: str) -> bytes:
     except BadName as exc:
         raise ImageError(str(exc)) from None
     try:
-        data = store.read_bytes(rel)
+        data = store.read_bytes(rel, MAX_IMAGE_BYTES)
     except FileNotFoundError:
         raise ImageError(f"image {sha} is missing from {store.url(LAYOUT.images_dir)}") from None
+    except UnreadableObject as exc:
+        raise ImageError(f"image {sha}: {exc}") from None
     if image_id(data) != sha:
         raise ImageError(f"image {sha} is corrupt: its bytes hash to {image_id(data)}")
     return data

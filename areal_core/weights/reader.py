@@ -71,6 +71,8 @@ def _read_checked(store: Store, version: int, manifest: dict[str, Any], name: st
         data = store.read_bytes(LAYOUT.weights_file(version, name))
     except FileNotFoundError:
         raise WeightsError(f"weights v{version} incomplete: {name} is missing") from None
+    except UnreadableObject as exc:
+        raise WeightsError(f"weights v{version}: {exc}") from None
     if sha256(data) != manifest["files"].get(name):
         raise WeightsError(f"weights v{version}: {name} fails its sha256 check")
     return data
