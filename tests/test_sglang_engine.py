@@ -17,9 +17,11 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from safetensors.torch import save as st_save
 
 from areal_core.layout import LAYOUT
 from areal_core.procs import free_port
@@ -161,7 +163,8 @@ class StandIn:
 
 
 def weights(tag: str) -> bytes:
-    return f"fake safetensors {tag}".encode() * 10
+    """A real (tiny) safetensors file per tag: staging parses the header before a server loads it."""
+    return st_save({"tag": torch.tensor(list(tag.encode()), dtype=torch.uint8)})
 
 
 @pytest.fixture
