@@ -23,7 +23,7 @@ import logging
 from dataclasses import asdict, dataclass, field
 
 from areal_core.layout import LAYOUT
-from areal_core.protocol import DEFAULT_LIMITS, Sample, ShardError, ShardLimits, decode_shard
+from areal_core.protocol import DEFAULT_LIMITS, Sample, ShardError, ShardLimits, read_shard
 from areal_core.store import Store
 
 log = logging.getLogger("areal.forks")
@@ -64,7 +64,7 @@ class ForkRef:
         parse. The root holding it (P's, or an ancestor's for a fork of a fork) is only read."""
         root = self.shards[rel]
         try:
-            samples = decode_shard(Store(root).read_bytes(rel), limits)
+            samples = read_shard(Store(root), rel, limits)
         except ShardError as exc:
             log.warning("referenced shard %s/%s does not parse, skipped: %s", root, rel, exc)
             return None

@@ -264,6 +264,16 @@ def decode_shard(data: bytes, limits: ShardLimits = DEFAULT_LIMITS) -> list[Samp
         raise ShardError("reward_info or meta is nested too deeply") from None
 
 
+def read_shard(store: Store, rel: str, limits: ShardLimits = DEFAULT_LIMITS) -> list[Sample]:
+    """The validated samples of the stored shard `rel`, read only if it is a regular file of at most
+    `limits.max_bytes`; ShardError with the reason otherwise (FileNotFoundError when it is gone)."""
+    try:
+        data = store.read_bytes(rel, limits.max_bytes)
+    except UnreadableObject as exc:
+        raise ShardError(str(exc)) from None
+    return decode_shard(data, limits)
+
+
 def unique(samples: list[Sample], seen: set[str]) -> list[Sample]:
     """The samples whose identity is not in `seen` (nor earlier in `samples`); adds them to `seen`."""
     out = []
@@ -326,11 +336,7 @@ def read_shard_or_quarantine(
     reader passes dataset.image_roots), altered or undecodable; and when `check(sample)` gives a
     reason (a VLM trainer's vlm.inputs.PlaceholderCheck)."""
     try:
-        try:
-            data = store.read_bytes(rel, limits.max_bytes)
-        except UnreadableObject as exc:
-            raise ShardError(str(exc)) from None
-        samples = decode_shard(data, limits)
+        samples = read_shard(store, rel, limits)
         if any(s.image_ids for s in samples):
             from areal_core.vlm.images import image_problem
 

@@ -206,3 +206,18 @@ def test_every_reader_of_a_file_that_is_not_regular_refuses_it_in_its_own_terms(
         f.truncate((1 << 20) + 1)
     with pytest.raises(ConfigError, match="at most"):
         load_run_config(store)
+
+
+def test_every_shard_reader_refuses_a_fifo_as_a_bad_shard(tmp_path):
+    from areal_core.protocol import read_shard
+    from areal_core.reward.labels import read_graded
+
+    store = Store(str(tmp_path))
+    rel = LAYOUT.graded_shard("w", 1)
+    os.makedirs(os.path.dirname(store.path(rel)))
+    os.mkfifo(store.path(rel))
+    store.write_bytes(LAYOUT.graded_shard("w", 2), ipc(to_table([sample(0)])))
+    with pytest.raises(ShardError, match="not a regular file"):
+        read_shard(store, rel)
+    samples, bad = read_graded(store)  # what preference export and labels read: skipped and counted
+    assert [s.sample_id for s in samples] == ["s0"] and bad == 1

@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from areal_core.layout import LAYOUT, BadName
-from areal_core.protocol import Sample, ShardError, decode_shard, unique
+from areal_core.protocol import Sample, ShardError, read_shard, unique
 from areal_core.store import Store
 
 LABEL_FIELDS = ("sample_id", "prompt_id", "reward", "label", "annotator", "note")
@@ -227,7 +227,7 @@ def read_graded(store: Store, prefix: str = LAYOUT.graded_dir) -> tuple[list[Sam
     bad, seen = 0, set()
     for rel in store.find(prefix, ".arrow"):
         try:
-            samples.extend(unique(decode_shard(store.read_bytes(rel)), seen))
+            samples.extend(unique(read_shard(store, rel), seen))
         except ShardError:
             bad += 1
     return samples, bad

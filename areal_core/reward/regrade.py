@@ -32,7 +32,7 @@ from areal_core.config.hooks import import_object
 from areal_core.context import load_run_config
 from areal_core.layout import LAYOUT
 from areal_core.prompts import load_prompts
-from areal_core.protocol import Sample, ShardError, decode_shard, write_shard
+from areal_core.protocol import Sample, ShardError, decode_shard, read_shard, write_shard
 from areal_core.reward.labels import load_labels
 from areal_core.reward.pool import DEFAULT_REWARD, RewardPool
 from areal_core.reward.worker import grade_samples
@@ -182,7 +182,7 @@ def _claim(store: Store, into: str, request: dict[str, Any]) -> bool:
 
 def _read(store: Store, rel: str, report: RegradeReport) -> list[Sample] | None:
     try:
-        return decode_shard(store.read_bytes(rel))
+        return read_shard(store, rel)
     except ShardError as exc:
         report.unreadable.append(f"{rel}: {exc}")
         return None

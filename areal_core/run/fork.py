@@ -35,7 +35,7 @@ from typing import Any
 from areal_core.context import load_run_config
 from areal_core.forks import ForkRef, WorkerCursor, on_lineage, read_fork, write_fork
 from areal_core.layout import LAYOUT
-from areal_core.protocol import ShardError, decode_identities, decode_shard
+from areal_core.protocol import ShardError, decode_identities, read_shard
 from areal_core.rollout.admission import group_index
 from areal_core.run.derived import DerivedRunError, begin, copy_base, derived_config, fresh_root
 from areal_core.store import Store
@@ -86,7 +86,7 @@ def cursor(parent: Store, step: int, state: dict[str, Any]) -> tuple[dict[str, s
         if rel in consumed:
             continue
         try:
-            samples = decode_shard(Store(root).read_bytes(rel))
+            samples = read_shard(Store(root), rel)
         except ShardError:
             continue
         kept = on_lineage(samples, state["version"], state.get("abandoned", []))

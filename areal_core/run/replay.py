@@ -46,7 +46,7 @@ from areal_core.context import load_run_config, set_threads
 from areal_core.events import EventLog
 from areal_core.forks import read_fork
 from areal_core.layout import LAYOUT
-from areal_core.protocol import Sample, ShardError, decode_shard
+from areal_core.protocol import Sample, ShardError, read_shard
 from areal_core.run.derived import DerivedRunError, begin, copy_base, derived_config, fresh_root
 from areal_core.store import Store
 from areal_core.train.parts import load_parts
@@ -128,7 +128,7 @@ def graded_samples(store: Store, wanted: set[str], by_identity: bool, layer: str
     found: dict[str, Sample] = {}
     for rel in store.find(folder, ".arrow"):
         try:
-            samples = decode_shard(store.read_bytes(rel))
+            samples = read_shard(store, rel)
         except ShardError:
             continue  # the run quarantines such a shard; nothing of it was trained
         for s in samples:
