@@ -116,3 +116,25 @@ def test_a_version_that_does_not_fit_the_model_is_refused_before_staging():
 def test_the_proxy_answers_after_refusing(server):  # noqa: F811 - the fixture
     r = http(server, KEY_A).post("/completions", json={"model": "areal-policy", "prompt": "Ann has", "max_tokens": 2})
     assert r.status_code == 200 and r.json()["choices"][0]["text"] is not None
+
+
+def test_an_engine_failure_is_a_500_that_keeps_the_engines_text_in_the_server_log(tok, caplog):  # noqa: F811
+    from areal_core.proxy.app import create_app
+    from areal_core.proxy.examples import ScriptedEngine
+    from areal_core.proxy.runner import ProxyServer
+
+    def reply(prompt: str) -> str:
+        if "gets" in prompt:
+            raise RuntimeError("cannot open /srv/secret/weights.bin")
+        return "ok"
+
+    with ProxyServer(create_app(ScriptedEngine(tok, reply), tok, api_keys=[KEY_A])) as srv:
+        client = http(srv, KEY_A)
+        r = client.post("/completions", json={"model": "areal-policy", "prompt": "Ann gets", "max_tokens": 2})
+        assert r.status_code == 500 and r.json()["error"]["code"] == "engine_error"
+        message = r.json()["error"]["message"]
+        assert "secret" not in message and "RuntimeError" not in message
+        ref = message.split("(error ", 1)[1].split(";", 1)[0]
+        assert any(ref in rec.getMessage() for rec in caplog.records)  # the reference finds the log line
+        ok = client.post("/completions", json={"model": "areal-policy", "prompt": "Ann has", "max_tokens": 2})
+        assert ok.status_code == 200

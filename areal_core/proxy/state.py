@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Annotated, Any
@@ -148,9 +149,15 @@ class ProxyState:
         t0 = time.perf_counter()
         try:
             gen = await self.backend.generate(plan.prompt_ids, params, **images)
-        except Exception as exc:  # noqa: BLE001 - any engine failure is the client's 500
-            log.exception("engine failed")
-            raise ProxyError(500, f"engine error: {exc}", "engine_error", "server_error") from None
+        except Exception:  # noqa: BLE001 - any engine failure is the client's 500
+            ref = uuid.uuid4().hex[:12]  # the engine's own text stays in the server log, under this reference
+            log.exception("engine failed (error %s)", ref)
+            raise ProxyError(
+                500,
+                f"the engine failed on this request (error {ref}; the server log has it)",
+                "engine_error",
+                "server_error",
+            ) from None
         return Turn(session, plan, gen, time.perf_counter() - t0)
 
     async def committed(self, turn: Turn) -> None:
