@@ -159,9 +159,12 @@ class Store:
                     raise UnreadableObject(f"{rel} is not a regular file")
                 _check_size(rel, st.st_size, limit)
                 return f.read() if limit is None else f.read(limit + 1)
-        if limit is not None:
-            _check_size(rel, int(self.fs.info(full).get("size") or 0), limit)
-        return self.fs.cat_file(full)
+        if limit is None:
+            return self.fs.cat_file(full)
+        data = self.fs.cat_file(full, start=0, end=limit + 1)  # one ranged GET: never more than limit + 1 bytes
+        if len(data) > limit:
+            raise UnreadableObject(f"{rel} is more than {limit} bytes")
+        return data
 
     @retried
     def read_versioned(self, rel: str) -> tuple[bytes, str] | None:

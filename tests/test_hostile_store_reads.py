@@ -221,3 +221,12 @@ def test_every_shard_reader_refuses_a_fifo_as_a_bad_shard(tmp_path):
         read_shard(store, rel)
     samples, bad = read_graded(store)  # what preference export and labels read: skipped and counted
     assert [s.sample_id for s in samples] == ["s0"] and bad == 1
+
+
+def test_a_bounded_read_on_s3_fetches_at_most_one_byte_past_the_limit(s3_bucket):
+    store, rel = Store(s3_bucket), LAYOUT.status("rollout", "0")
+    store.write_bytes(rel, b"x" * 5000)
+    assert store.read_bytes(rel, 5000) == b"x" * 5000
+    with pytest.raises(UnreadableObject, match="more than 4999 bytes"):
+        store.read_bytes(rel, 4999)
+    assert store.read_bytes(rel) == b"x" * 5000

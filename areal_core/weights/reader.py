@@ -20,11 +20,13 @@ the base model needs), `stage_verified` a whole merged model.safetensors for the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import threading
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -166,23 +168,15 @@ def load_state_dict(store: Store, version: int) -> dict[str, torch.Tensor]:
         with _last_lock:
             if version > _last_loaded.get(store.uri, (-1, b""))[0]:
                 _last_loaded[store.uri] = (version, data)
-    return checked_tensors(data, f"weights v{version}: {WEIGHTS_FILE}")
-
-
-def checked_tensors(data: bytes, what: str) -> dict[str, torch.Tensor]:
-    """safetensors bytes as tensors; WeightsError (not safetensors' own error) when they do not parse,
-    e.g. a header that claims more bytes than the file holds."""
-    try:
+    with _safetensors_errors(f"weights v{version}: {WEIGHTS_FILE}"):
         return st_load(data)
-    except Exception as exc:  # noqa: BLE001 - SafetensorError, or any error of a malformed header
-        raise WeightsError(f"{what} is not a valid safetensors file: {str(exc)[:200]}") from None
 
 
-def _check_header(path: Path, what: str) -> None:
-    """WeightsError unless safetensors opens `path` (its header parses and fits the file)."""
+@contextlib.contextmanager
+def _safetensors_errors(what: str) -> Iterator[None]:
+    """safetensors' own errors (e.g. a header that claims more bytes than the file holds) as WeightsError."""
     try:
-        with safe_open(str(path), framework="pt") as f:
-            list(f.keys())
+        yield
     except Exception as exc:  # noqa: BLE001 - SafetensorError, or any error of a malformed header
         raise WeightsError(f"{what} is not a valid safetensors file: {str(exc)[:200]}") from None
 
@@ -216,8 +210,9 @@ def stage_verified(store: Store, version: int, staging_root: str | Path) -> Path
                 (tmp / WEIGHTS_FILE).write_bytes(st_save(merged, metadata={"format": "pt"}))
                 continue
             (tmp / name).write_bytes(_read_checked(store, version, manifest, name))
-            if name.endswith(".safetensors"):
-                _check_header(tmp / name, f"weights v{version}: {name}")
+            if name.endswith(".safetensors"):  # the header parses and fits the file, as the server will need
+                with _safetensors_errors(f"weights v{version}: {name}"), safe_open(str(tmp / name), "pt") as f:
+                    list(f.keys())
         (tmp / LAYOUT.manifest_name).write_text(json.dumps(manifest))
         if final.exists():
             shutil.rmtree(final)
