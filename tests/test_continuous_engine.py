@@ -374,13 +374,15 @@ def test_rollout_worker_engine_crash_is_named_and_a_restart_resumes_from_the_sto
     real = ContinuousEngine.generate
     calls = {"n": 0}
 
-    def crash_on_second(self, prompts_, params):
+    def dead_from_the_second_call(self, prompts_, params):
+        # a crashed engine stays crashed: AsyncEngine retries a failed batch one call at a time, and
+        # those retries fail too (a one-off failure is retried and lost nothing: test below)
         calls["n"] += 1
-        if calls["n"] == 2:
+        if calls["n"] >= 2:
             raise RuntimeError("out of memory (simulated)")
         return real(self, prompts_, params)
 
-    monkeypatch.setattr(ContinuousEngine, "generate", crash_on_second)
+    monkeypatch.setattr(ContinuousEngine, "generate", dead_from_the_second_call)
     with pytest.raises(
         worker.RolloutEngineFailed,
         match=r"rollout-0: engine 'continuous' failed generating groups 2\.\.\.3 \(shard 1, version 0\).*"
@@ -409,3 +411,53 @@ def test_rollout_worker_engine_crash_is_named_and_a_restart_resumes_from_the_sto
     assert sorted(set(groups)) == [f"rollout-0-g{g:07d}" for g in range(6)]
     assert len(samples) == len({s.sample_id for s in samples}) == 6 * 4
     assert all(set(s.versions[s.prompt_len :]) == {0} for s in samples)
+
+
+@pytest.mark.slow
+def test_a_one_off_engine_failure_is_retried_call_by_call_and_loses_no_group(tiny_overrides, monkeypatch):
+    from areal_core.layout import LAYOUT
+    from areal_core.models import load_pretrained
+    from areal_core.protocol import decode_shard
+    from areal_core.rollout import worker
+    from areal_core.run import pipeline
+    from areal_core.store import Store
+    from areal_core.weights.publisher import publish, state_dict_bytes
+
+    run_uri, _ = pipeline.prepare("", [*tiny_overrides, "rollout.engine=continuous"])
+    pipeline.sft(run_uri)
+    store = Store(run_uri)
+    m, _ = load_pretrained(store.url(LAYOUT.init_model))
+    publish(store, 0, state_dict_bytes(m), {})
+    real = ContinuousEngine.generate
+    sizes: list[int] = []
+
+    def fails_once(self, prompts_, params):
+        sizes.append(len(prompts_))
+        if len(sizes) == 2:
+            raise RuntimeError("transient (simulated)")
+        return real(self, prompts_, params)
+
+    monkeypatch.setattr(ContinuousEngine, "generate", fails_once)
+    result: dict = {}
+    t = threading.Thread(target=lambda: result.update(worker.run_rollout_worker(run_uri, 0)))
+    t.start()
+
+    def samples():
+        return [
+            s
+            for name in store.find("trajectories/ungraded/rollout-0", ".arrow")
+            for s in decode_shard(store.read_bytes(name))
+        ]
+
+    deadline = time.time() + 120
+    while len(samples()) < 6 * 4 and time.time() < deadline:  # admission allows 6 groups (test above)
+        time.sleep(0.2)
+    store.write_text("DONE", "test")
+    t.join(timeout=60)
+    # groups retried one by one finish apart, so they may fill more (smaller) shards than 3
+    assert result["groups"] == 6 and result["shards"] >= 3
+    # the failed call held two groups of 4; each was run again alone
+    assert sizes[1] == 8 and sizes[2:4] == [4, 4]
+    got = samples()
+    assert sorted({s.group_id for s in got}) == [f"rollout-0-g{g:07d}" for g in range(6)]
+    assert len(got) == len({s.sample_id for s in got}) == 6 * 4
