@@ -25,7 +25,11 @@ ERRORS = {
             "(invalid_session_id) or another key's key-derived id (reserved_session_id)",
         ),
         (401, "missing or invalid API key"),
-        (404, "no such live session of this key (the same answer for another key's session), or turn"),
+        (
+            404,
+            "no such live session of this key (the same answer for another key's session), turn, or model "
+            "(model_not_found)",
+        ),
         (408, "the request's headers or body did not arrive in time (the connection is closed)"),
         (413, "request body over the size limit"),
         (415, "a body that is not application/json"),
