@@ -230,3 +230,25 @@ def test_a_bounded_read_on_s3_fetches_at_most_one_byte_past_the_limit(s3_bucket)
     with pytest.raises(UnreadableObject, match="more than 4999 bytes"):
         store.read_bytes(rel, 4999)
     assert store.read_bytes(rel) == b"x" * 5000
+
+
+@pytest.mark.parametrize("missing", ["one of two rows", "every row"])
+def test_a_graded_shard_with_a_row_that_has_no_reward_is_quarantined_not_trained_as_zero(tmp_path, missing):
+    from areal_core.config import RunConfig
+    from areal_core.events import EventLog
+    from areal_core.protocol import write_shard
+    from areal_core.train.checkpoint import TrainerState
+    from areal_core.train.sources import GradedShards
+
+    store = Store(str(tmp_path))
+    bad = [sample(0), sample(1)]
+    for s in bad[: 1 if missing == "one of two rows" else 2]:
+        s.reward = None
+    write_shard(store, LAYOUT.graded_shard("rollout-0", 0), bad)
+    write_shard(store, LAYOUT.graded_shard("rollout-0", 1), [sample(2), sample(3)])
+    source = GradedShards(store, RunConfig(), TrainerState(), EventLog(None, "trainer", "0"))
+    assert source.ingest(0) == 2
+    assert source.counters.quarantined_shards == 1
+    assert sorted(s.sample_id for s in source.pending()) == ["s2", "s3"]
+    (reason,) = store.find(LAYOUT.quarantine_dir, ".reason.json")
+    assert "has no reward" in store.read_json(reason)["reason"]

@@ -130,8 +130,15 @@ class GradedShards(BatchSource):
             self._add(rel, self.fork.read_shard(rel, self.limits))  # later versions: off the fork's lineage
         own = dataclasses.replace(self.limits, max_version=version)
         for rel in new:
-            self._add(rel, read_shard_or_quarantine(self.store, rel, self.ev, own, self.image_roots, self.check))
+            self._add(rel, read_shard_or_quarantine(self.store, rel, self.ev, own, self.image_roots, self._problem))
         return len(new)
+
+    def _problem(self, sample: Sample) -> str | None:
+        """Why a graded row cannot be trained on: no reward (every grading path sets one, so the
+        shard was not written by a reward worker), or the VLM's placeholder check."""
+        if sample.reward is None:
+            return f"sample {sample.sample_id[:100]!r} in a graded shard has no reward"
+        return self.check(sample) if self.check is not None else None
 
     def _add(self, rel: str, samples: list[Sample] | None) -> None:
         self.consumed.add(rel)
