@@ -50,5 +50,6 @@ async def get_model(model_id: str, state: State):
     """The served policy's card; any other id is a 404 `model_not_found`, as OpenAI answers."""
     card = state.model_card()
     if model_id != card["id"]:
-        raise ProxyError(404, f"the model {model_id[:200]!r} does not exist", "model_not_found", "invalid_request_error")
+        message = f"the model {model_id[:200]!r} does not exist"
+        raise ProxyError(404, message, "model_not_found", "invalid_request_error")
     return card
