@@ -122,6 +122,51 @@ def test_corrupt_labels_file_is_a_named_error(store):
         write_labels(store, [{"sample_id": "a"}], "x.csv")
 
 
+def _nested_jsonl(store):
+    store.write_text("labels/deep.jsonl", "[" * 5000 + "]" * 5000 + "\n")
+
+
+def _fifo(store):
+    import os
+
+    if not store.local:
+        pytest.skip("a FIFO is a local file system's object")
+    os.makedirs(store.path("labels"), exist_ok=True)
+    os.mkfifo(store.path("labels/pipe.jsonl"))
+
+
+def _over_the_limit(store):
+    import areal_core.reward.labels as labels_mod
+
+    store.write_text("labels/big.jsonl", '{"sample_id": "b"}\n' * (labels_mod.LABELS_FILE_BYTES // 19 + 1))
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda st: st.write_bytes("labels/latin1.jsonl", b'{"sample_id": "\xe9"}\n'), "not UTF-8"),
+        (_nested_jsonl, "nested too deeply"),
+        (lambda st: st.write_bytes("labels/bad.parquet", b"PAR1 not really PAR1"), "not a readable Parquet"),
+        (lambda st: st.write_text("labels/row.jsonl", '["a list"]\n'), "a label is an object"),
+        (lambda st: st.write_text("labels/inf.jsonl", '{"sample_id": "a", "reward": Infinity}\n'), "not finite"),
+        (_fifo, "not a regular file"),
+        (_over_the_limit, "16384"),  # the limit, in either store's words
+    ],
+)
+def test_a_labels_file_that_cannot_be_used_is_named_or_skipped_while_the_others_apply(
+    store, make, message, monkeypatch
+):
+    monkeypatch.setattr("areal_core.reward.labels.LABELS_FILE_BYTES", 16384)
+    make(store)
+    with pytest.raises(LabelsError, match=message):
+        load_labels(store)
+    write_labels(store, [{"sample_id": "a", "reward": 1.0}], "zz-good.jsonl")
+    skipped: list[str] = []
+    labels = load_labels(store, on_error=lambda rel, exc: skipped.append(f"{rel}: {exc}"))
+    assert labels.by_sample["a"]["reward"] == 1.0 and len(labels) == 1
+    assert len(skipped) == 1 and message in skipped[0]
+
+
 def test_preference_pairs_best_worst_and_all():
     s = [
         sample("a", "p", 1.0, [10]),

@@ -195,7 +195,12 @@ class MarkedWorkflow(RolloutWorkflow):
 @pytest.mark.slow
 def test_a_custom_workflow_loaded_by_import_path_produces_shards_that_train(tiny_overrides):
     store = prepared([*tiny_overrides, "rollout.workflow=tests.test_pipeline:MarkedWorkflow"])
+    store.write_bytes("labels/latin1.jsonl", b'{"prompt_id": "\xe9", "reward": 1}\n')  # skipped, once, not fatal
     run_and_check(store)
+    from areal_core.events import read_events
+
+    skipped = [e for e in read_events(store) if e["kind"] == "labels_skipped"]
+    assert len(skipped) == 1 and skipped[0]["path"] == "labels/latin1.jsonl" and "UTF-8" in skipped[0]["reason"]
     graded = [s for rel in store.find("trajectories/graded", ".arrow") for s in decode_shard(store.read_bytes(rel))]
     assert graded and all(s.meta["workflow"] == "marked" for s in graded)
     sources = {s.sample_id.rsplit("-", 1)[1]: s.reward_info["reward_source"] for s in graded}

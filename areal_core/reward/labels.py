@@ -35,9 +35,10 @@ import pyarrow.parquet as pq
 
 from areal_core.layout import LAYOUT, BadName
 from areal_core.protocol import Sample, ShardError, read_shard, unique
-from areal_core.store import Store
+from areal_core.store import Store, UnreadableObject
 
 LABEL_FIELDS = ("sample_id", "prompt_id", "reward", "label", "annotator", "note")
+LABELS_FILE_BYTES = 256 << 20  # one labels file; a larger one is refused before it is read
 
 
 class LabelsError(ValueError):
@@ -92,28 +93,48 @@ def _clean_row(raw: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def read_label_rows(store: Store, rel: str) -> list[dict[str, Any]]:
-    data = store.read_bytes(rel)
+    """The rows of one labels file; LabelsError naming the file (and line) for a file that is not
+    regular, over LABELS_FILE_BYTES, not Parquet, not UTF-8, or a line that is not JSON."""
+    try:
+        data = store.read_bytes(rel, LABELS_FILE_BYTES)
+    except UnreadableObject as exc:
+        raise LabelsError(str(exc)) from None  # it names the file
     if rel.endswith(".parquet"):
         try:
             return pq.read_table(pa.BufferReader(data)).to_pylist()
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise LabelsError(f"{rel}: not a readable Parquet file: {exc}") from None
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            raise LabelsError(f"{rel}: not a readable Parquet file: {str(exc)[:300]}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise LabelsError(f"{rel}: not UTF-8 text (byte {exc.start})") from None
     rows = []
-    for n, line in enumerate(data.decode("utf-8").splitlines(), 1):
+    for n, line in enumerate(text.splitlines(), 1):
         if line.strip():
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as exc:
                 raise LabelsError(f"{rel} line {n}: not JSON ({exc.msg})") from None
+            except RecursionError:
+                raise LabelsError(f"{rel} line {n}: nested too deeply") from None
     return rows
 
 
-def load_labels(store: Store, prefix: str = LAYOUT.labels_dir) -> Labels:
-    """Every labels file under `prefix`, in name order; an empty table when there is none."""
+def load_labels(
+    store: Store, prefix: str = LAYOUT.labels_dir, on_error: Callable[[str, LabelsError], None] | None = None
+) -> Labels:
+    """Every labels file under `prefix`, in name order; an empty table when there is none.
+    A file that cannot be used raises LabelsError, or with `on_error` is reported to it and skipped
+    (a running reward worker keeps grading with the other files)."""
     labels = Labels()
     for rel in store.find(prefix):
         if rel.endswith((".parquet", ".jsonl")):
-            labels.update(Labels.from_rows(read_label_rows(store, rel), source=rel))
+            try:
+                labels.update(Labels.from_rows(read_label_rows(store, rel), source=rel))
+            except LabelsError as exc:
+                if on_error is None:
+                    raise
+                on_error(rel, exc)
     return labels
 
 

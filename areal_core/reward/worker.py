@@ -110,6 +110,15 @@ def failure_reasons(infos: list[dict]) -> Counter:
     return out
 
 
+def _bad_labels(rel: str, exc: Exception, reported: set[str], events: EventLog) -> None:
+    """A labels file that cannot be used is skipped, never the grading: reported once per reason."""
+    key = f"{rel}: {exc}"
+    if key not in reported:
+        reported.add(key)
+        log.warning("labels file skipped: %s", exc)
+        events.emit("labels_skipped", path=rel, reason=str(exc)[:300])
+
+
 def run_reward_worker(run_uri: str, index: int = 0) -> dict:
     from transformers import AutoTokenizer
 
@@ -122,6 +131,7 @@ def run_reward_worker(run_uri: str, index: int = 0) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(localize(store.url(LAYOUT.init_model)))
     done = {LAYOUT.ungraded_twin(p) for p in store.find(LAYOUT.graded_dir, ".arrow")}
     graded = 0
+    reported: set[str] = set()
     t0 = time.time()
     idle_s = cfg.reward.poll_interval_s
     fn_path = cfg.reward.function or DEFAULT_REWARD
@@ -139,7 +149,7 @@ def run_reward_worker(run_uri: str, index: int = 0) -> dict:
                 done.add(p)
                 todo.remove(p)
             if todo:
-                labels = load_labels(store)
+                labels = load_labels(store, on_error=lambda rel, exc: _bad_labels(rel, exc, reported, ev))
                 for rel in todo:
                     graded += grade_shard(store, rel, pool, references, tokenizer, labels, ev)
                     done.add(rel)
