@@ -19,10 +19,10 @@ def load_run_config(store: Store) -> RunConfig:
     if not store.exists(LAYOUT.config):
         raise FileNotFoundError(f"{store.url(LAYOUT.config)} is missing: the run was not prepared")
     try:
-        text = store.read_text(LAYOUT.config, MAX_YAML_BYTES)
-    except UnreadableObject as exc:
+        text = store.read_bytes(LAYOUT.config, MAX_YAML_BYTES)
+    except (UnreadableObject, IsADirectoryError) as exc:
         raise ConfigError(f"the run's {LAYOUT.config}: {exc}") from None
-    cfg = from_yaml_text(text)
+    cfg = from_yaml_text(text, f"the run's {LAYOUT.config}")
     configure(cfg.store_retry_s)
     return cfg
 

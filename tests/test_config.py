@@ -56,14 +56,15 @@ def test_bad_values_fail_with_one_line_naming_the_key(override, message):
     assert "\n" not in str(err.value)
 
 
-def test_bool_is_not_an_int_and_a_yaml_float_string_is_a_float():
+def test_bool_is_not_an_int_and_a_yaml_float_string_is_a_float(tmp_path):
     """YAML 1.1 reads 3e-4 (no dot) as the string '3e-4'; true is never 1."""
     for override in ("train.steps=true", "train.eta=false", "seed=true"):
         with pytest.raises(ConfigError, match="must be an integer, got (True|False)"):
             load_config(None, [override])
     with pytest.raises(ConfigError, match="'train.lr' must be a number, got True"):
         load_config(None, ["train.lr=true"])
-    cfg = from_yaml_text("train:\n  lr: 3e-4\nalgo:\n  eps_low: 1e-1\n")
+    (tmp_path / "c.yaml").write_text("train:\n  lr: 3e-4\nalgo:\n  eps_low: 1e-1\n")
+    cfg = load_config(str(tmp_path / "c.yaml"))
     assert isinstance(cfg.train.lr, float) and cfg.train.lr == pytest.approx(3e-4)
     assert cfg.algo.eps_low == pytest.approx(0.1)
     assert load_config(None, ["train.lr=1"]).train.lr == 1.0  # an int is a number

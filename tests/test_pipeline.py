@@ -126,9 +126,9 @@ def test_prepare_fails_before_any_work_on_bad_config(tmp_path):
 
 
 def test_prepare_fails_on_missing_dataset(tmp_path):
-    from datasets.gsm8k import DatasetError
+    from areal_core.config import ConfigError
 
-    with pytest.raises(DatasetError, match="does not exist"):
+    with pytest.raises(ConfigError, match="config section 'task' \\(gsm8k\\): dataset file .* does not exist"):
         pipeline.prepare("", [f"store={tmp_path / 'r'}", "task.name=gsm8k", f"task.path={tmp_path / 'nope'}"])
     assert not (tmp_path / "r" / "config.yaml").exists()
 

@@ -102,6 +102,44 @@ def test_a_stale_lease_is_taken_over_only_when_asked(root):
     assert load_run_config(store).lease.takeover is False  # a one-time request, not kept
 
 
+def test_a_newcomer_s_short_lease_timeout_cannot_make_a_live_run_stale(tmp_path):
+    """The owner heartbeats by its own lease.timeout_s (recorded in the lease): a second run that
+    sets a tiny timeout must not see a live owner as stale, to take it over or to resume it."""
+    root = str(tmp_path / "run")
+    run_uri, _ = pipeline.prepare("", [*TINY, f"store={root}"])
+    store = Store(run_uri)
+    rewrite_lease(store, host="another-host", heartbeat=time.time() - 30)  # live: 30 s < its 300 s
+    assert read_lease(store)[0].timeout_s == 300.0
+    short = ["lease.timeout_s=0.002", "lease.interval_s=0.001"]
+    for extra, resume in ((["lease.takeover=true"], False), ([], True)):
+        with pytest.raises(RootInUse, match="owned by live run"):
+            pipeline.prepare("", [*TINY, f"store={root}", *short, *extra], resume=resume)
+    rewrite_lease(store, heartbeat=time.time() - 301)  # stale by the owner's own timeout
+    pipeline.prepare("", [*TINY, f"store={root}", *short, "lease.takeover=true"])
+    assert read_lease(store)[0].timeout_s == 0.002
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        b"",
+        b"[]",
+        b'{"run_id": "x"}',
+        b'{"run_id": 1, "host": "h", "pid": 1, "started": 0, "heartbeat": 0}',
+        b'{"run_id": "x", "host": "h", "pid": "1", "started": 0, "heartbeat": 0}',
+        b"[" * 100_000,
+    ],
+)
+def test_a_lease_file_that_is_not_a_lease_refuses_a_claim_and_stops_a_holder(tmp_path, text):
+    store = Store(str(tmp_path / "run"))
+    store.write_bytes(LAYOUT.lease, text)
+    with pytest.raises(RootInUse, match="is not a lease.*delete that file"):
+        claim(store, LeaseConfig(), resume=False)
+    with pytest.raises(RootLost, match="is not a lease"):
+        renew(store, "x")
+    assert store.read_bytes(LAYOUT.lease) == text  # left as evidence
+
+
 def test_a_dead_owner_on_this_host_is_stale_at_once_and_resume_keeps_the_run_id(tmp_path):
     run_uri, _ = pipeline.prepare("", [*TINY, f"store={tmp_path / 'run'}"])
     store = Store(run_uri)

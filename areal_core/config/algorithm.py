@@ -84,12 +84,12 @@ class AlgorithmConfig(ConfigModel):
     distill_rl_coef: Float = Field(1.0, ge=0)  # weight of the RL (decoupled PPO) loss; 0: distillation alone
     # preference pairs (loss = dpo|ipo)
     dpo_beta: Float = Field(0.1, gt=0)
-    dpo_label_smoothing: Float = 0.0
+    dpo_label_smoothing: Float = Field(0.0, ge=0, lt=0.5)  # cDPO: the chance a pair's label is flipped
     # data shaping
     dynamic_sampling: Bool = False  # DAPO: drop groups whose rewards are all equal
     overlong_max_len: Int = Field(0, ge=0)  # DAPO L_max in response tokens; 0 disables the overlong penalty
     overlong_buffer: Int = Field(0, ge=0)  # DAPO L_cache
-    overlong_penalty: Float = 1.0  # penalty factor
+    overlong_penalty: Float = Field(1.0, ge=0)  # penalty factor
     reward_scale: Float = 1.0
     reward_bias: Float = 0.0
     reward_clip: Float = Field(0.0, ge=0)  # 0 disables

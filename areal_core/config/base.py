@@ -9,12 +9,23 @@ conversion of a pydantic ValidationError into one line naming the dotted key.
 
 from __future__ import annotations
 
+import re
 import reprlib
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Self
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Strict, StringConstraints, ValidationError
+from pydantic import (
+    AfterValidator,
+    AllowInfNan,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    StringConstraints,
+    ValidationError,
+)
 from yaml.composer import Composer
 from yaml.events import AliasEvent
 from yaml.nodes import MappingNode, ScalarNode
@@ -103,10 +114,43 @@ class _BoundedComposer(Composer):
                 raise _Refused(f"has a {what} of {len(node.value)} characters, over {limit}", node.start_mark)
         return node
 
+    def compose_mapping_node(self, anchor: Any) -> Any:
+        node = super().compose_mapping_node(anchor)
+        seen: set[str] = set()
+        for key, _ in node.value:
+            if isinstance(key, ScalarNode):
+                if key.value in seen:
+                    raise _Refused(f"repeats the key {excerpt(key.value)} (the last would win)", key.start_mark)
+                seen.add(key.value)
+        return node
+
+
+def _config_resolver() -> type:
+    """PyYAML's resolver without YAML 1.1's surprising numbers: `0123` (octal 83), `0x1F`, `1_000`
+    and `12:30` (base 60, 750) stay text; an int is plain decimal and a float has a dot or an
+    exponent (`3e-4` too, which YAML 1.1 leaves a string)."""
+    from yaml.resolver import Resolver
+
+    int_tag, float_tag = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+
+    class ConfigResolver(Resolver):
+        pass
+
+    ConfigResolver.yaml_implicit_resolvers = {
+        first: [(tag, rx) for tag, rx in pairs if tag not in (int_tag, float_tag)]
+        for first, pairs in Resolver.yaml_implicit_resolvers.items()
+    }
+    ConfigResolver.add_implicit_resolver(int_tag, re.compile(r"^[-+]?(?:0|[1-9][0-9]*)$"), list("-+0123456789"))
+    number = r"[-+]?(?:[0-9]+\.[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?|[-+]?[0-9]+[eE][-+]?[0-9]+"
+    special = r"[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)"
+    ConfigResolver.add_implicit_resolver(float_tag, re.compile(f"^(?:{number}|{special})$"), list("-+0123456789."))
+    return ConfigResolver
+
 
 def _loader_class() -> type:
     from yaml.constructor import SafeConstructor
-    from yaml.resolver import Resolver
+
+    Resolver = _config_resolver()  # noqa: N806 - the class the loader mixes in
 
     if getattr(yaml, "__with_libyaml__", False):  # libyaml's parser (C), this composer (Python)
         from yaml.cyaml import CParser
@@ -208,17 +252,60 @@ def _float_from_string(value: Any) -> Any:
 
 
 def _number_to_string(value: Any) -> Any:
-    """A YAML number given for a text key (`name: 123`) is that text; a bool is not."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+    """A YAML int given for a text key (`name: 123`) is that text (only plain decimals are ints:
+    `_config_resolver`); a bool is not, and a float is refused, since `2024.10` reads as 2024.1."""
+    if isinstance(value, float):
+        raise ValueError(f"must be text, got the number {value!r}: quote it to keep it as written")
+    if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
+    return value
+
+
+STORE_SCHEMES = ("file", "s3", "gs", "gcs", "abfs", "abfss", "az")  # stores every role process can reach
+
+
+def _store_uri(value: Any) -> Any:
+    """A run root: a local path or a URI of a shared store. Refused: empty (the current folder),
+    a leading '~' (never expanded: a folder named '~'), a scheme no other process can reach
+    (memory://) or unknown, and a URI missing a slash ('s3:/bucket' is a local folder 's3:')."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if not text:
+        raise ValueError("must not be empty (it would be the current folder)")
+    if text.startswith("~"):
+        raise ValueError(f"starts with '~', which is not expanded: give the full path, got {excerpt(value)}")
+    scheme, sep, _ = text.partition("://")
+    if sep and scheme.lower() not in STORE_SCHEMES:
+        raise ValueError(f"has the scheme {excerpt(scheme)}: a run root is a path or one of {', '.join(STORE_SCHEMES)}")
+    if not sep and re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:/", text):
+        raise ValueError(f"looks like a URI missing a slash ({excerpt(value)}): write scheme://bucket/path")
+    return value
+
+
+def _temperature(value: float) -> float:
+    if 0 < value < 0.01:
+        raise ValueError(f"must be 0 (greedy) or at least 0.01 (below, log-probs overflow), got {value:g}")
     return value
 
 
 # Strict: a bool is never an int or a float, a string never a bool or an int.
 Int = Annotated[int, Strict()]
-Float = Annotated[float, Strict(), BeforeValidator(_float_from_string)]
+Float = Annotated[float, Strict(), AllowInfNan(False), BeforeValidator(_float_from_string)]  # finite: no .nan, .inf
 Str = Annotated[str, Strict(), BeforeValidator(_number_to_string), StringConstraints(max_length=MAX_STR_CHARS)]
 Bool = Annotated[bool, Strict()]
+StoreUri = Annotated[Str, AfterValidator(_store_uri)]
+MAX_WAIT_S = 30 * 86400.0  # any timeout or interval: larger ones overflow time_t deadlines (lease, sleep)
+Interval = Annotated[float, Strict(), AllowInfNan(False), BeforeValidator(_float_from_string), Field(gt=0, le=3600)]
+# A sampling temperature: 0 (greedy) or at least 0.01 (below, log-probs of 1/T-scaled logits overflow to NaN)
+Temperature = Annotated[
+    float,
+    Strict(),
+    AllowInfNan(False),
+    BeforeValidator(_float_from_string),
+    Field(ge=0, le=100),
+    AfterValidator(_temperature),
+]
 # Text: a field that holds prose (a prompt), allowed to be longer than a Str.
 Text = Annotated[str, Strict(), BeforeValidator(_number_to_string), StringConstraints(max_length=MAX_TEXT_CHARS)]
 
@@ -274,6 +361,8 @@ def one_line(
         return ConfigError(f"{label} section '{dotted or '<root>'}' must be a mapping, got {value}")
     if kind in _TYPE_WORDS:
         return ConfigError(f"{label} key '{dotted}' must be {_TYPE_WORDS[kind]}, got {value}")
+    if kind == "finite_number":
+        return ConfigError(f"{label} key '{dotted}' must be a finite number, got {value}")
     if kind in _BOUNDS:
         interval = _interval(model, loc)
         rule = f"in {interval}" if interval else f"{_BOUNDS[kind]} {_number(ctx[_BOUND_KEYS[kind]])}"

@@ -139,13 +139,19 @@ def load_config(
     return validate(RunConfig.from_data(data))
 
 
-def from_yaml_text(text: str) -> RunConfig:
+def from_yaml_text(text: str | bytes, where: str = "config text") -> RunConfig:
     """Rebuild a config saved by `to_yaml` (the run root's config.yaml), read within the bounds
-    of `load_yaml_text`."""
-    data = load_yaml_text(text, "config text") or {}
+    of `load_yaml_text`. `to_yaml` writes every section, so a text missing one (empty, truncated,
+    or hand-written) is refused rather than filled with defaults the run never had."""
+    data = load_yaml_text(text, where) or {}
     if not isinstance(data, dict):
-        raise ConfigError(f"config section '<root>' must be a mapping, got {excerpt(data)}")
-    return validate(RunConfig.from_data(data))
+        raise ConfigError(f"{where}: config section '<root>' must be a mapping, got {excerpt(data)}")
+    cfg = validate(RunConfig.from_data(data))
+    missing = [name for name in RunConfig.model_fields if name not in data]
+    if missing:
+        shown = ", ".join(missing[:4]) + (", ..." if len(missing) > 4 else "")
+        raise ConfigError(f"{where} lacks the section(s) {shown}: it is not a whole config.yaml written by prepare")
+    return cfg
 
 
 def to_dict(cfg: RunConfig) -> dict[str, Any]:

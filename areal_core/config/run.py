@@ -13,8 +13,21 @@ from typing import Literal, Self
 from pydantic import Field, model_validator
 
 from areal_core.config.algorithm import AlgorithmConfig
-from areal_core.config.base import PROJECT_ROOT, Bool, ConfigModel, Float, Int, Invalid, Str, Text
+from areal_core.config.base import (
+    PROJECT_ROOT,
+    Bool,
+    ConfigModel,
+    Float,
+    Int,
+    Interval,
+    Invalid,
+    StoreUri,
+    Str,
+    Temperature,
+    Text,
+)
 from areal_core.config.device import Device
+from areal_core.config.operations import LauncherConfig, LeaseConfig, OnlineConfig, TrackingConfig
 
 DEFAULT_VLLM_PYTHON = ".venv-vllm/bin/python"  # made by `make vllm-venv`
 
@@ -35,11 +48,11 @@ class TaskConfig(ConfigModel):
         ),
     )
     path: Str = Field("", description="gsm8k: folder or URI holding train.jsonl and test.jsonl")
-    num_train: Int = Field(20000, gt=0, description="training prompts generated or read")
-    num_eval: Int = Field(500, gt=0, description="held-out prompts")
+    num_train: Int = Field(20000, gt=0, le=10_000_000, description="training prompts generated or read")
+    num_eval: Int = Field(500, gt=0, le=1_000_000, description="held-out prompts")
     min_value: Int = Field(10, description="arithmetic: smallest operand")
     max_value: Int = Field(99, description="arithmetic: largest operand")
-    max_steps: Int = Field(1, description="arithmetic: number of worked steps (1..3)")
+    max_steps: Int = Field(1, ge=1, le=3, description="arithmetic: number of worked steps (1..3)")
     ops: Str = Field("+-", description="arithmetic: the operators used, from '+-*'")
     questions: Str = Field(
         "count_colour,count_shape,compare,digit_sum",
@@ -86,9 +99,9 @@ class ModelConfig(ConfigModel):
     num_layers: Int = Field(4, gt=0, description="tiny model: transformer layers")
     num_heads: Int = Field(4, gt=0, description="tiny model: attention heads (divides hidden_size)")
     num_kv_heads: Int = Field(2, gt=0, description="tiny model: key/value heads (divides num_heads)")
-    intermediate_size: Int = Field(384, description="tiny model: MLP width")
-    max_position_embeddings: Int = Field(256, description="tiny model: longest sequence")
-    vocab_size: Int = Field(384, description="tokenizer BPE size for the embedded task")
+    intermediate_size: Int = Field(384, gt=0, description="tiny model: MLP width")
+    max_position_embeddings: Int = Field(256, gt=0, description="tiny model: longest sequence")
+    vocab_size: Int = Field(384, gt=0, description="tokenizer BPE size for the embedded task")
     vision_hidden_size: Int = Field(64, gt=0, description="tiny VLM: vision tower width (kind vlm)")
     vision_layers: Int = Field(2, gt=0, description="tiny VLM: vision tower blocks (kind vlm)")
     patch_size: Int = Field(8, gt=0, description="tiny VLM: vision patch side in pixels (kind vlm)")
@@ -111,8 +124,8 @@ class SFTConfig(ConfigModel):
     )
     steps: Int = Field(300, ge=0, description="SFT optimizer steps")
     batch_size: Int = Field(64, gt=0, description="SFT examples per step")
-    lr: Float = Field(3e-3, description="SFT learning rate")
-    warmup_steps: Int = Field(20, description="SFT linear warmup steps")
+    lr: Float = Field(3e-3, gt=0, description="SFT learning rate")
+    warmup_steps: Int = Field(20, ge=0, description="SFT linear warmup steps")
     schedule: Literal["cosine", "constant"] = Field("cosine", description="SFT learning-rate schedule after warmup")
     multi_step_fraction: Float = Field(
         1.0,
@@ -143,7 +156,7 @@ class ServerConfig(ConfigModel):
     max_num_seqs: Int = Field(256, gt=0, description="vLLM concurrent sequences")
     threads: Int = Field(1, gt=0, description="server CPU threads")
     dtype: Str = Field("float32", description="server weight dtype")
-    startup_timeout_s: Float = Field(900.0, description="seconds to wait for a started server to answer")
+    startup_timeout_s: Float = Field(900.0, gt=0, description="seconds to wait for a started server to answer")
     extra_args: Str = Field("", description="extra server flags, shell-quoted")
 
 
@@ -164,10 +177,10 @@ class RolloutConfig(ConfigModel):
             "the trainer's)"
         ),
     )
-    temperature: Float = Field(1.0, ge=0, description="sampling temperature (the trainer's log-probs use the same)")
+    temperature: Temperature = Field(1.0, description="sampling temperature (the trainer's log-probs use the same)")
     top_p: Float = Field(1.0, gt=0, le=1, description="nucleus sampling threshold")
-    top_k: Int = Field(0, description="top-k sampling (0: off)")
-    poll_interval_s: Float = Field(0.02, description="seconds between checks for new weights and admission")
+    top_k: Int = Field(0, ge=0, description="top-k sampling (0: off)")
+    poll_interval_s: Interval = Field(0.02, description="seconds between checks for new weights and admission")
     swap_mid_generation: Bool = Field(
         True,
         description=(
@@ -329,7 +342,7 @@ class RewardConfig(ConfigModel):
     pool_size: Int = Field(1, gt=0, description="grading processes per reward worker")
     timeout_s: Float = Field(5.0, gt=0, description="per-sample timeout that kills the call")
     retries: Int = Field(1, ge=0, description="retries of a failed grading call")
-    poll_interval_s: Float = Field(0.02, description="seconds between checks for ungraded shards")
+    poll_interval_s: Interval = Field(0.02, description="seconds between checks for ungraded shards")
 
 
 class TrainConfig(ConfigModel):
@@ -342,8 +355,8 @@ class TrainConfig(ConfigModel):
     )
     lr_warmup_steps: Int = Field(0, ge=0, description="linear warmup steps")
     lr_min_ratio: Float = Field(0.0, ge=0, le=1, description="the decayed rate's floor, as a fraction of train.lr")
-    weight_decay: Float = Field(0.0, description="AdamW weight decay")
-    grad_clip: Float = Field(1.0, description="gradient-norm clip")
+    weight_decay: Float = Field(0.0, ge=0, description="AdamW weight decay")
+    grad_clip: Float = Field(1.0, ge=0, description="gradient-norm clip (0: none)")
     packing: Bool = Field(True, description="pack sequences without padding for the forward passes")
     ppo_minibatches: Int = Field(1, gt=0, description="optimizer minibatches per step (divides batch_groups)")
     checkpoint_every: Int = Field(10, gt=0, description="steps between trainer checkpoints")
@@ -353,9 +366,9 @@ class TrainConfig(ConfigModel):
     keep_checkpoints: Int = Field(
         2, gt=0, description="committed trainer checkpoints kept, the newest ones (a fork starts from one of them)"
     )
-    poll_interval_s: Float = Field(0.01, description="seconds between checks for graded shards")
-    slow_step_s: Float = Field(0.0, description="tests: sleep per step to make training the bottleneck")
-    eval_every: Int = Field(0, description="steps between held-out evaluations (0: only before and after)")
+    poll_interval_s: Interval = Field(0.01, description="seconds between checks for graded shards")
+    slow_step_s: Float = Field(0.0, ge=0, le=3600, description="tests: sleep per step to make training the bottleneck")
+    eval_every: Int = Field(0, ge=0, description="steps between held-out evaluations (0: only before and after)")
     weight_delta: Bool = Field(False, description="publish each version as a compressed delta against the previous one")
     weight_full_every: Int = Field(
         8, gt=0, description="with weight_delta: a full snapshot when the version is a multiple of this"
@@ -385,63 +398,18 @@ class TrainConfig(ConfigModel):
 class EvalConfig(ConfigModel):
     num_samples: Int = Field(500, gt=0, description="held-out prompts evaluated")
     batch_size: Int = Field(250, gt=0, description="prompts per evaluation batch")
-    max_new_tokens: Int = Field(24, description="longest greedy answer")
-
-
-class TrackingConfig(ConfigModel):
-    enabled: Bool = Field(True, description="log to MLflow")
-    uri: Str = Field("", description="MLflow tracking URI; empty: $MLFLOW_TRACKING_URI, else sqlite:///<cwd>/mlruns.db")
-    experiment: Str = Field("areal-flyte", description="MLflow experiment name")
-
-
-class LauncherConfig(ConfigModel):
-    timeout_s: Float = Field(1800.0, description="single machine: seconds before the roles are stopped")
-    progress: Bool = Field(True, description="single machine: print a progress line")
-    report_every_s: Float = Field(
-        60.0,
-        ge=0,
-        description="single machine: seconds between refreshes of the live report (the Flyte Deck); 0: at the end only",
-    )
-
-
-class LeaseConfig(ConfigModel):
-    """The run root's ownership lease (areal_core/run/ownership.py)."""
-
-    timeout_s: Float = Field(300.0, gt=0, description="a lease not renewed for this long is stale")
-    interval_s: Float = Field(5.0, gt=0, description="how often the roles check the lease (and the trainer renews it)")
-    takeover: Bool = Field(
-        False, description="take over a stale lease of another run (never a live one); not kept in config.yaml"
-    )
-
-    @model_validator(mode="after")
-    def _renewed_in_time(self) -> Self:
-        if self.interval_s * 2 > self.timeout_s:
-            raise Invalid("interval_s", f"must be at most half of timeout_s ({self.timeout_s:g})")
-        return self
-
-
-class OnlineConfig(ConfigModel):
-    promote_every: Int = Field(
-        0,
-        ge=0,
-        description=(
-            "continuous online RL: every this many steps, score the trainer's version on the held-out split and "
-            "move the registry's champion alias to it only when it wins (online/promotion.py); 0: no gate"
-        ),
-    )
-    model_name: Str = Field("areal-flyte-policy", description="the registered model whose champion the gate moves")
-    min_gain: Float = Field(0.0, ge=0, description="a version must beat the champion's held-out score by more")
+    max_new_tokens: Int = Field(24, gt=0, description="longest greedy answer")
 
 
 class RunConfig(ConfigModel):
     name: Str = Field("default", description="the run's name")
-    store: Str = Field(
+    store: StoreUri = Field(
         "runs/default", description="run root: a local path or an fsspec URI (s3://…, endpoint from AWS_ENDPOINT_URL)"
     )
     store_retry_s: Float = Field(
         60.0, ge=0, description="how long every role and the launcher retry transient store errors, with backoff"
     )
-    seed: Int = Field(1, description="seed of the data, the model and sampling")
+    seed: Int = Field(1, ge=0, lt=2**32, description="seed of the data, the model and sampling")
     threads_per_role: Int = Field(1, gt=0, description="torch threads per role process")
     device: Device = Field("cpu", description="cpu, cuda or npu")
     task: TaskConfig = Field(default_factory=TaskConfig, description="the task and its data")

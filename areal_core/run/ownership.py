@@ -27,7 +27,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 from areal_core.config import LeaseConfig
 from areal_core.layout import LAYOUT
@@ -42,6 +42,10 @@ class RootInUse(RuntimeError):
     """A run may not start in this root: another run owns it (the message says how to proceed)."""
 
 
+class BadLease(RootInUse, RootLost):
+    """LEASE.json is not a lease: no run may claim the root, and a run holding it has lost it."""
+
+
 @dataclass
 class Lease:
     run_id: str
@@ -51,20 +55,22 @@ class Lease:
     heartbeat: float
     state: str = "running"  # running | done
     claim: str = ""  # new at every claim, a resume's too: the old run's roles, still alive, see it change
+    timeout_s: float = 0.0  # the owner's lease.timeout_s: a newcomer's shorter one cannot make it stale
 
     @classmethod
-    def new(cls, run_id: str, started: float | None = None, claim: str = "") -> Lease:
+    def new(cls, run_id: str, started: float | None = None, claim: str = "", timeout_s: float = 0.0) -> Lease:
         now = time.time()
-        return cls(run_id, socket.gethostname(), os.getpid(), started or now, now, claim=claim)
+        return cls(run_id, socket.gethostname(), os.getpid(), started or now, now, claim=claim, timeout_s=timeout_s)
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
 
     def status(self, timeout_s: float, now: float | None = None) -> str:
-        """'done', 'stale' (no heartbeat for timeout_s, or its process on this host is gone) or 'live'."""
+        """'done', 'stale' (no heartbeat for max(timeout_s, the owner's own timeout), or its process
+        on this host is gone) or 'live'. The owner's timeout counts because it heartbeats by it."""
         if self.state == "done":
             return "done"
-        if (now or time.time()) - self.heartbeat > timeout_s:
+        if (now or time.time()) - self.heartbeat > max(timeout_s, self.timeout_s):
             return "stale"
         if self.host == socket.gethostname() and not _alive(self.pid):
             return "stale"
@@ -91,7 +97,27 @@ def read_lease(store: Store) -> tuple[Lease, str] | None:
     got = store.read_versioned(LAYOUT.lease)
     if got is None:
         return None
-    return Lease(**json.loads(got[0])), got[1]
+    return decode_lease(got[0], store.uri), got[1]
+
+
+def decode_lease(data: bytes, where: str) -> Lease:
+    """A lease from its JSON; BadLease (no claim, and a holder has lost the root) when it is not one."""
+    names = {f.name: f.type for f in fields(Lease)}
+    try:
+        raw = json.loads(data)
+        if not isinstance(raw, dict) or not {"run_id", "host", "pid", "started", "heartbeat"} <= raw.keys():
+            raise ValueError("not a lease")
+        lease = Lease(**{k: v for k, v in raw.items() if k in names})
+        numbers = (lease.pid, lease.started, lease.heartbeat, lease.timeout_s)
+        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in numbers):
+            raise ValueError("a number field is not a number")
+        if not all(isinstance(x, str) for x in (lease.run_id, lease.host, lease.state, lease.claim)):
+            raise ValueError("a text field is not text")
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise BadLease(
+            f"{where}/{LAYOUT.lease} is not a lease ({str(exc)[:100]}): if no run owns this root, delete that file"
+        ) from None
+    return lease
 
 
 def claim(store: Store, lease_cfg: LeaseConfig, resume: bool) -> str:
@@ -99,7 +125,7 @@ def claim(store: Store, lease_cfg: LeaseConfig, resume: bool) -> str:
     RootInUse with a one-line message when the root is someone else's."""
     current = read_lease(store)
     if current is None:
-        lease = Lease.new(uuid.uuid4().hex[:12], claim=uuid.uuid4().hex[:12])
+        lease = Lease.new(uuid.uuid4().hex[:12], claim=uuid.uuid4().hex[:12], timeout_s=lease_cfg.timeout_s)
     else:
         old, _ = current
         status = old.status(lease_cfg.timeout_s)
@@ -116,7 +142,7 @@ def claim(store: Store, lease_cfg: LeaseConfig, resume: bool) -> str:
                 "with resume_run, or start a new run there with lease.takeover=true (its state is cleared)"
             )
         run_id, started = (old.run_id, old.started) if resume else (uuid.uuid4().hex[:12], None)
-        lease = Lease.new(run_id, started, claim=uuid.uuid4().hex[:12])
+        lease = Lease.new(run_id, started, claim=uuid.uuid4().hex[:12], timeout_s=lease_cfg.timeout_s)
     if not store.write_if(LAYOUT.lease, lease.encode(), current[1] if current else None):
         winner = read_lease(store)
         who = winner[0].describe() if winner else "another run"
@@ -144,7 +170,7 @@ def renew(store: Store, run_id: str, state: str = "running", claim: str | None =
         current = read_lease(store)
         if current is None or current[0].run_id != run_id or (claim is not None and current[0].claim != claim):
             raise RootLost(lost_reason(store, run_id, current[0] if current else None))
-        lease = Lease.new(run_id, current[0].started, claim=current[0].claim)
+        lease = Lease.new(run_id, current[0].started, claim=current[0].claim, timeout_s=current[0].timeout_s)
         lease.state = "done" if "done" in (state, current[0].state) else "running"  # only claim reopens a run
         if store.write_if(LAYOUT.lease, lease.encode(), current[1]):
             return

@@ -11,12 +11,13 @@ import logging
 import shlex
 from typing import Any
 
-from areal_core.config import ConfigError, RunConfig, from_yaml_text, load_config, to_dict
+from areal_core.config import ConfigError, RunConfig, from_yaml_text, load_config, to_flat_dict, to_yaml
 from areal_core.config.base import MAX_YAML_BYTES, excerpt
 from areal_core.layout import LAYOUT
+from areal_core.retry import configure
 from areal_core.run.live import Publish
 from areal_core.run.tracking import Tracker
-from areal_core.store import RootLost, Store, UnreadableObject
+from areal_core.store import RootLost, Store, UnreadableObject, normalize_uri
 
 log = logging.getLogger("areal.pipeline")
 
@@ -41,23 +42,56 @@ def sft_key(cfg: RunConfig) -> str:
 
 
 def check_root(store: Store) -> None:
-    """ConfigError when the run root (or a folder above it) is an existing file."""
+    """ConfigError when the run root (or a folder above it) is an existing file, or when it is a
+    folder holding other things but no run (neither config.yaml nor LEASE.json): a new run clears
+    the run-state folders of its root, which must never be someone else's."""
     if store.local:
         path = store.local_path()
         for folder in (path, *path.parents):
             if folder.exists():
                 if not folder.is_dir():
                     raise ConfigError(f"config key 'store': {folder} is a file, not a folder for the run root")
-                return
-    elif store.fs.isfile(store.root):
-        raise ConfigError(f"config key 'store': {store.uri} is an object, not a folder for the run root")
+                break
+        names = sorted(p.name for p in path.iterdir()) if path.is_dir() else []
+    else:
+        if store.fs.isfile(store.root):
+            raise ConfigError(f"config key 'store': {store.uri} is an object, not a folder for the run root")
+        listed = store.fs.ls(store.root, detail=False) if store.fs.exists(store.root) else []
+        names = sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in listed)
+    if names and not {LAYOUT.config, LAYOUT.lease} & set(names):
+        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        raise ConfigError(
+            f"config key 'store': {store.uri} holds other files ({shown}) and no run (no {LAYOUT.config} or "
+            f"{LAYOUT.lease}); a run clears parts of its root, so give it a new or empty folder"
+        )
+
+
+def check_written_config(cfg: RunConfig) -> None:
+    """ConfigError when the config.yaml this run would write is one its roles could not read back
+    (it is block-style YAML holding every default, so it can pass the input's limits and fail them
+    as written), or when settings that only the trainer would check conflict."""
+    if cfg.train.lora_rank > 0 and cfg.train.nproc_per_node > 1:
+        raise ConfigError(
+            "config key 'train.lora_rank' must be 0 with train.nproc_per_node > 1 (LoRA trains on one rank)"
+        )
+    try:
+        from_yaml_text(to_yaml(cfg))
+    except ConfigError as exc:
+        raise ConfigError(f"the config as the run would store it in {LAYOUT.config}: {exc}") from None
 
 
 def _comparable(cfg: RunConfig) -> dict[str, Any]:
-    """The config without the lease section (how a run holds its root is not what it trains)."""
-    data = to_dict(cfg)
-    data.pop("lease")
-    return data
+    """The config without the lease section (how a run holds its root is not what it trains), its
+    root as one URI (`runs/x/`, `./runs/x` and `file:///…/runs/x` are one root), flat."""
+    flat = {k: v for k, v in to_flat_dict(cfg).items() if not k.startswith("lease.")}
+    flat["store"] = normalize_uri(cfg.store)
+    return flat
+
+
+def _differences(stored: dict[str, Any], given: dict[str, Any]) -> str:
+    """The keys whose values differ, named (at most 5): what a refused resume must change."""
+    keys = sorted(k for k in stored.keys() | given.keys() if stored.get(k) != given.get(k))
+    return ", ".join(keys[:5]) + (", ..." if len(keys) > 5 else "")
 
 
 def prepare(
@@ -75,19 +109,22 @@ def prepare(
     from areal_core.train.algorithm import check_for_model
     from areal_core.train.loss import check_algorithm  # torch: not at import (tasks import this module)
 
-    check_algorithm(cfg.algo)  # an unknown loss is refused before any work
+    check_algorithm(cfg.algo, distributed=cfg.train.nproc_per_node > 1)  # an unknown loss, before any work
     check_for_model(cfg.algo, cfg.model.kind)
+    check_written_config(cfg)
+    configure(cfg.store_retry_s)  # how long this process retries the store, as the roles will
     store = Store(cfg.store)
     check_root(store)
     if resume:
         if not store.exists(LAYOUT.config):
             raise ConfigError(f"cannot resume {store.uri}: no run was started there (no {LAYOUT.config})")
         try:
-            stored = store.read_text(LAYOUT.config, MAX_YAML_BYTES)
+            stored = store.read_bytes(LAYOUT.config, MAX_YAML_BYTES)
         except UnreadableObject as exc:
             raise ConfigError(f"the run's {LAYOUT.config}: {exc}") from None
-        if _comparable(from_yaml_text(stored)) != _comparable(cfg):
-            raise ConfigError(f"cannot resume {store.uri}: its config.yaml differs from this config")
+        differs = _differences(_comparable(from_yaml_text(stored, f"the run's {LAYOUT.config}")), _comparable(cfg))
+        if differs:
+            raise ConfigError(f"cannot resume {store.uri}: its config.yaml differs from this config in {differs}")
     from areal_core.run.prepare import prepare_run
 
     return prepare_run(cfg, resume), sft_key(cfg)

@@ -20,7 +20,10 @@ def prepare_run(cfg: RunConfig, resume: bool = False) -> str:
     """
     from datasets import load_task
 
-    train, held_out = load_task(cfg.task, cfg.seed)
+    try:
+        train, held_out = load_task(cfg.task, cfg.seed)
+    except (ValueError, OSError) as exc:  # the task's data: a missing file, a bad record, a bad choice
+        raise ConfigError(f"config section 'task' ({cfg.task.name}): {str(exc)[:300]}") from None
     if not train or not held_out:
         raise ValueError(f"task {cfg.task.name!r} produced an empty split (train={len(train)}, eval={len(held_out)})")
     if cfg.model.kind != "vlm" and any(has_images(r) for r in train[:1] + held_out[:1]):
