@@ -30,6 +30,7 @@ from areal_core.proxy.sessions import (
     SessionNotFound,
     SessionProblem,
     TooManySessions,
+    TurnMismatch,
     TurnOutOfRange,
     UnknownCompletion,
     session_id_for_key,
@@ -274,6 +275,11 @@ def _ended(a: openai.OpenAI, b: openai.OpenAI) -> None:
     _reward(a, "p", reward=1)
 
 
+def _mismatch(a: openai.OpenAI, b: openai.OpenAI) -> None:
+    cid = a.chat.completions.create(model="m", messages=USER, extra_headers={"X-Session-Id": "p"}).id
+    _reward(a, "p", reward=1, turn=1, completion_id=cid)  # completion_id is turn 0
+
+
 def _filled(a: openai.OpenAI, b: openai.OpenAI, then: Callable[[], Any]) -> None:
     _turn(a, "p")
     _turn(a, "q")
@@ -292,6 +298,9 @@ PROBLEMS = [
     ("turn", TurnOutOfRange, lambda a, b: (_turn(a, "p"), _reward(a, "p", reward=1, turn=2)),
      400, "invalid_request_error", "unknown_turn", "turn 2 does not exist: session 'p' has 1 turns",
      openai.BadRequestError),
+    ("mismatch", TurnMismatch, _mismatch, 400, "invalid_request_error", "turn_mismatch",
+     "completion_id is turn 0 of session 'p', not turn 1: give one of turn and completion_id, or both naming the "
+     "same turn", openai.BadRequestError),
     ("reward", InvalidReward, lambda a, b: (_turn(a, "p"), _reward(a, "p", reward=10.5)),
      422, "invalid_request_error", "invalid_reward",
      "invalid request: reward 10.5 is outside the allowed range [-10, 10]", openai.UnprocessableEntityError),

@@ -172,6 +172,6 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
     msg = f"invalid request: {where or 'body'}: {first.get('msg', 'malformed')}"
     raw = exc.errors()[0] if exc.errors() else {}
     if first.get("type") == "json_invalid" or (first.get("loc") == ["body"] and isinstance(raw.get("input"), str)):
-        msg = "invalid request: the body is not a JSON object"
+        msg, where = "invalid request: the body is not a JSON object", ""  # no field: not a character offset
     body = error_body(msg, "invalid_request_error", "validation_error", param=where or None, detail=errors)
     return JSONResponse(body, 422)

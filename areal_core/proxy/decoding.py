@@ -8,7 +8,7 @@ SSE frame of both streaming routes is built by `sse_chunk`.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any
 
 from areal_core.rollout.engine import Generation
@@ -58,24 +58,52 @@ def usage(n_prompt: int, n_completion: int) -> dict:
     return {"prompt_tokens": n_prompt, "completion_tokens": n_completion, "total_tokens": n_prompt + n_completion}
 
 
-def text_pieces(tokenizer: Any, gen: Generation, text: str) -> Iterator[str]:
-    """The visible text split per served token, lazily (the non-empty pieces join to `text`)."""
-    prev = ""
+def token_pieces(tokenizer: Any, gen: Generation, text: str) -> Iterator[tuple[str, int, int]]:
+    """The visible text split per served token, lazily, as (piece, start, end): the piece is what
+    tokens [start, end) add (the non-empty pieces join to `text`; consecutive ranges, from 0). Tokens
+    after the last piece (an EOS, a tool call cut from `text`) belong to none."""
+    prev, start = "", 0
     for i in range(1, len(gen.token_ids) + 1):
         cur = tokenizer.decode(gen.token_ids[:i], skip_special_tokens=True)
         if cur.endswith("\ufffd") or not text.startswith(cur) or len(cur) <= len(prev):
             continue
-        yield cur[len(prev) :]
-        prev = cur
+        yield cur[len(prev) :], start, i
+        prev, start = cur, i
     if prev != text:
-        yield text[len(prev) :]
+        yield text[len(prev) :], start, len(gen.token_ids)
+
+
+def text_pieces(tokenizer: Any, gen: Generation, text: str) -> Iterator[str]:
+    """The visible text split per served token, lazily (the non-empty pieces join to `text`)."""
+    return (piece for piece, _, _ in token_pieces(tokenizer, gen, text))
+
+
+def piece_choices(
+    pieces: Iterable[tuple[str, int, int]],
+    choice: Callable[[str], dict],
+    logprobs: Callable[[int, int], dict] | None,
+    n_tokens: int,
+    final: dict,
+) -> Iterator[dict]:
+    """A stream's choice per text piece (`token_pieces`), each carrying its tokens' log-probs
+    (`logprobs(start, end)`) when asked. The tokens no piece carries (an EOS, a tool call's) go on
+    `final`, the choice sent after these: the stream carries every served token's log-prob once, in
+    order, as the non-streaming answer does."""
+    end = 0
+    for piece, start, end in pieces:
+        out = choice(piece)
+        if logprobs is not None:
+            out["logprobs"] = logprobs(start, end)
+        yield out
+    if logprobs is not None and end < n_tokens:
+        final["logprobs"] = logprobs(end, n_tokens)
 
 
 def sse_chunk(head: dict, choice: dict | None = None, **more: Any) -> bytes:
     """One SSE frame `data: <json>\\n\\n`: the stream's `head` (id, object, created, model), then
-    `choices` (`choice` at index 0 with `logprobs: null`; empty when `choice` is None, as in
-    the usage chunk), then `more` (e.g. `areal`, `usage`)."""
-    choices = [] if choice is None else [{"index": 0, **choice, "logprobs": None}]
+    `choices` (`choice` at index 0, its `logprobs` null unless it carries them; empty when `choice`
+    is None, as in the usage chunk), then `more` (e.g. `areal`, `usage`)."""
+    choices = [] if choice is None else [{"index": 0, "logprobs": None, **choice}]
     return b"data: " + json.dumps({**head, "choices": choices, **more}).encode() + b"\n\n"
 
 

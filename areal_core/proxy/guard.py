@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import secrets
 import threading
 import time
@@ -14,8 +13,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from areal_core.proxy import strictjson
 from areal_core.proxy.images import MAX_REQUEST_PIXELS
 from areal_core.proxy.sessions import key_digest
+from areal_core.proxy.strictjson import MAX_JSON_DEPTH
 
 log = logging.getLogger("areal.proxy")
 
@@ -69,48 +70,26 @@ async def _send_json(send: Any, status: int, body: dict, headers: list | None = 
     await send({"type": "http.response.body", "body": data})
 
 
-_INT64 = 2**63 - 1
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"number {text[:40]} is out of range")
-    return value
-
-
-def _bounded_int(text: str) -> int:
-    if len(text) > 20 or abs(value := int(text)) > _INT64:
-        raise ValueError(f"integer {text[:40]} is out of the 64-bit range")
-    return value
-
-
-def parse_json(body: bytes) -> Any:
-    """The body as strict JSON (RFC 8259), else ValueError with the reason: UTF-8 only; no
-    NaN/Infinity literals; numbers that a float64 or int64 holds; strings of valid Unicode (no
-    lone surrogate such as "\\ud800", which json.loads lets through); nesting that fits the stack."""
+def parse_json(body: bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """The body as strict JSON (`strictjson.loads`: UTF-8, no NaN/Infinity, float64/int64 numbers,
+    no lone surrogate, at most `max_depth` levels of nesting), else ValueError with the reason."""
     try:
-        obj = json.loads(body, parse_constant=_no_constant, parse_float=_finite_float, parse_int=_bounded_int)
-        json.dumps(obj, ensure_ascii=False).encode("utf-8")  # raises on a lone surrogate anywhere
-    except UnicodeEncodeError:
-        raise ValueError("a string holds a lone surrogate (\\ud800-\\udfff): not valid Unicode") from None
-    except UnicodeDecodeError:
-        raise ValueError("the body is not UTF-8") from None
-    except RecursionError:
-        raise ValueError("the body is nested too deeply") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"the body is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
-    return obj
+        return strictjson.loads(body, max_depth)
+    except (strictjson.NotJson, strictjson.TooDeep) as exc:
+        raise ValueError(f"the body is {exc}") from None
 
 
 def _json_media(content_type: str) -> bool:
     """True for no content type (clients that omit it get JSON parsing), application/json, */*+json."""
     media = content_type.split(";", 1)[0].strip().lower()
     return media in ("", "application/json") or media.endswith("+json")
+
+
+def _as_json(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """The request's headers with one content type, application/json. The guard has checked the body
+    as JSON (no content type, an empty one, or a JSON media type); FastAPI would not parse a body
+    without a content type as JSON (its `strict_content_type`), which the guard promises to do."""
+    return [(k, v) for k, v in headers if k.lower() != b"content-type"] + [(b"content-type", b"application/json")]
 
 
 class GuardMiddleware:
@@ -178,6 +157,8 @@ class GuardMiddleware:
                 body = await self._read_body(headers, receive, send)
                 if body is None:
                     return
+                if body.strip():
+                    scope["headers"] = _as_json(scope["headers"])
                 sent = False
 
                 async def replay() -> dict:
@@ -226,7 +207,7 @@ class GuardMiddleware:
             await _send_json(send, 415, error_body(msg, code="unsupported_media_type"))
             return None
         try:
-            parse_json(body)
+            parse_json(body, self.limits.max_json_depth)
         except ValueError as exc:
             await _send_json(send, 422, error_body(f"invalid request: {exc}", code="validation_error"))
             return None
@@ -242,6 +223,7 @@ class ProxyError(Exception):
 @dataclass
 class ProxyLimits:
     max_request_bytes: int = 1 << 20  # 413 above
+    max_json_depth: int = MAX_JSON_DEPTH  # nesting levels of a JSON body or of tool-call arguments (422 above)
     max_context_tokens: int | None = None  # prompt + completion; None: the engine model's positions, else 4096
     max_new_tokens: int = 1024  # an explicit max_tokens above this is a 400
     default_max_tokens: int = 256  # when the request gives none (cut to the room left in the context)

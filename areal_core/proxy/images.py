@@ -176,6 +176,9 @@ def prompt_images(
     renders; the earlier ones are already expanded in the segment's tokens."""
     if not images:
         return expand_pads(fed, processor.image_token_id, []), None
-    mm = processor.pixels([im.image for im in images])
+    try:
+        mm = processor.pixels([im.image for im in images])
+    except ValueError as exc:  # e.g. smart_resize on an image that passed decode_part's checks
+        raise ImageRefused(f"the model's processor refused an image: {exc}", "invalid_image") from None
     counts = processor.image_tokens(mm.image_grid_thw)
     return expand_pads(fed, processor.image_token_id, counts[len(counts) - n_new :]), mm

@@ -54,6 +54,23 @@ class ToolSpec(_Lenient):
     function: FunctionSpec
 
 
+class FunctionName(_Lenient):
+    name: str = Field(min_length=1, max_length=128)
+
+
+class NamedToolChoice(_Lenient):
+    type: Literal["function"]
+    function: FunctionName
+
+
+class ResponseFormat(_Lenient):
+    """OpenAI's response_format; only "text" is served (proxy/options.py refuses the others: the
+    decoder cannot constrain its output to JSON)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+
+
 class StreamOptions(_Lenient):
     include_usage: bool = False
 
@@ -70,6 +87,9 @@ class _SamplingFields(_Lenient):
     stream_options: StreamOptions | None = None
     seed: int | None = None
     user: str | None = None
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
 
     @field_validator("stop")
     @classmethod
@@ -86,26 +106,30 @@ class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     tools: list[ToolSpec] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
 
 
 class CompletionRequest(_SamplingFields):
     prompt: str | list[int] | list[str] = Field(min_length=1)
     logprobs: int | None = Field(default=None, ge=0, le=5)
     echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = Field(default=None, ge=1)
 
 
+# A reward is training data: a JSON number only (strict: no "1.0" string, no true read as 1.0).
 class RewardRequest(_Lenient):
-    reward: float = Field(allow_inf_nan=False)
+    reward: float = Field(allow_inf_nan=False, strict=True, description="a JSON number (not a string or boolean)")
     turn: int | None = Field(default=None, ge=0, strict=True, description="0-based turn index (an integer)")
     completion_id: str | None = Field(default=None, max_length=256)
 
 
 class EndRequest(_Lenient):
-    reward: float | None = Field(default=None, allow_inf_nan=False)
+    reward: float | None = Field(default=None, allow_inf_nan=False, strict=True)
     discount: float | None = Field(default=None, ge=0.0, le=1.0)
     group_id: str | None = Field(default=None, max_length=256)
     prompt_id: str = Field(default="", max_length=256)

@@ -100,6 +100,18 @@ class TurnOutOfRange(SessionProblem):
         self.session_id, self.turn, self.num_turns = session_id, turn, num_turns
 
 
+class TurnMismatch(SessionProblem):
+    """A reward naming both a turn and a completion id that is another turn's: which one was meant
+    is unknown, and a reward on the wrong turn would train on it silently."""
+
+    def __init__(self, session_id: str, turn: int, completion_id: str, its_turn: int):
+        super().__init__(
+            f"completion_id is turn {its_turn} of session {session_id!r}, not turn {turn}: "
+            "give one of turn and completion_id, or both naming the same turn"
+        )
+        self.session_id, self.turn, self.completion_id = session_id, turn, completion_id
+
+
 class InvalidReward(SessionProblem):
     """A reward that is not a finite number within the manager's `reward_range`; the message is
     the reason (protocol.check_reward)."""
@@ -296,6 +308,8 @@ class Session:
             found = [t for t in self.turns if t.completion_id == completion_id]
             if not found:
                 raise UnknownCompletion(self.id, completion_id)
+            if turn is not None and turn != found[0].turn:
+                raise TurnMismatch(self.id, turn, completion_id, found[0].turn)
             found[0].reward = reward
             return f"turn {found[0].turn}"
         if turn is not None:

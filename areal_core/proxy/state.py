@@ -18,6 +18,7 @@ from fastapi import Depends, Request
 from starlette.concurrency import run_in_threadpool
 
 from areal_core.proxy.guard import ApiKeys, ProxyError, ProxyLimits
+from areal_core.proxy.images import ImageRefused
 from areal_core.proxy.manager import SessionManager
 from areal_core.proxy.schemas import _SamplingFields
 from areal_core.proxy.sessions import Session, TurnPlan
@@ -132,9 +133,9 @@ class ProxyState:
         try:  # tokenising and templating are CPU work: off the event loop, /health stays live
             plan = await run_in_threadpool(plan_fn, session)
         except TemplateError as exc:
-            raise ProxyError(400, str(exc), "invalid_messages") from None
-        except ValueError as exc:  # the processor refusing an image that passed our checks: the client's input
-            raise ProxyError(400, f"the model's processor refused the request: {exc}", "invalid_image") from None
+            raise ProxyError(400, str(exc), exc.code) from None
+        except ImageRefused as exc:  # the processor refusing an image that passed our checks (images.prompt_images)
+            raise ProxyError(400, exc.message, exc.code) from None
         if not plan.prompt_ids:  # nothing to condition on: an engine cannot prefill zero tokens
             raise ProxyError(400, "the prompt is empty (it encodes to no tokens)", "empty_prompt")
         if plan.kind == "text" and self.vision_tokens.intersection(plan.fed):

@@ -48,6 +48,7 @@ from typing import Any
 
 import jinja2
 
+from areal_core.proxy import strictjson
 from areal_core.vlm.processor import VisionProcessor
 
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
@@ -70,7 +71,15 @@ _PROBE_FN, _PROBE_CALL, _PROBE_TEXT = "areal_probe_function", "areal_probe_call"
 
 
 class TemplateError(ValueError):
-    """A conversation the template cannot render (the server answers 400 with this message)."""
+    """A conversation the template cannot render (the server answers 400 with this message and `code`)."""
+
+    code = "invalid_messages"
+
+
+class InvalidArguments(TemplateError):
+    """A tool call's `arguments` string holds JSON that breaks a rule of strict JSON (strictjson.py)."""
+
+    code = "invalid_tool_arguments"
 
 
 def content_text(content: Any) -> str:
@@ -83,8 +92,10 @@ def content_text(content: Any) -> str:
         parts = []
         for part in content:
             kind, text = _get(part, "type"), _get(part, "text")
-            if kind != "text" or not isinstance(text, str):
+            if kind != "text":
                 raise TemplateError(f"only text content parts are supported, got type {kind!r}")
+            if not isinstance(text, str):
+                raise TemplateError('a content part of type "text" needs a string "text" field')
             parts.append(text)
         return "".join(parts)
     raise TemplateError(f"unsupported content of type {type(content).__name__}")
@@ -129,13 +140,20 @@ def vision_parts(content: Any) -> list[dict[str, Any]]:
 
 
 def _arguments_obj(arguments: Any) -> Any:
-    """Tool-call arguments as a JSON value (clients send a JSON string; some re-serialise it)."""
-    if isinstance(arguments, str):
-        try:
-            return json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError:
-            return arguments
-    return arguments
+    """Tool-call arguments as a JSON value (clients send a JSON string; some re-serialise it). Text
+    that is not JSON stays text; JSON that strict JSON refuses (nested too deeply, a lone surrogate,
+    a number out of range, NaN) is an `InvalidArguments`: json.loads would hand the template a value
+    that fails it with a 500 (a RecursionError, the tokenizer's TypeError on a surrogate)."""
+    if not isinstance(arguments, str):
+        return arguments
+    if not arguments.strip():
+        return {}
+    try:
+        return strictjson.loads(arguments)
+    except strictjson.NotJson:
+        return arguments
+    except ValueError as exc:
+        raise InvalidArguments(f"a tool call's arguments: {exc}") from None
 
 
 def _get(obj: Any, name: str, default: Any = None) -> Any:
@@ -250,17 +268,17 @@ class ParsedOutput:
 def parse_tool_calls(text: str, id_prefix: str | None = None) -> ParsedOutput:
     """Split the model's text into content and OpenAI tool calls (see the module docstring).
 
-    A block whose body is not a JSON object with a string "name", or a list of such objects,
-    stays in the content as text.
+    A block whose body is not a (strict: strictjson.py) JSON object with a string "name", or a list
+    of such objects, stays in the content as text.
     """
     calls: list[dict[str, Any]] = []
     kept: list[str] = []
     pos = 0
     prefix = id_prefix or f"call_{uuid.uuid4().hex[:12]}"
     for m in _TOOL_CALL_RE.finditer(text):
-        try:
-            body = json.loads(m.group(1))
-        except json.JSONDecodeError:
+        try:  # strict, as a client's arguments are: the call is sent back in the next request
+            body = strictjson.loads(m.group(1))
+        except ValueError:
             continue
         items = body if isinstance(body, list) else [body]
         if not items or not all(isinstance(b, dict) and isinstance(b.get("name"), str) for b in items):
@@ -342,6 +360,8 @@ class ChatTemplate:
             )
         except jinja2.TemplateError as exc:
             raise TemplateError(f"the chat template refused the conversation: {exc}") from None
+        except RecursionError:  # a value nested deeper than the template's recursion can render
+            raise TemplateError("the conversation is nested too deeply for the chat template to render") from None
 
     def _render_text(self, messages: list[Any], tools, generation_prompt: bool, native: bool | None = None) -> str:
         return self._apply(*self._prepare(messages, tools, native), generation_prompt, tokenize=False)

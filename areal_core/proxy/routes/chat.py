@@ -9,10 +9,11 @@ from typing import Any
 from fastapi import APIRouter, Depends, Header, Request
 from starlette.concurrency import run_in_threadpool
 
-from areal_core.proxy.decoding import cut_at_stop, text_pieces, token_logprobs, usage
+from areal_core.proxy.decoding import cut_at_stop, piece_choices, token_logprobs, token_pieces, usage
 from areal_core.proxy.guard import ProxyError
 from areal_core.proxy.images import ImageRefused, count_images, request_images
-from areal_core.proxy.routes.common import ERRORS, arrival_of, bearer, check_n, reply, session_of
+from areal_core.proxy.options import check_chat
+from areal_core.proxy.routes.common import ERRORS, arrival_of, bearer, reply, session_of
 from areal_core.proxy.schemas import ChatCompletionRequest, ChatCompletionResponse
 from areal_core.proxy.state import State
 from areal_core.proxy.templating import parse_tool_calls
@@ -37,7 +38,7 @@ router = APIRouter()
 async def chat_completions(
     req: ChatCompletionRequest, request: Request, state: State, x_session_id: str | None = Header(default=None)
 ):
-    check_n(req)
+    check_chat(req, state.force_sampling)
     limit = state.limits.max_messages
     if len(req.messages) > limit:
         raise ProxyError(400, f"{len(req.messages)} messages exceed the limit of {limit}")
@@ -68,23 +69,33 @@ async def chat_completions(
     record = turn.session.commit(turn.plan, gen, cid, finish, assistant_message=message, tool_calls=len(calls))
     await state.committed(turn)
     extra = state.areal_extra(turn, record, arrival_of(request))
-    lp = {"content": token_logprobs(tok, gen), "refusal": None} if req.logprobs else None
+    entries = token_logprobs(tok, gen) if req.logprobs else None
+    lp = {"content": entries, "refusal": None} if entries is not None else None
+    final: dict[str, Any] = {"delta": {}, "finish_reason": finish}
     return reply(
         req,
         cid,
         ("chat.completion", "chat.completion.chunk"),
         {"message": message, "finish_reason": finish, "logprobs": lp},
-        _deltas(tok, gen, content or "", calls),
-        {"delta": {}, "finish_reason": finish},
+        _deltas(tok, gen, content or "", calls, entries, final),
+        final,
         usage(len(turn.plan.prompt_ids), len(gen.token_ids)),
         extra,
     )
 
 
-def _deltas(tokenizer: Any, gen: Generation, content: str, calls: list[dict]) -> Iterator[dict]:
-    """The streamed choices before the last: the role, the content per token, each tool call whole."""
+def _deltas(
+    tokenizer: Any, gen: Generation, content: str, calls: list[dict], entries: list[dict] | None, final: dict
+) -> Iterator[dict]:
+    """The streamed choices before `final`: the role, the content per token (with its tokens'
+    `logprobs.content` entries when `entries` is given), each tool call whole."""
     yield {"delta": {"role": "assistant", "content": ""}, "finish_reason": None}
-    for piece in text_pieces(tokenizer, gen, content):
-        yield {"delta": {"content": piece}, "finish_reason": None}
+    lp = (lambda a, b: {"content": entries[a:b], "refusal": None}) if entries is not None else None
+    pieces = token_pieces(tokenizer, gen, content)
+    yield from piece_choices(pieces, _content_delta, lp, len(gen.token_ids), final)
     for i, call in enumerate(calls):
         yield {"delta": {"tool_calls": [{"index": i, **call}]}, "finish_reason": None}
+
+
+def _content_delta(piece: str) -> dict:
+    return {"delta": {"content": piece}, "finish_reason": None}

@@ -22,7 +22,11 @@ ERRORS = {
             400,
             "bad request: limits (context, max_tokens, n), unsupported content, a refused image (invalid_image, "
             "invalid_image_url, too_many_images, images_unsupported), a session id that is not a name "
-            "(invalid_session_id) or another key's key-derived id (reserved_session_id)",
+            "(invalid_session_id) or another key's key-derived id (reserved_session_id), tool-call arguments that "
+            "are not strict JSON (invalid_tool_arguments), an option the engine cannot honour (unsupported_*: "
+            "top_logprobs, response_format, tool_choice, penalty, logit_bias, suffix, best_of), a tool_choice "
+            "naming no tool (invalid_tool_choice), top_logprobs without logprobs (invalid_top_logprobs), a reward "
+            "naming two different turns (turn_mismatch)",
         ),
         (401, "missing or invalid API key"),
         (
@@ -33,7 +37,11 @@ ERRORS = {
         (408, "the request's headers or body did not arrive in time (the connection is closed)"),
         (413, "request body over the size limit"),
         (415, "a body that is not application/json"),
-        (422, "malformed body: not strict JSON (NaN/Infinity, lone surrogates), schema, reward range"),
+        (
+            422,
+            "malformed body: not strict JSON (NaN/Infinity, lone surrogates, nested over 64 levels), schema, "
+            "reward range",
+        ),
         (429, "too many live sessions (in all, or of this key) or concurrent requests of this key"),
     )
 }
@@ -62,11 +70,6 @@ def session_of(request: Request, x_session_id: str | None) -> tuple[str, str]:
         return x_session_id, owner
     auth = request.headers.get("authorization", "")
     return session_id_for_key(auth.partition(" ")[2].strip()), owner
-
-
-def check_n(req: _SamplingFields) -> None:
-    if req.n != 1:
-        raise ProxyError(400, "n > 1 is not supported: send one request per sample", "unsupported_n")
 
 
 def reply(

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from fastapi import APIRouter, Depends, Header, Request
 
-from areal_core.proxy.decoding import completion_logprobs, cut_at_stop, text_pieces, usage
+from areal_core.proxy.decoding import completion_logprobs, cut_at_stop, piece_choices, token_pieces, usage
 from areal_core.proxy.guard import ProxyError
-from areal_core.proxy.routes.common import ERRORS, arrival_of, bearer, check_n, reply, session_of
+from areal_core.proxy.options import check_completion
+from areal_core.proxy.routes.common import ERRORS, arrival_of, bearer, reply, session_of
 from areal_core.proxy.schemas import CompletionRequest, CompletionResponse
 from areal_core.proxy.state import State
 
@@ -24,9 +26,7 @@ router = APIRouter()
 async def completions(
     req: CompletionRequest, request: Request, state: State, x_session_id: str | None = Header(default=None)
 ):
-    check_n(req)
-    if req.echo:
-        raise ProxyError(400, "echo is not supported", "unsupported_echo")
+    check_completion(req, state.force_sampling)
     prompt = req.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
         if len(prompt) != 1:
@@ -45,13 +45,16 @@ async def completions(
     await state.committed(turn)
     extra = state.areal_extra(turn, record, arrival_of(request))
     lp = completion_logprobs(tok, gen) if req.logprobs is not None else None
+    final: dict[str, Any] = {"text": "", "finish_reason": finish}
+    part = (lambda a, b: {k: v[a:b] for k, v in lp.items()}) if lp is not None else None
+    pieces = token_pieces(tok, gen, text)
     return reply(
         req,
         cid,
         ("text_completion", "text_completion"),
         {"text": text, "finish_reason": finish, "logprobs": lp},
-        ({"text": piece, "finish_reason": None} for piece in text_pieces(tok, gen, text)),
-        {"text": "", "finish_reason": finish},
+        piece_choices(pieces, lambda piece: {"text": piece, "finish_reason": None}, part, len(gen.token_ids), final),
+        final,
         usage(len(turn.plan.prompt_ids), len(gen.token_ids)),
         extra,
     )

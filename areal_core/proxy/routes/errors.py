@@ -22,6 +22,7 @@ from areal_core.proxy.sessions import (
     SessionNotFound,
     SessionProblem,
     TooManySessions,
+    TurnMismatch,
     TurnOutOfRange,
     UnknownCompletion,
 )
@@ -40,6 +41,7 @@ SESSION_ANSWERS: dict[type[SessionProblem], Answer] = {
     ReservedSessionId: Answer(400, "invalid_request_error", "reserved_session_id"),
     UnknownCompletion: Answer(404, "invalid_request_error", "unknown_turn"),
     TurnOutOfRange: Answer(400, "invalid_request_error", "unknown_turn"),
+    TurnMismatch: Answer(400, "invalid_request_error", "turn_mismatch"),
     InvalidReward: Answer(422, "invalid_request_error", "invalid_reward", "invalid request: "),
     TooManySessions: Answer(429, "rate_limit_error", "too_many_sessions"),
     TrainerBehind: Answer(429, "rate_limit_error", "trainer_behind"),
