@@ -53,6 +53,7 @@ def test_a_store_folder_with_other_files_and_no_run_is_refused_and_left_alone(tm
     assert sorted(p.name for p in mine.iterdir()) == ["DONE", "weights"]  # nothing cleared, no lease
     empty = tmp_path / "empty"
     empty.mkdir()
+    (empty / ".gitkeep").write_text("")  # hidden files are nobody's run state: the folder counts as empty
     run_uri, _ = pipeline.prepare("", [*TINY, *SMALL, f"store={empty}"])
     assert Store(run_uri).exists(LAYOUT.config)
     finish(Store(run_uri))

@@ -58,6 +58,7 @@ def check_root(store: Store) -> None:
             raise ConfigError(f"config key 'store': {store.uri} is an object, not a folder for the run root")
         listed = store.fs.ls(store.root, detail=False) if store.fs.exists(store.root) else []
         names = sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in listed)
+    names = [n for n in names if not n.startswith(".")]  # .DS_Store, .gitkeep, the store's own locks: never cleared
     if names and not {LAYOUT.config, LAYOUT.lease} & set(names):
         shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
         raise ConfigError(
