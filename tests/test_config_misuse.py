@@ -48,14 +48,17 @@ def test_a_store_folder_with_other_files_and_no_run_is_refused_and_left_alone(tm
     (mine / "weights").mkdir(parents=True)
     (mine / "weights" / "model.bin").write_text("x")
     (mine / "DONE").write_text("k")
-    with pytest.raises(ConfigError, match="holds other files \\(DONE, weights\\) and no run"):
+    (mine / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="holds DONE, weights but no run .*would delete them"):
         pipeline.prepare("", [*TINY, *SMALL, f"store={mine}"])
-    assert sorted(p.name for p in mine.iterdir()) == ["DONE", "weights"]  # nothing cleared, no lease
+    assert sorted(p.name for p in mine.iterdir()) == ["DONE", "notes.txt", "weights"]  # nothing cleared, no lease
     empty = tmp_path / "empty"
-    empty.mkdir()
-    (empty / ".gitkeep").write_text("")  # hidden files are nobody's run state: the folder counts as empty
+    (empty / "labels").mkdir(parents=True)  # what a run keeps (labels put there before the run) may be there
+    (empty / "labels" / "a.jsonl").write_text('{"prompt_id": "p", "reward": 1}\n')
+    (empty / ".gitkeep").write_text("")
+    (empty / "notes.txt").write_text("never cleared")
     run_uri, _ = pipeline.prepare("", [*TINY, *SMALL, f"store={empty}"])
-    assert Store(run_uri).exists(LAYOUT.config)
+    assert Store(run_uri).exists(LAYOUT.config) and Store(run_uri).exists("labels/a.jsonl")
     finish(Store(run_uri))
     pipeline.prepare("", [*TINY, *SMALL, f"store={empty}", "train.steps=3"])  # a finished run's root: reused
 
@@ -64,7 +67,8 @@ def test_a_store_folder_with_other_files_and_no_run_is_refused_and_left_alone(tm
 def test_an_s3_prefix_with_other_objects_and_no_run_is_refused(s3_bucket):
     other = Store(f"{s3_bucket}/shared")
     other.write_text("someone/else.txt", "theirs")
-    with pytest.raises(ConfigError, match="holds other files \\(someone\\) and no run"):
+    other.write_text("weights/v000001/model.safetensors", "theirs")
+    with pytest.raises(ConfigError, match="holds weights but no run"):
         pipeline.prepare("", [*TINY, *SMALL, f"store={s3_bucket}/shared"])
     assert other.read_text("someone/else.txt") == "theirs" and not other.exists(LAYOUT.lease)
 
@@ -124,7 +128,7 @@ def test_every_float_key_refuses_nan_and_infinity():
         ("launcher.timeout_s=0", "'launcher.timeout_s' must be in"),
         ("rollout.temperature=1e-300", "must be 0 \\(greedy\\) or at least 0.01"),
         ("rollout.temperature=-1", "'rollout.temperature' must be in"),
-        ("rollout.top_k=-5", "'rollout.top_k' must be >= 0"),
+        ("rollout.top_k=-5", "'rollout.top_k' must be >= -1"),
         ("model.vocab_size=-3", "'model.vocab_size' must be > 0"),
         ("model.intermediate_size=-4", "'model.intermediate_size' must be > 0"),
         ("model.max_position_embeddings=0", "must be > 0"),
@@ -132,8 +136,7 @@ def test_every_float_key_refuses_nan_and_infinity():
         ("sft.warmup_steps=-10", "'sft.warmup_steps' must be >= 0"),
         ("train.eval_every=-1", "'train.eval_every' must be >= 0"),
         ("task.num_train=1000000000", "'task.num_train' must be in"),
-        ("seed=-1", "'seed' must be in"),
-        ("seed=4294967296", "'seed' must be in"),
+        ("seed=18446744073709551616", "'seed' must be in"),
         ("algo.dpo_label_smoothing=5", "'algo.dpo_label_smoothing' must be in \\[0, 0.5\\)"),
         ("algo.overlong_penalty=-1", "'algo.overlong_penalty' must be >= 0"),
         ("rollout.server.startup_timeout_s=-5", "must be > 0"),
@@ -219,6 +222,7 @@ def test_a_config_whose_written_form_the_roles_could_not_read_is_refused_at_prep
     "damage, match",
     [
         (lambda text: "", "lacks the section"),
+        (lambda text: "name: x\nstore: y\n", "lacks the section\\(s\\) seed, task"),
         (lambda text: "# edited\n", "lacks the section"),
         (lambda text: text.splitlines()[0] + "\n", "lacks the section"),
         (lambda text: text[: len(text) // 2].rsplit("\n", 1)[0] + "\n", "lacks the section|not valid YAML"),
@@ -233,3 +237,25 @@ def test_a_stored_config_that_is_empty_cut_or_damaged_is_refused_not_read_as_def
     with pytest.raises(ConfigError, match=match) as err:
         load_run_config(store)
     assert "config.yaml" in str(err.value)
+
+
+def test_a_stored_config_from_before_a_section_existed_takes_that_section_s_defaults(tmp_path):
+    import yaml
+
+    run_uri, _ = pipeline.prepare("", [*TINY, *SMALL, f"store={tmp_path / 'run'}", "train.steps=7"])
+    store = Store(run_uri)
+    data = yaml.safe_load(store.read_text(LAYOUT.config))
+    for later in ("online", "lease", "agent"):
+        data.pop(later)
+    store.write_text(LAYOUT.config, yaml.safe_dump(data, sort_keys=False))
+    cfg = load_run_config(store)
+    assert cfg.train.steps == 7 and cfg.online == RunConfig().online and cfg.lease == RunConfig().lease
+
+
+@pytest.mark.parametrize("text", ["1e3", "1e-4", "0123", "2024.10", "12:30", "0x1F", "true", "null", "1_000", "7"])
+def test_text_that_looks_like_a_number_survives_the_stored_config(text):
+    from areal_core.config import from_yaml_text, to_yaml
+
+    cfg = RunConfig.model_validate({"name": text, "agent": {"mcp_servers": [{"command": "x", "args": ["--n", text]}]}})
+    back = from_yaml_text(to_yaml(cfg))
+    assert back.name == text and back.agent.mcp_servers[0].args == ["--n", text]

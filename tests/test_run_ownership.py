@@ -112,7 +112,7 @@ def test_a_newcomer_s_short_lease_timeout_cannot_make_a_live_run_stale(tmp_path)
     assert read_lease(store)[0].timeout_s == 300.0
     short = ["lease.timeout_s=0.002", "lease.interval_s=0.001"]
     for extra, resume in ((["lease.takeover=true"], False), ([], True)):
-        with pytest.raises(RootInUse, match="owned by live run"):
+        with pytest.raises(RootInUse, match="owned by live run.*no heartbeat for 300s"):  # the owner's timeout
             pipeline.prepare("", [*TINY, f"store={root}", *short, *extra], resume=resume)
     rewrite_lease(store, heartbeat=time.time() - 301)  # stale by the owner's own timeout
     pipeline.prepare("", [*TINY, f"store={root}", *short, "lease.takeover=true"])

@@ -147,10 +147,13 @@ def _config_resolver() -> type:
     return ConfigResolver
 
 
+ConfigResolver = _config_resolver()
+
+
 def _loader_class() -> type:
     from yaml.constructor import SafeConstructor
 
-    Resolver = _config_resolver()  # noqa: N806 - the class the loader mixes in
+    Resolver = ConfigResolver  # noqa: N806 - the class the loader mixes in
 
     if getattr(yaml, "__with_libyaml__", False):  # libyaml's parser (C), this composer (Python)
         from yaml.cyaml import CParser

@@ -25,6 +25,7 @@ from areal_core.config.base import (
     MAX_YAML_DEPTH,
     MAX_YAML_KEY_CHARS,
     ConfigError,
+    ConfigResolver,
     clip,
     excerpt,
     load_yaml_text,
@@ -139,6 +140,10 @@ def load_config(
     return validate(RunConfig.from_data(data))
 
 
+# What every version of `to_yaml` wrote; a section added later (online, lease, ...) takes its defaults.
+CORE_SECTIONS = ("name", "store", "seed", "task", "model", "sft", "rollout", "reward", "train", "eval")
+
+
 def from_yaml_text(text: str | bytes, where: str = "config text") -> RunConfig:
     """Rebuild a config saved by `to_yaml` (the run root's config.yaml), read within the bounds
     of `load_yaml_text`. `to_yaml` writes every section, so a text missing one (empty, truncated,
@@ -147,10 +152,12 @@ def from_yaml_text(text: str | bytes, where: str = "config text") -> RunConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: config section '<root>' must be a mapping, got {excerpt(data)}")
     cfg = validate(RunConfig.from_data(data))
-    missing = [name for name in RunConfig.model_fields if name not in data]
+    missing = [name for name in CORE_SECTIONS if name not in data]
     if missing:
-        shown = ", ".join(missing[:4]) + (", ..." if len(missing) > 4 else "")
-        raise ConfigError(f"{where} lacks the section(s) {shown}: it is not a whole config.yaml written by prepare")
+        raise ConfigError(
+            f"{where} lacks the section(s) {', '.join(missing)}, which every stored config holds: "
+            "an empty or cut config.yaml is not the defaults"
+        )
     return cfg
 
 
@@ -159,7 +166,11 @@ def to_dict(cfg: RunConfig) -> dict[str, Any]:
 
 
 class _NoAliasDumper(yaml.SafeDumper):
-    """Writes a value seen twice twice: `load_yaml_text` refuses anchors and aliases."""
+    """Writes a value seen twice twice (`load_yaml_text` refuses anchors and aliases), and quotes
+    text by the reader's number rules (`ConfigResolver`): the string "1e3", a number to the reader
+    though not to YAML 1.1, is written quoted."""
+
+    yaml_implicit_resolvers = ConfigResolver.yaml_implicit_resolvers
 
     def ignore_aliases(self, data: Any) -> bool:
         return True

@@ -179,7 +179,7 @@ class RolloutConfig(ConfigModel):
     )
     temperature: Temperature = Field(1.0, description="sampling temperature (the trainer's log-probs use the same)")
     top_p: Float = Field(1.0, gt=0, le=1, description="nucleus sampling threshold")
-    top_k: Int = Field(0, ge=0, description="top-k sampling (0: off)")
+    top_k: Int = Field(0, ge=-1, description="top-k sampling (0 or -1: off)")
     poll_interval_s: Interval = Field(0.02, description="seconds between checks for new weights and admission")
     swap_mid_generation: Bool = Field(
         True,
@@ -409,7 +409,7 @@ class RunConfig(ConfigModel):
     store_retry_s: Float = Field(
         60.0, ge=0, description="how long every role and the launcher retry transient store errors, with backoff"
     )
-    seed: Int = Field(1, ge=0, lt=2**32, description="seed of the data, the model and sampling")
+    seed: Int = Field(1, ge=-(2**63), lt=2**63, description="seed of the data, the model and sampling")
     threads_per_role: Int = Field(1, gt=0, description="torch threads per role process")
     device: Device = Field("cpu", description="cpu, cuda or npu")
     task: TaskConfig = Field(default_factory=TaskConfig, description="the task and its data")

@@ -133,8 +133,8 @@ def claim(store: Store, lease_cfg: LeaseConfig, resume: bool) -> str:
             what = "resume" if resume else "start a new run in"
             raise RootInUse(
                 f"cannot {what} {store.uri}: it is owned by live {old.describe()}; stop that run first, "
-                f"or once its lease is stale (no heartbeat for {lease_cfg.timeout_s:g}s) resume it with "
-                "resume_run or take it over with lease.takeover=true"
+                f"or once its lease is stale (no heartbeat for {max(lease_cfg.timeout_s, old.timeout_s):g}s) "
+                "resume it with resume_run or take it over with lease.takeover=true"
             )
         if status == "stale" and not resume and not lease_cfg.takeover:
             raise RootInUse(

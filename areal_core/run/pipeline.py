@@ -42,9 +42,10 @@ def sft_key(cfg: RunConfig) -> str:
 
 
 def check_root(store: Store) -> None:
-    """ConfigError when the run root (or a folder above it) is an existing file, or when it is a
-    folder holding other things but no run (neither config.yaml nor LEASE.json): a new run clears
-    the run-state folders of its root, which must never be someone else's."""
+    """ConfigError when the run root (or a folder above it) is an existing file, or when it holds
+    entries a new run would clear (LAYOUT.run_state: weights/, trainer/, DONE, ...) but no run
+    (neither config.yaml nor LEASE.json): they are someone else's. What a run keeps (labels/,
+    init_model/, prompts/, images/) and anything else is never cleared, so it may be there."""
     if store.local:
         path = store.local_path()
         for folder in (path, *path.parents):
@@ -58,12 +59,12 @@ def check_root(store: Store) -> None:
             raise ConfigError(f"config key 'store': {store.uri} is an object, not a folder for the run root")
         listed = store.fs.ls(store.root, detail=False) if store.fs.exists(store.root) else []
         names = sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in listed)
-    names = [n for n in names if not n.startswith(".")]  # .DS_Store, .gitkeep, the store's own locks: never cleared
-    if names and not {LAYOUT.config, LAYOUT.lease} & set(names):
-        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+    cleared = [n for n in names if n in LAYOUT.run_state]  # what prepare would delete (labels/, init_model/ stay)
+    if cleared and not {LAYOUT.config, LAYOUT.lease} & set(names):
+        shown = ", ".join(cleared[:3]) + (", ..." if len(cleared) > 3 else "")
         raise ConfigError(
-            f"config key 'store': {store.uri} holds other files ({shown}) and no run (no {LAYOUT.config} or "
-            f"{LAYOUT.lease}); a run clears parts of its root, so give it a new or empty folder"
+            f"config key 'store': {store.uri} holds {shown} but no run (no {LAYOUT.config} or {LAYOUT.lease}); "
+            "a new run would delete them, so give it a new or empty folder"
         )
 
 
