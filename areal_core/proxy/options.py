@@ -59,17 +59,21 @@ def check_response_format(fmt: Any) -> None:
         )
 
 
-def check_tool_choice(choice: Any, tools: list[Any] | None) -> None:
-    """ "none" and "auto" are served; "required" and a named function need tools (else 400) and a
-    decoder that forces a call, which this one is not (400 `unsupported_tool_choice`)."""
+def check_tool_choice(choice: Any, tools: list[Any] | None, forced: bool = False) -> None:
+    """ "none" and "auto" are served; "required", a named function and allowed_tools need tools
+    (else 400) and a decoder that forces or limits calls, which this one is not (400
+    `unsupported_tool_choice`). With forced sampling (training) a valid one is ignored, as the
+    request's other sampling options are: the agent's episode runs and the policy decides."""
     if choice is None or choice in ("none", "auto"):
         return
     names = {t.function.name for t in tools or []}
     if not names:
         raise ProxyError(400, f"tool_choice {_label(choice)} needs tools", "invalid_tool_choice")
-    if not isinstance(choice, str) and choice.function.name not in names:
+    if getattr(choice, "type", "") == "function" and choice.function.name not in names:
         name = choice.function.name
         raise ProxyError(400, f"tool_choice names function {name!r}, which is not in tools", "invalid_tool_choice")
+    if forced:
+        return
     raise ProxyError(
         400,
         f'tool_choice {_label(choice)} is not supported: the decoder cannot force a tool call (use "auto" or "none")',
@@ -78,7 +82,9 @@ def check_tool_choice(choice: Any, tools: list[Any] | None) -> None:
 
 
 def _label(choice: Any) -> str:
-    return repr(choice) if isinstance(choice, str) else f"function {choice.function.name!r}"
+    if isinstance(choice, str):
+        return repr(choice)
+    return f"function {choice.function.name!r}" if choice.type == "function" else repr(choice.type)
 
 
 def check_chat(req: ChatCompletionRequest, forced: bool) -> None:
@@ -87,7 +93,7 @@ def check_chat(req: ChatCompletionRequest, forced: bool) -> None:
     check_sampling(req, forced)
     check_chat_logprobs(req.logprobs, req.top_logprobs)
     check_response_format(req.response_format)
-    check_tool_choice(req.tool_choice, req.tools)
+    check_tool_choice(req.tool_choice, req.tools, forced)
 
 
 def check_completion(req: CompletionRequest, forced: bool) -> None:

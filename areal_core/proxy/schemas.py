@@ -63,6 +63,18 @@ class NamedToolChoice(_Lenient):
     function: FunctionName
 
 
+class AllowedTools(_Lenient):
+    mode: Literal["auto", "required"]
+    tools: list[dict[str, Any]] = Field(min_length=1)
+
+
+class AllowedToolsChoice(_Lenient):
+    """OpenAI's `{"type": "allowed_tools", ...}`: refused as unsupported (proxy/options.py)."""
+
+    type: Literal["allowed_tools"]
+    allowed_tools: AllowedTools
+
+
 class ResponseFormat(_Lenient):
     """OpenAI's response_format; only "text" is served (proxy/options.py refuses the others: the
     decoder cannot constrain its output to JSON)."""
@@ -106,7 +118,7 @@ class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     tools: list[ToolSpec] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | AllowedToolsChoice | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     parallel_tool_calls: bool | None = None

@@ -76,12 +76,6 @@ class TemplateError(ValueError):
     code = "invalid_messages"
 
 
-class InvalidArguments(TemplateError):
-    """A tool call's `arguments` string holds JSON that breaks a rule of strict JSON (strictjson.py)."""
-
-    code = "invalid_tool_arguments"
-
-
 def content_text(content: Any) -> str:
     """A message's content as text: a string, None, or a list of text parts."""
     if content is None:
@@ -141,19 +135,18 @@ def vision_parts(content: Any) -> list[dict[str, Any]]:
 
 def _arguments_obj(arguments: Any) -> Any:
     """Tool-call arguments as a JSON value (clients send a JSON string; some re-serialise it). Text
-    that is not JSON stays text; JSON that strict JSON refuses (nested too deeply, a lone surrogate,
-    a number out of range, NaN) is an `InvalidArguments`: json.loads would hand the template a value
-    that fails it with a 500 (a RecursionError, the tokenizer's TypeError on a surrogate)."""
+    that strict JSON does not take (not JSON; nested too deeply, a lone surrogate escape, a number
+    past int64 or float64, NaN) stays the text the client sent: json.loads would hand the template
+    a value that fails it with a 500 (a RecursionError, the tokenizer's TypeError on a surrogate),
+    while the text itself renders as it is (a call from history, e.g. another model's, is served)."""
     if not isinstance(arguments, str):
         return arguments
     if not arguments.strip():
         return {}
     try:
         return strictjson.loads(arguments)
-    except strictjson.NotJson:
+    except ValueError:
         return arguments
-    except ValueError as exc:
-        raise InvalidArguments(f"a tool call's arguments: {exc}") from None
 
 
 def _get(obj: Any, name: str, default: Any = None) -> Any:

@@ -22,8 +22,8 @@ ERRORS = {
             400,
             "bad request: limits (context, max_tokens, n), unsupported content, a refused image (invalid_image, "
             "invalid_image_url, too_many_images, images_unsupported), a session id that is not a name "
-            "(invalid_session_id) or another key's key-derived id (reserved_session_id), tool-call arguments that "
-            "are not strict JSON (invalid_tool_arguments), an option the engine cannot honour (unsupported_*: "
+            "(invalid_session_id) or another key's key-derived id (reserved_session_id), an option the engine "
+            "cannot honour (unsupported_*: "
             "top_logprobs, response_format, tool_choice, penalty, logit_bias, suffix, best_of), a tool_choice "
             "naming no tool (invalid_tool_choice), top_logprobs without logprobs (invalid_top_logprobs), a reward "
             "naming two different turns (turn_mismatch)",
@@ -31,8 +31,7 @@ ERRORS = {
         (401, "missing or invalid API key"),
         (
             404,
-            "no such live session of this key (the same answer for another key's session), turn, or model "
-            "(model_not_found)",
+            "no such live session of this key (the same answer for another key's session), or turn",
         ),
         (408, "the request's headers or body did not arrive in time (the connection is closed)"),
         (413, "request body over the size limit"),

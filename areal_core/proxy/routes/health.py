@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends
 
-from areal_core.proxy.guard import ProxyError
 from areal_core.proxy.routes.common import ERRORS, bearer
 from areal_core.proxy.schemas import ModelCard, ModelList
 from areal_core.proxy.state import State
@@ -47,9 +46,6 @@ async def list_models(state: State):
     responses={200: {"model": ModelCard}, **ERRORS},
 )
 async def get_model(model_id: str, state: State):
-    """The served policy's card; any other id is a 404 `model_not_found`, as OpenAI answers."""
-    card = state.model_card()
-    if model_id != card["id"]:
-        message = f"the model {model_id[:200]!r} does not exist"
-        raise ProxyError(404, message, "model_not_found", "invalid_request_error")
-    return card
+    """The served policy's card under the asked name: chat and completions serve the policy under
+    any `model` name, so a client that checks its configured model first finds it."""
+    return {**state.model_card(), "id": model_id}
