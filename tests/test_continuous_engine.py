@@ -355,21 +355,28 @@ def test_config_selects_the_engine():
         load_config(None, ["rollout.engine=turbo"])
 
 
-@pytest.mark.slow
-def test_rollout_worker_engine_crash_is_named_and_a_restart_resumes_from_the_store(tiny_overrides, monkeypatch):
+def published_continuous_run(overrides: list[str]):
+    """(run URI, store) of a prepared tiny run on the continuous engine, SFT done, v0 published."""
     from areal_core.layout import LAYOUT
     from areal_core.models import load_pretrained
-    from areal_core.protocol import decode_shard
-    from areal_core.rollout import worker
     from areal_core.run import pipeline
     from areal_core.store import Store
     from areal_core.weights.publisher import publish, state_dict_bytes
 
-    run_uri, _ = pipeline.prepare("", [*tiny_overrides, "rollout.engine=continuous"])
+    run_uri, _ = pipeline.prepare("", [*overrides, "rollout.engine=continuous"])
     pipeline.sft(run_uri)
     store = Store(run_uri)
     m, _ = load_pretrained(store.url(LAYOUT.init_model))
     publish(store, 0, state_dict_bytes(m), {})
+    return run_uri, store
+
+
+@pytest.mark.slow
+def test_rollout_worker_engine_crash_is_named_and_a_restart_resumes_from_the_store(tiny_overrides, monkeypatch):
+    from areal_core.protocol import decode_shard
+    from areal_core.rollout import worker
+
+    run_uri, store = published_continuous_run(tiny_overrides)
 
     real = ContinuousEngine.generate
     calls = {"n": 0}
@@ -415,19 +422,10 @@ def test_rollout_worker_engine_crash_is_named_and_a_restart_resumes_from_the_sto
 
 @pytest.mark.slow
 def test_a_one_off_engine_failure_is_retried_call_by_call_and_loses_no_group(tiny_overrides, monkeypatch):
-    from areal_core.layout import LAYOUT
-    from areal_core.models import load_pretrained
     from areal_core.protocol import decode_shard
     from areal_core.rollout import worker
-    from areal_core.run import pipeline
-    from areal_core.store import Store
-    from areal_core.weights.publisher import publish, state_dict_bytes
 
-    run_uri, _ = pipeline.prepare("", [*tiny_overrides, "rollout.engine=continuous"])
-    pipeline.sft(run_uri)
-    store = Store(run_uri)
-    m, _ = load_pretrained(store.url(LAYOUT.init_model))
-    publish(store, 0, state_dict_bytes(m), {})
+    run_uri, store = published_continuous_run(tiny_overrides)
     real = ContinuousEngine.generate
     sizes: list[int] = []
 
