@@ -53,12 +53,9 @@ def check_root(store: Store) -> None:
                 if not folder.is_dir():
                     raise ConfigError(f"config key 'store': {folder} is a file, not a folder for the run root")
                 break
-        names = sorted(p.name for p in path.iterdir()) if path.is_dir() else []
-    else:
-        if store.fs.isfile(store.root):
-            raise ConfigError(f"config key 'store': {store.uri} is an object, not a folder for the run root")
-        listed = store.fs.ls(store.root, detail=False) if store.fs.exists(store.root) else []
-        names = sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in listed)
+    elif store.fs.isfile(store.root):
+        raise ConfigError(f"config key 'store': {store.uri} is an object, not a folder for the run root")
+    names = store.listdir("")  # retried like every store read
     cleared = [n for n in names if n in LAYOUT.run_state]  # what prepare would delete (labels/, init_model/ stay)
     if cleared and not {LAYOUT.config, LAYOUT.lease} & set(names):
         shown = ", ".join(cleared[:3]) + (", ..." if len(cleared) > 3 else "")
