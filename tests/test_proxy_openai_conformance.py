@@ -298,3 +298,26 @@ def test_a_text_part_without_text_says_so(server):  # noqa: F811
     r = http(server).post(CHAT, json={"model": "m", "messages": [{"role": "user", "content": [{"type": "text"}]}]})
     error = assert_error(r, 400, "invalid_messages")
     assert 'needs a string "text"' in error["message"]
+
+
+# -- log-prob bytes --------------------------------------------------------------------------------
+TEXTS = ["né 😀 ok — 日本語", "pens: 3+4=7", "\u00e9\u0301 ✓"]
+
+
+@pytest.mark.parametrize("which", ["smollm2", "tiny"])
+def test_each_tokens_bytes_are_its_raw_bytes_and_join_to_the_text(which, request, tok):  # noqa: F811
+    """A token that is part of a UTF-8 character decodes alone to U+FFFD; its `bytes` must be the
+    token's own bytes, so a client rebuilds the text from them (OpenAI's contract)."""
+    from transformers import AutoTokenizer
+
+    from areal_core.proxy.decoding import token_bytes, token_logprobs
+    from areal_core.rollout.engine import Generation
+
+    tokenizer = AutoTokenizer.from_pretrained(request.getfixturevalue("smollm2_path")) if which == "smollm2" else tok
+    for text in TEXTS:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        assert b"".join(token_bytes(tokenizer, t) for t in ids) == text.encode()
+        entries = token_logprobs(tokenizer, Generation(ids, [-0.5] * len(ids), [0] * len(ids), "stop"))
+        assert b"".join(bytes(e["bytes"]) for e in entries) == text.encode()
+        if which == "smollm2" and "😀" in text:  # the emoji's four bytes span two tokens here
+            assert any(e["token"] == "\ufffd" and e["bytes"] != list("\ufffd".encode()) for e in entries)

@@ -7,7 +7,9 @@ SSE frame of both streaming routes is built by `sse_chunk`.
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any
 
@@ -33,12 +35,41 @@ def cut_at_stop(
     return gen, text, False
 
 
+@functools.cache
+def _unicode_to_byte() -> dict[str, int]:
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return {c: b for b, c in bytes_to_unicode().items()}
+
+
+def _byte_level(tokenizer: Any) -> bool:
+    """Whether the tokenizer is byte-level BPE (GPT-2, Llama 3, Qwen, SmolLM2): its vocabulary
+    strings spell bytes through GPT-2's byte-to-unicode table."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    return type(getattr(backend, "decoder", None)).__name__ == "ByteLevel"
+
+
+def token_bytes(tokenizer: Any, token_id: int) -> bytes:
+    """The raw bytes of one token, which `decode([t])` cannot give for a token that is part of a
+    UTF-8 character (it gives U+FFFD): a byte-level BPE piece mapped back through the byte table,
+    a SentencePiece byte-fallback piece `<0xE9>` as its byte, anything else as its decoded text.
+    The bytes of a completion's tokens join to the completion's UTF-8."""
+    piece = tokenizer.convert_ids_to_tokens(token_id)
+    if isinstance(piece, str) and token_id not in getattr(tokenizer, "all_special_ids", ()):
+        if (m := re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", piece)) is not None:
+            return bytes([int(m.group(1), 16)])
+        table = _unicode_to_byte()
+        if _byte_level(tokenizer) and all(c in table for c in piece):
+            return bytes(table[c] for c in piece)
+    return tokenizer.decode([token_id]).encode()
+
+
 def token_logprobs(tokenizer: Any, gen: Generation) -> list[dict]:
-    """Chat `choices[0].logprobs.content`: one entry per served token."""
+    """Chat `choices[0].logprobs.content`: one entry per served token; `bytes` its raw bytes."""
     out = []
     for t, lp in zip(gen.token_ids, gen.logprobs):
         s = tokenizer.decode([t])
-        out.append({"token": s, "logprob": lp, "bytes": list(s.encode()), "top_logprobs": []})
+        out.append({"token": s, "logprob": lp, "bytes": list(token_bytes(tokenizer, t)), "top_logprobs": []})
     return out
 
 
