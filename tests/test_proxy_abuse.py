@@ -264,6 +264,29 @@ def test_slow_connections_are_closed_in_time_while_others_are_served(server, par
         assert data == b""
 
 
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"GARBAGE\r\n\r\n",  # not a request line
+        b"GET /health HTTP/1.1\r\nHost x\r\n\r\n",  # a header without its colon
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    ],
+    ids=["request-line", "header-colon", "content-length", "chunked"],
+)
+def test_bytes_that_are_not_http_get_a_400_in_the_error_shape_and_a_close(server, raw):
+    """uvicorn answers these below the app, in plain text; the proxy answers them in OpenAI's shape."""
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(raw)
+        data, waited = _read_until_closed(sock, 8.0)
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400") and b"content-type: application/json" in head.lower()
+    error = json.loads(body)["error"]
+    assert error["code"] == "invalid_http_request" and error["type"] == "invalid_request_error"
+    with httpx.Client(base_url=server.url, timeout=5) as other:  # the server goes on
+        assert other.get("/health").status_code == 200
+
+
 def test_dripping_bytes_does_not_extend_the_header_deadline(server):
     """A byte every 0.1 s keeps the connection busy but not alive: the header deadline is a total."""
     with socket.create_connection(("127.0.0.1", server.port)) as sock:

@@ -17,13 +17,19 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from areal_core.proxy.guard import ProxyLimits, error_body
 
 
-def _timeout_response(message: str) -> bytes:
-    body = json.dumps(error_body(message, code="request_timeout")).encode()
+def _error_response(status: str, message: str, code: str) -> bytes:
+    """A whole HTTP/1.1 error response in OpenAI's error shape, closing the connection: for what
+    is answered below the app (a deadline passed, bytes that are not HTTP)."""
+    body = json.dumps(error_body(message, code=code)).encode()
     head = (
-        "HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+        f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\n"
         f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
     )
     return head.encode() + body
+
+
+def _timeout_response(message: str) -> bytes:
+    return _error_response("408 Request Timeout", message, "request_timeout")
 
 
 class TimedH11Protocol(H11Protocol):
@@ -51,6 +57,15 @@ class TimedH11Protocol(H11Protocol):
     def on_response_complete(self) -> None:
         super().on_response_complete()
         self._watch()
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn answers bytes h11 cannot parse (a bad request line, bad chunked encoding, a bad
+        Content-Length, a head over 16 KiB arriving in pieces) with a plain-text 400: this is the
+        same answer in the error shape every other refusal has."""
+        message = "the request is not valid HTTP/1.1 (a malformed line, header or body framing, or a head over 16 KiB)"
+        self.transport.write(_error_response("400 Bad Request", message, "invalid_http_request"))
+        self._set_phase(None)
+        self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._set_phase(None)
