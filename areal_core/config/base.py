@@ -299,16 +299,9 @@ Str = Annotated[str, Strict(), BeforeValidator(_number_to_string), StringConstra
 Bool = Annotated[bool, Strict()]
 StoreUri = Annotated[Str, AfterValidator(_store_uri)]
 MAX_WAIT_S = 30 * 86400.0  # any timeout or interval: larger ones overflow time_t deadlines (lease, sleep)
-Interval = Annotated[float, Strict(), AllowInfNan(False), BeforeValidator(_float_from_string), Field(gt=0, le=3600)]
+Interval = Annotated[Float, Field(gt=0, le=3600)]  # seconds between polls
 # A sampling temperature: 0 (greedy) or at least 0.01 (below, log-probs of 1/T-scaled logits overflow to NaN)
-Temperature = Annotated[
-    float,
-    Strict(),
-    AllowInfNan(False),
-    BeforeValidator(_float_from_string),
-    Field(ge=0, le=100),
-    AfterValidator(_temperature),
-]
+Temperature = Annotated[Float, Field(ge=0, le=100), AfterValidator(_temperature)]
 # Text: a field that holds prose (a prompt), allowed to be longer than a Str.
 Text = Annotated[str, Strict(), BeforeValidator(_number_to_string), StringConstraints(max_length=MAX_TEXT_CHARS)]
 
