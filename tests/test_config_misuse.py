@@ -259,3 +259,19 @@ def test_text_that_looks_like_a_number_survives_the_stored_config(text):
     cfg = RunConfig.model_validate({"name": text, "agent": {"mcp_servers": [{"command": "x", "args": ["--n", text]}]}})
     back = from_yaml_text(to_yaml(cfg))
     assert back.name == text and back.agent.mcp_servers[0].args == ["--n", text]
+
+
+def test_every_shipped_config_loads_and_survives_the_stored_config():
+    """The reader's YAML rules (no YAML 1.1 octal or base 60, no repeated keys, floats finite and
+    bounded) hold for every config the project ships; configs/cluster.yaml is a cluster config."""
+    from pathlib import Path
+
+    from areal_core.config import from_yaml_text, to_yaml
+
+    root = Path(__file__).resolve().parents[1] / "configs"
+    files = sorted(p for p in root.rglob("*.yaml") if p.name != "cluster.yaml")
+    assert len(files) > 10
+    for path in files:
+        layered = "" if path.name == "default.yaml" else f"{root / 'default.yaml'},"
+        cfg = load_config(f"{layered}{path}")
+        assert from_yaml_text(to_yaml(cfg)) == cfg, path
