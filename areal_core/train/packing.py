@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from areal_core.architecture import attention_masks, window_allowed
 from areal_core.train.entropy import entropy_from_logits
 
 
@@ -67,13 +68,14 @@ class PackedRows:
     dst: torch.Tensor  # … and where they go in the padded [N·T] layout
     shape: tuple[int, int]  # (N, T) of the padded batch
 
-    def attention_mask_4d(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """Additive mask [R, 1, L, L]: 0 where key ≤ query in the same segment, else dtype min."""
+    def attention_mask_4d(self, dtype: torch.dtype = torch.float32, window: int | None = None) -> torch.Tensor:
+        """Additive mask [R, 1, L, L]: 0 where key ≤ query in the same segment (and, with a
+        `window`, fewer than `window` positions back), else dtype min."""
         seg = self.segment_ids
         L = seg.shape[1]
         same = seg[:, :, None] == seg[:, None, :]
         causal = torch.ones(L, L, dtype=torch.bool).tril()
-        allowed = same & causal
+        allowed = same & causal & window_allowed(self.position_ids, window)
         mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
         return mask[:, None]
 
@@ -111,10 +113,17 @@ def packed_logits(model, packed: PackedRows, mode: str = "position_ids") -> torc
     if mode == "position_ids":
         return model(input_ids=ids, position_ids=pos, attention_mask=None, use_cache=False).logits
     if mode == "mask4d":
-        dtype = next(model.parameters()).dtype
-        mask = packed.attention_mask_4d(dtype).to(dev)
+        mask = _masks(model, packed, dev)
         return model(input_ids=ids, position_ids=pos, attention_mask=mask, use_cache=False).logits
     raise ValueError(f"unknown packing mode {mode!r}; expected 'position_ids' or 'mask4d'")
+
+
+def _masks(model, rows: PackedRows | TreeRows, dev: torch.device) -> torch.Tensor | dict[str, torch.Tensor]:
+    """The 4D mask(s) of `rows` for `model`, each layer's attention window included
+    (areal_core/architecture.py): one tensor, or one per layer type for models mixing windows."""
+    dtype = next(model.parameters()).dtype
+    config = model.config if hasattr(model, "config") else model.module.config
+    return attention_masks(config, lambda window: rows.attention_mask_4d(dtype, window).to(dev))
 
 
 def _unpack(values: torch.Tensor, packed: PackedRows) -> torch.Tensor:
@@ -197,13 +206,14 @@ class TreeRows:
     dst: torch.Tensor  # [M] … and its flat index in the padded [N·T] layout
     shape: tuple[int, int]
 
-    def attention_mask_4d(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    def attention_mask_4d(self, dtype: torch.dtype = torch.float32, window: int | None = None) -> torch.Tensor:
         """Additive [G, 1, L, L]: 0 where key ≤ query and the key is in the query's segment or the
-        prefix, else dtype min."""
+        prefix (and, with a `window`, fewer than `window` positions back), else dtype min."""
         seg = self.segment_ids
         L = seg.shape[1]
         allowed = (seg[:, :, None] == seg[:, None, :]) | (seg == PREFIX_SEGMENT)[:, None, :]
         allowed &= torch.ones(L, L, dtype=torch.bool).tril()
+        allowed &= window_allowed(self.position_ids, window)
         return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)[:, None]
 
 
@@ -250,11 +260,10 @@ def tree_token_logprobs(model, tree: TreeRows, temperature: float = 1.0, with_en
     """`packed_token_logprobs` over `pack_groups` rows: one forward pass under the tree mask, then
     logp = z[prev, target] − logsumexp(z[prev]) with z = logits / temperature."""
     dev = model.device if hasattr(model, "device") else tree.input_ids.device
-    dtype = next(model.parameters()).dtype
     logits = model(
         input_ids=tree.input_ids.to(dev),
         position_ids=tree.position_ids.to(dev),
-        attention_mask=tree.attention_mask_4d(dtype).to(dev),
+        attention_mask=_masks(model, tree, dev),
         use_cache=False,
     ).logits
     z = logits.float().reshape(-1, logits.shape[-1])
