@@ -1,5 +1,5 @@
-"""A Llama-family decoder (Qwen2, Qwen3, Llama, Mistral; tied or untied embeddings, with or without
-attention / MLP biases) run over a pre-allocated per-slot KV cache.
+"""A Llama-family decoder (Qwen2, Qwen3, Llama, Mistral, Phi-3; tied or untied embeddings, with or
+without attention / MLP biases, fused or separate projections, sliding windows per layer) run over a pre-allocated per-slot KV cache.
 
 The cache is one static buffer per layer, `KV: [2, slots, kv_heads, max_len, head_dim]`, allocated
 once; a slot (row) holds one sequence from position 0, so every row has its own length and
@@ -8,7 +8,8 @@ and gate/up into one matrix each; `refresh()` re-reads them after a weight swap)
 
     h      = x + W_o · Attn(RoPE(W_q·n(x) + b_q), RoPE(W_k·n(x) + b_k), W_v·n(x) + b_v) + b_o
     x'     = h + W_down · (silu(W_gate·n(h) + b_g) ⊙ (W_up·n(h) + b_u)) + b_down     n = RMSNorm
-    Attn   = softmax(q·Kᵀ/√d + M) · V,   M[i, j] = 0 if j ≤ pos_i else −∞   (decode, per row)
+    Attn   = softmax(q·Kᵀ/√d + M) · V,   M[i, j] = 0 if pos_i − w < j ≤ pos_i else −∞   (w: the layer's
+             attention window, areal_core/architecture.py; ∞ for a full-attention layer)
     RoPE(x)_t = x_t·cos θ_t + rotate_half(x_t)·sin θ_t   (the model's own cos/sin table)
 
 RoPE is one complex multiply: the q/k rows of W_qkv are permuted within each head so that the
@@ -19,7 +20,7 @@ leaves unchanged (v is not permuted), so the outputs equal the model's.
 `prefill` runs whole (right-padded) sequences causally and writes their K/V into given rows;
 `decode` runs one token per active row 0..n−1 at that row's position.
 
-Anything else (another architecture, activation, sliding window, a context-dependent RoPE) is
+Anything else (another architecture, activation, layer type, a context-dependent or partial RoPE) is
 refused by `check_supported` with an `UnsupportedModel` naming it; the torch engine, which runs
 the model's own HF forward, serves those.
 """
@@ -31,7 +32,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-SUPPORTED = {"qwen2", "qwen3", "llama", "mistral"}
+from areal_core.architecture import UnsupportedArchitecture, attention_windows
+
+SUPPORTED = {"qwen2", "qwen3", "llama", "mistral", "phi3"}
 
 
 class UnsupportedModel(ValueError):
@@ -55,21 +58,44 @@ class _Layer:
 
 
 def check_supported(model: torch.nn.Module) -> None:
+    """UnsupportedModel naming what this runner would compute differently from the model's own forward."""
     cfg = model.config
     kind = getattr(cfg, "model_type", "?")
     if kind not in SUPPORTED:
         arch = ",".join(getattr(cfg, "architectures", None) or [type(model).__name__])
         raise UnsupportedModel(
             f"continuous engine supports {sorted(SUPPORTED)} decoders, not {kind!r} ({arch}): "
-            "use rollout.engine=torch (the model's own forward) or vllm"
+            "use rollout.engine=torch (the model's own forward; rollout.engine=auto picks it) or vllm"
         )
     if getattr(cfg, "hidden_act", "silu") != "silu":
         raise UnsupportedModel(f"continuous engine needs hidden_act=silu, got {cfg.hidden_act!r}")
-    if getattr(cfg, "use_sliding_window", False) and getattr(cfg, "sliding_window", None):
-        raise UnsupportedModel("continuous engine does not implement sliding-window attention")
+    try:
+        attention_windows(cfg)
+    except UnsupportedArchitecture as exc:
+        raise UnsupportedModel(f"continuous engine: {exc}") from None
     rope = getattr(getattr(model.model, "rotary_emb", None), "rope_type", "default")
     if rope in {"dynamic", "longrope"}:
         raise UnsupportedModel(f"continuous engine needs a position-only RoPE table, not {rope!r}")
+    if float(getattr(cfg, "partial_rotary_factor", 1.0) or 1.0) != 1.0:
+        raise UnsupportedModel("continuous engine needs RoPE over the whole head (partial_rotary_factor 1)")
+
+
+def _attention_weights(a: torch.nn.Module, q: int, kv: int) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+    """([W_q, W_k, W_v], their biases or None) of an attention block: separate projections, or
+    Phi-3's fused qkv_proj (rows q | k | v)."""
+    if hasattr(a, "qkv_proj"):
+        w, b = a.qkv_proj.weight, a.qkv_proj.bias
+        return list(w.split([q, kv, kv])), None if b is None else list(b.split([q, kv, kv]))
+    ws = [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]
+    return ws, None if a.q_proj.bias is None else [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]
+
+
+def _mlp_weights(m: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(W_gate|up, its bias or None): gate rows first, as Phi-3's fused gate_up_proj holds them."""
+    if hasattr(m, "gate_up_proj"):
+        return m.gate_up_proj.weight, m.gate_up_proj.bias
+    bias = None if m.gate_proj.bias is None else torch.cat([m.gate_proj.bias, m.up_proj.bias])
+    return torch.cat([m.gate_proj.weight, m.up_proj.weight]), bias
 
 
 class StaticCacheDecoder:
@@ -82,6 +108,7 @@ class StaticCacheDecoder:
         self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
         self.eps = cfg.rms_norm_eps
+        self.windows = attention_windows(cfg)  # per layer: None (full causal) or the window
         self.scale = self.head_dim**-0.5
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
@@ -115,16 +142,10 @@ class StaticCacheDecoder:
         H, KVH = self.n_heads, self.n_kv
         for i, blk in enumerate(self.model.model.layers):
             a, m = blk.self_attn, blk.mlp
-            qkv = torch.cat(
-                [self._permute_heads(a.q_proj.weight, H), self._permute_heads(a.k_proj.weight, KVH), a.v_proj.weight]
-            )
-            bias = None
-            if a.q_proj.bias is not None:
-                bias = torch.cat(
-                    [self._permute_heads(a.q_proj.bias, H), self._permute_heads(a.k_proj.bias, KVH), a.v_proj.bias]
-                )
-            gate_up = torch.cat([m.gate_proj.weight, m.up_proj.weight])
-            gate_up_bias = None if m.gate_proj.bias is None else torch.cat([m.gate_proj.bias, m.up_proj.bias])
+            (wq, wk, wv), b = _attention_weights(a, H * self.head_dim, KVH * self.head_dim)
+            qkv = torch.cat([self._permute_heads(wq, H), self._permute_heads(wk, KVH), wv])
+            bias = None if b is None else torch.cat([self._permute_heads(b[0], H), self._permute_heads(b[1], KVH), b[2]])
+            gate_up, gate_up_bias = _mlp_weights(m)
             q_norm = getattr(getattr(a, "q_norm", None), "weight", None)
             k_norm = getattr(getattr(a, "k_norm", None), "weight", None)
             if fresh:
@@ -205,12 +226,18 @@ class StaticCacheDecoder:
         H, KVH, D = self.n_heads, self.n_kv, self.head_dim
         x = F.embedding(ids, self.embed).flatten(0, 1)  # [r·P, hidden]
         rot = self.rot[:P, None].repeat(r, *[1] * self.rot.dim())  # [r·P, 1, d/2(, 2)]
+        q_at = torch.arange(P, device=x.device)
+        near = {w: (q_at[:, None] - q_at[None, :] < w) & (q_at[None, :] <= q_at[:, None]) for w in set(self.windows) if w}
         for i, L in enumerate(self.layers):
             qkv = self._qkv(L, x, rot).view(r, P, H + 2 * KVH, D).transpose(1, 2)  # [r, heads, P, d]
             q, k, v = qkv[:, :H], qkv[:, H : H + KVH], qkv[:, H + KVH :]
             self.kv[i][0, rows, :, :P] = k
             self.kv[i][1, rows, :, :P] = v
-            att = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale, enable_gqa=True)
+            w = self.windows[i]
+            if w and w < P:  # key k visible from query q iff q − w < k ≤ q
+                att = F.scaled_dot_product_attention(q, k, v, attn_mask=near[w], scale=self.scale, enable_gqa=True)
+            else:
+                att = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale, enable_gqa=True)
             x = self._attn_out_into(L, x, att.transpose(1, 2).reshape(r * P, H * D))
             x = self._mlp_into(L, x)
         last = x.view(r, P, -1)[torch.arange(r, device=x.device), lens - 1]
@@ -230,9 +257,14 @@ class StaticCacheDecoder:
         dev = ids.device
         x = F.embedding(ids, self.embed)
         rot = self.rot[pos][:, None]
-        bias = torch.zeros(n, 1, span, device=dev, dtype=x.dtype)
-        bias.masked_fill_(torch.arange(span, device=dev)[None, None, :] > pos[:, None, None], float("-inf"))
-        bias = bias.expand(n, KVH, span).reshape(n * KVH, 1, span)
+        keys_at = torch.arange(span, device=dev)[None, None, :]
+        biases = {}
+        for w in set(self.windows):  # M = 0 where pos_i − w < j ≤ pos_i (no lower bound without a window)
+            hidden = keys_at > pos[:, None, None]
+            if w:
+                hidden |= keys_at <= pos[:, None, None] - w
+            bias = torch.zeros(n, 1, span, device=dev, dtype=x.dtype).masked_fill_(hidden, float("-inf"))
+            biases[w] = bias.expand(n, KVH, span).reshape(n * KVH, 1, span)
         # row of (k|v, row i, kv head h, position pos_i) in a cache viewed as [2·S·KVH·max_len, d],
         # ordered like the k and v heads in qkv[:, H·d:]
         plane = self.slots * KVH * self.max_len
@@ -246,7 +278,7 @@ class StaticCacheDecoder:
             keys = cache[0, :n, :, :span].reshape(n * KVH, span, D)
             vals = cache[1, :n, :, :span].reshape(n * KVH, span, D)
             q = qkv[:, : H * D].reshape(n * KVH, G, D)
-            scores = torch.baddbmm(bias, q, keys.transpose(1, 2), alpha=self.scale)
+            scores = torch.baddbmm(biases[self.windows[i]], q, keys.transpose(1, 2), alpha=self.scale)
             att = torch.bmm(torch.softmax(scores, dim=-1), vals)  # [n·KVH, G, d]
             x = self._attn_out_into(L, x, att.view(n, H * D))
             x = self._mlp_into(L, x)
