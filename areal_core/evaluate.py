@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from areal_core.models import chat_prompt
+from areal_core.models import task_prompt
 from areal_core.reward.pool import DEFAULT_REWARD, RewardPool
 from areal_core.rollout.engine import SamplingParams
 from areal_core.rollout.torch_engine import TorchEngine
@@ -31,6 +31,7 @@ def greedy_answers(
     timeout_s: float = 30.0,
     system: str = "",
     images: ImageCache | None = None,
+    prompt_format: str = "chat",
 ) -> list[tuple[str, float]]:
     """(greedy completion, verifier score) of each record, in order.
 
@@ -46,7 +47,7 @@ def greedy_answers(
     with RewardPool(reward_fn, size=1, timeout_s=timeout_s, retries=0) as pool:
         for start in range(0, len(records), batch_size):
             chunk = records[start : start + batch_size]
-            prompts, mm = zip(*(encode(tokenizer, r, system, images) for r in chunk))
+            prompts, mm = zip(*(encode(tokenizer, r, system, images, prompt_format) for r in chunk))
             if any(m is not None for m in mm):
                 gens = engine.generate(list(prompts), params, mm=list(mm))
             else:
@@ -84,11 +85,13 @@ def answer_record(record: dict[str, Any], completion: str, reward: float) -> dic
     }
 
 
-def encode(tokenizer, record: dict[str, Any], system: str, images: ImageCache | None) -> tuple[list[int], Any]:
-    """The record's prompt ids in the chat template and its images as MMInputs (None: a text prompt)."""
+def encode(
+    tokenizer, record: dict[str, Any], system: str, images: ImageCache | None, prompt_format: str = "chat"
+) -> tuple[list[int], Any]:
+    """The record's prompt ids (task.prompt_format) and its images as MMInputs (None: a text prompt)."""
     ids = record_image_ids(record)
     if not ids:
-        return chat_prompt(tokenizer, record["prompt"], system), None
+        return task_prompt(tokenizer, record["prompt"], system, prompt_format), None
     if not isinstance(tokenizer, VisionProcessor) or images is None:
         raise ValueError(f"held-out prompt {record.get('prompt_id')!r} has images: evaluate a VLM with its images")
     return tokenizer.encode(record["prompt"], images.load(ids), system)
@@ -147,6 +150,7 @@ def heldout_eval(
         cfg.reward.timeout_s,
         cfg.task.system_prompt,
         images,
+        cfg.task.prompt_format,
     )
     kept = [answer_record(r, text, reward) for r, (text, reward) in zip(records[:keep], answers)]
     return sum(reward for _, reward in answers) / len(records), kept

@@ -84,6 +84,18 @@ def chat_prompt(tokenizer: Any, question: str, system: str = "") -> list[int]:
     return list(ids)
 
 
+def task_prompt(tokenizer: Any, question: str, system: str = "", prompt_format: str = "chat") -> list[int]:
+    """Token ids of a task's question as `task.prompt_format` asks: "chat" (`chat_prompt`) or
+    "plain", the text `{system}\\n\\n{question}\\n` (`{question}\\n` without a system prompt) with the
+    tokenizer's own special tokens (a BOS where it adds one), for base models without a template."""
+    if prompt_format == "chat":
+        return chat_prompt(tokenizer, question, system)
+    if prompt_format != "plain":
+        raise ValueError(f"task.prompt_format must be chat or plain, got {prompt_format!r}")
+    text = f"{system}\n\n{question}\n" if system else f"{question}\n"
+    return list(tokenizer(text, add_special_tokens=True)["input_ids"])
+
+
 def load_pretrained(path: str, device: str = "cpu") -> tuple[Any, Any]:
     """(model, tokenizer) from a local folder or an fsspec URI of an HF checkpoint, checked against
     its MANIFEST.json when it has one (init_model/ does: areal_core/manifest.py). A vision-language
@@ -102,6 +114,8 @@ def load_pretrained(path: str, device: str = "cpu") -> tuple[Any, Any]:
         model = AutoModelForImageTextToText.from_pretrained(local, dtype=torch.float32).to(device)
         return model, VisionProcessor.from_pretrained(local)  # the tokenizer, and the image processor
     tokenizer = AutoTokenizer.from_pretrained(local)
+    if tokenizer.pad_token_id is None and tokenizer.eos_token is not None:  # base Llama/Mistral: pad with EOS
+        tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(local, dtype=torch.float32).to(device)
     return model, tokenizer
 

@@ -63,6 +63,13 @@ class TaskConfig(ConfigModel):
     system_prompt: Text = Field(
         "", description="a system message before every question in the chat template (rollout, SFT, evaluation)"
     )
+    prompt_format: Literal["chat", "plain"] = Field(
+        "chat",
+        description=(
+            "chat: each question in the tokenizer's chat template (prepare refuses a tokenizer without one); plain: "
+            "the text `{system_prompt}\\n\\n{question}\\n` (no system prompt: `{question}\\n`), for base models"
+        ),
+    )
 
     @model_validator(mode="after")
     def _task_checks(self) -> Self:
@@ -161,9 +168,13 @@ class ServerConfig(ConfigModel):
 
 
 class RolloutConfig(ConfigModel):
-    engine: Literal["torch", "continuous", "vllm", "sglang"] = Field(
+    engine: Literal["torch", "continuous", "auto", "vllm", "sglang"] = Field(
         "torch",
-        description="torch (static batches), continuous (continuous batching), vllm or sglang (servers; docs/vllm.md)",
+        description=(
+            "torch (static batches, the model's own forward: every architecture), continuous (continuous batching: the "
+            "architectures in docs/architectures.md), auto (continuous where it runs the model exactly, else torch), "
+            "vllm or sglang (servers; docs/vllm.md)"
+        ),
     )
     num_workers: Int = Field(1, gt=0, description="rollout worker processes (cluster: the pool's replicas)")
     group_size: Int = Field(8, ge=2, description="samples per prompt (>= 2 for group-relative advantages)")
@@ -377,6 +388,13 @@ class TrainConfig(ConfigModel):
         0, ge=0, description="LoRA rank r (0: full fine-tuning); >0 trains and publishes only the adapter"
     )
     lora_alpha: Float = Field(16.0, gt=0, description="LoRA scale numerator: updates are (alpha / r)·B·A")
+    lora_target_modules: Str = Field(
+        "",
+        description=(
+            "LoRA: the linear layers adapted, comma-separated last names (q_proj,v_proj); empty: every attention "
+            "and MLP projection of the architecture, fused ones included (docs/architectures.md); checked at prepare"
+        ),
+    )
     freeze_vision: Bool = Field(
         False, description="model.kind vlm: RL leaves the vision tower and merger as they are (only the LM trains)"
     )
@@ -447,7 +465,7 @@ class RunConfig(ConfigModel):
             if self.train.freeze_vision:
                 raise Invalid("train.freeze_vision", "is for model.kind vlm: this model has no vision tower")
             return self
-        if self.rollout.engine != "torch":
+        if self.rollout.engine not in ("torch", "auto"):
             raise Invalid(
                 "rollout.engine",
                 f"must be torch with model.kind vlm: the {self.rollout.engine} engine takes no images (docs/vlm.md)",

@@ -1,7 +1,8 @@
 """The engine `rollout.engine` names, built at a published weight version.
 
-In process: "torch" (static batches, `torch_engine.py`) or "continuous" (continuous batching
-over a pre-allocated KV cache, `continuous_engine.py`), over the model loaded here. Remote:
+In process: "torch" (static batches, `torch_engine.py`), "continuous" (continuous batching
+over a pre-allocated KV cache, `continuous_engine.py`) or "auto" (continuous where it implements
+the architecture, else torch), over the model loaded here. Remote:
 "vllm" (a server started here, or the one at `rollout.server.url`) or "sglang" (at
 `rollout.server.url`); only the tokenizer is loaded here.
 """
@@ -52,11 +53,26 @@ def rollout_dtype(cfg: RunConfig) -> Any:
     return torch.bfloat16 if use_bf16(choice, cfg.device) else torch.float32
 
 
+def local_engine_kind(choice: str, model: Any) -> str:
+    """The built-in engine `rollout.engine` runs `model` with: "auto" is "continuous" where the
+    continuous engine implements the architecture (`static_cache.check_supported`), else "torch"
+    (the model's own forward)."""
+    if choice != "auto":
+        return choice
+    from areal_core.rollout.static_cache import UnsupportedModel, check_supported
+
+    try:
+        check_supported(model)
+    except UnsupportedModel:
+        return "torch"
+    return "continuous"
+
+
 def build_local_engine(cfg: RunConfig, model: Any, tokenizer: Any, version: int, seed: int) -> Any:
     """An engine over `model` in this process."""
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
     mid = cfg.rollout.swap_mid_generation
-    if cfg.rollout.engine == "continuous":
+    if local_engine_kind(cfg.rollout.engine, model) == "continuous":
         from areal_core.rollout.continuous_engine import ContinuousEngine
 
         slots = cfg.rollout.max_batch_groups * cfg.rollout.group_size

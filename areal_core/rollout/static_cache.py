@@ -1,5 +1,6 @@
 """A Llama-family decoder (Qwen2, Qwen3, Llama, Mistral, Phi-3; tied or untied embeddings, with or
-without attention / MLP biases, fused or separate projections, sliding windows per layer) run over a pre-allocated per-slot KV cache.
+without attention / MLP biases, fused or separate projections, sliding windows per layer) run over
+a pre-allocated per-slot KV cache.
 
 The cache is one static buffer per layer, `KV: [2, slots, kv_heads, max_len, head_dim]`, allocated
 once; a slot (row) holds one sequence from position 0, so every row has its own length and
@@ -144,7 +145,9 @@ class StaticCacheDecoder:
             a, m = blk.self_attn, blk.mlp
             (wq, wk, wv), b = _attention_weights(a, H * self.head_dim, KVH * self.head_dim)
             qkv = torch.cat([self._permute_heads(wq, H), self._permute_heads(wk, KVH), wv])
-            bias = None if b is None else torch.cat([self._permute_heads(b[0], H), self._permute_heads(b[1], KVH), b[2]])
+            bias = None
+            if b is not None:
+                bias = torch.cat([self._permute_heads(b[0], H), self._permute_heads(b[1], KVH), b[2]])
             gate_up, gate_up_bias = _mlp_weights(m)
             q_norm = getattr(getattr(a, "q_norm", None), "weight", None)
             k_norm = getattr(getattr(a, "k_norm", None), "weight", None)
@@ -227,7 +230,8 @@ class StaticCacheDecoder:
         x = F.embedding(ids, self.embed).flatten(0, 1)  # [r·P, hidden]
         rot = self.rot[:P, None].repeat(r, *[1] * self.rot.dim())  # [r·P, 1, d/2(, 2)]
         q_at = torch.arange(P, device=x.device)
-        near = {w: (q_at[:, None] - q_at[None, :] < w) & (q_at[None, :] <= q_at[:, None]) for w in set(self.windows) if w}
+        causal = q_at[None, :] <= q_at[:, None]
+        near = {w: causal & (q_at[:, None] - q_at[None, :] < w) for w in set(self.windows) if w}
         for i, L in enumerate(self.layers):
             qkv = self._qkv(L, x, rot).view(r, P, H + 2 * KVH, D).transpose(1, 2)  # [r, heads, P, d]
             q, k, v = qkv[:, :H], qkv[:, H : H + KVH], qkv[:, H + KVH :]

@@ -6,6 +6,7 @@ from areal_core.config import ConfigError, RunConfig, to_yaml
 from areal_core.layout import LAYOUT
 from areal_core.prompts import write_prompts
 from areal_core.run.ownership import claim
+from areal_core.run.preflight import run_preflight
 from areal_core.store import Store
 from areal_core.vlm.records import has_images, store_record_images
 
@@ -16,7 +17,7 @@ def prepare_run(cfg: RunConfig, resume: bool = False) -> str:
     with `meta.image_source` or `meta.images` gets `meta.image_ids`) and prompts/; returns the root URI.
 
     Raises (before writing anything) when the task's data cannot be loaded, holds images for a
-    text model, or another run owns the root.
+    text model, the preflight refuses the model (run/preflight.py), or another run owns the root.
     """
     from datasets import load_task
 
@@ -28,6 +29,7 @@ def prepare_run(cfg: RunConfig, resume: bool = False) -> str:
         raise ValueError(f"task {cfg.task.name!r} produced an empty split (train={len(train)}, eval={len(held_out)})")
     if cfg.model.kind != "vlm" and any(has_images(r) for r in train[:1] + held_out[:1]):
         raise ConfigError(f"config key 'model.kind': task {cfg.task.name!r} has images; set model.kind=vlm")
+    run_preflight(cfg, train)  # the user's model, engine, LoRA and prompt format (run/preflight.py)
     store = Store(cfg.store)
     claim(store, cfg.lease, resume)
     if not resume:

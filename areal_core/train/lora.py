@@ -15,9 +15,8 @@ from typing import Any
 import torch
 from safetensors.torch import save as st_save
 
+from areal_core.architecture import UnsupportedArchitecture, resolve_lora_targets
 from areal_core.weights.adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS, merged_weights
-
-QWEN2_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def apply_lora(
@@ -25,22 +24,38 @@ def apply_lora(
     r: int = 8,
     alpha: float = 16.0,
     dropout: float = 0.0,
-    target_modules: tuple[str, ...] = QWEN2_TARGETS,
+    target_modules: str | tuple[str, ...] = "",
     rslora: bool = False,
 ):
-    """Wrap a causal LM with LoRA adapters; only the adapters are trainable. Returns the PeftModel."""
+    """Wrap a causal LM with LoRA adapters; only the adapters are trainable. Returns the PeftModel.
+
+    `target_modules`: last names of the linear layers to adapt (a tuple, or comma-separated as
+    `train.lora_target_modules` gives them); empty: every attention and MLP projection of the
+    architecture (`architecture.resolve_lora_targets`). UnsupportedArchitecture when a name
+    matches no layer, or when a resolved name ends up without an adapter."""
     from peft import LoraConfig, get_peft_model
 
+    requested = target_modules if isinstance(target_modules, str) else ",".join(target_modules)
+    targets = resolve_lora_targets(model, requested)
     cfg = LoraConfig(
         r=r,
         lora_alpha=alpha,
         lora_dropout=dropout,
-        target_modules=list(target_modules),
+        target_modules=targets,
         use_rslora=rslora,
         bias="none",
         task_type="CAUSAL_LM",
     )
-    return get_peft_model(model, cfg)
+    peft_model = get_peft_model(model, cfg)
+    missing = sorted(set(targets) - set(adapted_names(peft_model)))
+    if missing:
+        raise UnsupportedArchitecture(f"LoRA targets {missing} got no adapter in {type(model).__name__}")
+    return peft_model
+
+
+def adapted_names(peft_model) -> list[str]:
+    """Sorted last names of the modules that carry a LoRA adapter."""
+    return sorted({name.rsplit(".", 1)[-1] for name, m in peft_model.named_modules() if hasattr(m, "lora_A")})
 
 
 def with_lora(model, train_cfg, distributed: bool = False) -> tuple[Any, bool]:
@@ -51,7 +66,10 @@ def with_lora(model, train_cfg, distributed: bool = False) -> tuple[Any, bool]:
         return model.train(), False
     if distributed:
         raise ValueError("train.lora_rank > 0 runs on one trainer process (world size 1)")
-    return apply_lora(model, r=train_cfg.lora_rank, alpha=train_cfg.lora_alpha).train(), True
+    peft_model = apply_lora(
+        model, r=train_cfg.lora_rank, alpha=train_cfg.lora_alpha, target_modules=train_cfg.lora_target_modules
+    )
+    return peft_model.train(), True
 
 
 def trainable_parameters(model) -> tuple[int, int]:

@@ -24,10 +24,10 @@ from areal_core.manifest import write_local_manifest
 from areal_core.models import (
     build_tiny_model,
     build_tokenizer,
-    chat_prompt,
     load_pretrained,
     save_pretrained,
     sft_loss,
+    task_prompt,
 )
 from areal_core.prompts import load_prompts
 from areal_core.store import Store
@@ -40,11 +40,14 @@ from areal_core.vlm.sft import Demonstration, demonstration, vision_sft_loss
 log = logging.getLogger("areal.sft")
 
 
-def sft_examples(tokenizer, records: list[dict], system: str = "") -> list[tuple[list[int], int]]:
-    """(prompt + answer + EOS token ids, prompt length) per record; `system`: task.system_prompt."""
+def sft_examples(
+    tokenizer, records: list[dict], system: str = "", prompt_format: str = "chat"
+) -> list[tuple[list[int], int]]:
+    """(prompt + answer + EOS token ids, prompt length) per record; `system`: task.system_prompt,
+    `prompt_format`: task.prompt_format."""
     out = []
     for r in records:
-        prompt = chat_prompt(tokenizer, r["prompt"], system)
+        prompt = task_prompt(tokenizer, r["prompt"], system, prompt_format)
         answer = tokenizer(r["answer"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         out.append((prompt + answer, len(prompt)))
     return out
@@ -65,7 +68,8 @@ def agent_sft_examples(cfg, tokenizer, records: list[dict]) -> list[tuple[list[i
     rng = random.Random(cfg.seed + 29)
     chosen = [rng.random() < cfg.agent.sft_fraction for _ in records]
     agentic = iter(episodes(tokenizer, [r for r, c in zip(records, chosen) if c]))
-    plain = iter(sft_examples(tokenizer, [r for r, c in zip(records, chosen) if not c], cfg.task.system_prompt))
+    rest = [r for r, c in zip(records, chosen) if not c]
+    plain = iter(sft_examples(tokenizer, rest, cfg.task.system_prompt, cfg.task.prompt_format))
     out: list[tuple[list[int], list[int]]] = []
     for c in chosen:
         if c:
@@ -118,7 +122,7 @@ def batch_loss(cfg, store: Store, model, tokenizer, train: list[dict]) -> Callab
     if cfg.agent.sft_examples:
         examples = agent_sft_examples(cfg, tokenizer, records)
     else:
-        examples = sft_examples(tokenizer, records, cfg.task.system_prompt)
+        examples = sft_examples(tokenizer, records, cfg.task.system_prompt, cfg.task.prompt_format)
 
     def text(rng: random.Random) -> torch.Tensor:
         return sft_loss(model, rng.sample(examples, min(sc.batch_size, len(examples))), tokenizer.pad_token_id)

@@ -1,0 +1,213 @@
+"""Preflight: what prepare checks about the user's model before SFT and before any role starts.
+
+One registry of named checks (`@preflight("name")`), run in order over a `Preflight` context
+(the config, the task's training rows, the model and tokenizer once loaded). A check raises
+ConfigError naming the config key and the cause; `run_preflight` adds the check's name. Other
+checks (data, reward) register the same way.
+
+The model checks apply to a checkpoint the user brings (`model.path`; the tiny model is built
+by SFT from the project's own supported Qwen2):
+
+    model       it loads, and its attention layers are ones the trainer's packed masks reproduce
+    prompts     a chat template exists, or task.prompt_format=plain is chosen
+    engine      rollout.engine=continuous implements the architecture (else: torch or auto)
+    lora        the LoRA targets resolve to linear layers and each gets an adapter
+    agreement   a few task prompts, sampled by the chosen built-in engine, score the same
+                log-probs under the engine, the trainer's packed forward and the HF forward:
+                mean |Δ log p| ≤ AGREEMENT_TOL in float32 (a bfloat16 engine's gap is logged)
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from areal_core.config import ConfigError, RunConfig
+
+log = logging.getLogger("areal.preflight")
+
+AGREEMENT_TOL = 1e-5  # mean |Δ log p| in float32 (measured: ≤ 5e-7 max on every supported architecture)
+AGREEMENT_PROMPTS = 2
+AGREEMENT_TOKENS = 12
+
+CHECKS: dict[str, Callable[[Preflight], None]] = {}
+
+
+def preflight(name: str) -> Callable[[Callable[[Preflight], None]], Callable[[Preflight], None]]:
+    """Register a check under `name` (run in registration order)."""
+
+    def register(fn: Callable[[Preflight], None]) -> Callable[[Preflight], None]:
+        if name in CHECKS:
+            raise ValueError(f"preflight check {name!r} is registered twice")
+        CHECKS[name] = fn
+        return fn
+
+    return register
+
+
+@dataclass
+class Preflight:
+    cfg: RunConfig
+    train: list[dict[str, Any]]
+    model: Any = None
+    tokenizer: Any = None
+    notes: dict[str, str] = field(default_factory=dict)  # what each check found, for the log
+
+    @property
+    def user_model(self) -> bool:
+        return bool(self.cfg.model.path) and self.cfg.model.kind == "text"
+
+
+def run_preflight(cfg: RunConfig, train: list[dict[str, Any]]) -> dict[str, str]:
+    """Run every registered check; returns their notes. ConfigError('preflight <name>: ...') on the first failure."""
+    ctx = Preflight(cfg, train)
+    for name, check in CHECKS.items():
+        t0 = time.perf_counter()
+        try:
+            check(ctx)
+        except ConfigError as exc:
+            raise ConfigError(f"preflight {name}: {exc}") from None
+        log.info("preflight %s: %s (%.1f s)", name, ctx.notes.get(name, "ok"), time.perf_counter() - t0)
+    return ctx.notes
+
+
+@preflight("model")
+def check_model(ctx: Preflight) -> None:
+    if not ctx.user_model:
+        return
+    from areal_core.architecture import UnsupportedArchitecture, attention_windows
+    from areal_core.models import load_pretrained
+
+    try:
+        ctx.model, ctx.tokenizer = load_pretrained(ctx.cfg.model.path)
+    except Exception as exc:  # noqa: BLE001 - any loading failure is the user's checkpoint, named
+        raise ConfigError(f"config key 'model.path': cannot load {ctx.cfg.model.path!r}: {exc}"[:600]) from None
+    try:
+        windows = attention_windows(ctx.model.config)
+    except UnsupportedArchitecture as exc:
+        raise ConfigError(f"config key 'model.path': {exc}") from None
+    slid = sorted({w for w in windows if w})
+    ctx.notes["model"] = f"{type(ctx.model).__name__}, {len(windows)} layers" + (f", windows {slid}" if slid else "")
+
+
+@preflight("prompts")
+def check_prompt_format(ctx: Preflight) -> None:
+    if ctx.tokenizer is None or ctx.cfg.task.prompt_format != "chat":
+        return
+    if not getattr(ctx.tokenizer, "chat_template", None):
+        raise ConfigError(
+            f"config key 'task.prompt_format': the tokenizer of {ctx.cfg.model.path!r} has no chat template; "
+            "set task.prompt_format=plain (questions as plain text, for base models) or use a chat checkpoint"
+        )
+
+
+@preflight("engine")
+def check_engine(ctx: Preflight) -> None:
+    if ctx.model is None or ctx.cfg.rollout.engine not in ("continuous", "auto"):
+        return
+    from areal_core.rollout.factory import local_engine_kind
+    from areal_core.rollout.static_cache import UnsupportedModel, check_supported
+
+    if ctx.cfg.rollout.engine == "continuous":
+        try:
+            check_supported(ctx.model)
+        except UnsupportedModel as exc:
+            raise ConfigError(f"config key 'rollout.engine': {exc}") from None
+    ctx.notes["engine"] = f"{ctx.cfg.rollout.engine} runs {local_engine_kind(ctx.cfg.rollout.engine, ctx.model)}"
+
+
+@preflight("lora")
+def check_lora(ctx: Preflight) -> None:
+    if ctx.model is None or ctx.cfg.train.lora_rank <= 0:
+        return
+    from areal_core.architecture import UnsupportedArchitecture
+    from areal_core.train.lora import adapted_names, apply_lora
+
+    train = ctx.cfg.train
+    try:
+        wrapped = apply_lora(copy.deepcopy(ctx.model), train.lora_rank, train.lora_alpha, 0.0, train.lora_target_modules)
+    except UnsupportedArchitecture as exc:
+        raise ConfigError(f"config key 'train.lora_target_modules': {exc}") from None
+    ctx.notes["lora"] = "adapts " + ",".join(adapted_names(wrapped))
+
+
+@preflight("agreement")
+def check_agreement(ctx: Preflight) -> None:
+    cfg = ctx.cfg
+    if ctx.model is None or cfg.rollout.engine not in ("torch", "continuous", "auto") or not ctx.train:
+        return
+    gaps = measure_agreement(ctx.model, ctx.tokenizer, cfg, ctx.train[:AGREEMENT_PROMPTS])
+    ctx.notes["agreement"] = ", ".join(f"{k} {v:.1e}" for k, v in gaps.items())
+    if gaps["trainer"] > AGREEMENT_TOL:
+        raise ConfigError(
+            f"the trainer's packed forward differs from {type(ctx.model).__name__}'s own forward by "
+            f"{gaps['trainer']:.2e} mean |Δ log p| (tolerance {AGREEMENT_TOL:g}); set train.packing=false"
+        )
+    if gaps["engine_fp32"] > AGREEMENT_TOL:
+        raise ConfigError(
+            f"config key 'rollout.engine': the {gaps['kind']} engine's log-probs differ from "
+            f"{type(ctx.model).__name__}'s own forward by {gaps['engine_fp32']:.2e} mean |Δ log p| "
+            f"(tolerance {AGREEMENT_TOL:g}); use rollout.engine=torch"
+        )
+    if "engine" in gaps and gaps["engine"] > AGREEMENT_TOL:
+        log.warning(
+            "preflight agreement: the rollout engine in %s samples with log-probs %.2e (mean |Δ|) from the "
+            "trainer's float32 ones: importance weights start away from 1 (rollout.dtype=float32 removes it)",
+            cfg.rollout.dtype,
+            gaps["engine"],
+        )
+
+
+def measure_agreement(model: Any, tokenizer: Any, cfg: RunConfig, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean |Δ log p| against the HF forward (float32, one sequence at a time, no padding) of the
+    tokens the rollout engine samples for `rows`: `engine_fp32` (the engine in float32),
+    `engine` (in rollout.dtype, when that is not float32) and `trainer` (the packed forward the
+    trainer runs); `kind` is the engine."""
+    from areal_core.models import task_prompt
+    from areal_core.rollout.engine import SamplingParams
+    from areal_core.rollout.factory import build_local_engine, local_engine_kind, rollout_dtype
+    from areal_core.train.logprobs import token_logprobs
+    from areal_core.train.packing import packed_token_logprobs
+
+    model = model.float().eval()
+    prompts = [task_prompt(tokenizer, r["prompt"], cfg.task.system_prompt, cfg.task.prompt_format) for r in rows]
+    params = SamplingParams(max_new_tokens=AGREEMENT_TOKENS, temperature=cfg.rollout.temperature, seed=cfg.seed)
+    dtypes = [torch.float32] + ([rollout_dtype(cfg)] if rollout_dtype(cfg) != torch.float32 else [])
+    tau = cfg.rollout.temperature
+    out: dict[str, Any] = {"kind": local_engine_kind(cfg.rollout.engine, model)}
+    for dtype in dtypes:
+        engine_model = copy.deepcopy(model).to(dtype)
+        engine = build_local_engine(cfg, engine_model, tokenizer, version=0, seed=cfg.seed)
+        gens = engine.generate(prompts, params)
+        seqs = [p + g.token_ids for p, g in zip(prompts, gens)]
+        with torch.no_grad():
+            hf = [token_logprobs(model, torch.tensor([s]), torch.ones(1, len(s), dtype=torch.long), tau)[0] for s in seqs]
+        name = "engine_fp32" if dtype == torch.float32 else "engine"
+        out[name] = _mean_gap([(h[len(p) :], g.logprobs) for h, p, g in zip(hf, prompts, gens)])
+        if dtype != torch.float32:
+            continue
+        width = max(map(len, seqs))
+        ids = torch.full((len(seqs), width), tokenizer.pad_token_id or 0, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, s in enumerate(seqs):
+            ids[i, : len(s)], mask[i, : len(s)] = torch.tensor(s), 1
+        with torch.no_grad():
+            if cfg.train.packing:  # one group of both rows: the tree pack the trainer uses for a group
+                group = torch.zeros(len(seqs), dtype=torch.long)
+                lp = packed_token_logprobs(model, ids, mask, tau, pad_id=tokenizer.pad_token_id or 0, group_index=group)
+            else:
+                lp = token_logprobs(model, ids, mask, tau)
+        out["trainer"] = _mean_gap([(h[1:], lp[i, 1 : len(s)]) for i, (h, s) in enumerate(zip(hf, seqs))])
+    return out
+
+
+def _mean_gap(pairs: list[tuple[Any, Any]]) -> float:
+    a = torch.cat([torch.as_tensor(x, dtype=torch.float64).reshape(-1) for x, _ in pairs])
+    b = torch.cat([torch.as_tensor(y, dtype=torch.float64).reshape(-1) for _, y in pairs])
+    return float((a - b).abs().mean()) if a.numel() else 0.0
