@@ -143,7 +143,9 @@ def check_agreement(ctx: Preflight) -> None:
     if ctx.model is None or cfg.rollout.engine not in ("torch", "continuous", "auto") or not ctx.train:
         return
     gaps = measure_agreement(ctx.model, ctx.tokenizer, cfg, ctx.train[:AGREEMENT_PROMPTS])
-    ctx.notes["agreement"] = ", ".join(f"{k} {v:.1e}" for k, v in gaps.items())
+    ctx.notes["agreement"] = f"mean |Δ log p| vs {type(ctx.model).__name__}: " + ", ".join(
+        f"{k} {v:.1e}" for k, v in gaps.items() if k != "kind"
+    )
     if gaps["trainer"] > AGREEMENT_TOL:
         raise ConfigError(
             f"the trainer's packed forward differs from {type(ctx.model).__name__}'s own forward by "
