@@ -295,15 +295,15 @@ def test_three_synchronous_steps_train_the_model_the_engine_serves(case, tmp_pat
     run_uri, _ = pipeline.prepare(
         "",
         [*TINY, f"store={tmp_path / 'run'}", f"model.path={ckpt}", "sft.enabled=false", "train.steps=3"]
-        + ["train.eta=0", "rollout.max_new_tokens=12", *overrides],
+        + ["train.eta=0", "rollout.max_new_tokens=12", "reward.function=tests.test_pipeline:hash_reward", *overrides],
     )
     pipeline.sft(run_uri)
     launch(run_uri, 1, 1, timeout_s=600, progress=False)
     store = Store(run_uri)
     assert store.done() and store.latest_version() == 3
     rows_ = [json.loads(line) for line in store.read_text("trainer/metrics.jsonl").splitlines() if line]
-    assert [r["step"] for r in rows_] == [0, 1, 2]
+    assert [r["step"] for r in rows_] == [1, 2, 3]  # the version each step published
     # η = 0: every sample was drawn from the weights the trainer recomputes (π_behav = π_prox), so
     # the gap is the engine-vs-trainer difference alone, version after version
     assert max(r["abs_dlogp_behav_prox"] for r in rows_) < TOL
-    assert any(r["grad_norm"] > 0 for r in rows_)
+    assert all(r["grad_norm"] > 0 for r in rows_)  # hash_reward: mixed groups every step

@@ -148,8 +148,11 @@ def mismatch(series: dict[str, list[float]]) -> bytes | None:
     if not series["step"]:
         return None
     fig, (kl, iw) = _figure(2)
-    kl.plot(series["step"], series["kl_behav_prox"], color="#8e24aa")
-    kl.set(title="KL(behaviour ‖ proximal)", xlabel="step")
+    kl.plot(series["step"], series["kl_behav_prox"], color="#8e24aa", label="KL(behaviour ‖ proximal)")
+    if "abs_dlogp_behav_prox" in series:  # the engine/trainer log-prob gap (rollout.dtype, kernels) + staleness
+        kl.plot(series["step"], series["abs_dlogp_behav_prox"], color="#fb8c00", label="mean |Δ log p|")
+    kl.set(title="behaviour vs proximal policy", xlabel="step")
+    kl.legend(loc="best", fontsize=8)
     iw.fill_between(
         series["step"],
         series["importance_weight_min"],

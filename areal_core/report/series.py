@@ -180,10 +180,14 @@ MISMATCH = ("kl_behav_prox", "importance_weight_min", "importance_weight_mean", 
 
 
 def mismatch(rows: Rows) -> dict[str, list[float]]:
-    """{"step", "kl_behav_prox", "importance_weight_{min,mean,max}"} per trained step: how far the
-    behaviour policy was from the proximal one (train/loss/decoupled_ppo.py logs them)."""
+    """{"step", "kl_behav_prox", "importance_weight_{min,mean,max}", "abs_dlogp_behav_prox"} per
+    trained step: how far the behaviour policy was from the proximal one (train/loss/decoupled_ppo.py
+    logs them)."""
     rows = [r for r in rows if all(r.get(k) is not None for k in MISMATCH)]
-    return {"step": [int(r["step"]) for r in rows], **{k: [float(r[k]) for r in rows] for k in MISMATCH}}
+    out = {"step": [int(r["step"]) for r in rows], **{k: [float(r[k]) for r in rows] for k in MISMATCH}}
+    # mean |log π_behav − log π_prox| per token: the engine/trainer gap (dtype, kernels) plus staleness
+    out["abs_dlogp_behav_prox"] = [float(r.get("abs_dlogp_behav_prox") or 0.0) for r in rows]
+    return out
 
 
 @dataclasses.dataclass(frozen=True)

@@ -131,7 +131,9 @@ def check_lora(ctx: Preflight) -> None:
 
     train = ctx.cfg.train
     try:
-        wrapped = apply_lora(copy.deepcopy(ctx.model), train.lora_rank, train.lora_alpha, 0.0, train.lora_target_modules)
+        wrapped = apply_lora(
+            copy.deepcopy(ctx.model), train.lora_rank, train.lora_alpha, target_modules=train.lora_target_modules
+        )
     except UnsupportedArchitecture as exc:
         raise ConfigError(f"config key 'train.lora_target_modules': {exc}") from None
     ctx.notes["lora"] = "adapts " + ",".join(adapted_names(wrapped))
@@ -189,7 +191,9 @@ def measure_agreement(model: Any, tokenizer: Any, cfg: RunConfig, rows: list[dic
         gens = engine.generate(prompts, params)
         seqs = [p + g.token_ids for p, g in zip(prompts, gens)]
         with torch.no_grad():
-            hf = [token_logprobs(model, torch.tensor([s]), torch.ones(1, len(s), dtype=torch.long), tau)[0] for s in seqs]
+            ones = [torch.ones(1, len(s), dtype=torch.long) for s in seqs]
+            hf = [token_logprobs(model, torch.tensor([s]), one, tau)[0] for s, one in zip(seqs, ones)]
+
         name = "engine_fp32" if dtype == torch.float32 else "engine"
         out[name] = _mean_gap([(h[len(p) :], g.logprobs) for h, p, g in zip(hf, prompts, gens)])
         if dtype != torch.float32:
