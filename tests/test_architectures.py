@@ -307,3 +307,11 @@ def test_three_synchronous_steps_train_the_model_the_engine_serves(case, tmp_pat
     # the gap is the engine-vs-trainer difference alone, version after version
     assert max(r["abs_dlogp_behav_prox"] for r in rows_) < TOL
     assert all(r["grad_norm"] > 0 for r in rows_)  # hash_reward: mixed groups every step
+
+
+def test_the_docs_table_is_what_the_code_does():
+    """docs/architectures.md's table, regenerated from the checkpoints, is what is committed."""
+    doc = tc.Path(__file__).resolve().parent.parent / "docs" / "architectures.md"
+    text = doc.read_text()
+    assert tc.docs_with_table(text) == text, "regenerate it: python -m tests.tiny_checkpoints --docs"
+    assert "| phi3 | `Phi3ForCausalLM` | continuous, torch | down_proj, gate_up_proj, o_proj, qkv_proj | 8/8 |" in text

@@ -3,6 +3,7 @@
 takes the code path a user's checkpoint takes.
 
     python -m tests.tiny_checkpoints OUT_DIR [NAME ...]    # write folders, e.g. to try `pyflyte run`
+    python -m tests.tiny_checkpoints --docs                 # regenerate docs/architectures.md's table
 
 Every windowed architecture gets a window (8) shorter than the rows the tests use (> 20 tokens).
 """
@@ -83,7 +84,78 @@ def save(name: str, out_dir: str | Path, seed: int = 0, chat_template: bool = Tr
     return out
 
 
+# -- the supported-architecture table of docs/architectures.md, generated here --------------------
+
+TABLE_BEGIN, TABLE_END = "<!-- table: python -m tests.tiny_checkpoints --docs -->", "<!-- end of table -->"
+
+
+def support_row(name: str) -> list[str]:
+    """One row of the table: what the project's code does with a checkpoint of `name`, each
+    equality measured (max |Δ log p| < 1e-5 in float32 against the HF forward)."""
+    import copy
+
+    from areal_core.architecture import UnsupportedArchitecture, attention_windows, resolve_lora_targets
+    from areal_core.rollout.continuous_engine import ContinuousEngine
+    from areal_core.rollout.engine import SamplingParams
+    from areal_core.rollout.factory import local_engine_kind
+    from areal_core.rollout.torch_engine import TorchEngine
+    from areal_core.train.packing import packed_token_logprobs
+
+    tok = tokenizer()
+    m = model(name, tok=tok)
+    vocab = len(tok)
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(3, vocab, (12,), generator=g).tolist()
+    seqs = [prompt + torch.randint(3, vocab, (10 + 4 * j,), generator=g).tolist() for j in range(3)]
+
+    def hf(seq: list[int]) -> torch.Tensor:
+        ids = torch.tensor([seq])
+        with torch.no_grad():
+            return torch.log_softmax(m(input_ids=ids).logits[0, :-1].float(), -1).gather(-1, ids[0, 1:, None])[:, 0]
+
+    width = max(map(len, seqs))
+    ids, mask = torch.zeros(3, width, dtype=torch.long), torch.zeros(3, width, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)], mask[i, : len(s)] = torch.tensor(s), 1
+    with torch.no_grad():
+        lp = packed_token_logprobs(m, ids, mask, group_index=torch.zeros(3, dtype=torch.long))
+    trainer_ok = max(float((lp[i, 1 : len(s)] - hf(s)).abs().max()) for i, s in enumerate(seqs)) < 1e-5
+    engines = {"torch": TorchEngine(copy.deepcopy(m), tok.pad_token_id, tok.eos_token_id)}
+    if local_engine_kind("auto", m) == "continuous":
+        engines["continuous"] = ContinuousEngine(copy.deepcopy(m), tok.pad_token_id, tok.eos_token_id, slots=2)
+    equal = ["trainer (packed)"] if trainer_ok else []
+    for kind, engine in engines.items():
+        gens = engine.generate([prompt], SamplingParams(max_new_tokens=16, seed=1))
+        ref = hf(prompt + gens[0].token_ids)[len(prompt) - 1 :]
+        if float((ref - torch.tensor(gens[0].logprobs)).abs().max()) < 1e-5:
+            equal.append(kind)
+    try:
+        lora = ", ".join(resolve_lora_targets(m))
+    except UnsupportedArchitecture:
+        lora = "refused at prepare (routed experts are fused 3D weights); name attention targets"
+    windows = attention_windows(m.config)
+    window = "none" if not any(windows) else "/".join("full" if w is None else str(w) for w in windows)
+    return [name, f"`{type(m).__name__}`", ", ".join(sorted(engines)), lora, window, ", ".join(equal)]
+
+
+def support_table() -> str:
+    head = ["checkpoint", "class", "built-in engines", "LoRA targets (default)", "window per layer"]
+    head.append("equal to HF (< 1e-5)")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(support_row(name)) + " |" for name in ARCHS]
+    return "\n".join(lines)
+
+
+def docs_with_table(text: str) -> str:
+    """docs/architectures.md `text` with the table between its markers regenerated."""
+    start, end = text.index(TABLE_BEGIN) + len(TABLE_BEGIN), text.index(TABLE_END)
+    return text[:start] + "\n" + support_table() + "\n" + text[end:]
+
+
 if __name__ == "__main__":
-    root = Path(sys.argv[1])
-    for arch in sys.argv[2:] or list(ARCHS):
-        print(save(arch, root / arch))
+    if sys.argv[1] == "--docs":
+        doc = Path(__file__).resolve().parent.parent / "docs" / "architectures.md"
+        doc.write_text(docs_with_table(doc.read_text()))
+    else:
+        for arch in sys.argv[2:] or list(ARCHS):
+            print(save(arch, Path(sys.argv[1]) / arch))
