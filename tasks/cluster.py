@@ -24,7 +24,7 @@ from flytekit.core.array_node_map_task import map_task
 from flytekit.types.directory import FlyteDirectory
 from flytekit.types.error import FlyteError
 
-from areal_core.config import RunConfig
+from areal_core.config import ConfigError, RunConfig
 from areal_core.layout import LAYOUT
 from areal_core.run import cluster, pipeline
 from tasks.deferred import Pod, cluster_image, pod_settings
@@ -43,7 +43,10 @@ def prepare_cluster(
     """Validate the config with the cluster's worker counts and device, then write the run root.
     A scheduled execution gets its own run root: <store>/<kickoff time>."""
     refuse_local_workflow("grpo_cluster")
-    return Prepared(*cluster.prepare_task(cfg, config, overrides, resume_run, kickoff_time))
+    try:
+        return Prepared(*cluster.prepare_task(cfg, config, overrides, resume_run, kickoff_time))
+    except ConfigError as exc:  # one frame under the message, not the stack
+        raise ConfigError(str(exc)) from None
 
 
 class Started(NamedTuple):

@@ -17,7 +17,7 @@ import flytekit
 from flytekit import Cache, Deck, task
 from flytekit.types.directory import FlyteDirectory
 
-from areal_core.config import RunConfig
+from areal_core.config import ConfigError, RunConfig
 from areal_core.layout import LAYOUT
 from areal_core.run import pipeline
 from areal_core.store import Store
@@ -55,7 +55,10 @@ def model_dir(run_uri: str, name: str) -> FlyteDirectory:
 def prepare(cfg: RunConfig, config: str, overrides: str, resume: bool) -> Prepared:
     """Validate the config (YAML files < the typed config's changes < overrides), then write
     config.yaml and the prompt set to the run root."""
-    run_uri, key = pipeline.prepare(config, overrides, resume, typed=cfg)
+    try:
+        run_uri, key = pipeline.prepare(config, overrides, resume, typed=cfg)
+    except ConfigError as exc:  # the message is the finding: raised here, its traceback is one frame, not the stack
+        raise ConfigError(str(exc)) from None
     return Prepared(run_uri=run_uri, sft_key=key)
 
 

@@ -61,6 +61,8 @@ def test_the_rollout_engine_and_the_trainer_follow_the_machine(monkeypatch):
     assert factory.rollout_dtype(load_config(None, ["rollout.dtype=bfloat16"])) == torch.bfloat16
 
 
-def test_the_smollm2_config_chooses_by_machine():
+def test_the_smollm2_config_samples_in_float32_and_picks_the_engine_by_architecture():
+    """docs/architectures.md: a bfloat16 engine's log-probs are not the trainer's, so the shipped
+    config samples in float32; the trainer's autocast still chooses by machine."""
     cfg = load_config("configs/smollm2_arithmetic.yaml", [])
-    assert (cfg.rollout.dtype, cfg.train.bf16_autocast) == ("auto", "auto")
+    assert (cfg.rollout.dtype, cfg.rollout.engine, cfg.train.bf16_autocast) == ("float32", "auto", "auto")

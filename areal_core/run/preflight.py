@@ -142,9 +142,10 @@ def check_lora(ctx: Preflight) -> None:
 @preflight("agreement")
 def check_agreement(ctx: Preflight) -> None:
     cfg = ctx.cfg
-    if ctx.model is None or cfg.rollout.engine not in ("torch", "continuous", "auto") or not ctx.train:
+    rows = [r for r in ctx.train[:AGREEMENT_PROMPTS] if isinstance(r.get("prompt"), str)]
+    if ctx.model is None or cfg.rollout.engine not in ("torch", "continuous", "auto") or not rows:
         return
-    gaps = measure_agreement(ctx.model, ctx.tokenizer, cfg, ctx.train[:AGREEMENT_PROMPTS])
+    gaps = measure_agreement(ctx.model, ctx.tokenizer, cfg, rows)
     ctx.notes["agreement"] = f"mean |Δ log p| vs {type(ctx.model).__name__}: " + ", ".join(
         f"{k} {v:.1e}" for k, v in gaps.items() if k != "kind"
     )
