@@ -117,6 +117,7 @@ def load_pretrained(path: str, device: str = "cpu") -> tuple[Any, Any]:
     if tokenizer.pad_token_id is None and tokenizer.eos_token is not None:  # base Llama/Mistral: pad with EOS
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(local, dtype=torch.float32).to(device)
+    model.stored_dtype = checkpoint_dtype(local)  # trained in float32; written back as the user stored it
     return model, tokenizer
 
 
@@ -136,13 +137,37 @@ def localize(path: str) -> str:
     return dst
 
 
-def save_pretrained(model: Any, tokenizer: Any, out_dir: str | Path) -> None:
-    """`model` and `tokenizer` (or a VLM's areal_core.vlm.model.VisionProcessor) as an HF folder."""
+def checkpoint_dtype(folder: str | Path) -> torch.dtype:
+    """The dtype an HF folder's weights are stored in (config.json's `dtype`, or the older
+    `torch_dtype`): bfloat16 or float16 as stored, float32 otherwise."""
+    try:
+        return config_dtype(json.loads((Path(folder) / "config.json").read_text()))
+    except (OSError, ValueError):
+        return torch.float32
+
+
+def config_dtype(cfg: dict) -> torch.dtype:
+    """The weights' dtype a config.json names: bfloat16, float16, else float32."""
+    name = cfg.get("dtype") or cfg.get("torch_dtype") or (cfg.get("text_config") or {}).get("dtype")
+    return {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(str(name), torch.float32)
+
+
+def save_pretrained(model: Any, tokenizer: Any, out_dir: str | Path, dtype: torch.dtype | None = None) -> None:
+    """`model` and `tokenizer` (or a VLM's areal_core.vlm.model.VisionProcessor) as an HF folder;
+    with a half-precision `dtype`, the weights are written in it (the model itself is unchanged)."""
     from areal_core.logs import quiet_libraries
 
     quiet_libraries()
     Path(out_dir).mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir, safe_serialization=True)
+    if dtype in (torch.bfloat16, torch.float16):
+        state = {k: v.detach().to(dtype) for k, v in model.state_dict().items()}
+        model.save_pretrained(out_dir, state_dict=state, safe_serialization=True)
+        config = Path(out_dir) / "config.json"
+        written = json.loads(config.read_text())
+        written["dtype"] = str(dtype).removeprefix("torch.")
+        config.write_text(json.dumps(written, indent=2))
+    else:
+        model.save_pretrained(out_dir, safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(out_dir)
 

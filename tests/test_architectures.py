@@ -285,13 +285,9 @@ PIPELINES = {
 }
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("case", list(PIPELINES))
-def test_three_synchronous_steps_train_the_model_the_engine_serves(case, tmp_path):
+def three_steps(ckpt, tmp_path, overrides: list[str]) -> Store:
     from areal_core.run.launcher import launch
 
-    name, overrides = PIPELINES[case]
-    ckpt = tc.save(name, tmp_path / name)
     run_uri, _ = pipeline.prepare(
         "",
         [*TINY, f"store={tmp_path / 'run'}", f"model.path={ckpt}", "sft.enabled=false", "train.steps=3"]
@@ -301,6 +297,14 @@ def test_three_synchronous_steps_train_the_model_the_engine_serves(case, tmp_pat
     launch(run_uri, 1, 1, timeout_s=600, progress=False)
     store = Store(run_uri)
     assert store.done() and store.latest_version() == 3
+    return store
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(PIPELINES))
+def test_three_synchronous_steps_train_the_model_the_engine_serves(case, tmp_path):
+    name, overrides = PIPELINES[case]
+    store = three_steps(tc.save(name, tmp_path / name), tmp_path, overrides)
     rows_ = [json.loads(line) for line in store.read_text("trainer/metrics.jsonl").splitlines() if line]
     assert [r["step"] for r in rows_] == [1, 2, 3]  # the version each step published
     # η = 0: every sample was drawn from the weights the trainer recomputes (π_behav = π_prox), so
@@ -315,3 +319,28 @@ def test_the_docs_table_is_what_the_code_does():
     text = doc.read_text()
     assert tc.docs_with_table(text) == text, "regenerate it: python -m tests.tiny_checkpoints --docs"
     assert "| phi3 | `Phi3ForCausalLM` | continuous, torch | down_proj, gate_up_proj, o_proj, qkv_proj | 8/8 |" in text
+
+
+@pytest.mark.slow
+def test_a_bfloat16_checkpoint_in_shards_stays_bfloat16_on_disk(tmp_path):
+    """A user's bf16 checkpoint in 2 safetensors shards: init_model is its exact bf16 weights and
+    final_model is written in bf16 too (the trainer's master weights stay float32 in between)."""
+    from safetensors import safe_open
+
+    model = tc.model("llama").to(torch.bfloat16)
+    ckpt = tmp_path / "bf16"
+    model.save_pretrained(ckpt, max_shard_size="200KB")
+    tc.tokenizer().save_pretrained(ckpt)
+    assert len(list(ckpt.glob("model-*.safetensors"))) >= 2
+    store = three_steps(ckpt, tmp_path, ["rollout.engine=auto"])
+    for folder in ("init_model", "final_model"):
+        local = store.local_path(folder)
+        assert json.loads((local / "config.json").read_text())["dtype"] == "bfloat16"
+        for f in local.glob("*.safetensors"):
+            with safe_open(f, "pt") as st:
+                assert {st.get_slice(k).get_dtype() for k in st.keys()} == {"BF16"}
+    from areal_core.models import load_pretrained
+
+    reloaded, _ = load_pretrained(str(store.local_path("init_model")))
+    for k, v in model.state_dict().items():
+        assert torch.equal(reloaded.state_dict()[k], v.float()), k

@@ -156,8 +156,10 @@ def run_sft(run_uri: str) -> str:
             if step % 50 == 0 or step == sc.steps - 1:
                 log.info("sft step %d/%d loss %.4f", step + 1, sc.steps, loss.item())
     model.eval()
+    # a half-precision checkpoint the user brought stays in its dtype when SFT did not change it (exact)
+    kept = None if sc.enabled and sc.steps else getattr(model, "stored_dtype", None)
     with tempfile.TemporaryDirectory() as tmp:
-        save_pretrained(model, tokenizer, tmp)
+        save_pretrained(model, tokenizer, tmp, kept)
         write_local_manifest(tmp)  # every role checks init_model against it (models.load_pretrained)
         store.put_dir(tmp, LAYOUT.init_model)
     store.write_json(LAYOUT.committed(LAYOUT.init_model), {"sft_steps": sc.steps if sc.enabled else 0})

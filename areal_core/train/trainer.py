@@ -29,7 +29,7 @@ from areal_core.config.device import use_bf16
 from areal_core.dataset import image_roots
 from areal_core.events import EventLog
 from areal_core.layout import LAYOUT
-from areal_core.models import load_pretrained, save_pretrained
+from areal_core.models import config_dtype, load_pretrained, save_pretrained
 from areal_core.protocol import Sample
 from areal_core.staleness import staleness_histogram
 from areal_core.store import Store
@@ -319,8 +319,10 @@ class Trainer:
         if self._guard is not None:
             self._guard()
         st = self.state
+        # in init_model's dtype: a user's bfloat16 checkpoint is written back in bfloat16
+        dtype = config_dtype(self.store.read_json(f"{LAYOUT.init_model}/config.json"))
         with tempfile.TemporaryDirectory() as tmp:
-            save_pretrained(model, self.tokenizer, tmp)
+            save_pretrained(model, self.tokenizer, tmp, dtype)
             self.store.put_dir(tmp, LAYOUT.final_model)
         self.store.write_json(LAYOUT.committed(LAYOUT.final_model), {"step": st.step, "version": st.version})
         done = {"step": st.step, "version": st.version, "counters": st.counters.to_json()}
