@@ -35,6 +35,7 @@ LAYERS: dict[str, int] = {
     "areal_core.staleness": 2,
     "areal_core.prompts": 2,
     "areal_core.models": 2,
+    "areal_core.architecture": 2,  # beside models.py: what an HF decoder computes (windows, LoRA targets)
     "areal_core.context": 2,
     "areal_core.events": 2,
     "areal_core.pretrained": 2,
