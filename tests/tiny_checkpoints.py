@@ -50,6 +50,13 @@ ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
     "phi3": ("Phi3Config", {"sliding_window": WINDOW}),
     "qwen3_moe": ("Qwen3MoeConfig", {"head_dim": 16, **_MOE}),
     "qwen2_moe": ("Qwen2MoeConfig", {**_MOE, "shared_expert_intermediate_size": 64}),
+    # beyond the Llama family: the torch engine and the trainer run them through their own forward
+    "granite": (
+        "GraniteConfig",
+        {"embedding_multiplier": 2.0, "attention_multiplier": 0.1, "residual_multiplier": 0.5, "logits_scaling": 2.0},
+    ),
+    "olmo2": ("Olmo2Config", {}),
+    "gpt_neox": ("GPTNeoXConfig", {"rotary_pct": 0.25}),  # partial rotary, fused query_key_value
 }
 
 CORPUS = [f"What is {a} + {b}? The answer is {a + b}.\n#### {a + b}" for a in range(10) for b in range(10)]
