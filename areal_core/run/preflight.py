@@ -3,7 +3,7 @@
 One registry of named checks (`@preflight("name")`), run in order over a `Preflight` context
 (the config, the task's training rows, the model and tokenizer once loaded). A check raises
 ConfigError naming the config key and the cause; `run_preflight` adds the check's name. Other
-checks (data, reward) register the same way.
+checks register the same way: the reward function's in run/preflight_reward.py.
 
 The model checks apply to a checkpoint the user brings (`model.path`; the tiny model is built
 by SFT from the project's own supported Qwen2):
