@@ -74,5 +74,6 @@ def check_reward(ctx: Preflight) -> None:
         )
     if errors:
         shown = errors[0][:200]
-        log.warning("preflight reward: %s raised on %d of %d records (scored 0): %s", path, len(errors), len(jobs), shown)
+        n = len(jobs)
+        log.warning("preflight reward: %s raised on %d of %d records (scored 0): %s", path, len(errors), n, shown)
     ctx.notes["reward"] = f"{path} on {len(jobs)} records: " + ", ".join(f"{r.reward:g}" for r in results)
