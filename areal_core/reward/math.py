@@ -283,13 +283,17 @@ def math_reward(completion: str, reference: str) -> float:
 
     if "####" in reference:
         reference = reference.rsplit("####", 1)[1].strip().replace(",", "")
+    numeric = _NUMBER.fullmatch(_clean(reference).strip().strip("$").strip()) is not None
+    if not numeric:  # an expression (π, radicals, sets, intervals, equations, matrices): MATH's answers
+        from areal_core.reward.math_expr import expression_reward
+
+        return expression_reward(completion, reference)
     answer = final_answer(completion)
     if answer is None:
         return 0.0
     # One number is asked for (a numeric reference, or the GSM8K `####` format): a hedged
     # answer ("#### 18+", "\\boxed{\\geq 18}") scores 0 even where math-verify would accept it.
-    numeric = _NUMBER.fullmatch(_clean(reference).strip().strip("$").strip()) is not None
-    if answer.hedged and (numeric or answer.kind == "####"):
+    if answer.hedged:
         return 0.0
     spans = answer.spans
     if answer.kind == "boxed":  # the boxes' contents; the rest of the last box's line may only not hedge

@@ -1,0 +1,172 @@
+"""Grading expression answers (MATH, MATH-500): π, radicals, polynomials, equations, tuples,
+sets, intervals, matrices, choices, against the whole reference, by math-verify.
+
+The reference is LaTeX whether or not it is `$`-wrapped (MATH's `answer` field writes it bare).
+The completion's deciding text is, in order: every `\\boxed{}` (with the rest of the last box's
+line), else every `####` line, else each "the answer is ..." line, else the last `$...$` /
+`\\(...\\)` / `\\[...\\]` segment, else the last line. Every value that text offers must be the
+reference's answer, or it scores 0:
+
+    a hedge word outside the math (or, either, unless, else, otherwise, alternatively, instead,
+    maybe, perhaps, possibly, probably, approximately, about, at least, at most), or ±, ≈,
+    \\pm, \\approx, \\lor, where the reference has none
+    several math segments, boxes or answer lines: each one must verify
+    an equation A = B (= C ...) where the reference has no `=`: each side without free symbols
+    must verify, and at least one must (`x = 5` pays for 5; `\\frac{\\pi}{6} = \\frac{\\pi}{3}` does not)
+
+Each piece is parsed as `$piece$`, at most MAX_PIECE characters, at most MAX_PIECES per
+completion, each parse and verify under math-verify's timeout.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from areal_core.reward.math import boxed_spans
+
+MAX_PIECE = 500
+MAX_PIECES = 6
+TIMEOUT_S = 5
+
+_HEDGE_WORDS = re.compile(
+    r"\b(?:or|either|unless|else|otherwise|alternatively|instead|maybe|perhaps|possibly|probably|"
+    r"approx(?:imately)?|roughly|about|around|nearly|at[ \t]+(?:least|most))\b",
+    re.IGNORECASE,
+)
+_HEDGE_SIGNS = re.compile(r"±|≈|∨|\\(?:pm|mp|approx|lor|vee)(?![a-zA-Z])")
+_TEXT_CMD = re.compile(r"\\(?:text|textbf|textit|mathrm|mbox|operatorname)\s*\{([^{}]*)\}")
+_LATEX_CMD = re.compile(r"\\[a-zA-Z]+")
+_MATH_SEGMENT = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
+_HASH_LINE = re.compile(r"####[ \t]*([^\n]*)")
+_PHRASE_LINE = re.compile(
+    r"(?:final[ \t]+answer|the[ \t]+answer|answer)[ \t]*(?:is|:|=|would[ \t]+be|will[ \t]+be|should[ \t]+be)[ \t]*:?"
+    r"([^\n]*)",
+    re.IGNORECASE,
+)
+# a top-level "=": not part of \leq, \geq, \neq, <=, >=, !=, :=, ==
+_EQUALS = re.compile(r"(?<![<>!:=\\])=(?!=)")
+
+
+def _words(text: str) -> str:
+    """The prose of a LaTeX text: \\text{} contents kept, other commands removed."""
+    return _LATEX_CMD.sub(" ", _TEXT_CMD.sub(r" \1 ", text))
+
+
+def hedges(text: str, reference: str) -> bool:
+    """A hedge word or sign in `text` that the reference does not itself contain."""
+    if _HEDGE_SIGNS.search(text) and not _HEDGE_SIGNS.search(reference):
+        return True
+    return bool(_HEDGE_WORDS.search(_words(text))) and not _HEDGE_WORDS.search(_words(reference))
+
+
+def _unwrap(reference: str) -> str:
+    """The reference's LaTeX without its `$`, `\\(`, `\\[` or `\\boxed{}` wrapping."""
+    ref = reference.strip()
+    boxes = boxed_spans(ref)
+    if len(boxes) == 1:
+        ref = ref[boxes[0][0] : boxes[0][1]]
+    for left, right in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
+        if ref.startswith(left) and ref.endswith(right) and len(ref) >= len(left) + len(right):
+            ref = ref[len(left) : len(ref) - len(right)].strip()
+    return ref
+
+
+def _parse(latex: str) -> list[Any]:
+    from math_verify import parse
+
+    return parse(f"${latex[:MAX_PIECE]}$", parsing_timeout=TIMEOUT_S)
+
+
+def _same(gold: list[Any], latex: str) -> bool:
+    from math_verify import verify
+
+    pred = _parse(latex)
+    return bool(gold and pred and verify(gold, pred, timeout_seconds=TIMEOUT_S))
+
+
+def _constant(latex: str) -> bool:
+    """The piece parses to something without free symbols (a number, π, a set of numbers)."""
+    parsed = _parse(latex)
+    if not parsed:
+        return False
+    symbols = getattr(parsed[0], "free_symbols", None)
+    return symbols is not None and not symbols
+
+
+def _split_top_level(text: str, pattern: re.Pattern[str]) -> list[str]:
+    """`text` split at the matches of `pattern` outside braces, brackets and parentheses."""
+    parts, depth, start = [], 0, 0
+    for i, c in enumerate(text):
+        if c in "{[(":
+            depth += 1
+        elif c in "}])":
+            depth = max(0, depth - 1)
+        elif depth == 0 and pattern.match(text, i) and pattern.match(text, i).start() == i:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p.strip() for p in parts]
+
+
+def piece_matches(piece: str, gold: list[Any], reference: str) -> bool:
+    """One answer piece (LaTeX, no `$`) against the parsed reference, the `=` rule included."""
+    piece = piece.strip().rstrip(".").strip()
+    if not piece:
+        return False
+    if "=" not in reference and _EQUALS.search(piece):
+        sides = [s for s in _split_top_level(piece, _EQUALS) if s]
+        constants = [s for s in sides if _constant(s)]
+        if constants:
+            return all(_same(gold, s) for s in constants)
+    return _same(gold, piece)
+
+
+def _deciding_texts(completion: str) -> tuple[list[str], list[str]]:
+    """(pieces that must each verify, prose around them that must not hedge)."""
+    boxes = boxed_spans(completion)
+    if boxes:
+        end = completion.find("\n", boxes[-1][1])
+        tail = completion[boxes[-1][1] + 1 : end if end >= 0 else len(completion)]
+        pieces = [completion[a:b] for a, b in boxes]
+        segments = [_segment(m) for m in _MATH_SEGMENT.finditer(tail)]
+        prose = _MATH_SEGMENT.sub(" ", tail)
+        return pieces + [s for s in segments if s.strip() and "\\boxed" not in s], [prose, *pieces]
+    lines = [m.group(1) for m in _HASH_LINE.finditer(completion)]
+    if not lines:
+        lines = [m.group(1) for m in _PHRASE_LINE.finditer(completion)]
+    if lines:
+        pieces, prose = [], []
+        for line in lines:
+            segments = [_segment(m) for m in _MATH_SEGMENT.finditer(line)]
+            pieces += segments or [line]
+            prose.append(_MATH_SEGMENT.sub(" ", line) if segments else line)
+        return pieces, prose
+    segments = list(_MATH_SEGMENT.finditer(completion))
+    if segments:
+        last = segments[-1]
+        line_start = completion.rfind("\n", 0, last.start()) + 1
+        line_end = completion.find("\n", last.end())
+        line = completion[line_start : line_end if line_end >= 0 else len(completion)]
+        return [_segment(m) for m in _MATH_SEGMENT.finditer(line)], [_MATH_SEGMENT.sub(" ", line)]
+    last_line = next((ln for ln in reversed(completion.splitlines()) if ln.strip()), "")
+    return [last_line], [last_line]
+
+
+def _segment(match: re.Match[str]) -> str:
+    return next(g for g in match.groups() if g is not None)
+
+
+def expression_reward(completion: str, reference: str) -> float:
+    """1.0 when every value the completion's deciding text offers is the reference's answer, else 0.0."""
+    ref = _unwrap(reference)
+    gold = _parse(ref)
+    if not gold:
+        return 0.0
+    pieces, prose = _deciding_texts(completion)
+    pieces = list(dict.fromkeys(p.strip() for p in pieces if p.strip()))
+    if not pieces or len(pieces) > MAX_PIECES:
+        return 0.0
+    if any(hedges(text, ref) for text in prose):
+        return 0.0
+    return 1.0 if all(piece_matches(p, gold, ref) for p in pieces) else 0.0
