@@ -24,7 +24,10 @@ ANSWERS: dict[str, tuple[list[str], list[str]]] = {
     r"(-\infty, 1) \cup (2, \infty)": ([r"(-\infty,1)\cup(2,\infty)"], [r"(-\infty, 1] \cup (2, \infty)", r"(1, 2)"]),
     r"x \in [-2, 7]": ([r"[-2, 7]"], [r"[-2, 7)", r"[2, 7]"]),
     r"2, -3": ([r"-3, 2"], [r"2, 3", r"2", r"-3"]),
-    r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}": ([r"\begin{pmatrix}1\\2\end{pmatrix}"], [r"\begin{pmatrix} 2 \\ 1 \end{pmatrix}"]),
+    r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}": (
+        [r"\begin{pmatrix}1\\2\end{pmatrix}"],
+        [r"\begin{pmatrix} 2 \\ 1 \end{pmatrix}"],
+    ),
     r"\begin{pmatrix} 1 & 2 \\ 3 & 4 \end{pmatrix}": (
         [r"\begin{pmatrix}1&2\\3&4\end{pmatrix}"],
         [r"\begin{pmatrix} 1 & 3 \\ 2 & 4 \end{pmatrix}"],
