@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from areal_core.models import task_prompt
-from areal_core.reward.pool import DEFAULT_REWARD, RewardPool
+from areal_core.reward.pool import DEFAULT_REWARD, RewardPool, reward_function
 from areal_core.rollout.engine import SamplingParams
 from areal_core.rollout.torch_engine import TorchEngine
 from areal_core.vlm.images import ImageCache
@@ -146,7 +146,7 @@ def heldout_eval(
         records,
         cfg.eval.max_new_tokens,
         cfg.eval.batch_size,
-        cfg.reward.function or DEFAULT_REWARD,
+        reward_function(cfg),
         cfg.reward.timeout_s,
         cfg.task.system_prompt,
         images,

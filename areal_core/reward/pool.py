@@ -25,6 +25,13 @@ from areal_core.procs import die_with_parent, kill_group
 from areal_core.protocol import finite_reward
 
 DEFAULT_REWARD = "areal_core.reward.math:gsm8k_reward"
+# a task's own verifier, when reward.function is empty (every other task: DEFAULT_REWARD)
+TASK_REWARDS = {"math": "areal_core.reward.math:math_reward", "dataset": "areal_core.reward.math:math_reward"}
+
+
+def reward_function(cfg: Any) -> str:
+    """The import path of the run's reward: reward.function, else its task's verifier."""
+    return cfg.reward.function or TASK_REWARDS.get(cfg.task.name, DEFAULT_REWARD)
 
 
 @dataclass

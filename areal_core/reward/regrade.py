@@ -34,7 +34,7 @@ from areal_core.layout import LAYOUT
 from areal_core.prompts import load_prompts
 from areal_core.protocol import Sample, ShardError, decode_shard, read_shard, write_shard
 from areal_core.reward.labels import load_labels
-from areal_core.reward.pool import DEFAULT_REWARD, RewardPool
+from areal_core.reward.pool import RewardPool, reward_function
 from areal_core.reward.worker import grade_samples
 from areal_core.store import Store
 
@@ -106,7 +106,7 @@ def regrade(
     store = run if isinstance(run, Store) else Store(run)
     t0 = time.monotonic()
     cfg = load_run_config(store)
-    reward = reward or cfg.reward.function or DEFAULT_REWARD
+    reward = reward or reward_function(cfg)
     _check_names(store, source, into)
     import_object(reward, key="reward")  # a reward that does not import claims no layer
     request = {"source": source, "reward": reward}

@@ -18,7 +18,7 @@ from areal_core.layout import LAYOUT
 from areal_core.prompts import load_prompts
 from areal_core.protocol import Sample, read_shard_or_quarantine, write_shard
 from areal_core.reward.labels import apply_labels, load_labels
-from areal_core.reward.pool import DEFAULT_REWARD, RewardPool
+from areal_core.reward.pool import RewardPool, reward_function
 from areal_core.store import Store
 
 log = logging.getLogger("areal.reward")
@@ -134,7 +134,7 @@ def run_reward_worker(run_uri: str, index: int = 0) -> dict:
     reported: set[str] = set()
     t0 = time.time()
     idle_s = cfg.reward.poll_interval_s
-    fn_path = cfg.reward.function or DEFAULT_REWARD
+    fn_path = reward_function(cfg)
     with (
         RewardPool(fn_path, cfg.reward.pool_size, cfg.reward.timeout_s, cfg.reward.retries) as pool,
         EventLog(store, "reward", str(index)) as ev,

@@ -1,0 +1,129 @@
+"""Prompt records from table rows (datasets/tables.py), in three formats:
+
+    gsm8k    question / answer (a worked solution ending `#### N`); reward: gsm8k_reward
+    math     problem / answer (MATH-500; bare LaTeX) or the last \\boxed{} of solution (MATH);
+             reward: math_reward. The record's answer (the SFT demonstration and the reward's
+             reference) is the solution with the final answer boxed last.
+    dataset  any table: task.prompt_field (default prompt) and task.reference_field (default
+             answer); reward: reward.function, else math_reward
+
+A prompt field holding a chat (a list of {role, content}) gives its last user message. The eval
+split is task.eval_split; when the data has none (or task.path is one file) and eval_split is
+the default `test`, the last task.num_eval rows (at most half) are held out and not trained on,
+with a warning.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from areal_core.reward.math import boxed_contents
+from datasets.tables import DatasetError, read_split, split_files
+
+log = logging.getLogger("areal.datasets")
+
+DEFAULT_FIELDS = {"gsm8k": ("question", "answer"), "math": ("problem", "answer"), "dataset": ("prompt", "answer")}
+
+
+def _fields(task: Any, fmt: str) -> tuple[str, str]:
+    prompt, reference = DEFAULT_FIELDS[fmt]
+    return task.prompt_field or prompt, task.reference_field or reference
+
+
+def _prompt(value: Any, where: str, field: str) -> str:
+    if isinstance(value, list):  # a chat: its last user message
+        users = [m.get("content") for m in value if isinstance(m, dict) and m.get("role") == "user"]
+        value = users[-1] if users else None
+    if not isinstance(value, str) or not value.strip():
+        raise DatasetError(f"{where}: field '{field}' must be a non-empty string or a chat with a user message")
+    return value
+
+
+def _where(uri: str, i: int) -> str:
+    return f"dataset file '{uri}' row {i}"
+
+
+def _missing(row: dict, field: str, where: str, setting: str) -> DatasetError:
+    return DatasetError(f"{where}: no field '{field}' (set {setting}); its fields are {sorted(row)[:12]}")
+
+
+def gsm8k_record(row: dict, where: str, prompt_field: str, reference_field: str) -> dict[str, Any]:
+    from datasets.gsm8k import final_answer
+
+    if reference_field not in row:
+        raise _missing(row, reference_field, where, "task.reference_field")
+    solution = str(row[reference_field])
+    try:
+        final = final_answer(solution)
+    except DatasetError as exc:
+        raise DatasetError(f"{where}: {exc}") from None
+    return {"prompt": _prompt(row.get(prompt_field), where, prompt_field), "answer": solution, "meta": {"final": final}}
+
+
+def math_record(row: dict, where: str, prompt_field: str, reference_field: str) -> dict[str, Any]:
+    solution = row.get("solution")
+    final = row.get(reference_field)
+    if final in (None, "") and isinstance(solution, str):
+        boxes = boxed_contents(solution)
+        final = boxes[-1] if boxes else None
+    if final in (None, "") or not isinstance(final, (str, int, float)):
+        raise DatasetError(
+            f"{where}: no final answer: neither a '{reference_field}' field nor a \\boxed{{}} in 'solution'"
+        )
+    final = str(final).strip()
+    boxed = f"$\\boxed{{{final}}}$"
+    answer = (
+        f"{solution.rstrip()}\n\nThe answer is {boxed}." if isinstance(solution, str) and solution.strip() else boxed
+    )
+    return {"prompt": _prompt(row.get(prompt_field), where, prompt_field), "answer": answer, "meta": {"final": final}}
+
+
+def dataset_record(row: dict, where: str, prompt_field: str, reference_field: str) -> dict[str, Any]:
+    if prompt_field not in row:
+        raise _missing(row, prompt_field, where, "task.prompt_field")
+    if reference_field not in row:
+        raise _missing(row, reference_field, where, "task.reference_field")
+    reference = row[reference_field]
+    answer = reference if isinstance(reference, str) else json.dumps(reference, default=str)
+    return {"prompt": _prompt(row[prompt_field], where, prompt_field), "answer": answer, "meta": {}}
+
+
+BUILDERS = {"gsm8k": gsm8k_record, "math": math_record, "dataset": dataset_record}
+
+
+def _records(task: Any, fmt: str, split: str, rows: list[tuple[str, int, dict]]) -> list[dict[str, Any]]:
+    prompt_field, reference_field = _fields(task, fmt)
+    out = []
+    for n, (uri, i, row) in enumerate(rows):
+        record = BUILDERS[fmt](row, _where(uri, i), prompt_field, reference_field)
+        out.append({"prompt_id": f"{task.name}-{split}-{n}", **record})
+    return out
+
+
+def load(task: Any, fmt: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(train, eval) records of `task` (areal_core.config.TaskConfig) read as format `fmt`."""
+    train_rows = read_split(task.path, task.train_split)
+    try:
+        same = split_files(task.path, task.eval_split) == split_files(task.path, task.train_split)  # one file
+        eval_rows = [] if same else read_split(task.path, task.eval_split)
+    except DatasetError:
+        if task.eval_split != "test":
+            raise
+        eval_rows = []
+    if not eval_rows:
+        if len(train_rows) < 2:
+            raise DatasetError(f"dataset '{task.path}' has {len(train_rows)} rows: too few to hold any out")
+        k = min(task.num_eval, len(train_rows) // 2)
+        log.warning("%s has no separate test split: its last %d rows are held out, not trained on", task.path, k)
+        train_rows, eval_rows = train_rows[:-k], train_rows[-k:]
+    train = _limit(_records(task, fmt, "train", train_rows), task.num_train, task.path, "train")
+    held = _limit(_records(task, fmt, "test", eval_rows), task.num_eval, task.path, "eval")
+    return train, held
+
+
+def _limit(records: list[dict], n: int, path: str, split: str) -> list[dict]:
+    if len(records) < n and split == "train":  # data written for another config: said, not silently trained on
+        log.warning("%s has %d %s rows, fewer than the %d asked", path, len(records), split, n)
+    return records[:n]

@@ -1,0 +1,143 @@
+"""Rows of a split from the tables users have: JSONL, JSON (an array, or one object per line),
+Parquet, CSV and Arrow (IPC file or stream, Feather), at any local path or fsspec URI.
+
+`split_files(root, split)` finds a split, trying in order:
+
+    root itself, when it is a file (the same file for every split)
+    <root>/<split>.<ext>                              train.jsonl, test.parquet, ...
+    <root>/<split>-NNNNN-of-NNNNN.<ext>               a hub config folder given as the root
+    <root>/data/<split>-*.<ext>                       the hub's default layout
+    <root>/<config>/<split>-*.<ext>                   the hub layout with configs (openai/gsm8k: main/, socratic/)
+
+The last refuses two configs at once and names them (point task.path at one). A missing split
+names everything it looked for; a bad row names the file and the row.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import fsspec
+
+EXTENSIONS = ("jsonl", "json", "parquet", "csv", "arrow", "feather")
+MAX_TABLE_BYTES = 2 * 1024**3  # one split's files together
+
+
+class DatasetError(ValueError):
+    """A missing or malformed dataset file, named in the message."""
+
+
+def _fs(uri: str) -> tuple[Any, str]:
+    from areal_core.store import storage_options
+
+    fs, path = fsspec.core.url_to_fs(uri, **storage_options(uri))
+    return fs, path
+
+
+def _url(fs: Any, path: str) -> str:
+    protocol = fs.protocol[0] if isinstance(fs.protocol, (list, tuple)) else fs.protocol
+    return path if protocol in ("file", "local") else f"{protocol}://{path}"
+
+
+def split_files(root: str, split: str) -> list[str]:
+    """The files of `split` under `root` (see the module docstring), as URIs, sorted."""
+    fs, base = _fs(root)
+    base = base.rstrip("/")
+    if fs.isfile(base):
+        return [_url(fs, base)]
+    if not fs.isdir(base):
+        raise DatasetError(f"dataset file or folder '{root}' does not exist")
+    tried = []
+    for ext in EXTENSIONS:
+        tried.append(f"{split}.{ext}")
+        if fs.isfile(f"{base}/{split}.{ext}"):
+            return [_url(fs, f"{base}/{split}.{ext}")]
+    for pattern in (f"{split}-*.*", f"data/{split}-*.*", f"*/{split}-*.*"):
+        tried.append(pattern)
+        found = sorted(p for p in fs.glob(f"{base}/{pattern}") if p.rsplit(".", 1)[-1] in EXTENSIONS)
+        if not found:
+            continue
+        configs = sorted({p[len(base) + 1 :].split("/")[0] for p in found}) if pattern.startswith("*/") else []
+        if len(configs) > 1:
+            raise DatasetError(
+                f"dataset '{root}' holds the {split} split of {len(configs)} configs {configs}: "
+                f"set task.path to one of them ('{root.rstrip('/')}/{configs[0]}')"
+            )
+        return [_url(fs, p) for p in found]
+    raise DatasetError(f"dataset '{root}' has no {split} split: looked for {', '.join(tried)} ({'/'.join(EXTENSIONS)})")
+
+
+def read_rows(uri: str) -> list[dict[str, Any]]:
+    """Every row of one table file, as dicts (the format from the file's extension)."""
+    ext = uri.rsplit(".", 1)[-1].lower()
+    if ext not in EXTENSIONS:
+        raise DatasetError(f"dataset file '{uri}': .{ext} is not a table format this reads ({', '.join(EXTENSIONS)})")
+    fs, path = _fs(uri)
+    try:
+        if fs.size(path) > MAX_TABLE_BYTES:
+            raise DatasetError(f"dataset file '{uri}' is larger than {MAX_TABLE_BYTES} bytes")
+        with fs.open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise DatasetError(f"dataset file '{uri}' does not exist") from None
+    if ext in ("jsonl", "json"):
+        return _json_rows(uri, data.decode("utf-8", errors="replace"))
+    import pyarrow as pa
+
+    try:
+        if ext == "parquet":
+            import pyarrow.parquet as pq
+
+            table = pq.read_table(io.BytesIO(data))
+        elif ext == "csv":
+            import pyarrow.csv as pcsv
+
+            table = pcsv.read_csv(io.BytesIO(data))
+        else:
+            table = _arrow_table(data)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise DatasetError(f"dataset file '{uri}': not a readable .{ext} table ({str(exc)[:200]})") from None
+    return table.to_pylist()
+
+
+def _arrow_table(data: bytes) -> Any:
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    try:
+        return ipc.open_file(pa.BufferReader(data)).read_all()
+    except pa.ArrowInvalid:
+        return ipc.open_stream(pa.BufferReader(data)).read_all()
+
+
+def _json_rows(uri: str, text: str) -> list[dict[str, Any]]:
+    stripped = text.lstrip()
+    if stripped.startswith("["):  # a JSON array of objects
+        try:
+            rows = json.loads(stripped)
+        except json.JSONDecodeError as exc:
+            raise DatasetError(f"dataset file '{uri}': not JSON ({exc.msg} at line {exc.lineno})") from None
+        numbered = list(enumerate(rows, 1))
+    else:
+        numbered = []
+        for i, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                numbered.append((i, json.loads(line)))
+            except json.JSONDecodeError as exc:
+                raise DatasetError(f"dataset file '{uri}' line {i}: not JSON ({exc.msg})") from None
+    for i, row in numbered:
+        if not isinstance(row, dict):
+            raise DatasetError(f"dataset file '{uri}' row {i}: a {type(row).__name__}, not an object")
+    return [row for _, row in numbered]
+
+
+def read_split(root: str, split: str) -> list[tuple[str, int, dict[str, Any]]]:
+    """(file, row number from 1, row) of every row of `split` under `root`, files in order."""
+    out = []
+    for uri in split_files(root, split):
+        out += [(uri, i, row) for i, row in enumerate(read_rows(uri), 1)]
+    return out
