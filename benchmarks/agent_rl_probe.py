@@ -47,7 +47,7 @@ def main() -> None:
     from areal_core.rollout.torch_engine import TorchEngine
     from areal_core.train.sft import sft_examples
     from areal_core.train.step import train_step
-    from datasets.arithmetic import generate
+    from task_data.arithmetic import generate
 
     agent = "areal_core.proxy.examples:calculator_agent"
     train, held = generate(a.seed, 400, a.eval_n, ops="+-", lo=1, hi=9, max_steps=1)

@@ -77,7 +77,7 @@ def env(device: str) -> dict:
 
 
 def model_and_tokenizer(dims: dict, device: str):
-    from datasets import load_task
+    from task_data import load_task
 
     train, _ = load_task(load_config(None, ["task.num_train=500", "task.num_eval=10"]).task, 0)
     tokenizer = build_tokenizer([r["prompt"] + "\n" + r["answer"] for r in train], 300)

@@ -34,7 +34,7 @@ from areal_core.reward.math import gsm8k_reward, math_reward  # noqa: E402
 from areal_core.reward.pool import RewardPool  # noqa: E402
 from areal_core.reward.process import process_reward  # noqa: E402
 from areal_core.reward.sandbox import Sandbox  # noqa: E402
-from datasets import code_tasks  # noqa: E402
+from task_data import code_tasks  # noqa: E402
 
 GSM8K = ROOT.parent / "shared" / "datasets" / "gsm8k" / "test.jsonl"
 

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from areal_core.reward.pool import RewardPool  # noqa: E402
-from datasets import code_tasks  # noqa: E402
+from task_data import code_tasks  # noqa: E402
 
 GSM8K = ROOT.parent / "shared" / "datasets" / "gsm8k" / "test.jsonl"
 
@@ -58,7 +58,7 @@ def code_jobs(rounds: int) -> tuple[list[dict], int]:
 
 
 def humaneval_jobs() -> list[dict]:
-    from datasets import humaneval
+    from task_data import humaneval
 
     return [
         {"completion": p["canonical_solution"], "reference": json.dumps(humaneval.spec(p))}

@@ -42,7 +42,7 @@ from areal_core.config import load_config
 from areal_core.reward.math import gsm8k_reward
 from areal_core.rollout.continuous_engine import ContinuousEngine
 from areal_core.rollout.engine import SamplingParams
-from datasets.registry import load_task
+from task_data.registry import load_task
 
 CONFIG = "configs/smollm2_arithmetic.yaml"
 # mode -> overrides; "full" is a timing run (per-step phases of full fine-tuning with delta

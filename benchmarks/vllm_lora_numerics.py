@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     from areal_core.train.lora import merge_adapter
     from areal_core.weights.adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS
     from areal_core.weights.reader import stage_adapter
-    from datasets.registry import load_task
+    from task_data.registry import load_task
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run", required=True)

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from benchmarks.smollm2_rl import CONFIG, event_phases, greedy_accuracy, load_model, machine
-from datasets.registry import load_task
+from task_data.registry import load_task
 
 VLLM = ["rollout.engine=vllm", "rollout.server.kv_cache_mb=512"]
 ENGINES: dict[str, tuple[list[str], dict[str, str]]] = {

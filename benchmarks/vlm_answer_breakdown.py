@@ -7,7 +7,7 @@ own evaluate pass), broken down two ways.
 - **confusion**: reference answer -> how often each answer was given (counting questions: a model
   that reads some colours or counts badly shows it on those rows);
 - **worked answers** (`task.describe_fraction`): of the answers that list the grid's cells before
-  `####`, the share whose list is exactly the scene's (`datasets.clevr.describe`), the share of cells
+  `####`, the share whose list is exactly the scene's (`task_data.clevr.describe`), the share of cells
   read right, and the share whose final answer follows from the model's own list (the sum of its
   digits for digit_sum, the number of matching cells for counting). A warm start that reads badly
   and reasons right has a low list share and a high "follows" share: its limit is perception.
@@ -35,7 +35,7 @@ def follows(scene: dict[str, Any], question: str, cells: list[str]) -> str | Non
 def worked_row(scene: dict[str, Any], question: str, answer: str) -> dict[str, Any] | None:
     """One worked answer `cells #### final` against its scene: list_exact, cells_right (of the
     scene's), follows (the final answer is what the model's own list implies). None: no list."""
-    from datasets.clevr import describe, final_answer
+    from task_data.clevr import describe, final_answer
 
     listed, sep, _ = answer.partition("####")
     if not sep or not listed.strip():
@@ -53,7 +53,7 @@ def worked_row(scene: dict[str, Any], question: str, answer: str) -> dict[str, A
 
 def breakdown(records: list[dict[str, Any]], answers: list[dict[str, Any]]) -> dict[str, Any]:
     """records (prompt records with meta.scene) and their `evaluate.answer_record`s -> the two tables."""
-    from datasets.clevr import final_answer
+    from task_data.clevr import final_answer
 
     confusion: dict[str, Counter] = defaultdict(Counter)
     worked = []

@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
     from areal_core.evaluate import heldout_score
     from benchmarks.vllm_rl import cpu_name, write_result
     from benchmarks.vlm_run import open_vlm_run, vlm_run_parser
-    from datasets.clevr import BACKGROUND
+    from task_data.clevr import BACKGROUND
 
     args = vlm_run_parser(__doc__).parse_args(argv)
     run = open_vlm_run(args)

@@ -165,7 +165,7 @@ def trl_side(spec_path: str) -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     # the same verifier and schedule as ours (stdlib-only modules, loaded by path: the project
-    # root cannot go on sys.path here, its datasets/ folder would shadow HF datasets)
+    # root cannot go on sys.path here, its modules are imported by path to keep this process free of them)
     gsm8k_reward = _module("areal_core/reward/math.py").gsm8k_reward
     lr_factor = _module("areal_core/train/schedule.py").lr_factor
     from datasets import Dataset

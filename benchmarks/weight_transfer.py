@@ -68,7 +68,7 @@ from areal_core.weights import sha256
 from areal_core.weights.delta import encode_delta
 from areal_core.weights.publisher import WeightPublisher, state_dict_bytes
 from areal_core.weights.reader import load_state_dict, load_weights_bytes
-from datasets.registry import load_task
+from task_data.registry import load_task
 
 SIDE = {"config.json": b'{"model_type": "qwen2"}'}
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from datasets import code_tasks, humaneval
+from task_data import code_tasks, humaneval
 
 MBPP_TASKS: list[dict] = [
     {

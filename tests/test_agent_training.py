@@ -50,7 +50,7 @@ def test_agent_sft_examples_mix_episodes_and_plain_answers():
     from areal_core.models import build_tokenizer
     from areal_core.proxy.examples import calculator_corpus
     from areal_core.train.sft import agent_sft_examples
-    from datasets.arithmetic import generate
+    from task_data.arithmetic import generate
 
     train, _ = generate(1, 200, 5, ops="+-", lo=1, hi=9, max_steps=1)
     tok = build_tokenizer(calculator_corpus(train), 400)

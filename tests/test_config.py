@@ -136,7 +136,7 @@ def test_algorithm_files_layer_on_the_default():
 
 
 def test_code_config_layers_and_its_tasks_load():
-    from datasets import load_task
+    from task_data import load_task
 
     cfg = load_config("configs/default.yaml,configs/code.yaml")
     assert cfg.task.name == "code" and cfg.reward.function.endswith(":code_reward")

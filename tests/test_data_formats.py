@@ -1,5 +1,5 @@
-"""Bring your own data: the tables users have (datasets/tables.py, datasets/formats.py), the loader
-plug-in (datasets/registry.py), and the errors that name the file and the row."""
+"""Bring your own data: the tables users have (task_data/tables.py, task_data/formats.py), the loader
+plug-in (task_data/registry.py), and the errors that name the file and the row."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import pytest
 from areal_core.config import ConfigError, load_config
 from areal_core.reward.math import gsm8k_reward, math_reward
 from areal_core.run import pipeline
-from datasets import load_task
-from datasets.tables import DatasetError
+from task_data import load_task
+from task_data.tables import DatasetError
 from tests.conftest import TINY
 
 GSM = [

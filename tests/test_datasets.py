@@ -3,7 +3,7 @@ import json
 import pytest
 
 from areal_core.reward.math import gsm8k_reward
-from datasets import arithmetic, gsm8k
+from task_data import arithmetic, gsm8k
 from tests.conftest import GSM8K, gsm8k_file
 
 

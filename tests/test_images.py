@@ -1,5 +1,5 @@
 """The container images provide what the code imports: every third-party top-level import under
-areal_core/, tasks/, workflows/ and datasets/ (parsed with ast, function-local imports included)
+areal_core/, tasks/, workflows/ and task_data/ (parsed with ast, function-local imports included)
 is a distribution that the build flytekit renders for each device's image (`image_for`, what the
 cluster's tasks run in) installs; the device-only ones are in the right images only; the cuda
 image installs flash-attn in a layer of its own after torch; the registry, engine and base images
@@ -19,7 +19,7 @@ from areal_core.config.device import DEVICES
 from images.specs import cuda_image, image_for
 
 ROOT = Path(__file__).resolve().parents[1]
-SCANNED = ("areal_core", "tasks", "workflows", "datasets")
+SCANNED = ("areal_core", "tasks", "workflows", "task_data")
 FIRST_PARTY = {p.name for p in ROOT.iterdir() if p.is_dir() and any(p.glob("*.py"))}
 
 # the image of each device, as the cluster's tasks get it, and the cuda image's other engine

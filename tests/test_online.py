@@ -21,7 +21,7 @@ from areal_core.proxy.sessions import session_id_for_key
 from areal_core.rollout.engine import SamplingParams
 from areal_core.rollout.torch_engine import TorchEngine
 from areal_core.store import Store
-from datasets.arithmetic import generate
+from task_data.arithmetic import generate
 from tests.test_flyte import serialize
 
 MODEL = [

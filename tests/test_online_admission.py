@@ -237,7 +237,7 @@ def test_the_proxy_answers_429_to_a_new_session_while_the_trainer_is_behind_and_
     from areal_core.proxy.__main__ import build_app, parse_args
     from areal_core.proxy.examples import calculator_corpus
     from areal_core.proxy.runner import ProxyServer
-    from datasets.arithmetic import generate
+    from task_data.arithmetic import generate
 
     train, _ = generate(1, 50, 10, ops="+-", lo=1, hi=9, max_steps=1)
     tok = build_tokenizer(calculator_corpus(train), 300)

@@ -14,7 +14,7 @@ from areal_core.proxy.examples import calculator_agent
 from areal_core.proxy.runner import ProxyServer
 from areal_core.proxy.sessions import session_id_for_key
 from areal_core.store import Store
-from datasets.arithmetic import generate
+from task_data.arithmetic import generate
 from tests.test_flyte import serialize
 from tests.test_online import MODEL, one_torch_thread  # noqa: F401 - the autouse fixture: one torch thread
 

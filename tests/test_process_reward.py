@@ -16,7 +16,7 @@ from areal_core.reward.process import (
     token_end_offsets,
     wants_token_offsets,
 )
-from datasets import arithmetic
+from task_data import arithmetic
 from tests.conftest import gsm8k_file
 
 

@@ -35,7 +35,7 @@ from areal_core.proxy.templating import ChatTemplate, parse_tool_calls
 from areal_core.rollout.engine import Generation
 from areal_core.rollout.torch_engine import TorchEngine
 from areal_core.store import Store
-from datasets.arithmetic import generate
+from task_data.arithmetic import generate
 
 KEY = "sk-test-proxy"
 ROOT = Path(__file__).resolve().parent.parent

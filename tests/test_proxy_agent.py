@@ -35,7 +35,7 @@ from areal_core.rollout.admission import Admission, recover_progress
 from areal_core.rollout.async_engine import AsyncEngine
 from areal_core.rollout.worker import RolloutLoop
 from areal_core.store import Store
-from datasets.arithmetic import generate
+from task_data.arithmetic import generate
 
 
 @pytest.fixture(scope="module", autouse=True)

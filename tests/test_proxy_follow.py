@@ -20,7 +20,7 @@ from areal_core.proxy.runner import ProxyServer
 from areal_core.proxy.versions import Folder, MlflowAlias, RunWeights, make_source
 from areal_core.store import Store
 from areal_core.weights.publisher import hf_side_files, publish, state_dict_bytes
-from datasets.arithmetic import generate
+from task_data.arithmetic import generate
 
 MODEL = [
     "model.hidden_size=32",

@@ -89,7 +89,7 @@ def as_shown(answer: str) -> str:
 
 
 def test_a_vlm_runs_report_shows_its_held_out_scenes_answered_before_and_after(tmp_path):
-    from datasets.clevr import clevr_reward
+    from task_data.clevr import clevr_reward
 
     store = vlm_run(tmp_path)
     result = pipeline.evaluate_run(store.uri)

@@ -24,7 +24,7 @@ from areal_core.reward import codec
 from areal_core.reward.code import code_reward
 from areal_core.reward.grading import run_tests
 from areal_core.reward.sandbox import Limits, Sandbox
-from datasets import code_tasks
+from task_data import code_tasks
 
 HAVE_BWRAP = shutil.which("bwrap") is not None
 needs_bwrap = pytest.mark.skipif(not HAVE_BWRAP, reason="bubblewrap not installed (.ci/run installs it)")

@@ -25,7 +25,7 @@ import shutil
 import pytest
 
 from areal_core.reward.pool import RewardPool
-from datasets import code_tasks, humaneval
+from task_data import code_tasks, humaneval
 from tests.reward_suites import MBPP_TASKS, NAMES, adapt, completion, define, references
 from tests.test_reward_adversarial import ANYTHING, CHEAT_LIMITS, CHEATS
 

@@ -26,7 +26,7 @@ from areal_core.reward.code import code_reward, extract_code
 from areal_core.reward.grading import run_tests
 from areal_core.reward.pool import RewardPool
 from areal_core.reward.sandbox import Limits, Sandbox, SandboxUnavailable, explain
-from datasets import code_tasks
+from task_data import code_tasks
 from tests.conftest import ROOT
 
 HAVE_BWRAP = shutil.which("bwrap") is not None

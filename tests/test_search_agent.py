@@ -129,8 +129,8 @@ def test_the_questions_survive_the_gsm8k_jsonl_form(kb, qs, tmp_path):
     carry everything the reward and the warm start need."""
     import json
 
-    from datasets.gsm8k import load_split
     from examples.search_agent.kb import from_record, to_row
+    from task_data.gsm8k import load_split
 
     train = qs[0][:10]
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(to_row(q)) + "\n" for q in train))

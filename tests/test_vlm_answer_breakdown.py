@@ -4,7 +4,7 @@ was asked about (its list cell by cell, and whether its final answer follows fro
 from __future__ import annotations
 
 from benchmarks.vlm_answer_breakdown import breakdown, follows, worked_row
-from datasets.clevr import describe, make_record
+from task_data.clevr import describe, make_record
 
 
 def answer(rec, text, correct):

@@ -23,7 +23,7 @@ from areal_core.rollout.workflow import WorkflowContext
 from areal_core.store import Store
 from areal_core.vlm.images import ImageCache, encode_png, put_image
 from areal_core.vlm.records import store_record_images
-from datasets.clevr import generate
+from task_data.clevr import generate
 from tests.test_vlm_model import picture, tiny
 
 WORKER = "rollout-0"

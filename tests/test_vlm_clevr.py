@@ -10,8 +10,8 @@ import pytest
 
 from areal_core.config import RunConfig
 from areal_core.vlm.images import encode_png
-from datasets import load_task
-from datasets.clevr import BACKGROUND, COLOURS, PLURAL, clevr_reward, generate, record_images
+from task_data import load_task
+from task_data.clevr import BACKGROUND, COLOURS, PLURAL, clevr_reward, generate, record_images
 from tests.conftest import ROOT
 
 

@@ -17,7 +17,7 @@ from areal_core.train.batch import collate
 from areal_core.train.step import policy_logprobs, train_step
 from areal_core.vlm.images import ImageCache, put_images
 from areal_core.vlm.inputs import MultimodalRows
-from datasets.clevr import generate, record_images
+from task_data.clevr import generate, record_images
 from tests.test_vlm_model import tiny
 
 

@@ -175,7 +175,7 @@ def retrain_candidate(
         run.write_json(LAYOUT.online_plan, plan)
         return run.uri
     start_path, start_label = _start_model(cfg, model_name, uri)
-    from datasets import load_task
+    from task_data import load_task
 
     _, held_out = load_task(cfg.task, cfg.seed)
     records = held_out[: cfg.eval.num_samples]

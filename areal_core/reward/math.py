@@ -41,6 +41,11 @@ from collections import deque
 from dataclasses import dataclass
 from fractions import Fraction
 
+from areal_core.reward.latex import boxed_contents, boxed_spans
+from areal_core.reward.math_expr import expression_reward
+
+__all__ = ["boxed_contents", "boxed_spans", "final_answer", "gsm8k_reward", "math_reward"]
+
 _DIGITS = r"(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?|\.\d+"
 # A minus counts as a sign only where it cannot be a binary operator (not after a word, digit or bracket).
 _SIGN = r"(?:(?<![\w)\]}.])[-−]\s?)?"
@@ -48,7 +53,6 @@ _CUR = r"(?:[$€£¥]\s?(?P<s2>[-−]\s?)?)?"  # a sign after the currency: "$-
 _NUMBER = re.compile(r"(?P<s1>" + _SIGN + r")" + _CUR + r"(?P<num>" + _DIGITS + r")(?:\s?/\s?(?P<den>\d+)(?![\d.]))?")
 _HASH = re.compile(r"####")
 _DIGIT = re.compile(r"\d")
-_BOX = re.compile(r"\\(?:boxed|fbox)[ \t]*\{")
 _ANSWER_PHRASE = re.compile(
     r"(?:final[ \t]+answer|the[ \t]+answer|answer)[ \t]*(?:is|:|=|would[ \t]+be|will[ \t]+be|should[ \t]+be)[ \t]*:?",
     re.IGNORECASE,
@@ -134,30 +138,6 @@ def _estimated_last(text: str) -> bool:
     return bool(_ESTIMATE_BEFORE.search(clean, max(0, m.start() - 40), m.start())) or bool(
         _ESTIMATE_AFTER.match(clean, m.end())
     )
-
-
-def boxed_spans(text: str) -> list[tuple[int, int]]:
-    """(start, end) of the contents of every outermost `\\boxed{...}` / `\\fbox{...}`, braces
-    balanced; one pass over the text (nested boxes are inside their outer box's span)."""
-    spans, i = [], 0
-    for m in _BOX.finditer(text):
-        if m.start() < i:
-            continue  # inside the previous box
-        depth, j = 1, m.end()
-        while j < len(text) and depth:
-            c = text[j]
-            depth += 1 if c == "{" else -1 if c == "}" else 0
-            j += 1
-        if depth:
-            break  # unclosed: so is every later box (they are all inside it)
-        spans.append((m.end(), j - 1))
-        i = j
-    return spans
-
-
-def boxed_contents(text: str) -> list[str]:
-    """The contents of every outermost `\\boxed{...}` (and `\\fbox{...}`), braces balanced."""
-    return [text[a:b] for a, b in boxed_spans(text)]
 
 
 def _line_rest(text: str, start: int, stop: int | None = None) -> str:
@@ -286,12 +266,10 @@ def math_reward(completion: str, reference: str) -> float:
     if "####" in reference:
         reference = reference.rsplit("####", 1)[1].strip().replace(",", "")
     boxes = boxed_contents(reference)
-    if boxes:  # a worked solution (MATH's `solution`, datasets/formats.py): its last box is the answer
+    if boxes:  # a worked solution (MATH's `solution`, task_data/formats.py): its last box is the answer
         reference = boxes[-1]
     numeric = _NUMBER.fullmatch(_clean(reference).strip().strip("$").strip()) is not None
     if not numeric:  # an expression (π, radicals, sets, intervals, equations, matrices): MATH's answers
-        from areal_core.reward.math_expr import expression_reward
-
         return expression_reward(completion, reference)
     answer = final_answer(completion)
     if answer is None:

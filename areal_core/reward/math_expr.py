@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from areal_core.reward.math import boxed_spans
+from areal_core.reward.latex import boxed_spans
 
 MAX_PIECE = 500
 MAX_PIECES = 6

@@ -4,7 +4,7 @@ pass (docs/reward.md); and called as the workers call it (a RewardPool process, 
 timeout) on a few training records, with each record's own answer as the completion, it
 returns finite rewards (a non-finite one is refused). A call that raises is logged, not refused:
 raising is how some graders score a completion 0 (the code reward on text that holds no program).
-The project's own functions (areal_core., datasets.) are tested by the suite and not called here."""
+The project's own functions (areal_core., task_data.) are tested by the suite and not called here."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ log = logging.getLogger("areal.preflight")
 # the keyword arguments a reward worker passes (docs/reward.md, "Adding a reward function")
 REWARD_ARGUMENTS = ("completion", "reference", "prompt", "prompt_id", "meta", "token_offsets", "prompt_len")
 REWARD_PROBES = 3
-OWN = ("areal_core.", "datasets.")  # the shipped graders
+OWN = ("areal_core.", "task_data.")  # the shipped graders
 
 
 @preflight("reward")

@@ -20,7 +20,7 @@ def prepare_run(cfg: RunConfig, resume: bool = False) -> str:
     Raises (before writing anything) when the task's data cannot be loaded, holds images for a
     text model, the preflight refuses the model (run/preflight.py), or another run owns the root.
     """
-    from datasets import load_task
+    from task_data import load_task
 
     try:
         train, held_out = load_task(cfg.task, cfg.seed)

@@ -1,7 +1,7 @@
 """A prompt record's images: stored by the prepare step, named by id in `meta.image_ids`.
 
 A task's record brings its images one of two ways (docs/vlm.md):
-    meta.image_source  "pkg.module:fn", fn(record) -> PIL images or PNG/JPEG bytes (datasets/clevr.py)
+    meta.image_source  "pkg.module:fn", fn(record) -> PIL images or PNG/JPEG bytes (task_data/clevr.py)
     meta.images        ids already stored under the run root (put_images), or paths/URIs of PNG/JPEG files
 
 `store_record_images(store, records)` stores them content-addressed (Layout.image) and sets

@@ -1,4 +1,4 @@
-"""Prompt records from table rows (datasets/tables.py), in three formats:
+"""Prompt records from table rows (task_data/tables.py), in three formats:
 
     gsm8k    question / answer (a worked solution ending `#### N`); reward: gsm8k_reward
     math     problem / answer (MATH-500; bare LaTeX) or the last \\boxed{} of solution (MATH);
@@ -20,7 +20,7 @@ import logging
 from typing import Any
 
 from areal_core.reward.math import boxed_contents
-from datasets.tables import DatasetError, read_split, split_files
+from task_data.tables import DatasetError, read_split, split_files
 
 log = logging.getLogger("areal.datasets")
 
@@ -50,7 +50,7 @@ def _missing(row: dict, field: str, where: str, setting: str) -> DatasetError:
 
 
 def gsm8k_record(row: dict, where: str, prompt_field: str, reference_field: str) -> dict[str, Any]:
-    from datasets.gsm8k import final_answer
+    from task_data.gsm8k import final_answer
 
     if reference_field not in row:
         raise _missing(row, reference_field, where, "task.reference_field")

@@ -127,7 +127,7 @@ def make_record(scene_seed: int, qtype: str, max_objects: int, describe_first: b
     (`describe`) before the final answer, a worked answer where the default answers at once."""
     scene = make_scene(scene_seed, qtype, max_objects)
     question, final = ask(scene, random.Random(scene_seed + 7))
-    meta = {"final": final, "scene": scene, "image_source": "datasets.clevr:record_images"}
+    meta = {"final": final, "scene": scene, "image_source": "task_data.clevr:record_images"}
     answer = f"{describe(scene)} #### {final}" if describe_first else f"#### {final}"
     return {"prompt": question, "answer": answer, "meta": meta}
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from datasets import arithmetic, clevr, code_tasks, formats, humaneval
-from datasets.tables import DatasetError
+from task_data import arithmetic, clevr, code_tasks, formats, humaneval
+from task_data.tables import DatasetError
 
 Records = list[dict[str, Any]]
 Loader = Callable[[Any, int], tuple[Records, Records]]

@@ -8,7 +8,7 @@ from typing import Any
 
 import fsspec
 
-from datasets.tables import DatasetError
+from task_data.tables import DatasetError
 
 __all__ = ["DatasetError", "final_answer", "load_split", "read_jsonl"]
 
