@@ -301,6 +301,14 @@ def server_name(server: MCPServerConfig) -> str:
 class RewardConfig(ConfigModel):
     num_workers: Int = Field(1, gt=0, description="reward worker processes (cluster: the pool's replicas)")
     function: Str = Field("", description="'pkg.module:function'; empty: the task's verifier")
+    stop_after_failed_groups: Int = Field(
+        4,
+        ge=0,
+        description=(
+            "stop the run when every reward of its first this-many groups is a failed call (raised, timed out, "
+            "crashed): it would train on zeros; 0: never"
+        ),
+    )
     pool_size: Int = Field(1, gt=0, description="grading processes per reward worker")
     timeout_s: Float = Field(5.0, gt=0, description="per-sample timeout that kills the call")
     retries: Int = Field(1, ge=0, description="retries of a failed grading call")

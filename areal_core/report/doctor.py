@@ -11,7 +11,10 @@ The limiting role, from each role's wait fraction w (report/timing.py):
 Health flags: a stalled worker (no close record, last record > `stall_s` older than the run's
 newest), reward collapse (the last window's mean reward below half of the best window's, and
 at least 0.1 lower), an exploding importance weight (max > 10 or KL(behav‖prox) > 0.5), drops
-above 5% of (trained + dropped) samples.
+above 5% of (trained + dropped) samples, rewards that are failed calls above 20% of the trained
+samples (`reward_error_frac`, with the most frequent reason).
+A crashed run's findings lead with the crash: the role's own `crash` record (its exception and
+where), or the launcher's (exit code and last output line) for a role killed without one.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ IW_MAX = 10.0
 KL_MAX = 0.5
 DROP_FRAC = 0.05
 STALL_S = 30.0
+REWARD_ERROR_FRAC = 0.2  # mean share of a step's samples whose reward was a failed call
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,4 +215,54 @@ def diagnose(
         role, evidence, advice = v
         title = "the staleness bound η limits the run" if role == "eta" else f"{role} limits the run"
         first = Finding("limit", role, title, evidence, advice)
-    return [first, *_health(records, rows, stall_s)]
+    return [*crashes(records), first, *_health(records, rows, stall_s), *reward_failures(records, rows)]
+
+
+def crashes(records: list[dict[str, Any]]) -> list[Finding]:
+    """One finding per role that crashed, first: its exception and where (the role's own `crash`
+    record), else its exit code and last output line (the launcher's)."""
+    own = {r.get("name"): r for r in records if r.get("kind") == "crash" and "error" in r}
+    out = [
+        Finding(
+            "health",
+            str(name).split("-")[0],
+            f"the run crashed: {name} failed",
+            f"{r['error']} ({r.get('where')})",
+            "fix the cause, then continue the run with resume_run",
+        )
+        for name, r in own.items()
+    ]
+    for r in records:
+        if r.get("kind") == "crash" and "exit_code" in r and r.get("name") not in own:
+            out.append(
+                Finding(
+                    "health",
+                    str(r.get("name")).split("-")[0],
+                    f"the run crashed: {r.get('name')} exited with code {r.get('exit_code')}",
+                    f"its last output: {r.get('last_line') or '(none)'}",
+                    "a negative code is the signal that killed it (-9: SIGKILL, often out of memory)",
+                )
+            )
+    return out
+
+
+def reward_failures(records: list[dict[str, Any]], rows: Sequence[dict[str, Any]]) -> list[Finding]:
+    """Rewards that are failed calls (the function raised, timed out or crashed): above
+    REWARD_ERROR_FRAC of the trained samples, with the most frequent reason."""
+    fracs = [float(r["reward_error_frac"]) for r in rows if r.get("reward_error_frac") is not None]
+    if not fracs or sum(fracs) / len(fracs) <= REWARD_ERROR_FRAC:
+        return []
+    reasons: dict[str, int] = {}
+    for r in records:
+        if r.get("kind") == "sandbox":
+            reasons[str(r.get("reason"))] = reasons.get(str(r.get("reason")), 0) + int(r.get("n", 1))
+    top = max(reasons, key=reasons.get, default="(no reason recorded)")
+    return [
+        Finding(
+            "health",
+            "reward",
+            f"{sum(fracs) / len(fracs):.0%} of rewards are errors",
+            f"the reward function's calls failed (most often: {top[:200]}); those samples scored 0",
+            "fix reward.function (docs/reward.md); the run trained on zeros for them",
+        )
+    ]

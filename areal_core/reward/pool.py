@@ -119,7 +119,9 @@ class RewardPool:
         self.fn_path, self.size, self.timeout_s, self.retries = fn_path, size, timeout_s, retries
         self._ctx = mp.get_context("fork")
         self._procs = [_Proc(self._ctx, fn_path) for _ in range(size)]
-        self.stats = {"calls": 0, "timeouts": 0, "errors": 0, "crashes": 0}
+        # failed: results that are a failure of the call (raised, timed out, crashed), after retries
+        self.stats = {"calls": 0, "timeouts": 0, "errors": 0, "crashes": 0, "results": 0, "failed": 0}
+        self.last_failure = ""
 
     def grade(self, jobs: list[dict[str, Any]]) -> list[RewardResult]:
         """Each job is the keyword arguments of one reward call; results keep the jobs' order."""
@@ -133,8 +135,10 @@ class RewardPool:
             attempts[i] += 1
             if attempts[i] <= self.retries:
                 todo.append(i)
-            else:
-                results[i] = RewardResult(0.0, None, {"error": reason})
+            else:  # `failed` tells a failed call from a grader's own reason for a 0 (`error` alone)
+                results[i] = RewardResult(0.0, None, {"error": reason, "failed": True})
+                self.stats["failed"] += 1
+                self.last_failure = reason
 
         while todo or busy:
             while todo and idle:
@@ -167,6 +171,7 @@ class RewardPool:
                     proc.kill()
                     idle.append(self._replace(proc))
                     fail(i, f"timeout after {self.timeout_s:g}s")
+        self.stats["results"] += len(jobs)
         return [r for r in results if r is not None]
 
     def _replace(self, dead: _Proc) -> _Proc:

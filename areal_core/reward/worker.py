@@ -98,6 +98,22 @@ def grade_samples(
         apply_labels(samples, labels)
 
 
+class RewardFunctionFailing(RuntimeError):
+    """Every reward so far was a failed call: the run would train on zeros."""
+
+
+def check_not_all_failed(pool: RewardPool, fn_path: str, after: int) -> None:
+    """RewardFunctionFailing when at least `after` (> 0) results are in and every one of them was
+    a failed call (the function raised, timed out or crashed): a run that could only train on
+    zeros stops with the reason instead of running to DONE."""
+    results, failed = pool.stats["results"], pool.stats["failed"]
+    if after > 0 and results >= after and failed == results:
+        raise RewardFunctionFailing(
+            f"every one of the first {results} rewards failed in {fn_path} (reward.stop_after_failed_groups): "
+            f"{pool.last_failure[:300]}"
+        )
+
+
 def failure_reasons(infos: list[dict]) -> Counter:
     """Reasons a grading failed, counted: the pool's `error` (timeout, crash, the function raised)
     and the sandbox's per-test `failures`, each cut to 120 characters."""
@@ -153,6 +169,7 @@ def run_reward_worker(run_uri: str, index: int = 0) -> dict:
                 for rel in todo:
                     graded += grade_shard(store, rel, pool, references, tokenizer, labels, ev)
                     done.add(rel)
+                    check_not_all_failed(pool, fn_path, cfg.reward.stop_after_failed_groups * cfg.rollout.group_size)
                 store.heartbeat(
                     "reward", str(index), graded=graded, grades_per_s=graded / max(time.time() - t0, 1e-9), **pool.stats
                 )

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from areal_core.events import EventTail
@@ -37,12 +37,16 @@ class RoleProcess:
     name: str
     proc: subprocess.Popen
     pump: threading.Thread
+    last_line: list[str] = field(default_factory=list)  # its output's last non-empty line
 
 
-def _pump(name: str, stream, sink) -> None:
+def _pump(name: str, stream, sink, last: list[str] | None = None) -> None:
+    """Copy a role's output to `sink`, line by line, keeping its last non-empty line in `last`."""
     for line in iter(stream.readline, ""):
         sink.write(f"[{name}] {line}")
         sink.flush()
+        if last is not None and line.strip():
+            last[:] = [line.strip()[:500]]
     stream.close()
 
 
@@ -65,9 +69,22 @@ def start_role(
         cwd=str(PROJECT_ROOT),
         preexec_fn=own_group_dying_with_parent(signal.SIGKILL),
     )
-    pump = threading.Thread(target=_pump, args=(name, proc.stdout, log_sink or sys.stderr), daemon=True)
+    last: list[str] = []
+    pump = threading.Thread(target=_pump, args=(name, proc.stdout, log_sink or sys.stderr, last), daemon=True)
     pump.start()
-    return RoleProcess(name, proc, pump)
+    return RoleProcess(name, proc, pump, last)
+
+
+def record_exit(store: Store, p: RoleProcess, rc: int) -> None:
+    """A `crash` event of the launcher's: which role exited how, and its last output line (the role
+    records its own exception when it has one; a killed one cannot). Best effort."""
+    from areal_core.events import EventLog
+
+    try:
+        with EventLog(Store(store.uri, retry_s=0), "launcher", "0", flush_every_s=0) as ev:
+            ev.emit("crash", name=p.name, exit_code=rc, last_line=(p.last_line or [""])[0])
+    except Exception:  # noqa: BLE001 - the RoleFailed that follows is what matters
+        pass
 
 
 def stop_all(procs: list[RoleProcess], grace_s: float = 10.0) -> None:
@@ -190,6 +207,8 @@ def launch(
             for p in procs:
                 rc = p.proc.poll()
                 if rc not in (None, 0):
+                    p.pump.join(timeout=2)  # its last words
+                    record_exit(store, p, rc)
                     raise RoleFailed(f"role {p.name} exited with code {rc}; stopping the run")
             if all(p.proc.poll() == 0 for p in procs):
                 break

@@ -65,7 +65,7 @@ def check_reward(ctx: Preflight) -> None:
     ]
     with RewardPool(path, size=1, timeout_s=cfg.reward.timeout_s, retries=0) as pool:
         results = pool.grade(jobs)
-    errors = [str(r.info.get("error")) for r in results if r.info.get("error")]
+    errors = [str(r.info.get("error")) for r in results if r.info.get("failed")]
     nonfinite = [e for e in errors if "non-finite" in e]
     if nonfinite:
         raise ConfigError(

@@ -20,9 +20,18 @@ from areal_core.procs import exit_on_sigterm
 
 def run_role(role: str, run_uri: str, index: int = 0) -> dict:
     """Run `role` while holding the run's lease (run/ownership.py): the role stops with RootLost
-    when another run takes the root over or the root loses its history."""
+    when another run takes the root over or the root loses its history. A role that raises leaves
+    a `crash` event in the store (`record_crash`) before the exception propagates."""
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}")
+    try:
+        return _run_role(role, run_uri, index)
+    except Exception as exc:
+        record_crash(run_uri, role, index, exc)
+        raise
+
+
+def _run_role(role: str, run_uri: str, index: int) -> dict:
     from areal_core.store import Store
 
     Store(run_uri).clean_temp(*LAYOUT.own_folders(role, index))  # a dead writer's (store.py); checks index
@@ -126,6 +135,23 @@ def trainer_task(run_uri: str) -> str:
 
 def final_model_uri(run_uri: str) -> str:
     return f"{run_uri.rstrip('/')}/{LAYOUT.final_model}"
+
+
+def record_crash(run_uri: str, role: str, index: int, exc: BaseException) -> None:
+    """A `crash` event in the run's store (the report and the doctor lead with it): the role, the
+    exception and where it was raised. Best effort: a store that fails here changes nothing."""
+    import traceback
+
+    from areal_core.events import EventLog
+    from areal_core.store import Store
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f"{frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno} in {frames[-1].name}" if frames else ""
+    try:
+        with EventLog(Store(run_uri, retry_s=0), role, str(index), flush_every_s=0) as ev:
+            ev.emit("crash", name=f"{role}-{index}", error=f"{type(exc).__name__}: {exc}"[:1000], where=where)
+    except Exception:  # noqa: BLE001 - the role's own error is what propagates
+        pass
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -216,6 +216,8 @@ class Trainer:
         publish_s = self.sink.after_step(self)
         staleness = [st.version - 1 - v for v in trained_versions]
         metrics.update(
+            # share of the step's samples whose reward was a failed call (raised, timed out, crashed)
+            reward_error_frac=sum(bool((s.reward_info or {}).get("failed")) for s in samples) / max(len(samples), 1),
             staleness_mean=sum(staleness) / max(len(staleness), 1),
             staleness_max=max(staleness, default=0),
             dropped_samples=counters.dropped_samples,
