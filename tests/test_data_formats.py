@@ -242,3 +242,9 @@ def test_a_broken_loader_is_refused_at_prepare(loader, message, tmp_path):
             "", [*TINY, f"store={root}", "task.name=dataset", f"task.loader=tests.test_data_formats:{loader}"]
         )
     assert not root.exists()
+
+
+def test_a_missing_bucket_is_named_before_any_work(s3_bucket):
+    missing = s3_bucket.replace("s3://", "s3://no-such-") + "-x"
+    with pytest.raises(ConfigError, match=r"config key 'store': bucket 'no-such-areal-[0-9a-f]+-x' does not exist"):
+        pipeline.prepare("", [*TINY, f"store={missing}/run"])

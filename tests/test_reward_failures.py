@@ -85,3 +85,23 @@ def test_a_role_killed_without_a_word_is_named_by_its_exit_code_and_last_line():
     own = {**at, "role": "rollout", "worker": "1", "kind": "crash", "name": "rollout-1", "error": "MemoryError: "}
     assert [f.title for f in crashes([*records, own])] == ["the run crashed: rollout-1 failed"]
     assert diagnose([*records, own])[0].title == "the run crashed: rollout-1 failed"
+
+
+def test_mlflow_artifacts_go_beside_the_users_sqlite_store_not_into_the_working_directory(tmp_path, monkeypatch):
+    from areal_core.config import load_config
+    from areal_core.run.tracking import Tracker
+
+    work = tmp_path / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    db = tmp_path / "tracking" / "mine.db"
+    cfg = load_config(None, [f"store={tmp_path / 'run'}", f"tracking.uri=sqlite:///{db}", "tracking.experiment=own"])
+    store = Store(cfg.store)
+    tracker = Tracker.create(store, cfg)
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "weights.bin").write_bytes(b"x" * 10)
+    tracker.log_artifacts(folder, "final_model")
+    tracker.finish("FINISHED")
+    assert list((db.parent / "mlartifacts").rglob("weights.bin"))
+    assert not list(work.rglob("*"))  # nothing in the working directory

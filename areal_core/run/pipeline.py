@@ -41,8 +41,12 @@ def sft_key(cfg: RunConfig) -> str:
     return json.dumps(part, sort_keys=True)
 
 
+BUCKET_STORES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss")  # object stores whose root starts with a bucket
+
+
 def check_root(store: Store) -> None:
-    """ConfigError when the run root (or a folder above it) is an existing file, or when it holds
+    """ConfigError when the run root's bucket does not exist, the root (or a folder above it) is an
+    existing file, or when it holds
     entries a new run would clear (LAYOUT.run_state: weights/, trainer/, DONE, ...) but no run
     (neither config.yaml nor LEASE.json): they are someone else's. What a run keeps (labels/,
     init_model/, prompts/, images/) and anything else is never cleared, so it may be there."""
@@ -53,8 +57,12 @@ def check_root(store: Store) -> None:
                 if not folder.is_dir():
                     raise ConfigError(f"config key 'store': {folder} is a file, not a folder for the run root")
                 break
-    elif store.fs.isfile(store.root):
-        raise ConfigError(f"config key 'store': {store.uri} is an object, not a folder for the run root")
+    else:
+        bucket = store.root.split("/", 1)[0]
+        if store.uri.split("://", 1)[0] in BUCKET_STORES and not store.fs.exists(bucket):
+            raise ConfigError(f"config key 'store': bucket '{bucket}' does not exist (create it, or fix the URI)")
+        if store.fs.isfile(store.root):
+            raise ConfigError(f"config key 'store': {store.uri} is an object, not a folder for the run root")
     names = store.listdir("")  # retried like every store read
     cleared = [n for n in names if n in LAYOUT.run_state]  # what prepare would delete (labels/, init_model/ stay)
     if cleared and not {LAYOUT.config, LAYOUT.lease} & set(names):

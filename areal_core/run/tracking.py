@@ -107,12 +107,24 @@ class Execution:
         return {**tags, "flyte.console_url": self.url} if self.url else tags
 
 
+def artifact_root(uri: str) -> str | None:
+    """Where a new experiment keeps its artifacts: beside a sqlite tracking file
+    (`<its folder>/mlartifacts`; MLflow's own default is ./mlruns of whatever the working directory
+    is), else the tracking server's choice (None)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return (Path(uri.removeprefix("sqlite:///")).resolve().parent / "mlartifacts").as_uri()
+
+
 def new_run(client: Any, experiment: str, fallback_name: str, tags: dict[str, str] | None = None) -> str:
     """Create an MLflow run in `experiment` (created when missing), named and tagged after this
     process's Flyte execution (`Execution.run_name(fallback_name)`); returns its run id."""
+    import mlflow
+
     execution = Execution.from_env()
     exp = client.get_experiment_by_name(experiment)
-    exp_id = exp.experiment_id if exp else client.create_experiment(experiment)
+    where = artifact_root(mlflow.get_tracking_uri())
+    exp_id = exp.experiment_id if exp else client.create_experiment(experiment, where)
     all_tags = {**(tags or {}), **execution.tags()}
     return client.create_run(exp_id, run_name=execution.run_name(fallback_name), tags=all_tags).info.run_id
 
