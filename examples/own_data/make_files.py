@@ -36,7 +36,9 @@ def math_rows() -> list[dict]:
             rows.append(
                 {
                     "problem": f"Simplify $\\frac{{{a}\\pi}}{{{b}}} + \\frac{{{a}\\pi}}{{{b}}}$.",
-                    "solution": f"The sum is $\\frac{{2 \\cdot {a}\\pi}}{{{b}}} = \\boxed{{\\frac{{{2 * a}\\pi}}{{{b}}}}}$.",
+                    "solution": (
+                        f"The sum is $\\frac{{2 \\cdot {a}\\pi}}{{{b}}} = \\boxed{{\\frac{{{2 * a}\\pi}}{{{b}}}}}$."
+                    ),
                     "answer": f"\\frac{{{2 * a}\\pi}}{{{b}}}",
                     "level": "Level 1",
                     "type": "Prealgebra",
