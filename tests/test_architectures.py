@@ -344,3 +344,28 @@ def test_a_bfloat16_checkpoint_in_shards_stays_bfloat16_on_disk(tmp_path):
     reloaded, _ = load_pretrained(str(store.local_path("init_model")))
     for k, v in model.state_dict().items():
         assert torch.equal(reloaded.state_dict()[k], v.float()), k
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_large_checkpoint_is_checked_without_its_weights(where, tmp_path, monkeypatch, request):
+    """Over MAX_WEIGHT_BYTES, prepare builds the model on the meta device from its config (no
+    model-sized memory on prepare's pod, no weight download from a remote store): the engine and
+    LoRA checks still refuse, and the agreement check says it was skipped."""
+    from areal_core.run import preflight
+
+    monkeypatch.setattr(preflight, "MAX_WEIGHT_BYTES", 0)
+    local = tc.save("gemma3", tmp_path / "gemma3")
+    path = str(local)
+    if where == "s3":
+        bucket = request.getfixturevalue("s3_bucket")
+        Store(f"{bucket}/gemma3").put_dir(str(local), "")
+        path = f"{bucket}/gemma3"
+    with pytest.raises(ConfigError, match=r"preflight engine: .*gemma3_text"):
+        pipeline.prepare("", [*TINY, f"store={tmp_path / 'r1'}", f"model.path={path}", "rollout.engine=continuous"])
+    cfg_overrides = [*TINY, f"store={tmp_path / 'r2'}", f"model.path={path}", "train.lora_rank=4"]
+    from areal_core.config import load_config
+    from task_data import load_task
+
+    cfg = load_config(None, cfg_overrides)
+    notes = preflight.run_preflight(cfg, load_task(cfg.task, cfg.seed)[0])
+    assert notes["agreement"].startswith("skipped: weights over 0 GiB") and "q_proj" in notes["lora"]

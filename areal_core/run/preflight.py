@@ -15,6 +15,9 @@ by SFT from the project's own supported Qwen2):
     agreement   a few task prompts, sampled by the chosen built-in engine, score the same
                 log-probs under the engine, the trainer's packed forward and the HF forward:
                 mean |Δ log p| ≤ AGREEMENT_TOL in float32 (a bfloat16 engine's gap is logged)
+
+A checkpoint whose weights exceed MAX_WEIGHT_BYTES is checked on the meta device (its config's
+shapes): every check but the agreement, which needs the weights, runs.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ log = logging.getLogger("areal.preflight")
 AGREEMENT_TOL = 1e-5  # mean |Δ log p| in float32 (measured: ≤ 5e-7 max on every supported architecture)
 AGREEMENT_PROMPTS = 2
 AGREEMENT_TOKENS = 12
+MAX_WEIGHT_BYTES = 2 * 1024**3  # larger checkpoints are checked without their weights (no agreement check)
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
 CHECKS: dict[str, Callable[[Preflight], None]] = {}
 
@@ -57,6 +62,7 @@ class Preflight:
     train: list[dict[str, Any]]
     model: Any = None
     tokenizer: Any = None
+    weights_loaded: bool = False  # False: the model is on the meta device (its shapes, no weights)
     notes: dict[str, str] = field(default_factory=dict)  # what each check found, for the log
 
     @property
@@ -82,10 +88,9 @@ def check_model(ctx: Preflight) -> None:
     if not ctx.user_model:
         return
     from areal_core.architecture import UnsupportedArchitecture, attention_windows
-    from areal_core.models import load_pretrained
 
     try:
-        ctx.model, ctx.tokenizer = load_pretrained(ctx.cfg.model.path)
+        ctx.model, ctx.tokenizer, ctx.weights_loaded = load_for_checks(ctx.cfg.model.path)
     except Exception as exc:  # noqa: BLE001 - any loading failure is the user's checkpoint, named
         raise ConfigError(f"config key 'model.path': cannot load {ctx.cfg.model.path!r}: {exc}"[:600]) from None
     try:
@@ -94,6 +99,45 @@ def check_model(ctx: Preflight) -> None:
         raise ConfigError(f"config key 'model.path': {exc}") from None
     slid = sorted({w for w in windows if w})
     ctx.notes["model"] = f"{type(ctx.model).__name__}, {len(windows)} layers" + (f", windows {slid}" if slid else "")
+
+
+def load_for_checks(path: str) -> tuple[Any, Any, bool]:
+    """(model, tokenizer, weights loaded): the checkpoint with its weights when they are at most
+    MAX_WEIGHT_BYTES, else its config on the meta device (architecture, engine and LoRA checks
+    need no weights; prepare's pod then needs no model-sized memory, and a remote checkpoint is
+    read without its weights)."""
+    from pathlib import Path
+
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from areal_core.models import load_pretrained, localize
+    from areal_core.store import Store
+
+    remote = "://" in path and not path.startswith("file://")
+    if not remote:
+        folder = Path(localize(path))
+        size = sum(f.stat().st_size for f in folder.glob("*") if f.suffix in WEIGHT_SUFFIXES)
+    else:
+        store = Store(path)
+        size = sum(store.fs.size(store.path(n)) for n in store.listdir("") if Path(n).suffix in WEIGHT_SUFFIXES)
+    if size <= MAX_WEIGHT_BYTES:
+        model, tokenizer = load_pretrained(path)
+        return model, tokenizer, True
+    if remote:
+        import tempfile
+
+        local = tempfile.mkdtemp(prefix="areal-preflight-")
+        for name in store.listdir(""):
+            if Path(name).suffix not in WEIGHT_SUFFIXES and store.exists(name):
+                Path(local, name).write_bytes(store.read_bytes(name))
+        folder = Path(local)
+    config = AutoConfig.from_pretrained(folder)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    if tokenizer.pad_token_id is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer, False
 
 
 @preflight("prompts")
@@ -144,6 +188,12 @@ def check_agreement(ctx: Preflight) -> None:
     cfg = ctx.cfg
     rows = [r for r in ctx.train[:AGREEMENT_PROMPTS] if isinstance(r.get("prompt"), str)]
     if ctx.model is None or cfg.rollout.engine not in ("torch", "continuous", "auto") or not rows:
+        return
+    if not ctx.weights_loaded:
+        ctx.notes["agreement"] = (
+            f"skipped: weights over {MAX_WEIGHT_BYTES // 1024**3} GiB are not loaded at prepare; the first steps' "
+            "abs_dlogp_behav_prox (at η = 0 the engine/trainer gap alone) shows it"
+        )
         return
     gaps = measure_agreement(ctx.model, ctx.tokenizer, cfg, rows)
     ctx.notes["agreement"] = f"mean |Δ log p| vs {type(ctx.model).__name__}: " + ", ".join(
