@@ -38,6 +38,25 @@ ANSWERS: dict[str, tuple[list[str], list[str]]] = {
     r"\dfrac{5}{7}": ([r"\frac{5}{7}", r"5/7"], [r"\frac{7}{5}", r"0.7"]),
     r"-\frac{3}{4}": ([r"-0.75", r"\frac{-3}{4}"], [r"\frac{3}{4}", r"-\frac{4}{3}"]),
     r"\text{(C)}": ([r"\text{(C)}", r"(C)"], [r"\text{(B)}", r"(D)"]),
+    r"\text{(A)}": ([r"(A)", r"\textbf{(A)}", r"A"], [r"(B)"]),
+    r"\text{Monday}": ([r"Monday"], [r"\text{Tuesday}"]),
+    r"\$18.90": ([r"18.90", r"\$18.9"], [r"18.09", r"\$19.80"]),
+    r"75\%": ([r"75"], [r"0.75\%", r"57"]),
+    r"(1, -2, 3)": ([r"(1,-2,3)"], [r"(1, 2, 3)", r"(3, -2, 1)"]),
+    r"\sqrt[3]{2}": ([r"2^{1/3}"], [r"\sqrt{2}", r"\sqrt[3]{3}"]),
+    r"\log_2 3": ([r"\log_{2} 3"], [r"\log_3 2", r"\log_2 5"]),
+    r"e^2": ([r"e^{2}"], [r"2e", r"e^3"]),
+    r"x > 3": ([r"3 < x"], [r"x < 3", r"x \geq 3"]),
+    r"\frac{a^2 + b^2}{2}": ([r"\frac{b^2+a^2}{2}"], [r"\frac{a^2 - b^2}{2}"]),
+    r"1011_2": ([r"1011_{2}"], [r"1011_3", r"1011", r"11_2"]),
+    r"10_{8}": ([r"10_8"], [r"10_{9}", r"8_{10}"]),
+    r"-\infty": ([r"-\infty"], [r"\infty"]),
+    r"\pi - 2": ([r"-2 + \pi"], [r"2 - \pi"]),
+    r"\begin{pmatrix} -1 \\ 2 \\ 0 \end{pmatrix}": (
+        [r"\begin{pmatrix}-1\\2\\0\end{pmatrix}"],
+        [r"\begin{pmatrix} 1 \\ 2 \\ 0 \end{pmatrix}"],
+    ),
+    r"1 \pm \sqrt{2}": ([r"1 \pm \sqrt 2"], [r"1 + \sqrt{2}", r"1 \pm \sqrt{3}"]),
 }
 
 
@@ -68,7 +87,8 @@ def hedged_forms(answer: str, other: str) -> list[str]:
         rf"The answer is ${answer}$, else ${other}$.",
         rf"The answer is either ${answer}$ or ${other}$.",
         rf"\boxed{{{answer}}} \text{{ or maybe }} {other}",
-        rf"#### {answer}\n#### {other}",
+        rf"#### {answer}\n#### {other}",  # one line: the backslash-n is text
+        "#### " + answer + "\n#### " + other,  # two lines
     ]
 
 

@@ -13,6 +13,7 @@ reference's answer, or it scores 0:
     several math segments, boxes or answer lines: each one must verify
     an equation A = B (= C ...) where the reference has no `=`: each side without free symbols
     must verify, and at least one must (`x = 5` pays for 5; `\\frac{\\pi}{6} = \\frac{\\pi}{3}` does not)
+    a base other than the reference's (`10_8` for `10_9`: math-verify drops subscripts)
 
 Each piece is parsed as `$piece$`, at most MAX_PIECE characters, at most MAX_PIECES per
 completion, each parse and verify under math-verify's timeout.
@@ -44,6 +45,8 @@ _PHRASE_LINE = re.compile(
     r"([^\n]*)",
     re.IGNORECASE,
 )
+# a number's base, as MATH writes it (1011_2, 10_{8}): math-verify drops it, so it is compared here
+_BASE = re.compile(r"(?<=[0-9A-Za-z}])_\{?(\d+)\}?")
 # a top-level "=": not part of \leq, \geq, \neq, <=, >=, !=, :=, ==
 _EQUALS = re.compile(r"(?<![<>!:=\\])=(?!=)")
 
@@ -114,6 +117,8 @@ def piece_matches(piece: str, gold: list[Any], reference: str) -> bool:
     piece = piece.strip().rstrip(".").strip()
     if not piece:
         return False
+    if sorted(_BASE.findall(piece)) != sorted(_BASE.findall(reference)):  # 10_8 is not 10_9
+        return False
     if "=" not in reference and _EQUALS.search(piece):
         sides = [s for s in _split_top_level(piece, _EQUALS) if s]
         constants = [s for s in sides if _constant(s)]
@@ -132,7 +137,7 @@ def _deciding_texts(completion: str) -> tuple[list[str], list[str]]:
         segments = [_segment(m) for m in _MATH_SEGMENT.finditer(tail)]
         prose = _MATH_SEGMENT.sub(" ", tail)
         return pieces + [s for s in segments if s.strip() and "\\boxed" not in s], [prose, *pieces]
-    lines = [m.group(1) for m in _HASH_LINE.finditer(completion)]
+    lines = [part for m in _HASH_LINE.finditer(completion) for part in m.group(1).split("####")]
     if not lines:
         lines = [m.group(1) for m in _PHRASE_LINE.finditer(completion)]
     if lines:
