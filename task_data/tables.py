@@ -7,7 +7,10 @@ Parquet, CSV and Arrow (IPC file or stream, Feather), at any local path or fsspe
     <root>/<split>.<ext>                              train.jsonl, test.parquet, ...
     <root>/<split>-NNNNN-of-NNNNN.<ext>               a hub config folder given as the root
     <root>/data/<split>-*.<ext>                       the hub's default layout
+    <root>/<split>/data-*.<ext>                       `datasets.save_to_disk` (data-00000-of-00001.arrow)
     <root>/<config>/<split>-*.<ext>                   the hub layout with configs (openai/gsm8k: main/, socratic/)
+
+Any of these may be compressed (`train.jsonl.gz`, `.bz2`, `.xz`, `.zst`).
 
 The last refuses two configs at once and names them (point task.path at one). A missing split
 names everything it looked for; a bad row names the file and the row.
@@ -22,6 +25,17 @@ from typing import Any
 import fsspec
 
 EXTENSIONS = ("jsonl", "json", "parquet", "csv", "arrow", "feather")
+COMPRESSIONS = {"gz": "gzip", "bz2": "bz2", "xz": "xz", "zst": "zstd"}  # train.jsonl.gz and the like
+
+
+def table_format(name: str) -> str | None:
+    """The table format of a file name (`train.jsonl.gz` -> jsonl), or None."""
+    parts = name.lower().rsplit("/", 1)[-1].split(".")
+    if len(parts) > 2 and parts[-1] in COMPRESSIONS:
+        parts = parts[:-1]
+    return parts[-1] if len(parts) > 1 and parts[-1] in EXTENSIONS else None
+
+
 MAX_TABLE_BYTES = 2 * 1024**3  # one split's files together
 
 
@@ -49,14 +63,13 @@ def split_files(root: str, split: str) -> list[str]:
         return [_url(fs, base)]
     if not fs.isdir(base):
         raise DatasetError(f"dataset file or folder '{root}' does not exist")
-    tried = []
-    for ext in EXTENSIONS:
-        tried.append(f"{split}.{ext}")
-        if fs.isfile(f"{base}/{split}.{ext}"):
-            return [_url(fs, f"{base}/{split}.{ext}")]
-    for pattern in (f"{split}-*.*", f"data/{split}-*.*", f"*/{split}-*.*"):
+    tried = [f"{split}.<ext>[.gz]"]
+    named = sorted(p for p in fs.glob(f"{base}/{split}.*") if table_format(p))
+    if named:
+        return [_url(fs, named[0])]
+    for pattern in (f"{split}-*.*", f"data/{split}-*.*", f"{split}/data-*.*", f"*/{split}-*.*"):
         tried.append(pattern)
-        found = sorted(p for p in fs.glob(f"{base}/{pattern}") if p.rsplit(".", 1)[-1] in EXTENSIONS)
+        found = sorted(p for p in fs.glob(f"{base}/{pattern}") if table_format(p))
         if not found:
             continue
         configs = sorted({p[len(base) + 1 :].split("/")[0] for p in found}) if pattern.startswith("*/") else []
@@ -71,17 +84,24 @@ def split_files(root: str, split: str) -> list[str]:
 
 def read_rows(uri: str) -> list[dict[str, Any]]:
     """Every row of one table file, as dicts (the format from the file's extension)."""
-    ext = uri.rsplit(".", 1)[-1].lower()
-    if ext not in EXTENSIONS:
-        raise DatasetError(f"dataset file '{uri}': .{ext} is not a table format this reads ({', '.join(EXTENSIONS)})")
+    ext = table_format(uri)
+    if ext is None:
+        raise DatasetError(
+            f"dataset file '{uri}': not a table format this reads ({', '.join(EXTENSIONS)}, compressed or not)"
+        )
     fs, path = _fs(uri)
+    compression = COMPRESSIONS.get(uri.rsplit(".", 1)[-1].lower())
     try:
         if fs.size(path) > MAX_TABLE_BYTES:
             raise DatasetError(f"dataset file '{uri}' is larger than {MAX_TABLE_BYTES} bytes")
-        with fs.open(path, "rb") as f:
-            data = f.read()
+        with fs.open(path, "rb", compression=compression) as f:
+            data = f.read(MAX_TABLE_BYTES + 1)
     except FileNotFoundError:
         raise DatasetError(f"dataset file '{uri}' does not exist") from None
+    except (OSError, EOFError, ValueError) as exc:  # a damaged compressed file
+        raise DatasetError(f"dataset file '{uri}': cannot decompress it ({str(exc)[:200]})") from None
+    if len(data) > MAX_TABLE_BYTES:
+        raise DatasetError(f"dataset file '{uri}' is larger than {MAX_TABLE_BYTES} bytes uncompressed")
     if ext in ("jsonl", "json"):
         return _json_rows(uri, data.decode("utf-8", errors="replace"))
     import pyarrow as pa

@@ -175,7 +175,7 @@ def test_an_unreadable_table_and_a_missing_split_say_what_was_looked_for(tmp_pat
     with pytest.raises(DatasetError, match=r"train.parquet': not a readable .parquet table"):
         load_task(task("task.name=dataset", f"task.path={tmp_path}"), 1)
     (tmp_path / "train.parquet").unlink()
-    with pytest.raises(DatasetError, match=r"has no train split: looked for train.jsonl, .*data/train-\*"):
+    with pytest.raises(DatasetError, match=r"has no train split: looked for train.<ext>\[.gz\], .*data/train-\*"):
         load_task(task("task.name=dataset", f"task.path={tmp_path}"), 1)
 
 
@@ -248,3 +248,36 @@ def test_a_missing_bucket_is_named_before_any_work(s3_bucket):
     missing = s3_bucket.replace("s3://", "s3://no-such-") + "-x"
     with pytest.raises(ConfigError, match=r"config key 'store': bucket 'no-such-areal-[0-9a-f]+-x' does not exist"):
         pipeline.prepare("", [*TINY, f"store={missing}/run"])
+
+
+@pytest.mark.parametrize("suffix, opener", [("gz", "gzip"), ("bz2", "bz2"), ("xz", "lzma")])
+def test_compressed_tables_are_read(suffix, opener, tmp_path):
+    import importlib
+
+    module = importlib.import_module(opener)
+    for split, rows in (("train", GSM[:40]), ("test", GSM[40:])):
+        with module.open(tmp_path / f"{split}.jsonl.{suffix}", "wt") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in rows))
+    train, held = load_task(task("task.name=gsm8k", f"task.path={tmp_path}"), 1)
+    assert (len(train), len(held)) == (30, 6) and train[1]["prompt"] == GSM[1]["question"]
+
+
+def test_a_damaged_compressed_file_is_named(tmp_path):
+    (tmp_path / "train.jsonl.gz").write_bytes(b"\x1f\x8b not really gzip")
+    with pytest.raises(DatasetError, match=r"train.jsonl.gz': cannot decompress it"):
+        load_task(task("task.name=dataset", f"task.path={tmp_path}"), 1)
+
+
+def test_the_save_to_disk_layout_is_read(tmp_path):
+    """What Hugging Face `datasets.save_to_disk` writes: <split>/data-0000N-of-0000M.arrow (Arrow
+    streams) beside state.json and dataset_info.json, which are not data."""
+    for split, rows in (("train", GSM[:40]), ("test", GSM[40:])):
+        folder = tmp_path / split
+        folder.mkdir()
+        table = pa.Table.from_pylist(rows)
+        with ipc.new_stream(str(folder / "data-00000-of-00001.arrow"), table.schema) as w:
+            w.write_table(table)
+        (folder / "state.json").write_text('{"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}')
+        (folder / "dataset_info.json").write_text("{}")
+    train, held = load_task(task("task.name=gsm8k", f"task.path={tmp_path}"), 1)
+    assert (len(train), len(held)) == (30, 6) and held[0]["prompt"] == GSM[40]["question"]
