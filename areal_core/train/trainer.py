@@ -321,8 +321,10 @@ class Trainer:
         if self._guard is not None:
             self._guard()
         st = self.state
-        # in init_model's dtype: a user's bfloat16 checkpoint is written back in bfloat16
-        dtype = config_dtype(self.store.read_json(f"{LAYOUT.init_model}/config.json"))
+        # in init_model's dtype: a user's bfloat16 checkpoint is written back in bfloat16 (a run
+        # without init_model/ in its root, online retraining's, keeps float32)
+        config = f"{LAYOUT.init_model}/config.json"
+        dtype = config_dtype(self.store.read_json(config)) if self.store.exists(config) else None
         with tempfile.TemporaryDirectory() as tmp:
             save_pretrained(model, self.tokenizer, tmp, dtype)
             self.store.put_dir(tmp, LAYOUT.final_model)
