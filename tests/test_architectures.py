@@ -369,3 +369,54 @@ def test_a_large_checkpoint_is_checked_without_its_weights(where, tmp_path, monk
     cfg = load_config(None, cfg_overrides)
     notes = preflight.run_preflight(cfg, load_task(cfg.task, cfg.seed)[0])
     assert notes["agreement"].startswith("skipped: weights over 0 GiB") and "q_proj" in notes["lora"]
+
+
+@pytest.mark.parametrize("name", list(tc.ARCHS))
+def test_log_probs_from_the_head_in_chunks_equal_the_full_logits_value_and_gradient(name, tok):
+    """train/head.py: every path (padded, packed, tree) with the LM head applied 7 tokens at a time
+    gives the full-logits log-probs and entropy, and the same gradient, to 1e-6 (float32);
+    Gemma's soft-capping and Granite's logit scaling included."""
+    from areal_core.train import head as chunked
+
+    seqs, groups = rows()
+    ids, mask = padded(seqs)
+    model = tc.model(name, tok=tok).train()
+    assert chunked.LogitHead.for_model(model, ids, 7) is not None  # the first-use check agreed
+    paths = {
+        "padded": lambda c: token_logprobs(model, ids, mask, 0.7, with_entropy=True, logit_chunk=c),
+        "packed": lambda c: packed_token_logprobs(model, ids, mask, 0.7, with_entropy=True, logit_chunk=c),
+        "tree": lambda c: packed_token_logprobs(
+            model, ids, mask, 0.7, with_entropy=True, group_index=groups, logit_chunk=c
+        ),
+    }
+    for path, run in paths.items():
+        results = []
+        for c in (0, 7):
+            model.zero_grad()
+            lp, ent = run(c)
+            ((lp * mask).sum() + 0.1 * (ent * mask).sum()).backward()
+            grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+            results.append((lp.detach(), ent.detach(), grads))
+        (lp0, ent0, g0), (lp1, ent1, g1) = results
+        assert (lp0 - lp1).abs().max() < 1e-6 and (ent0 - ent1).abs().max() < 1e-5, (name, path)
+        assert (g0 - g1).abs().max() < 1e-5 * max(1.0, float(g0.abs().max())), (name, path)
+
+
+def test_a_head_whose_post_processing_is_unknown_falls_back_to_full_logits(tok, caplog):
+    """A CausalLM that changes its logits in a way head.py does not reproduce is caught by the
+    first-use comparison and keeps the full-logits path (with a warning), never a wrong value."""
+    from areal_core.train import head as chunked
+
+    model = tc.model("llama", tok=tok)
+    original = type(model).forward
+
+    class Doubled(type(model)):
+        def forward(self, *args, **kwargs):
+            out = original(self, *args, **kwargs)
+            out.logits = out.logits * 2
+            return out
+
+    model.__class__ = Doubled
+    ids, _ = padded(rows()[0])
+    assert chunked.LogitHead.for_model(model, ids, 7) is None
+    assert "using full logits" in caplog.text

@@ -328,6 +328,14 @@ class TrainConfig(ConfigModel):
     weight_decay: Float = Field(0.0, ge=0, description="AdamW weight decay")
     grad_clip: Float = Field(1.0, ge=0, description="gradient-norm clip (0: none)")
     packing: Bool = Field(True, description="pack sequences without padding for the forward passes")
+    logit_chunk_tokens: Int = Field(
+        4096,
+        ge=0,
+        description=(
+            "log-probs from the final hidden states, the LM head applied this many tokens at a time (memory "
+            "O(chunk × vocab), recomputed in the backward); 0: all logits at once"
+        ),
+    )
     ppo_minibatches: Int = Field(1, gt=0, description="optimizer minibatches per step (divides batch_groups)")
     checkpoint_every: Int = Field(10, gt=0, description="steps between trainer checkpoints")
     nproc_per_node: Int = Field(

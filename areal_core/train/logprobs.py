@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from areal_core.train.entropy import entropy_from_logprobs
+from areal_core.train.head import LogitHead, chunked_logprobs, hidden_states
 
 
 def token_logprobs(
@@ -16,6 +17,7 @@ def token_logprobs(
     temperature: float = 1.0,
     banned: tuple[int, ...] = (),
     with_entropy: bool = False,
+    logit_chunk: int = 0,
     **model_inputs: Any,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """logp[:, t] = log π(x_t | x_<t) for t >= 1 and 0 at t = 0; right-padded batches.
@@ -23,7 +25,18 @@ def token_logprobs(
     positions: areal_core/vlm/inputs.py); `banned`: tokens the policy cannot emit (a VLM's vision
     placeholders, masked as the engine masks them), whose targets in the prompt get 0.
     with_entropy: also H[:, t] = −Σ_v π(v | x_<t) log π(v | x_<t) over the tokens it can emit
-    (0 at t = 0), returned as (logp, H)."""
+    (0 at t = 0), returned as (logp, H). `logit_chunk` > 0: the LM head applied that many tokens
+    at a time from the final hidden states (train/head.py; text models), never all logits at once."""
+    head = None if banned or model_inputs else LogitHead.for_model(model, input_ids, logit_chunk)
+    if head is not None:
+        h = hidden_states(model, input_ids=input_ids, attention_mask=attention_mask)
+        n, t = input_ids.shape
+        flat = h[:, :-1].reshape(-1, h.shape[-1])
+        res = chunked_logprobs(head, flat, input_ids[:, 1:].reshape(-1), temperature, logit_chunk, with_entropy)
+        pad = torch.nn.functional.pad
+        if not with_entropy:
+            return pad(res.view(n, t - 1), (1, 0))
+        return pad(res[0].view(n, t - 1), (1, 0)), pad(res[1].view(n, t - 1), (1, 0))
     out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **model_inputs)
     logits = out.logits[:, :-1].float()
     if temperature != 1.0:

@@ -30,6 +30,7 @@ import torch
 
 from areal_core.architecture import attention_masks, window_allowed
 from areal_core.train.entropy import entropy_from_logits
+from areal_core.train.head import LogitHead, chunked_logprobs, hidden_states
 
 
 def first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
@@ -118,6 +119,22 @@ def packed_logits(model, packed: PackedRows, mode: str = "position_ids") -> torc
     raise ValueError(f"unknown packing mode {mode!r}; expected 'position_ids' or 'mask4d'")
 
 
+def _packed_chunked(model, packed: PackedRows, mode: str, head, temperature: float, chunk: int, entropy: bool):
+    """(lp [R, L−1], entropy [R, L−1] or None) of packed rows, the head applied in chunks."""
+    dev = model.device if hasattr(model, "device") else packed.input_ids.device
+    ids, pos = packed.input_ids.to(dev), packed.position_ids.to(dev)
+    mask = _masks(model, packed, dev) if mode == "mask4d" else None
+    if mode not in ("position_ids", "mask4d"):
+        raise ValueError(f"unknown packing mode {mode!r}; expected 'position_ids' or 'mask4d'")
+    hid = hidden_states(model, input_ids=ids, position_ids=pos, attention_mask=mask)
+    r, length = ids.shape
+    flat = hid[:, :-1].reshape(-1, hid.shape[-1])
+    out = chunked_logprobs(head, flat, ids[:, 1:].reshape(-1), temperature, chunk, entropy)
+    if not entropy:
+        return out.view(r, length - 1), None
+    return out[0].view(r, length - 1), out[1].view(r, length - 1)
+
+
 def _masks(model, rows: PackedRows | TreeRows, dev: torch.device) -> torch.Tensor | dict[str, torch.Tensor]:
     """The 4D mask(s) of `rows` for `model`, each layer's attention window included
     (areal_core/architecture.py): one tensor, or one per layer type for models mixing windows."""
@@ -150,6 +167,7 @@ def packed_token_logprobs(
     mode: str = "position_ids",
     with_entropy: bool = False,
     group_index: torch.Tensor | None = None,
+    logit_chunk: int = 0,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Packed equivalent of `token_logprobs`: logp[:, t] = log π(x_t | x_<t), 0 at t = 0 and on padding.
 
@@ -159,12 +177,14 @@ def packed_token_logprobs(
     with varlen flash attention). With `with_entropy`, also returns the entropy [N, T].
     Gradients flow to the model when called outside `torch.no_grad()`. With `group_index` [N] (and
     no budget or row length), each group's common prefix is computed once (`pack_groups`) unless
-    a group's row would exceed `MAX_TREE_ROW` tokens.
+    a group's row would exceed `MAX_TREE_ROW` tokens. `logit_chunk` > 0: the LM head applied that
+    many tokens at a time from the final hidden states (train/head.py), never all logits at once.
     """
+    head = LogitHead.for_model(model, input_ids, logit_chunk)
     if group_index is not None and token_budget <= 0 and row_len <= 0:
         tree = pack_groups(input_ids.cpu(), attention_mask.cpu(), group_index.cpu(), pad_id)
         if tree.input_ids.shape[1] <= MAX_TREE_ROW:
-            return tree_token_logprobs(model, tree, temperature, with_entropy)
+            return tree_token_logprobs(model, tree, temperature, with_entropy, head, logit_chunk)
     n, t = input_ids.shape
     dev = input_ids.device
     logp = torch.zeros(n, t, device=dev)
@@ -174,17 +194,21 @@ def packed_token_logprobs(
         idx = torch.tensor(rows, device=dev)
         sub_t = int(lengths[idx].max())
         packed = pack(input_ids[idx, :sub_t].cpu(), attention_mask[idx, :sub_t].cpu(), row_len, pad_id)
-        logits = packed_logits(model, packed, mode)
-        z = logits[:, :-1].float()
-        if temperature != 1.0:
-            z = z / temperature
-        target = packed.input_ids[:, 1:].to(z.device)
-        lp = z.gather(-1, target[..., None]).squeeze(-1) - torch.logsumexp(z, dim=-1)
+        if head is not None:
+            lp, h = _packed_chunked(model, packed, mode, head, temperature, logit_chunk, with_entropy)
+        else:
+            logits = packed_logits(model, packed, mode)
+            z = logits[:, :-1].float()
+            if temperature != 1.0:
+                z = z / temperature
+            target = packed.input_ids[:, 1:].to(z.device)
+            lp = z.gather(-1, target[..., None]).squeeze(-1) - torch.logsumexp(z, dim=-1)
+            h = entropy_from_logits(z) if ent is not None else None
         lp = torch.nn.functional.pad(lp, (1, 0))
         sub = torch.nn.functional.pad(_unpack(lp, packed), (0, t - sub_t))
         logp = logp.index_put((idx,), sub.to(dev))
         if ent is not None:
-            h = torch.nn.functional.pad(entropy_from_logits(z), (1, 0))
+            h = torch.nn.functional.pad(h, (1, 0))
             ent = ent.index_put((idx,), torch.nn.functional.pad(_unpack(h, packed), (0, t - sub_t)).to(dev))
     return (logp, ent) if with_entropy else logp
 
@@ -256,10 +280,29 @@ def pack_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, group_ind
     return TreeRows(out_ids, out_pos, out_seg, as_long(flat_prev), as_long(target), as_long(dst), (n, t))
 
 
-def tree_token_logprobs(model, tree: TreeRows, temperature: float = 1.0, with_entropy: bool = False):
+def tree_token_logprobs(
+    model, tree: TreeRows, temperature: float = 1.0, with_entropy: bool = False, head=None, logit_chunk: int = 0
+):
     """`packed_token_logprobs` over `pack_groups` rows: one forward pass under the tree mask, then
-    logp = z[prev, target] − logsumexp(z[prev]) with z = logits / temperature."""
+    logp = z[prev, target] − logsumexp(z[prev]) with z = logits / temperature (with a `head`: from
+    the hidden states at `prev`, `logit_chunk` tokens at a time, train/head.py)."""
     dev = model.device if hasattr(model, "device") else tree.input_ids.device
+    if head is not None:
+        hid = hidden_states(
+            model,
+            input_ids=tree.input_ids.to(dev),
+            position_ids=tree.position_ids.to(dev),
+            attention_mask=_masks(model, tree, dev),
+        )
+        flat = hid.reshape(-1, hid.shape[-1])[tree.prev.to(dev)]
+        out = chunked_logprobs(head, flat, tree.target.to(dev), temperature, logit_chunk, with_entropy)
+        n, t = tree.shape
+        dst = tree.dst.to(dev)
+        lp = out[0] if with_entropy else out
+        logp = torch.zeros(n * t, device=dev, dtype=lp.dtype).index_put((dst,), lp).view(n, t)
+        if not with_entropy:
+            return logp
+        return logp, torch.zeros(n * t, device=dev, dtype=lp.dtype).index_put((dst,), out[1]).view(n, t)
     logits = model(
         input_ids=tree.input_ids.to(dev),
         position_ids=tree.position_ids.to(dev),

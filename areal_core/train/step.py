@@ -83,13 +83,14 @@ def policy_logprobs(
     if mm is not None or banned:
         extra = mm.model_inputs(model, rows, ids, attn) if mm is not None else {}
         return token_logprobs(model, ids, attn, temperature, banned, with_entropy=entropy, **extra)
+    chunk = cfg.train.logit_chunk_tokens
     if cfg.train.packing:
         return packed_token_logprobs(
-            model, ids, attn, temperature, pad_id=pad_id, with_entropy=entropy, group_index=groups
+            model, ids, attn, temperature, pad_id=pad_id, with_entropy=entropy, group_index=groups, logit_chunk=chunk
         )
-    if entropy:
+    if entropy and chunk <= 0:
         return token_logprobs_and_entropy(model, ids, attn, temperature)
-    return token_logprobs(model, ids, attn, temperature)
+    return token_logprobs(model, ids, attn, temperature, with_entropy=entropy, logit_chunk=chunk)
 
 
 def rank_groups(groups: torch.Tensor, rank: int, world: int) -> torch.Tensor:
