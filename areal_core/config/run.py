@@ -329,11 +329,11 @@ class TrainConfig(ConfigModel):
     grad_clip: Float = Field(1.0, ge=0, description="gradient-norm clip (0: none)")
     packing: Bool = Field(True, description="pack sequences without padding for the forward passes")
     logit_chunk_tokens: Int = Field(
-        4096,
+        512,
         ge=0,
         description=(
             "log-probs from the final hidden states, the LM head applied this many tokens at a time (memory "
-            "O(chunk × vocab), recomputed in the backward); 0: all logits at once"
+            "O(chunk × vocab): ~1.5 GB at 512 × 151,936, recomputed in the backward); 0: all logits at once"
         ),
     )
     ppo_minibatches: Int = Field(1, gt=0, description="optimizer minibatches per step (divides batch_groups)")

@@ -91,7 +91,7 @@ def chunked_logprobs(
     hidden: torch.Tensor,
     targets: torch.Tensor,
     temperature: float = 1.0,
-    chunk: int = 4096,
+    chunk: int = 512,
     with_entropy: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """lp [M] (and entropy [M]) of `targets` [M] from `hidden` [M, H] (module docstring)."""
