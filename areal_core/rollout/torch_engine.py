@@ -14,6 +14,7 @@ positions (areal_core/vlm/inputs.py: VisionPrompts); behaviour log-probs cover o
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 
 import torch
@@ -64,6 +65,7 @@ class TorchEngine(LocalEngine):
         self.device = next(model.parameters()).device
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self._banned = vision_token_ids(getattr(model, "config", None))  # a VLM's placeholders; () for a text model
+        self._last_logits_only = "logits_to_keep" in inspect.signature(model.forward).parameters
 
     def health(self) -> dict:
         return {"ok": True, "version": self.version, "swaps": self.swaps}
@@ -76,6 +78,8 @@ class TorchEngine(LocalEngine):
             extra = vision.inputs(self.model, ids, mask, prefill=ids.shape[1] == mask.shape[1])
         else:
             extra = {"position_ids": (mask.cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1] :]}
+        if self._last_logits_only:  # a prefill computes the head on its last position only, not [B, P, vocab]
+            extra["logits_to_keep"] = 1
         out = self.model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True, **extra)
         # a VLM never samples its vision placeholders, with or without images (the trainer masks them too)
         return mask_vision_logits(out.logits[:, -1], self._banned)
