@@ -442,3 +442,18 @@ def test_a_real_vocabulary_fits_in_chunked_memory_where_full_logits_do_not():
     chunked, full = (json.loads(line) for line in out.stdout.splitlines())
     assert chunked["chunk"] == 512 and chunked["added_mb"] < 2500, chunked
     assert full["chunk"] == 0 and full["added_mb"] > 4000, full
+
+
+def test_gradient_checkpointing_with_the_chunked_head_gives_the_same_gradient(tok):
+    from areal_core.train.lora import set_gradient_checkpointing
+
+    seqs, groups = rows()
+    ids, mask = padded(seqs)
+    grads = []
+    for enabled in (False, True):
+        model = tc.model("qwen2_window", tok=tok).train()
+        set_gradient_checkpointing(model, enabled)
+        lp = packed_token_logprobs(model, ids, mask, group_index=groups, logit_chunk=16)
+        (lp * mask).sum().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    assert (grads[0] - grads[1]).abs().max() < 1e-5

@@ -328,6 +328,9 @@ class TrainConfig(ConfigModel):
     weight_decay: Float = Field(0.0, ge=0, description="AdamW weight decay")
     grad_clip: Float = Field(1.0, ge=0, description="gradient-norm clip (0: none)")
     packing: Bool = Field(True, description="pack sequences without padding for the forward passes")
+    gradient_checkpointing: Bool = Field(
+        False, description="recompute each layer's activations in the backward (long rows: memory for compute)"
+    )
     logit_chunk_tokens: Int = Field(
         512,
         ge=0,

@@ -74,6 +74,8 @@ def load_parts(
     model, tokenizer = load_pretrained(model_url, cfg.device)
     side_files = hf_side_files(model, tokenizer)
     model, is_lora = lora.with_lora(model, cfg.train, dist.distributed)
+    if cfg.train.gradient_checkpointing:  # long rows: each layer's activations recomputed in the backward
+        lora.set_gradient_checkpointing(model, True)
     if cfg.train.freeze_vision:  # before the optimizer: it keeps no state for what does not train
         from areal_core.vlm.model import freeze_vision_tower
 
