@@ -445,7 +445,7 @@ def test_a_real_vocabulary_fits_in_chunked_memory_where_full_logits_do_not():
 
 
 def test_gradient_checkpointing_with_the_chunked_head_gives_the_same_gradient(tok):
-    from areal_core.train.lora import set_gradient_checkpointing
+    from areal_core.train.lora import is_gradient_checkpointing, set_gradient_checkpointing
 
     seqs, groups = rows()
     ids, mask = padded(seqs)
@@ -453,6 +453,7 @@ def test_gradient_checkpointing_with_the_chunked_head_gives_the_same_gradient(to
     for enabled in (False, True):
         model = tc.model("qwen2_window", tok=tok).train()
         set_gradient_checkpointing(model, enabled)
+        assert is_gradient_checkpointing(model) == enabled
         lp = packed_token_logprobs(model, ids, mask, group_index=groups, logit_chunk=16)
         (lp * mask).sum().backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
