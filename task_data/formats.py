@@ -105,6 +105,9 @@ def _records(task: Any, fmt: str, split: str, rows: list[tuple[str, int, dict]])
 def load(task: Any, fmt: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(train, eval) records of `task` (areal_core.config.TaskConfig) read as format `fmt`."""
     train_rows = read_split(task.path, task.train_split)
+    if not train_rows:
+        files = ", ".join(split_files(task.path, task.train_split))
+        raise DatasetError(f"dataset file '{files}' has no rows (the {task.train_split} split is empty)")
     try:
         same = split_files(task.path, task.eval_split) == split_files(task.path, task.train_split)  # one file
         eval_rows = [] if same else read_split(task.path, task.eval_split)

@@ -282,6 +282,7 @@ PIPELINES = {
     "gemma3-auto": ("gemma3", ["rollout.engine=auto"]),
     "qwen3-moe-torch": ("qwen3_moe", ["rollout.engine=torch"]),
     "qwen2-window-lora-continuous": ("qwen2_window", ["rollout.engine=continuous", "train.lora_rank=4"]),
+    "qwen3-lora-auto": ("qwen3", ["rollout.engine=auto", "train.lora_rank=4"]),
 }
 
 

@@ -281,3 +281,9 @@ def test_the_save_to_disk_layout_is_read(tmp_path):
         (folder / "dataset_info.json").write_text("{}")
     train, held = load_task(task("task.name=gsm8k", f"task.path={tmp_path}"), 1)
     assert (len(train), len(held)) == (30, 6) and held[0]["prompt"] == GSM[40]["question"]
+
+
+def test_an_empty_file_is_named(tmp_path):
+    (tmp_path / "train.jsonl").write_text("\n\n")
+    with pytest.raises(DatasetError, match=r"train.jsonl' has no rows"):
+        load_task(task("task.name=gsm8k", f"task.path={tmp_path}"), 1)
