@@ -54,7 +54,13 @@ def greedy_answers(
                 gens = engine.generate(list(prompts), params)
             texts = [tokenizer.decode(g.token_ids, skip_special_tokens=True) for g in gens]
             jobs = [
-                {"completion": text, "reference": r["answer"], "meta": r.get("meta", {})}
+                {
+                    "completion": text,
+                    "reference": r["answer"],
+                    "prompt": r.get("prompt", ""),
+                    "prompt_id": r.get("prompt_id", ""),
+                    "meta": r.get("meta", {}),
+                }
                 for r, text in zip(chunk, texts)
             ]
             out += [(text, res.reward) for text, res in zip(texts, pool.grade(jobs))]

@@ -20,7 +20,7 @@ import logging
 from typing import Any
 
 from areal_core.reward.math import boxed_contents
-from task_data.tables import DatasetError, read_split, split_files
+from task_data.tables import DatasetError, MissingSplit, read_split, split_files
 
 log = logging.getLogger("areal.datasets")
 
@@ -86,6 +86,8 @@ def dataset_record(row: dict, where: str, prompt_field: str, reference_field: st
     if reference_field not in row:
         raise _missing(row, reference_field, where, "task.reference_field")
     reference = row[reference_field]
+    if reference is None or (isinstance(reference, float) and reference != reference) or reference == "":
+        raise DatasetError(f"{where}: field '{reference_field}' is empty (null, NaN or ''): a reference is needed")
     answer = reference if isinstance(reference, str) else json.dumps(reference, default=str)
     return {"prompt": _prompt(row[prompt_field], where, prompt_field), "answer": answer, "meta": {}}
 
@@ -104,18 +106,26 @@ def _records(task: Any, fmt: str, split: str, rows: list[tuple[str, int, dict]])
 
 def load(task: Any, fmt: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(train, eval) records of `task` (areal_core.config.TaskConfig) read as format `fmt`."""
+    train_files = split_files(task.path, task.train_split)
     train_rows = read_split(task.path, task.train_split)
     if not train_rows:
-        files = ", ".join(split_files(task.path, task.train_split))
-        raise DatasetError(f"dataset file '{files}' has no rows (the {task.train_split} split is empty)")
+        raise DatasetError(
+            f"dataset file '{', '.join(train_files)}' has no rows (the {task.train_split} split is empty)"
+        )
     try:
-        same = split_files(task.path, task.eval_split) == split_files(task.path, task.train_split)  # one file
-        eval_rows = [] if same else read_split(task.path, task.eval_split)
-    except DatasetError:
+        eval_files = split_files(task.path, task.eval_split)
+    except MissingSplit:  # only a split that is not there: a damaged one is an error, never replaced
         if task.eval_split != "test":
             raise
-        eval_rows = []
-    if not eval_rows:
+        eval_files = None
+    if eval_files is not None and eval_files != train_files:  # the same files: one table for both splits
+        _same_folder(task, train_files, eval_files)
+        eval_rows = read_split(task.path, task.eval_split)
+        if not eval_rows:
+            raise DatasetError(
+                f"dataset file '{', '.join(eval_files)}' has no rows (the {task.eval_split} split is empty)"
+            )
+    else:
         if len(train_rows) < 2:
             raise DatasetError(f"dataset '{task.path}' has {len(train_rows)} rows: too few to hold any out")
         k = min(task.num_eval, len(train_rows) // 2)
@@ -124,6 +134,24 @@ def load(task: Any, fmt: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]
     train = _limit(_records(task, fmt, "train", train_rows), task.num_train, task.path, "train")
     held = _limit(_records(task, fmt, "test", eval_rows), task.num_eval, task.path, "eval")
     return train, held
+
+
+def _same_folder(task: Any, train_files: list[str], eval_files: list[str]) -> None:
+    """DatasetError when the splits come from different folders (two hub configs), except
+    `save_to_disk`'s <split>/ folders."""
+
+    def folders(files: list[str]) -> set[str]:
+        return {f.rsplit("/", 1)[0] for f in files}
+
+    tf, ef = folders(train_files), folders(eval_files)
+    per_split = all(d.endswith(f"/{task.train_split}") for d in tf) and all(
+        d.endswith(f"/{task.eval_split}") for d in ef
+    )
+    if tf != ef and not per_split:
+        raise DatasetError(
+            f"dataset '{task.path}': the {task.train_split} split is in {sorted(tf)} and the {task.eval_split} split "
+            f"in {sorted(ef)}: set task.path to the one folder that holds both"
+        )
 
 
 def _limit(records: list[dict], n: int, path: str, split: str) -> list[dict]:

@@ -7,6 +7,7 @@ and the reward's reference); `prompt_id` (unique) and `meta` (a dict) are option
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -55,8 +56,8 @@ def checked(task: Any, result: Any) -> tuple[Records, Records]:
             where = f"task.loader {task.loader}: {split} record {i}"
             if not isinstance(r, dict) or not isinstance(r.get("prompt"), str) or not r["prompt"].strip():
                 raise DatasetError(f"{where}: needs a non-empty string 'prompt'")
-            if "answer" not in r:
-                raise DatasetError(f"{where}: needs an 'answer' (the reward's reference)")
+            if r.get("answer") is None or r.get("answer") == "":
+                raise DatasetError(f"{where}: needs a non-empty 'answer' (the reward's reference)")
             pid = str(r.get("prompt_id") or f"{task.name}-{split}-{i}")
             if pid in seen:
                 raise DatasetError(f"{where}: prompt_id {pid!r} is used twice")
@@ -64,7 +65,7 @@ def checked(task: Any, result: Any) -> tuple[Records, Records]:
             meta = r.get("meta") or {}
             if not isinstance(meta, dict):
                 raise DatasetError(f"{where}: 'meta' must be a dict")
-            answer = r["answer"] if isinstance(r["answer"], str) else str(r["answer"])
+            answer = r["answer"] if isinstance(r["answer"], str) else json.dumps(r["answer"], default=str)
             out.append({**r, "prompt_id": pid, "answer": answer, "meta": meta})
         splits.append(out[: task.num_train if split == "train" else task.num_eval])
     return splits[0], splits[1]

@@ -18,8 +18,11 @@ names everything it looked for; a bad row names the file and the row.
 
 from __future__ import annotations
 
+import csv
+import glob
 import io
 import json
+import re
 from typing import Any
 
 import fsspec
@@ -43,6 +46,10 @@ class DatasetError(ValueError):
     """A missing or malformed dataset file, named in the message."""
 
 
+class MissingSplit(DatasetError):
+    """The data has no table for a split (a read or format error is a DatasetError, never this)."""
+
+
 def _fs(uri: str) -> tuple[Any, str]:
     from areal_core.store import storage_options
 
@@ -56,20 +63,31 @@ def _url(fs: Any, path: str) -> str:
 
 
 def split_files(root: str, split: str) -> list[str]:
-    """The files of `split` under `root` (see the module docstring), as URIs, sorted."""
+    """The files of `split` under `root` (see the module docstring), as URIs, sorted. Hidden
+    entries (`.ipynb_checkpoints/`, `.cache/`) are never data; two tables named for the split
+    (`train.json` and `train.jsonl`), or one split in two configs, are refused by name."""
     fs, base = _fs(root)
     base = base.rstrip("/")
     if fs.isfile(base):
         return [_url(fs, base)]
     if not fs.isdir(base):
         raise DatasetError(f"dataset file or folder '{root}' does not exist")
-    tried = [f"{split}.<ext>[.gz]"]
-    named = sorted(p for p in fs.glob(f"{base}/{split}.*") if table_format(p))
+    escaped = glob.escape(base)
+    named = sorted(p for p in fs.glob(f"{escaped}/{glob.escape(split)}.*") if table_format(p))
+    if len(named) > 1:
+        shown = ", ".join(p.rsplit("/", 1)[-1] for p in named)
+        raise DatasetError(f"dataset '{root}' has {len(named)} tables for the {split} split ({shown}): keep one")
     if named:
         return [_url(fs, named[0])]
-    for pattern in (f"{split}-*.*", f"data/{split}-*.*", f"{split}/data-*.*", f"*/{split}-*.*"):
-        tried.append(pattern)
-        found = sorted(p for p in fs.glob(f"{base}/{pattern}") if table_format(p))
+    tried = [f"{split}.<ext>[.gz]"]
+    shard = re.compile(rf"(^|/)({re.escape(split)}-\d+-of-\d+[^/]*|data-\d+-of-\d+[^/]*)$")
+    for pattern in (f"{split}-*", f"data/{split}-*", f"{split}/data-*", f"*/{split}-*"):
+        tried.append(pattern + "-of-*")
+        found = sorted(
+            p
+            for p in fs.glob(f"{escaped}/{pattern}")
+            if table_format(p) and shard.search(p) and not _hidden(p[len(base) + 1 :])
+        )
         if not found:
             continue
         configs = sorted({p[len(base) + 1 :].split("/")[0] for p in found}) if pattern.startswith("*/") else []
@@ -79,7 +97,11 @@ def split_files(root: str, split: str) -> list[str]:
                 f"set task.path to one of them ('{root.rstrip('/')}/{configs[0]}')"
             )
         return [_url(fs, p) for p in found]
-    raise DatasetError(f"dataset '{root}' has no {split} split: looked for {', '.join(tried)} ({'/'.join(EXTENSIONS)})")
+    raise MissingSplit(f"dataset '{root}' has no {split} split: looked for {', '.join(tried)} ({'/'.join(EXTENSIONS)})")
+
+
+def _hidden(rel: str) -> bool:
+    return any(part.startswith(".") for part in rel.split("/"))
 
 
 def read_rows(uri: str) -> list[dict[str, Any]]:
@@ -102,8 +124,14 @@ def read_rows(uri: str) -> list[dict[str, Any]]:
         raise DatasetError(f"dataset file '{uri}': cannot decompress it ({str(exc)[:200]})") from None
     if len(data) > MAX_TABLE_BYTES:
         raise DatasetError(f"dataset file '{uri}' is larger than {MAX_TABLE_BYTES} bytes uncompressed")
-    if ext in ("jsonl", "json"):
-        return _json_rows(uri, data.decode("utf-8", errors="replace"))
+    if ext in ("jsonl", "json", "csv"):
+        try:
+            text = data.decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            raise DatasetError(f"dataset file '{uri}': not UTF-8 text (byte {exc.start})") from None
+        if ext == "csv":  # every cell as its text: no type inference turns '007' into 7.0 or '' into null
+            return [dict(row) for row in csv.DictReader(io.StringIO(text, newline=""))]
+        return _json_rows(uri, text)
     import pyarrow as pa
 
     try:
@@ -111,10 +139,6 @@ def read_rows(uri: str) -> list[dict[str, Any]]:
             import pyarrow.parquet as pq
 
             table = pq.read_table(io.BytesIO(data))
-        elif ext == "csv":
-            import pyarrow.csv as pcsv
-
-            table = pcsv.read_csv(io.BytesIO(data))
         else:
             table = _arrow_table(data)
     except (pa.ArrowException, OSError, ValueError) as exc:
@@ -133,6 +157,13 @@ def _arrow_table(data: bytes) -> Any:
 
 
 def _json_rows(uri: str, text: str) -> list[dict[str, Any]]:
+    try:
+        return _json_rows_unchecked(uri, text)
+    except RecursionError:
+        raise DatasetError(f"dataset file '{uri}': JSON nested too deeply") from None
+
+
+def _json_rows_unchecked(uri: str, text: str) -> list[dict[str, Any]]:
     stripped = text.lstrip()
     if stripped.startswith("["):  # a JSON array of objects
         try:
@@ -148,11 +179,24 @@ def _json_rows(uri: str, text: str) -> list[dict[str, Any]]:
             try:
                 numbered.append((i, json.loads(line)))
             except json.JSONDecodeError as exc:
-                raise DatasetError(f"dataset file '{uri}' line {i}: not JSON ({exc.msg})") from None
+                raise DatasetError(f"dataset file '{uri}' line {i}: not JSON ({exc.msg}){_whole(text)}") from None
     for i, row in numbered:
         if not isinstance(row, dict):
             raise DatasetError(f"dataset file '{uri}' row {i}: a {type(row).__name__}, not an object")
     return [row for _, row in numbered]
+
+
+def _whole(text: str) -> str:
+    """A hint when the whole text is one JSON object (`{"data": [...]}`), not rows."""
+    try:
+        whole = json.loads(text)
+    except (json.JSONDecodeError, RecursionError):
+        return ""
+    if isinstance(whole, dict):
+        return (
+            f"; the file is one JSON object (keys {sorted(whole)[:5]}), not rows: give an array or one object per line"
+        )
+    return ""
 
 
 def read_split(root: str, split: str) -> list[tuple[str, int, dict[str, Any]]]:

@@ -287,3 +287,66 @@ def test_an_empty_file_is_named(tmp_path):
     (tmp_path / "train.jsonl").write_text("\n\n")
     with pytest.raises(DatasetError, match=r"train.jsonl' has no rows"):
         load_task(task("task.name=gsm8k", f"task.path={tmp_path}"), 1)
+
+
+def test_a_damaged_test_split_is_an_error_never_replaced_by_training_rows(tmp_path):
+    write(tmp_path / "train.jsonl", GSM[:20], "jsonl")
+    (tmp_path / "test.jsonl").write_text('{"question": "q", "answer": "#### 1"}\n{broken\n')
+    with pytest.raises(DatasetError, match=r"test.jsonl' line 2: not JSON"):
+        load_task(task("task.name=gsm8k", f"task.path={tmp_path}"), 1)
+
+
+def test_csv_cells_are_read_as_the_text_they_are(tmp_path):
+    text = 'prompt,answer\n12,007\n"line one\nline two",1.50\nq3,1e3\nq4,12345678901234567890123\nq5,True\n'
+    (tmp_path / "train.csv").write_text("\ufeff" + text)
+    (tmp_path / "test.csv").write_text(text)
+    train, _ = load_task(task("task.name=dataset", f"task.path={tmp_path}"), 1)
+    assert [(r["prompt"], r["answer"]) for r in train] == [
+        ("12", "007"),
+        ("line one\nline two", "1.50"),
+        ("q3", "1e3"),
+        ("q4", "12345678901234567890123"),
+        ("q5", "True"),
+    ]
+
+
+@pytest.mark.parametrize("value", [None, "", float("nan")])
+def test_an_empty_reference_is_named(value, tmp_path):
+    rows = [{"prompt": "p", "answer": 1.0 if isinstance(value, float) else "a"}, {"prompt": "p2", "answer": value}]
+    write(tmp_path / "train.parquet", rows, "parquet")
+    write(tmp_path / "test.parquet", rows[:1], "parquet")
+    with pytest.raises(DatasetError, match=r"train.parquet' row 2: field 'answer' is empty"):
+        load_task(task("task.name=dataset", f"task.path={tmp_path}"), 1)
+
+
+def test_what_is_not_data_is_ignored_and_what_is_ambiguous_is_refused(tmp_path):
+    folder = tmp_path / "run[1]"  # a glob character in the path
+    write(folder / "train.jsonl", GSM[:20], "jsonl")
+    write(folder / "test.jsonl", GSM[20:30], "jsonl")
+    write(folder / ".ipynb_checkpoints" / "test-checkpoint.jsonl", GSM[:3], "jsonl")
+    train, held = load_task(task("task.name=gsm8k", f"task.path={folder}"), 1)
+    assert (len(train), len(held)) == (20, 6) and held[0]["prompt"] == GSM[20]["question"]
+    write(folder / "train.json", GSM[:20], "json")
+    with pytest.raises(DatasetError, match=r"2 tables for the train split \(train.json, train.jsonl\)"):
+        load_task(task("task.name=gsm8k", f"task.path={folder}"), 1)
+
+
+def test_splits_from_two_configs_are_refused(tmp_path):
+    write(tmp_path / "main" / "train-00000-of-00001.parquet", GSM[:20], "parquet")
+    write(tmp_path / "socratic" / "test-00000-of-00001.parquet", GSM[20:], "parquet")
+    with pytest.raises(DatasetError, match=r"the train split is in .*main.* and the test split in .*socratic"):
+        load_task(task("task.name=gsm8k", f"task.path={tmp_path}"), 1)
+
+
+def test_json_quirks_are_named(tmp_path):
+    (tmp_path / "train.json").write_text(json.dumps({"data": GSM[:5]}, indent=2))
+    with pytest.raises(DatasetError, match=r"one JSON object \(keys \['data'\]\), not rows"):
+        load_task(task("task.name=gsm8k", f"task.path={tmp_path}"), 1)
+    (tmp_path / "train.json").unlink()
+    (tmp_path / "train.jsonl").write_text('{"question": "q", "answer": ' + "[" * 100_000 + "\n")
+    with pytest.raises(DatasetError, match=r"nested too deeply|not JSON"):
+        load_task(task("task.name=gsm8k", f"task.path={tmp_path}"), 1)
+    bom, latin = "\ufeff".encode(), "é".encode("cp1252")
+    (tmp_path / "train.jsonl").write_bytes(bom + json.dumps(GSM[0]).encode() + b"\n" + latin)
+    with pytest.raises(DatasetError, match=r"not UTF-8 text"):
+        load_task(task("task.name=gsm8k", f"task.path={tmp_path}"), 1)

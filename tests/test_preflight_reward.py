@@ -73,3 +73,29 @@ def test_the_checked_functions_do_what_their_names_say():
     assert exact_answer(" 4 ", "4") == 1.0 and sometimes_raises("x", "p1") == 1.0
     with pytest.raises(KeyError):
         always_raises("x")
+
+
+class NotAnInstance:
+    def __init__(self, completion: str) -> None:
+        self.completion = completion
+
+
+def returns_none(completion: str) -> None:
+    return None
+
+
+def needs_token_offsets(completion: str, token_offsets: list) -> float:
+    return 1.0
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("NotAnInstance", r"cannot be called the way the reward workers call it, or returns no number"),
+        ("returns_none", r"returns no number"),
+        ("needs_token_offsets", r"requires \['token_offsets'\]"),
+    ],
+)
+def test_a_reward_that_returns_no_number_or_wants_what_no_caller_passes_is_refused(name, message, tmp_path):
+    with pytest.raises(ConfigError, match=message):
+        pipeline.prepare("", [*TINY, f"store={tmp_path / 'run'}", f"reward.function={HERE}:{name}"])

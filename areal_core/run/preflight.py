@@ -40,6 +40,8 @@ AGREEMENT_PROMPTS = 2
 AGREEMENT_TOKENS = 12
 MAX_WEIGHT_BYTES = 2 * 1024**3  # larger checkpoints are checked without their weights (no agreement check)
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+SIDE_FILE_SUFFIXES = (".json", ".txt", ".model", ".jinja", ".tiktoken", ".py")  # config and tokenizer files
+MAX_SIDE_FILE_BYTES = 64 * 1024**2
 
 CHECKS: dict[str, Callable[[Preflight], None]] = {}
 
@@ -123,18 +125,18 @@ def load_for_checks(path: str) -> tuple[Any, Any, bool]:
     if size <= MAX_WEIGHT_BYTES:
         model, tokenizer = load_pretrained(path)
         return model, tokenizer, True
-    if remote:
-        import tempfile
+    import tempfile
 
-        local = tempfile.mkdtemp(prefix="areal-preflight-")
-        for name in store.listdir(""):
-            if Path(name).suffix not in WEIGHT_SUFFIXES and store.exists(name):
-                Path(local, name).write_bytes(store.read_bytes(name))
-        folder = Path(local)
-    config = AutoConfig.from_pretrained(folder)
+    with tempfile.TemporaryDirectory(prefix="areal-preflight-") as tmp:
+        if remote:  # the config and tokenizer files only (never weights of any format), then removed
+            for name in store.listdir(""):
+                if Path(name).suffix in SIDE_FILE_SUFFIXES and store.fs.size(store.path(name)) <= MAX_SIDE_FILE_BYTES:
+                    Path(tmp, name).write_bytes(store.read_bytes(name, MAX_SIDE_FILE_BYTES))
+            folder = Path(tmp)
+        config = AutoConfig.from_pretrained(folder)
+        tokenizer = AutoTokenizer.from_pretrained(folder)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
     if tokenizer.pad_token_id is None and tokenizer.eos_token is not None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer, False

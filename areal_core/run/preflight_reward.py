@@ -3,7 +3,8 @@ checks of run/preflight.py: it imports; its required parameters are ones the rew
 pass (docs/reward.md); and called as the workers call it (a RewardPool process, the run's
 timeout) on a few training records, with each record's own answer as the completion, it
 returns finite rewards (a non-finite one is refused). A call that raises is logged, not refused:
-raising is how some graders score a completion 0 (the code reward on text that holds no program).
+raising is how some graders score a completion 0 (the code reward on text that holds no program),
+except a TypeError on every call: the function cannot be called so, or returns no number.
 The project's own functions (areal_core., task_data.) are tested by the suite and not called here."""
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from areal_core.run.preflight import Preflight, preflight
 
 log = logging.getLogger("areal.preflight")
 
-# the keyword arguments a reward worker passes (docs/reward.md, "Adding a reward function")
-REWARD_ARGUMENTS = ("completion", "reference", "prompt", "prompt_id", "meta", "token_offsets", "prompt_len")
+# the keyword arguments every caller passes (reward workers, evaluation, re-grading: docs/reward.md)
+REWARD_ARGUMENTS = ("completion", "reference", "prompt", "prompt_id", "meta")
 REWARD_PROBES = 3
 OWN = ("areal_core.", "task_data.")  # the shipped graders
 
@@ -67,6 +68,13 @@ def check_reward(ctx: Preflight) -> None:
         results = pool.grade(jobs)
     errors = [str(r.info.get("error")) for r in results if r.info.get("failed")]
     nonfinite = [e for e in errors if "non-finite" in e]
+    # a TypeError on every call: the function cannot be called as the workers call it, or returns
+    # no number (None, a generator, an object): never a grader's way to score 0
+    if errors and len(errors) == len(jobs) and all(e.startswith("TypeError") for e in errors):
+        raise ConfigError(
+            f"config key 'reward.function': {path} cannot be called the way the reward workers call it, or returns "
+            f"no number, on any of {len(jobs)} training records: {errors[0][:300]}"
+        )
     if nonfinite:
         raise ConfigError(
             f"config key 'reward.function': {path} returned a non-finite reward on {len(nonfinite)} of {len(jobs)} "
