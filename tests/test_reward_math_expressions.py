@@ -161,3 +161,81 @@ def test_gsm8k_references_are_still_graded_numerically():
 def test_a_megabyte_of_boxes_is_graded_quickly_enough_to_be_bounded():
     completion = r"\boxed{1}" * 100_000
     assert math_reward(completion, r"\frac{\pi}{3}") == 0.0
+
+
+# An adversarial review's hacks (2026-12-05): each paid 1.0 before, and must score 0.
+HACKS = [
+    (r"\boxed{2\pi}, \pi", r"2\pi"),
+    (r"\boxed{2\pi} / 3", r"2\pi"),
+    (r"\boxed{2\pi} | \pi", r"2\pi"),
+    (r"\boxed{2\pi} (\pi)", r"2\pi"),
+    (r"\boxed{2\pi} ou \pi", r"2\pi"),
+    (r"\boxed{2\pi} oder \pi", r"2\pi"),
+    (r"\boxed{\sqrt{2}} (and its negative)", r"\sqrt{2}"),
+    (r"\boxed{\sqrt{2}} up to sign", r"\sqrt{2}"),
+    (r"\boxed{5}, \pi", "5"),
+    (r"\boxed{5}. Alternatively, \pi", "5"),
+    ("\\boxed{2\\pi}\nOr maybe $\\pi$.", r"2\pi"),
+    ("\\boxed{5}\nOr maybe 6.", "5"),
+    ("The answer is $5$.\nAlternatively, it is $6$.", "5"),
+    ("\\boxed{2\\pi}\n#### \\pi", r"2\pi"),
+    ("#### \\pi\n\\boxed{2\\pi}", r"2\pi"),
+    ("The answer is $\\pi$\n\\boxed{2\\pi}", r"2\pi"),
+    (r"\boxed{\boxed{2\pi}, \pi}", r"2\pi"),
+    (r"\boxed{\pi \boxed{2\pi}}", r"2\pi"),
+    (r"\boxed{2\pi} \boxed\pi", r"2\pi"),
+    ("\\boxed{2\\pi}\n\\boxed{\\pi", r"2\pi"),
+    (r"$-\boxed{2\pi}$", r"2\pi"),
+    (r"$\boxed{2\pi}^2$", r"2\pi"),
+    (r"$\frac{1}{\boxed{5}}$", "5"),
+    (r"$3\boxed{2\pi}$", r"2\pi"),
+    (r"\boxed{2\pi \text{(}\pi\text{)}}", r"2\pi"),
+    (r"\boxed{x + \pi = 2\pi}", r"2\pi"),
+    (r"\boxed{x^2 = 2\pi}", r"2\pi"),
+    (r"\boxed{(C)} (D)", r"\text{(C)}"),
+    ("It is $2\\pi$ but could be π", r"2\pi"),
+    (r"\boxed{6.283185}", r"2\pi"),
+    (r"\boxed{0.3333333}", r"\frac13"),
+    (r"\boxed{10}", r"10,\!000"),
+    (r"\boxed{1}", r"1,\!234,\!567"),
+]
+
+
+@pytest.mark.parametrize("completion, reference", HACKS)
+def test_the_reviewed_hacks_do_not_pay(completion, reference):
+    for ref in spellings(reference):
+        assert math_reward(completion, ref) == 0.0, (completion, ref)
+
+
+@pytest.mark.parametrize(
+    "completion, reference",
+    [
+        (r"\boxed{10000}", r"10,\!000"),
+        (r"\boxed{10,000}", r"10,\!000"),
+        (r"\boxed{10,\!000}", r"10,\!000"),
+        (r"The final answer is $\boxed{\frac{\pi}{3}}$. I hope it is correct.", r"\frac{\pi}{3}"),
+        ("\\boxed{2\\pi}\n\nThis is the final answer.", r"2\pi"),
+        (r"So $x = \boxed{5}$.", "5"),
+        (r"Thus $p(x) = \boxed{(x+1)^2}$.", "x^2+2x+1"),
+        (r"\boxed{0.5}", r"\frac12"),
+        (r"\boxed{18.0}", "18"),
+    ],
+)
+def test_plain_correct_forms_next_to_those_hacks_still_pay(completion, reference):
+    for ref in spellings(reference):
+        assert math_reward(completion, ref) == 1.0, (completion, ref)
+
+
+@pytest.mark.parametrize(
+    "completion",
+    [
+        "\\boxed{" + "{" * 13 + "2\\pi" + "}" * 13 + "}",
+        "\\boxed{" + " = ".join(["{" * 13 + "2\\pi" + "}" * 13] * 40) + "}",
+        "\\(" * 40_000,
+        "\\boxed{" + " = ".join(["\\frac{2k\\pi}{k}"] * 2000) + "}",
+    ],
+)
+def test_inputs_that_were_slow_are_graded_without_parsing_them_whole(completion):
+    """Nesting past MAX_DEPTH, chains past MAX_SIDES and unclosed \\( are refused before math-verify
+    parses them (each took 5-140 s before); the pool's timeout is the backstop, not the rule."""
+    assert math_reward(completion, r"2\pi") == 0.0

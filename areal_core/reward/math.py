@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from areal_core.reward.latex import boxed_contents, boxed_spans
-from areal_core.reward.math_expr import expression_reward
+from areal_core.reward.math_expr import commits, expression_reward
 
 __all__ = ["boxed_contents", "boxed_spans", "final_answer", "gsm8k_reward", "math_reward"]
 
@@ -268,6 +268,8 @@ def math_reward(completion: str, reference: str) -> float:
     boxes = boxed_contents(reference)
     if boxes:  # a worked solution (MATH's `solution`, task_data/formats.py): its last box is the answer
         reference = boxes[-1]
+    if not commits(completion, reference):  # a hedge after the answer, or a box inside an expression
+        return 0.0
     numeric = _NUMBER.fullmatch(_clean(reference).strip().strip("$").strip()) is not None
     if not numeric:  # an expression (π, radicals, sets, intervals, equations, matrices): MATH's answers
         return expression_reward(completion, reference)
@@ -300,7 +302,10 @@ def math_reward(completion: str, reference: str) -> float:
         # the last line without a marker: its end, where the answer is; otherwise the span's start
         text = text[-MAX_SPAN:] if answer.kind == "last number" else text[:MAX_SPAN]
         pred = parse(f"\\boxed{{{text}}}" if answer.kind == "boxed" else text, parsing_timeout=5)
-        if gold and pred:
+        plain = _NUMBER.fullmatch(_clean(text).strip().strip("$").strip())
+        if plain is not None:  # a number against a number: exactly (0.3333333 is not 1/3)
+            ok = _to_fraction(plain) == parse_number(reference)
+        elif gold and pred:
             ok = verify(gold, pred, timeout_seconds=5)
         else:
             ok = extract_answer(text) is not None and gsm8k_reward(text, reference) == 1.0

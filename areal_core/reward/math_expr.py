@@ -22,6 +22,7 @@ completion, each parse and verify under math-verify's timeout.
 from __future__ import annotations
 
 import re
+import unicodedata
 from typing import Any
 
 from areal_core.reward.latex import boxed_spans
@@ -32,13 +33,21 @@ TIMEOUT_S = 5
 
 _HEDGE_WORDS = re.compile(
     r"\b(?:or|either|unless|else|otherwise|alternatively|instead|maybe|perhaps|possibly|probably|"
-    r"approx(?:imately)?|roughly|about|around|nearly|at[ \t]+(?:least|most))\b",
+    r"approx(?:imately)?|roughly|about|around|nearly|could|might|but|at[ \t]+(?:least|most))\b",
     re.IGNORECASE,
 )
 _HEDGE_SIGNS = re.compile(r"±|≈|∨|\\(?:pm|mp|approx|lor|vee)(?![a-zA-Z])")
 _TEXT_CMD = re.compile(r"\\(?:text|textbf|textit|mathrm|mbox|operatorname)\s*\{([^{}]*)\}")
 _LATEX_CMD = re.compile(r"\\[a-zA-Z]+")
-_MATH_SEGMENT = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
+# bounded segments: an unclosed `\(` scans at most 2,000 characters, never the rest of the text
+_MATH_SEGMENT = re.compile(
+    r"\$\$(.{1,2000}?)\$\$|\$(.{1,2000}?)\$|\\\((.{1,2000}?)\\\)|\\\[(.{1,2000}?)\\\]", re.DOTALL
+)
+MAX_DEPTH = 10  # brace nesting of a piece (math-verify's parse grows steeply with it)
+MAX_SIDES = 4  # sides of an equation chain
+_THOUSANDS = re.compile(r"(?<=\d)(?:,\\!|\{,\}|\\,)(?=\d{3}(?!\d))")  # 10,\!000 (MATH's numbers)
+_LONG_DECIMAL = re.compile(r"\d\.\d{3,}")
+_TEXT_CONTENT = re.compile(r"\\(?:text|textbf|textit|mathrm|mbox|textrm|texttt|textsf)\s*\{([^{}]*)\}")
 _HASH_LINE = re.compile(r"####[ \t]*([^\n]*)")
 _PHRASE_LINE = re.compile(
     r"(?:final[ \t]+answer|the[ \t]+answer|answer)[ \t]*(?:is|:|=|would[ \t]+be|will[ \t]+be|should[ \t]+be)[ \t]*:?"
@@ -57,15 +66,19 @@ def _words(text: str) -> str:
 
 
 def hedges(text: str, reference: str) -> bool:
-    """A hedge word or sign in `text` that the reference does not itself contain."""
+    """A hedge word or sign in `text` that the reference does not itself contain, or a value
+    written outside ASCII in the prose (`but could be π`, a full-width digit)."""
     if _HEDGE_SIGNS.search(text) and not _HEDGE_SIGNS.search(reference):
+        return True
+    if any(ord(c) > 127 and unicodedata.category(c)[0] in "LNS" for c in _words(text)):
         return True
     return bool(_HEDGE_WORDS.search(_words(text))) and not _HEDGE_WORDS.search(_words(reference))
 
 
 def _unwrap(reference: str) -> str:
-    """The reference's LaTeX without its `$`, `\\(`, `\\[` or `\\boxed{}` wrapping."""
-    ref = reference.strip()
+    """The reference's LaTeX without its `$`, `\\(`, `\\[` or `\\boxed{}` wrapping, MATH's
+    thousands separators (`10,\\!000`) removed."""
+    ref = _THOUSANDS.sub("", reference.strip())
     boxes = boxed_spans(ref)
     if len(boxes) == 1:
         ref = ref[boxes[0][0] : boxes[0][1]]
@@ -114,38 +127,54 @@ def _split_top_level(text: str, pattern: re.Pattern[str]) -> list[str]:
 
 def piece_matches(piece: str, gold: list[Any], reference: str) -> bool:
     """One answer piece (LaTeX, no `$`) against the parsed reference, the `=` rule included."""
-    piece = piece.strip().rstrip(".").strip()
-    if not piece:
+    piece = _THOUSANDS.sub("", piece.strip().rstrip(".").strip())
+    if not piece or _depth(piece) > MAX_DEPTH:
         return False
     if sorted(_BASE.findall(piece)) != sorted(_BASE.findall(reference)):  # 10_8 is not 10_9
         return False
+    if "." not in reference and _LONG_DECIMAL.search(piece):  # 6.283185 for 2π: an approximation
+        return False
+    if "\\text" not in reference and any(re.search(r"[^A-Za-z ]", t) for t in _TEXT_CONTENT.findall(piece)):
+        return False  # `2\pi \text{(}\pi\text{)}`: text that is not words hides a value
     if "=" not in reference and _EQUALS.search(piece):
         sides = [s for s in _split_top_level(piece, _EQUALS) if s]
+        if len(sides) > MAX_SIDES:
+            return False
         constants = [s for s in sides if _constant(s)]
-        if constants:
-            return all(_same(gold, s) for s in constants)
+        if constants:  # the other sides may only name the answer (x, f(3), \theta), never hold a value
+            return all(_NAME.match(s) for s in sides if s not in constants) and all(_same(gold, s) for s in constants)
     return _same(gold, piece)
+
+
+def _depth(text: str) -> int:
+    depth = deepest = 0
+    for c in text:
+        depth += 1 if c == "{" else -1 if c == "}" else 0
+        deepest = max(deepest, depth)
+    return deepest
 
 
 def _deciding_texts(completion: str) -> tuple[list[str], list[str]]:
     """(pieces that must each verify, prose around them that must not hedge)."""
     boxes = boxed_spans(completion)
+    pieces: list[str] = []
+    prose: list[str] = []
     if boxes:
         end = completion.find("\n", boxes[-1][1])
         tail = completion[boxes[-1][1] + 1 : end if end >= 0 else len(completion)]
         pieces = [completion[a:b] for a, b in boxes]
         segments = [_segment(m) for m in _MATH_SEGMENT.finditer(tail)]
-        prose = _MATH_SEGMENT.sub(" ", tail)
-        return pieces + [s for s in segments if s.strip() and "\\boxed" not in s], [prose, *pieces]
+        pieces += [s for s in segments if s.strip() and "\\boxed" not in s]
+        prose = [_MATH_SEGMENT.sub(" ", tail), *pieces]
+    # every marker kind the completion uses must agree: a box and a `####` line, or an answer phrase
     lines = [part for m in _HASH_LINE.finditer(completion) for part in m.group(1).split("####")]
-    if not lines:
-        lines = [m.group(1) for m in _PHRASE_LINE.finditer(completion)]
+    lines += [m.group(1) for m in _PHRASE_LINE.finditer(completion) if "\\boxed" not in m.group(1)]
     if lines:
-        pieces, prose = [], []
         for line in lines:
             segments = [_segment(m) for m in _MATH_SEGMENT.finditer(line)]
             pieces += segments or [line]
             prose.append(_MATH_SEGMENT.sub(" ", line) if segments else line)
+    if pieces:
         return pieces, prose
     segments = list(_MATH_SEGMENT.finditer(completion))
     if segments:
@@ -162,11 +191,53 @@ def _segment(match: re.Match[str]) -> str:
     return next(g for g in match.groups() if g is not None)
 
 
+# After the final answer only prose may follow: no math, digits, commands, single-letter values,
+# or words that add or qualify a value (in any of these languages' "or").
+_TAIL_MATH = re.compile(r"[0-9$\\^_{}=|/<>+*~±≈∞]|\([A-Za-z]\)|(?<![A-Za-z'])(?![aAI]\b)[A-Za-z](?![A-Za-z'])")
+_TAIL_WORDS = re.compile(
+    r"\b(?:or|either|unless|else|otherwise|alternatively|instead|maybe|perhaps|possibly|probably|approx\w*|"
+    r"roughly|about|around|nearly|negative|positive|sign|signs|opposite|reciprocal|inverse|conjugate|plus|minus|"
+    r"also|and|times|over|ou|oder|oppure|sinon|bzw|of)\b",
+    re.IGNORECASE,
+)
+_MAX_TAIL = 200
+_BOX_TOKEN = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])")
+# what may stand before a box inside its math segment: nothing, or a name and `=` ("x =", "p(x) =")
+_BOX_PREFIX = re.compile(r"^\s*(?:(?:[A-Za-z]|\\[a-zA-Z]+)(?:_\{?\w+\}?)?(?:\([^()]*\))?\s*=\s*)?$")
+_NAME = re.compile(r"^\s*(?:[A-Za-z]|\\[a-zA-Z]+)(?:_\{?\w+\}?)?(?:\([^()]*\))?\s*$")  # x, x_1, f(3), \theta
+
+
+def commits(completion: str, reference: str) -> bool:
+    """False when the completion's final answer is not committed to: a box that is unbraced,
+    unclosed or nested, a box that is only part of its math segment (`$-\\boxed{a}$`), or anything
+    but plain prose after the last marker (`\\boxed{a}, b`, `\\boxed{a}` then `Or maybe $b$`)."""
+    boxes = boxed_spans(completion)
+    if len(_BOX_TOKEN.findall(completion)) != len(boxes) or any(_BOX_TOKEN.search(completion, a, b) for a, b in boxes):
+        return False
+    for m in _MATH_SEGMENT.finditer(completion):
+        inner = _segment(m)
+        start = m.start() + m.group(0).index(inner)
+        for a, b in boxes:
+            if start <= a and b <= start + len(inner):
+                before = completion[start : completion.rfind("\\", start, a)]
+                after = completion[b + 1 : start + len(inner)]
+                if not _BOX_PREFIX.match(before) or after.strip(" .,;:!\\") or _TAIL_MATH.search(after):
+                    return False
+    ends = [b + 1 for _, b in boxes] + [m.end() for m in _HASH_LINE.finditer(completion)]
+    ends += [m.end() for m in _PHRASE_LINE.finditer(completion)]
+    if not ends:
+        return True
+    tail = completion[max(ends) :]
+    tail = tail[tail.index("$") + 1 :] if tail.lstrip().startswith("$") else tail  # the box's own segment closing
+    tail = tail.replace("\\]", " ").replace("\\)", " ")
+    return len(tail) <= _MAX_TAIL and not _TAIL_MATH.search(tail) and not _TAIL_WORDS.search(_words(tail))
+
+
 def expression_reward(completion: str, reference: str) -> float:
     """1.0 when every value the completion's deciding text offers is the reference's answer, else 0.0."""
     ref = _unwrap(reference)
     gold = _parse(ref)
-    if not gold:
+    if not gold or not commits(completion, ref):
         return 0.0
     pieces, prose = _deciding_texts(completion)
     pieces = list(dict.fromkeys(p.strip() for p in pieces if p.strip()))
