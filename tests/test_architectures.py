@@ -459,3 +459,26 @@ def test_gradient_checkpointing_with_the_chunked_head_gives_the_same_gradient(to
         (lp * mask).sum().backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
     assert (grads[0] - grads[1]).abs().max() < 1e-5
+
+
+def test_the_trainer_chunks_the_head_only_where_the_logits_are_large(tok, monkeypatch):
+    """Small logits (the embedded task: tokens × 384) run all at once, which is faster; past
+    FULL_LOGITS_MAX values the configured chunk applies. Both give the same log-probs."""
+    from types import SimpleNamespace
+
+    from areal_core.config import load_config
+    from areal_core.train import step
+
+    seqs, groups = rows()
+    ids, mask = padded(seqs)
+    batch = SimpleNamespace(input_ids=ids, attention_mask=mask, group_index=groups)
+    cfg = load_config(None, [])
+    model = tc.model("qwen2", tok=tok)
+    seen = []
+    real = step.packed_token_logprobs
+    monkeypatch.setattr(step, "packed_token_logprobs", lambda *a, **k: seen.append(k["logit_chunk"]) or real(*a, **k))
+    with torch.no_grad():
+        small = step.policy_logprobs(model, batch, None, cfg, pad_id=0)
+        monkeypatch.setattr(step, "FULL_LOGITS_MAX", 0)
+        large = step.policy_logprobs(model, batch, None, cfg, pad_id=0)
+    assert seen == [0, cfg.train.logit_chunk_tokens] and (small - large).abs().max() < 1e-6

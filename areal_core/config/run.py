@@ -336,7 +336,8 @@ class TrainConfig(ConfigModel):
         ge=0,
         description=(
             "log-probs from the final hidden states, the LM head applied this many tokens at a time (memory "
-            "O(chunk × vocab): ~1.5 GB at 512 × 151,936, recomputed in the backward); 0: all logits at once"
+            "O(chunk × vocab): ~1.5 GB at 512 × 151,936, recomputed in the backward) once a forward's logits "
+            "would pass 2^25 values (128 MB); 0: all logits at once"
         ),
     )
     ppo_minibatches: Int = Field(1, gt=0, description="optimizer minibatches per step (divides batch_groups)")

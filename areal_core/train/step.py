@@ -63,6 +63,9 @@ class Minibatch:
     max_row_tokens: float
 
 
+FULL_LOGITS_MAX = 2**25  # logit values (128 MB in float32) under which the head runs on all tokens at once
+
+
 def policy_logprobs(
     model,
     batch: TrainBatch,
@@ -84,6 +87,9 @@ def policy_logprobs(
         extra = mm.model_inputs(model, rows, ids, attn) if mm is not None else {}
         return token_logprobs(model, ids, attn, temperature, banned, with_entropy=entropy, **extra)
     chunk = cfg.train.logit_chunk_tokens
+    vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or 0)
+    if ids.numel() * vocab <= FULL_LOGITS_MAX:  # small logits: all at once is faster (no recompute)
+        chunk = 0
     if cfg.train.packing:
         return packed_token_logprobs(
             model, ids, attn, temperature, pad_id=pad_id, with_entropy=entropy, group_index=groups, logit_chunk=chunk
