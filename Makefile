@@ -34,4 +34,4 @@ lint: $(STAMP)
 	$(BIN)/ruff format .
 
 clean:
-	rm -rf runs mlruns mlruns.db mlruns.db.lock
+	rm -rf runs mlruns mlruns.db mlruns.db.lock mlartifacts

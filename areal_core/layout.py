@@ -145,6 +145,8 @@ class Layout:
     tracking = "tracking.json"
     heldout_answers = "heldout_answers.json"  # evaluate_run: the first held-out questions, answered before/after RL
     init_model = "init_model"  # the policy RL starts from (after SFT), HF format
+    hf_config = "config.json"  # an HF model folder's config (init_model/, final_model/, a user's checkpoint)
+    init_config = f"{init_model}/{hf_config}"  # its HF config: the dtype the user's checkpoint is stored in
     final_model = "final_model"  # the trained policy, HF format, written before DONE
     labels_dir = "labels"
     exports_dir = "exports"

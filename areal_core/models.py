@@ -16,6 +16,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
+from areal_core.layout import LAYOUT
+
 PAD, BOS, EOS = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 # ChatML with the Qwen2 tool convention, written so a plain conversation renders exactly as the
 # ChatML the tiny model was always trained on: one `<|im_start|>{role}\n{content}<|im_end|>\n` per
@@ -106,7 +108,7 @@ def load_pretrained(path: str, device: str = "cpu") -> tuple[Any, Any]:
     quiet_libraries()
     local = localize(path)
     verify_local_dir(local)
-    if "vision_config" in json.loads((Path(local) / "config.json").read_text()):  # model.kind vlm (docs/vlm.md)
+    if "vision_config" in json.loads((Path(local) / LAYOUT.hf_config).read_text()):  # model.kind vlm (docs/vlm.md)
         from transformers import AutoModelForImageTextToText
 
         from areal_core.vlm.processor import VisionProcessor
@@ -141,7 +143,7 @@ def checkpoint_dtype(folder: str | Path) -> torch.dtype:
     """The dtype an HF folder's weights are stored in (config.json's `dtype`, or the older
     `torch_dtype`): bfloat16 or float16 as stored, float32 otherwise."""
     try:
-        return config_dtype(json.loads((Path(folder) / "config.json").read_text()))
+        return config_dtype(json.loads((Path(folder) / LAYOUT.hf_config).read_text()))
     except (OSError, ValueError):
         return torch.float32
 
@@ -162,7 +164,7 @@ def save_pretrained(model: Any, tokenizer: Any, out_dir: str | Path, dtype: torc
     if dtype in (torch.bfloat16, torch.float16):
         state = {k: v.detach().to(dtype) for k, v in model.state_dict().items()}
         model.save_pretrained(out_dir, state_dict=state, safe_serialization=True)
-        config = Path(out_dir) / "config.json"
+        config = Path(out_dir) / LAYOUT.hf_config
         written = json.loads(config.read_text())
         written["dtype"] = str(dtype).removeprefix("torch.")
         config.write_text(json.dumps(written, indent=2))

@@ -13,6 +13,7 @@ import torch
 
 from areal_core.architecture import attention_windows, linear_leaf_names
 from areal_core.config import ConfigError
+from areal_core.layout import LAYOUT
 from areal_core.rollout.continuous_engine import ContinuousEngine
 from areal_core.rollout.engine import SamplingParams
 from areal_core.rollout.factory import local_engine_kind
@@ -23,6 +24,7 @@ from areal_core.store import Store
 from areal_core.train.logprobs import token_logprobs
 from areal_core.train.lora import adapted_names, adapter_files, apply_lora, merge_adapter
 from areal_core.train.packing import packed_token_logprobs
+from areal_core.weights.adapter import ADAPTER_CONFIG
 from tests import tiny_checkpoints as tc
 from tests.conftest import TINY
 
@@ -164,19 +166,13 @@ def test_phi3_lora_adapts_the_fused_projections_and_says_so():
     peft = apply_lora(copy.deepcopy(model), r=4, alpha=8)
     adapted = adapted_names(peft)
     assert adapted == ["down_proj", "gate_up_proj", "o_proj", "qkv_proj"]
-    cfg = json.loads(adapter_files(peft)[tc_adapter_config()])
+    cfg = json.loads(adapter_files(peft)[ADAPTER_CONFIG])
     assert cfg["target_modules"] == adapted
     # r·(in + out) per adapted matrix, per layer: qkv 64→128, o 64→64, gate_up 64→256, down 128→64
     layers = model.config.num_hidden_layers
     assert sum(p.numel() for n, p in peft.named_parameters() if "lora_" in n) == 4 * layers * (
         (64 + 128) + (64 + 64) + (64 + 256) + (128 + 64)
     )
-
-
-def tc_adapter_config() -> str:
-    from areal_core.weights.adapter import ADAPTER_CONFIG
-
-    return ADAPTER_CONFIG
 
 
 @pytest.mark.parametrize("name", sorted(MOE))
@@ -306,7 +302,7 @@ def three_steps(ckpt, tmp_path, overrides: list[str]) -> Store:
 def test_three_synchronous_steps_train_the_model_the_engine_serves(case, tmp_path):
     name, overrides = PIPELINES[case]
     store = three_steps(tc.save(name, tmp_path / name), tmp_path, overrides)
-    rows_ = [json.loads(line) for line in store.read_text("trainer/metrics.jsonl").splitlines() if line]
+    rows_ = [json.loads(line) for line in store.read_text(LAYOUT.metrics).splitlines() if line]
     assert [r["step"] for r in rows_] == [1, 2, 3]  # the version each step published
     # η = 0: every sample was drawn from the weights the trainer recomputes (π_behav = π_prox), so
     # the gap is the engine-vs-trainer difference alone, version after version
@@ -334,7 +330,7 @@ def test_a_bfloat16_checkpoint_in_shards_stays_bfloat16_on_disk(tmp_path):
     tc.tokenizer().save_pretrained(ckpt)
     assert len(list(ckpt.glob("model-*.safetensors"))) >= 2
     store = three_steps(ckpt, tmp_path, ["rollout.engine=auto"])
-    for folder in ("init_model", "final_model"):
+    for folder in (LAYOUT.init_model, LAYOUT.final_model):
         local = store.local_path(folder)
         assert json.loads((local / "config.json").read_text())["dtype"] == "bfloat16"
         for f in local.glob("*.safetensors"):
@@ -342,7 +338,7 @@ def test_a_bfloat16_checkpoint_in_shards_stays_bfloat16_on_disk(tmp_path):
                 assert {st.get_slice(k).get_dtype() for k in st.keys()} == {"BF16"}
     from areal_core.models import load_pretrained
 
-    reloaded, _ = load_pretrained(str(store.local_path("init_model")))
+    reloaded, _ = load_pretrained(str(store.local_path(LAYOUT.init_model)))
     for k, v in model.state_dict().items():
         assert torch.equal(reloaded.state_dict()[k], v.float()), k
 

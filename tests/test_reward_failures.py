@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from areal_core.layout import LAYOUT
 from areal_core.report.doctor import crashes, diagnose
 from areal_core.run import pipeline
 from areal_core.run.launcher import RoleFailed, launch
@@ -66,7 +67,7 @@ def test_a_reward_that_fails_for_half_the_samples_is_a_metric_and_a_doctor_findi
     launch(run_uri, 1, 1, timeout_s=300, progress=False)
     store = Store(run_uri)
     assert store.done()
-    rows = [json.loads(x) for x in store.read_text("trainer/metrics.jsonl").splitlines() if x]
+    rows = [json.loads(x) for x in store.read_text(LAYOUT.metrics).splitlines() if x]
     fracs = [r["reward_error_frac"] for r in rows]
     assert all(0 < f < 1 for f in fracs[:1]) and 0.2 < sum(fracs) / len(fracs) < 0.8
     from areal_core.report.data import load_run

@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 from areal_core.config import ConfigError
+from areal_core.layout import LAYOUT
 from areal_core.megatron.shapes import MegatronParallel, ModelShape, shape_from_hf_config
 
 
@@ -23,7 +24,7 @@ def model_shape(run_cfg: Any) -> ModelShape:
     if m.path:
         from areal_core.store import Store
 
-        hf = json.loads(Store(m.path).read_text("config.json"))
+        hf = json.loads(Store(m.path).read_text(LAYOUT.hf_config))
         shape = shape_from_hf_config(hf)
         if "max_position_embeddings" not in hf:
             shape.max_position_embeddings = m.max_position_embeddings

@@ -31,10 +31,12 @@ MAX_PIECE = 500
 MAX_PIECES = 6
 TIMEOUT_S = 5
 
+# words that offer another value or qualify one: hedges in the deciding text, and (with more) after it
+_HEDGING = (
+    r"or|either|unless|else|otherwise|alternatively|instead|maybe|perhaps|possibly|probably|roughly|about|around|nearly"
+)
 _HEDGE_WORDS = re.compile(
-    r"\b(?:or|either|unless|else|otherwise|alternatively|instead|maybe|perhaps|possibly|probably|"
-    r"approx(?:imately)?|roughly|about|around|nearly|could|might|but|at[ \t]+(?:least|most))\b",
-    re.IGNORECASE,
+    rf"\b(?:{_HEDGING}|approx(?:imately)?|could|might|but|at[ \t]+(?:least|most))\b", re.IGNORECASE
 )
 _HEDGE_SIGNS = re.compile(r"±|≈|∨|\\(?:pm|mp|approx|lor|vee)(?![a-zA-Z])")
 _TEXT_CMD = re.compile(r"\\(?:text|textbf|textit|mathrm|mbox|operatorname)\s*\{([^{}]*)\}")
@@ -118,7 +120,7 @@ def _split_top_level(text: str, pattern: re.Pattern[str]) -> list[str]:
             depth += 1
         elif c in "}])":
             depth = max(0, depth - 1)
-        elif depth == 0 and pattern.match(text, i) and pattern.match(text, i).start() == i:
+        elif depth == 0 and pattern.match(text, i):
             parts.append(text[start:i])
             start = i + 1
     parts.append(text[start:])
@@ -195,8 +197,7 @@ def _segment(match: re.Match[str]) -> str:
 # or words that add or qualify a value (in any of these languages' "or").
 _TAIL_MATH = re.compile(r"[0-9$\\^_{}=|/<>+*~±≈∞]|\([A-Za-z]\)|(?<![A-Za-z'])(?![aAI]\b)[A-Za-z](?![A-Za-z'])")
 _TAIL_WORDS = re.compile(
-    r"\b(?:or|either|unless|else|otherwise|alternatively|instead|maybe|perhaps|possibly|probably|approx\w*|"
-    r"roughly|about|around|nearly|negative|positive|sign|signs|opposite|reciprocal|inverse|conjugate|plus|minus|"
+    rf"\b(?:{_HEDGING}|approx\w*|negative|positive|sign|signs|opposite|reciprocal|inverse|conjugate|plus|minus|"
     r"also|and|times|over|ou|oder|oppure|sinon|bzw|of)\b",
     re.IGNORECASE,
 )

@@ -323,7 +323,7 @@ class Trainer:
         st = self.state
         # in init_model's dtype: a user's bfloat16 checkpoint is written back in bfloat16 (a run
         # without init_model/ in its root, online retraining's, keeps float32)
-        config = f"{LAYOUT.init_model}/config.json"
+        config = LAYOUT.init_config
         dtype = config_dtype(self.store.read_json(config)) if self.store.exists(config) else None
         with tempfile.TemporaryDirectory() as tmp:
             save_pretrained(model, self.tokenizer, tmp, dtype)

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
+from areal_core.layout import LAYOUT
 from areal_core.models import BOS, EOS, PAD, build_tokenizer
 from areal_core.vlm.processor import (  # noqa: F401 - re-exported: the VLM's names in one place
     IMAGE_PAD,
@@ -114,7 +115,7 @@ def build_tiny_vlm(cfg: Any, processor: VisionProcessor, seed: int) -> Qwen2_5_V
 
 def is_vlm_folder(folder: str | Path) -> bool:
     """Whether the HF folder holds a vision-language model (its config has a vision_config)."""
-    path = Path(folder) / "config.json"
+    path = Path(folder) / LAYOUT.hf_config
     return path.exists() and "vision_config" in json.loads(path.read_text())
 
 
