@@ -340,6 +340,22 @@ class TrainConfig(ConfigModel):
             "would pass 2^25 values (128 MB); 0: all logits at once"
         ),
     )
+    packed_attention: Literal["auto", "segments", "mask"] = Field(
+        "auto",
+        description=(
+            "how packed sequences are kept apart: mask (a 4D [L, L] mask per row), segments (one causal SDPA "
+            "per sequence, memory O(L); needs sdpa attention), auto (segments past 1,024-token rows where the "
+            "model agrees with its masks)"
+        ),
+    )
+    max_tokens_per_micro_batch: Int = Field(
+        0,
+        ge=0,
+        description=(
+            "token budget of one forward/backward: a minibatch runs as micro-batches of whole groups up to this "
+            "many tokens, gradients accumulated (0: the whole minibatch at once)"
+        ),
+    )
     ppo_minibatches: Int = Field(1, gt=0, description="optimizer minibatches per step (divides batch_groups)")
     checkpoint_every: Int = Field(10, gt=0, description="steps between trainer checkpoints")
     nproc_per_node: Int = Field(

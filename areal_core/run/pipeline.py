@@ -116,7 +116,10 @@ def prepare(
     from areal_core.train.algorithm import check_for_model
     from areal_core.train.loss import check_algorithm  # torch: not at import (tasks import this module)
 
-    check_algorithm(cfg.algo, distributed=cfg.train.nproc_per_node > 1)  # an unknown loss, before any work
+    # an unknown loss, or one that cannot split over ranks or micro-batches, before any work
+    check_algorithm(
+        cfg.algo, distributed=cfg.train.nproc_per_node > 1, micro_batches=cfg.train.max_tokens_per_micro_batch > 0
+    )
     check_for_model(cfg.algo, cfg.model.kind)
     check_written_config(cfg)
     configure(cfg.store_retry_s)  # how long this process retries the store, as the roles will

@@ -23,6 +23,7 @@ only on the tokens before it, so this is the same computation with the prefix do
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 
@@ -31,6 +32,10 @@ import torch
 from areal_core.architecture import attention_masks, window_allowed
 from areal_core.train.entropy import entropy_from_logits
 from areal_core.train.head import LogitHead, chunked_logprobs, hidden_states
+from areal_core.train.segment_attention import PLAN_KWARG, SpanPlan, segments_agree, spans_active, use_segments
+
+ATTENTION_MODES = ("auto", "segments", "mask")
+MAX_MASK_ROW = 1024  # auto: packed rows up to this many tokens attend under a 4D mask, longer ones per span
 
 
 def first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
@@ -109,30 +114,60 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, row_len: int = 0
 
 def packed_logits(model, packed: PackedRows, mode: str = "position_ids") -> torch.Tensor:
     """Logits [R, L, V] of the packed rows, sequences isolated from one another."""
-    dev = model.device if hasattr(model, "device") else packed.input_ids.device
-    ids, pos = packed.input_ids.to(dev), packed.position_ids.to(dev)
-    if mode == "position_ids":
-        return model(input_ids=ids, position_ids=pos, attention_mask=None, use_cache=False).logits
-    if mode == "mask4d":
-        mask = _masks(model, packed, dev)
-        return model(input_ids=ids, position_ids=pos, attention_mask=mask, use_cache=False).logits
-    raise ValueError(f"unknown packing mode {mode!r}; expected 'position_ids' or 'mask4d'")
+    return _forward(model, packed, mode, segments=False, hidden=False)
 
 
-def _packed_chunked(model, packed: PackedRows, mode: str, head, temperature: float, chunk: int, entropy: bool):
-    """(lp [R, L−1], entropy [R, L−1] or None) of packed rows, the head applied in chunks."""
-    dev = model.device if hasattr(model, "device") else packed.input_ids.device
-    ids, pos = packed.input_ids.to(dev), packed.position_ids.to(dev)
-    mask = _masks(model, packed, dev) if mode == "mask4d" else None
+def _forward(model, rows: PackedRows | TreeRows, mode: str, segments: bool, hidden: bool) -> torch.Tensor:
+    """Logits [R, L, V] (or the final hidden states, `hidden`) of packed or tree rows. Sequences are
+    isolated by `mode` ("position_ids": transformers' own packed-sequence detection; "mask4d": our
+    4D masks; tree rows always take their tree mask) or, with `segments`, by the span plan of
+    segment_attention.py (no [L, L] mask at all)."""
     if mode not in ("position_ids", "mask4d"):
         raise ValueError(f"unknown packing mode {mode!r}; expected 'position_ids' or 'mask4d'")
-    hid = hidden_states(model, input_ids=ids, position_ids=pos, attention_mask=mask)
+    dev = model.device if hasattr(model, "device") else rows.input_ids.device
+    inputs = {"input_ids": rows.input_ids.to(dev), "position_ids": rows.position_ids.to(dev), "attention_mask": None}
+    scope = contextlib.nullcontext()
+    if segments:
+        prefix = PREFIX_SEGMENT if isinstance(rows, TreeRows) else None
+        inputs[PLAN_KWARG] = SpanPlan.from_segments(rows.segment_ids, prefix)
+        scope = spans_active()
+    elif isinstance(rows, TreeRows) or mode == "mask4d":
+        inputs["attention_mask"] = _masks(model, rows, dev)
+    with scope:
+        if hidden:
+            return hidden_states(model, **inputs)
+        return model(**inputs, use_cache=False).logits
+
+
+def _packed_chunked(
+    model, packed: PackedRows, mode: str, head, temperature: float, chunk: int, entropy: bool, segments: bool
+):
+    """(lp [R, L−1], entropy [R, L−1] or None) of packed rows, the head applied in chunks."""
+    ids = packed.input_ids
+    hid = _forward(model, packed, mode, segments, hidden=True)
     r, length = ids.shape
     flat = hid[:, :-1].reshape(-1, hid.shape[-1])
-    out = chunked_logprobs(head, flat, ids[:, 1:].reshape(-1), temperature, chunk, entropy)
+    out = chunked_logprobs(head, flat, ids[:, 1:].reshape(-1).to(flat.device), temperature, chunk, entropy)
     if not entropy:
         return out.view(r, length - 1), None
     return out[0].view(r, length - 1), out[1].view(r, length - 1)
+
+
+def wants_segments(model, input_ids: torch.Tensor, attention: str, row_tokens: int) -> bool:
+    """Whether rows of `row_tokens` attend per span (segment_attention.py) rather than under a 4D
+    mask: `attention` "segments" always (a model that cannot is an error), "auto" past
+    `MAX_MASK_ROW` tokens where the model can, "mask" never."""
+    if attention not in ATTENTION_MODES:
+        raise ValueError(f"unknown packed attention {attention!r}; expected one of {ATTENTION_MODES}")
+    if attention == "mask" or (attention == "auto" and row_tokens <= MAX_MASK_ROW):
+        return False
+    able = use_segments(model) and segments_agree(model, input_ids)
+    if attention == "segments" and not able:
+        raise ValueError(
+            f"train.packed_attention=segments: {type(model).__name__} cannot attend per span (it runs "
+            f"{getattr(model.config, '_attn_implementation', '?')} attention, or differs from its masks; see the log)"
+        )
+    return able
 
 
 def _masks(model, rows: PackedRows | TreeRows, dev: torch.device) -> torch.Tensor | dict[str, torch.Tensor]:
@@ -168,6 +203,7 @@ def packed_token_logprobs(
     with_entropy: bool = False,
     group_index: torch.Tensor | None = None,
     logit_chunk: int = 0,
+    attention: str = "auto",
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Packed equivalent of `token_logprobs`: logp[:, t] = log π(x_t | x_<t), 0 at t = 0 and on padding.
 
@@ -177,14 +213,18 @@ def packed_token_logprobs(
     with varlen flash attention). With `with_entropy`, also returns the entropy [N, T].
     Gradients flow to the model when called outside `torch.no_grad()`. With `group_index` [N] (and
     no budget or row length), each group's common prefix is computed once (`pack_groups`) unless
-    a group's row would exceed `MAX_TREE_ROW` tokens. `logit_chunk` > 0: the LM head applied that
-    many tokens at a time from the final hidden states (train/head.py), never all logits at once.
+    a group's row would exceed `MAX_TREE_ROW` tokens under a mask. `logit_chunk` > 0: the LM head
+    applied that many tokens at a time from the final hidden states (train/head.py), never all
+    logits at once. `attention` (`wants_segments`): rows past `MAX_MASK_ROW` tokens attend per
+    span, without an [L, L] mask, where the model can ("auto"); then trees have no length limit.
     """
     head = LogitHead.for_model(model, input_ids, logit_chunk)
     if group_index is not None and token_budget <= 0 and row_len <= 0:
         tree = pack_groups(input_ids.cpu(), attention_mask.cpu(), group_index.cpu(), pad_id)
-        if tree.input_ids.shape[1] <= MAX_TREE_ROW:
-            return tree_token_logprobs(model, tree, temperature, with_entropy, head, logit_chunk)
+        width = tree.input_ids.shape[1]
+        segments = wants_segments(model, input_ids, attention, width)
+        if segments or width <= MAX_TREE_ROW:
+            return tree_token_logprobs(model, tree, temperature, with_entropy, head, logit_chunk, segments)
     n, t = input_ids.shape
     dev = input_ids.device
     logp = torch.zeros(n, t, device=dev)
@@ -194,10 +234,11 @@ def packed_token_logprobs(
         idx = torch.tensor(rows, device=dev)
         sub_t = int(lengths[idx].max())
         packed = pack(input_ids[idx, :sub_t].cpu(), attention_mask[idx, :sub_t].cpu(), row_len, pad_id)
+        segments = wants_segments(model, input_ids, attention, packed.input_ids.shape[1])
         if head is not None:
-            lp, h = _packed_chunked(model, packed, mode, head, temperature, logit_chunk, with_entropy)
+            lp, h = _packed_chunked(model, packed, mode, head, temperature, logit_chunk, with_entropy, segments)
         else:
-            logits = packed_logits(model, packed, mode)
+            logits = _forward(model, packed, mode, segments, hidden=False)
             z = logits[:, :-1].float()
             if temperature != 1.0:
                 z = z / temperature
@@ -214,7 +255,7 @@ def packed_token_logprobs(
 
 
 PREFIX_SEGMENT = -2  # segment id of a group's shared prefix (filler is -1, a suffix its row index)
-MAX_TREE_ROW = 1024  # a longer group row falls back to `pack` (its dense [L, L] mask would cost more)
+MAX_TREE_ROW = 1024  # a longer group row under a mask falls back to `pack` (its [L, L] mask would cost more)
 
 
 @dataclass
@@ -281,42 +322,34 @@ def pack_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, group_ind
 
 
 def tree_token_logprobs(
-    model, tree: TreeRows, temperature: float = 1.0, with_entropy: bool = False, head=None, logit_chunk: int = 0
+    model,
+    tree: TreeRows,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    head=None,
+    logit_chunk: int = 0,
+    segments: bool = False,
 ):
-    """`packed_token_logprobs` over `pack_groups` rows: one forward pass under the tree mask, then
-    logp = z[prev, target] − logsumexp(z[prev]) with z = logits / temperature (with a `head`: from
-    the hidden states at `prev`, `logit_chunk` tokens at a time, train/head.py)."""
+    """`packed_token_logprobs` over `pack_groups` rows: one forward pass under the tree mask (per
+    span with `segments`), then logp = z[prev, target] − logsumexp(z[prev]) with z = logits /
+    temperature (with a `head`: from the hidden states at `prev`, `logit_chunk` tokens at a time,
+    train/head.py)."""
     dev = model.device if hasattr(model, "device") else tree.input_ids.device
-    if head is not None:
-        hid = hidden_states(
-            model,
-            input_ids=tree.input_ids.to(dev),
-            position_ids=tree.position_ids.to(dev),
-            attention_mask=_masks(model, tree, dev),
-        )
-        flat = hid.reshape(-1, hid.shape[-1])[tree.prev.to(dev)]
-        out = chunked_logprobs(head, flat, tree.target.to(dev), temperature, logit_chunk, with_entropy)
-        n, t = tree.shape
-        dst = tree.dst.to(dev)
-        lp = out[0] if with_entropy else out
-        logp = torch.zeros(n * t, device=dev, dtype=lp.dtype).index_put((dst,), lp).view(n, t)
-        if not with_entropy:
-            return logp
-        return logp, torch.zeros(n * t, device=dev, dtype=lp.dtype).index_put((dst,), out[1]).view(n, t)
-    logits = model(
-        input_ids=tree.input_ids.to(dev),
-        position_ids=tree.position_ids.to(dev),
-        attention_mask=_masks(model, tree, dev),
-        use_cache=False,
-    ).logits
-    z = logits.float().reshape(-1, logits.shape[-1])
-    if temperature != 1.0:
-        z = z / temperature
     prev, target, dst = tree.prev.to(dev), tree.target.to(dev), tree.dst.to(dev)
     n, t = tree.shape
-    lp = z[prev, target] - torch.logsumexp(z, dim=-1)[prev]
+    if head is not None:
+        hid = _forward(model, tree, "mask4d", segments, hidden=True)
+        flat = hid.reshape(-1, hid.shape[-1])[prev]
+        out = chunked_logprobs(head, flat, target, temperature, logit_chunk, with_entropy)
+        lp, h = (out[0], out[1]) if with_entropy else (out, None)
+    else:
+        logits = _forward(model, tree, "mask4d", segments, hidden=False)
+        z = logits.float().reshape(-1, logits.shape[-1])
+        if temperature != 1.0:
+            z = z / temperature
+        lp = z[prev, target] - torch.logsumexp(z, dim=-1)[prev]
+        h = entropy_from_logits(z)[prev] if with_entropy else None
     logp = torch.zeros(n * t, device=dev, dtype=lp.dtype).index_put((dst,), lp).view(n, t)
     if not with_entropy:
         return logp
-    h = entropy_from_logits(z)[prev]
     return logp, torch.zeros(n * t, device=dev, dtype=h.dtype).index_put((dst,), h).view(n, t)

@@ -44,12 +44,10 @@ from areal_core.train.entropy import token_logprobs_and_entropy
 from areal_core.train.logprobs import token_logprobs
 from areal_core.train.loss.common import behaviour_abs_diff
 from areal_core.train.loss.registry import LossInputs, check_algorithm
+from areal_core.train.micro_batches import SUMMED, aligned, combine, split_rows
 from areal_core.train.packing import packed_token_logprobs
 from areal_core.train.value_head import Critic
 from areal_core.vlm.inputs import MultimodalRows, vision_token_ids
-
-# per-minibatch metrics that are counts over the rows (summed over ranks, not averaged)
-SUMMED = {"policy_tokens", "pref_pairs"}
 
 
 @dataclass
@@ -92,7 +90,15 @@ def policy_logprobs(
         chunk = 0
     if cfg.train.packing:
         return packed_token_logprobs(
-            model, ids, attn, temperature, pad_id=pad_id, with_entropy=entropy, group_index=groups, logit_chunk=chunk
+            model,
+            ids,
+            attn,
+            temperature,
+            pad_id=pad_id,
+            with_entropy=entropy,
+            group_index=groups,
+            logit_chunk=chunk,
+            attention=cfg.train.packed_attention,
         )
     if entropy and chunk <= 0:
         return token_logprobs_and_entropy(model, ids, attn, temperature)
@@ -152,7 +158,8 @@ def train_step(
     ctx = ctx or DistContext()
     world = ctx.world_size
     algo, n_mb = cfg.algo, cfg.train.ppo_minibatches
-    check_algorithm(algo, distributed=ctx.distributed)  # ConfigError: an unknown loss, or one rank only
+    # ConfigError: an unknown loss, or one that needs all rows at once on several ranks or micro-batches
+    check_algorithm(algo, distributed=ctx.distributed, micro_batches=cfg.train.max_tokens_per_micro_batch > 0)
     need = required_inputs(algo)
     if "ref_logp" in need and ref_model is None:
         raise ValueError("this algorithm needs a reference model")
@@ -167,18 +174,35 @@ def train_step(
     lap = _Laps(phase, t0)
     lap("collate")  # the batch tensors and the minibatch plan (the laps start at the call)
 
+    budget = cfg.train.max_tokens_per_micro_batch
+    lengths = batch.attention_mask.sum(1)
+
+    def passes(rows: torch.Tensor) -> list[tuple[torch.Tensor, bool]]:
+        return aligned(split_rows(rows, batch.group_index, lengths, budget), ctx)
+
+    def no_grad_logprobs(m: torch.nn.Module, rows: torch.Tensor | None) -> torch.Tensor:
+        """[N, T] log-probs of `rows` (all when None) under `m`, a micro-batch at a time."""
+        if budget <= 0:
+            return _scatter(policy_logprobs(m, batch, rows, cfg, pad_id, mm=mm), rows, batch)
+        out = torch.zeros(batch.loss_mask.shape, device=batch.loss_mask.device)
+        every = torch.arange(len(batch.rewards), device=out.device) if rows is None else rows
+        for part, padding in passes(every):
+            values = policy_logprobs(m, batch, part, cfg, pad_id, mm=mm)
+            if not padding:
+                out[part] = values
+        return out
+
     prox_all = ref_all = teacher_all = None
     with torch.no_grad():
         # kl_as_reward shapes the rewards with π_prox vs π_ref on the whole batch before the group
         # statistics: every rank computes them on all rows. Otherwise each rank only on its rows.
         rows_needed = None if (algo.kl_as_reward or not ctx.distributed) else torch.cat([m.rows for m in plan])
         if n_mb > 1 or algo.kl_as_reward:
-            prox_all = _scatter(policy_logprobs(model, batch, rows_needed, cfg, pad_id, mm=mm), rows_needed, batch)
+            prox_all = no_grad_logprobs(model, rows_needed)
         if "ref_logp" in need:
-            ref_all = _scatter(policy_logprobs(ref_model, batch, rows_needed, cfg, pad_id, mm=mm), rows_needed, batch)
+            ref_all = no_grad_logprobs(ref_model, rows_needed)
         if "teacher_logp" in need:
-            teacher = policy_logprobs(teacher_model, batch, rows_needed, cfg, pad_id, mm=mm)
-            teacher_all = _scatter(teacher, rows_needed, batch)
+            teacher_all = no_grad_logprobs(teacher_model, rows_needed)
     vkw = {"packing": cfg.train.packing, "pad_id": pad_id}
     old_v = None
     if critic is not None:
@@ -193,45 +217,53 @@ def train_step(
         old_values=old_v,
     )
 
+    sync = getattr(model, "set_requires_gradient_sync", None)  # FSDP2: reduce gradients after the last micro-batch
     for mb in plan:
-        lap("forward")
-        rows = mb.rows
-        out = policy_logprobs(model, batch, rows, cfg, pad_id, entropy="entropy" in need, mm=mm)
-        logp, ent = out if isinstance(out, tuple) else (out, None)
-        # π_prox: the parameters before this update; with one minibatch that is this very forward pass
-        prox = logp.detach() if prox_all is None else prox_all[rows]
-        mask = torch.zeros_like(batch.loss_mask[rows]) if mb.dummy else batch.loss_mask[rows]
-        mb_algo = algo
-        if algo.aggregation == "seq_mean_token_sum_norm" and algo.norm_const <= 0:
-            mb_algo = algo.model_copy(update={"norm_const": mb.max_row_tokens})
-        values = None
-        if critic is not None:  # the critic's values of these rows, with gradient
-            values = critic.token_values(batch.input_ids[rows], batch.attention_mask[rows], **vkw)
-        inputs = LossInputs(
-            logp=logp,
-            prox_logp=prox,
-            behav_logp=batch.behav_logprobs[rows],
-            mask=mask.float(),
-            rewards=batch.rewards[rows],
-            group_index=batch.group_index[rows],
-            advantages=adv[rows],
-            returns=None if returns is None else returns[rows],
-            ref_logp=None if ref_all is None else ref_all[rows],
-            values=values,
-            old_values=None if old_v is None else old_v[rows],
-            entropy=ent,
-            teacher_logp=None if teacher_all is None else teacher_all[rows],
-            global_tokens=mb.global_tokens if ctx.distributed else None,
-            global_seqs=mb.global_seqs if ctx.distributed else None,
-        )
-        loss, mb_stats = total_loss(mb_algo, inputs)
-        mb_stats["abs_dlogp_behav_prox"] = behaviour_abs_diff(prox, inputs.behav_logp, inputs.mask)  # mismatch
         optimizer.zero_grad(set_to_none=True)
         if critic is not None:
             critic.zero_grad()
-        lap("forward")
-        (loss * world).backward()
-        lap("backward")
+        mb_algo = algo
+        if algo.aggregation == "seq_mean_token_sum_norm" and algo.norm_const <= 0:
+            mb_algo = algo.model_copy(update={"norm_const": mb.max_row_tokens})
+        parts = []
+        micro = passes(mb.rows)
+        for k, (rows, padding) in enumerate(micro):
+            lap("forward")
+            out = policy_logprobs(model, batch, rows, cfg, pad_id, entropy="entropy" in need, mm=mm)
+            logp, ent = out if isinstance(out, tuple) else (out, None)
+            # π_prox: the parameters before this update; with one minibatch that is this very forward pass
+            prox = logp.detach() if prox_all is None else prox_all[rows]
+            mask = torch.zeros_like(batch.loss_mask[rows]) if mb.dummy or padding else batch.loss_mask[rows]
+            values = None
+            if critic is not None:  # the critic's values of these rows, with gradient
+                values = critic.token_values(batch.input_ids[rows], batch.attention_mask[rows], **vkw)
+            split = ctx.distributed or len(micro) > 1  # the minibatch's denominators, not these rows'
+            inputs = LossInputs(
+                logp=logp,
+                prox_logp=prox,
+                behav_logp=batch.behav_logprobs[rows],
+                mask=mask.float(),
+                rewards=batch.rewards[rows],
+                group_index=batch.group_index[rows],
+                advantages=adv[rows],
+                returns=None if returns is None else returns[rows],
+                ref_logp=None if ref_all is None else ref_all[rows],
+                values=values,
+                old_values=None if old_v is None else old_v[rows],
+                entropy=ent,
+                teacher_logp=None if teacher_all is None else teacher_all[rows],
+                global_tokens=mb.global_tokens if split else None,
+                global_seqs=mb.global_seqs if split else None,
+            )
+            loss, micro_stats = total_loss(mb_algo, inputs)
+            micro_stats["abs_dlogp_behav_prox"] = behaviour_abs_diff(prox, inputs.behav_logp, inputs.mask)  # mismatch
+            parts.append((micro_stats, float(mask.sum())))
+            lap("forward")
+            if sync is not None and len(micro) > 1:
+                sync(k == len(micro) - 1)
+            (loss * world).backward()
+            lap("backward")
+        mb_stats = combine(parts)
         grad_norm = clip_grad_norm(model, cfg.train.grad_clip or float("inf"))
         # a NaN/inf gradient (the global norm: every rank skips alike) would poison the weights and
         # AdamW's moments, and the next published version with them: skip the update, count it
@@ -243,8 +275,10 @@ def train_step(
             mb_stats["critic_grad_norm"] = critic.step()  # skipped, like the policy's, when not finite
             mb_stats["critic_nonfinite_grad_frac"] = 0.0 if math.isfinite(mb_stats["critic_grad_norm"]) else 1.0
         if ctx.distributed:
-            mb_stats = _reduce(mb_stats, float(mask.sum()) / mb.global_tokens, ctx)
+            rank_tokens = sum(t for _, t in parts)
+            mb_stats = _reduce(mb_stats, rank_tokens / mb.global_tokens, ctx)
         mb_stats["grad_norm"] = grad_norm
+        mb_stats["micro_batches"] = float(len(micro))
         for k, v in mb_stats.items():
             stats[k] = stats.get(k, 0.0) + v / n_mb
         lap("optimizer")

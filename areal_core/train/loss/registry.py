@@ -167,14 +167,16 @@ def active_losses(cfg: AlgorithmConfig) -> list[Loss]:
     return [policy, *terms(cfg, policy)]
 
 
-def check_algorithm(cfg: AlgorithmConfig, distributed: bool = False) -> list[Loss]:
-    """Validate `algo.loss` against the registry (and, with `distributed`, that every active loss
-    supports more than one rank) before any work starts; returns the active losses. ConfigError."""
+def check_algorithm(cfg: AlgorithmConfig, distributed: bool = False, micro_batches: bool = False) -> list[Loss]:
+    """Validate `algo.loss` against the registry (and, with `distributed` or `micro_batches`, that
+    every active loss splits over rows: more than one rank, or train.max_tokens_per_micro_batch)
+    before any work starts; returns the active losses. ConfigError."""
     active = active_losses(cfg)
     refused = [loss.name for loss in active if not loss.distributed]
-    if distributed and refused:
+    where = "on more than one rank" if distributed else "in micro-batches (train.max_tokens_per_micro_batch > 0)"
+    if (distributed or micro_batches) and refused:
         raise ConfigError(
-            f"config key 'algo.loss': {', '.join(refused)} cannot run on more than one rank "
-            f"(algo.loss={cfg.loss}, algo.adv_estimator={cfg.adv_estimator})"
+            f"config key 'algo.loss': {', '.join(refused)} cannot run {where}: it needs all of a minibatch's rows "
+            f"at once (algo.loss={cfg.loss}, algo.adv_estimator={cfg.adv_estimator})"
         )
     return active
