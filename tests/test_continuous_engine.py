@@ -459,3 +459,35 @@ def test_a_one_off_engine_failure_is_retried_call_by_call_and_loses_no_group(tin
     got = samples()
     assert sorted({s.group_id for s in got}) == [f"rollout-0-g{g:07d}" for g in range(6)]
     assert len(got) == len({s.sample_id for s in got}) == 6 * 4
+
+
+@pytest.mark.parametrize("engine_cls", [ContinuousEngine, TorchEngine])
+def test_a_swap_that_would_re_prefill_past_the_budget_waits_exactly(engine_cls):
+    """rollout.reprefill_budget_tokens: a version staged while more tokens than the budget are in
+    flight waits; the call decodes on under the current weights, token for token as without the
+    swap, every token tagged with the version that produced it, nothing re-prefilled; the version
+    is installed once few enough tokens are in flight (here: at the next call). A budget above
+    what is in flight swaps mid-call as before."""
+    from areal_core.rollout.factory import build_local_engine
+
+    kwargs = {"slots": 8} if engine_cls is ContinuousEngine else {}
+    hook = "_step" if engine_cls is ContinuousEngine else "_forward"
+    base = engine_cls(model(), PAD, EOS, **kwargs).generate(prompts(), GREEDY)
+    new = model(seed=5)
+    eng = engine_cls(model(), PAD, EOS, reprefill_budget=10, **kwargs)
+    StageAtCall(eng, hook, 3, 2, new.state_dict())
+    gens = eng.generate(prompts(), GREEDY)
+    assert eng.swaps == 0 and eng.deferred_swap_steps > 0
+    assert [g.token_ids for g in gens] == [g.token_ids for g in base]
+    assert all(set(g.versions) == {0} for g in gens)
+    if engine_cls is ContinuousEngine:
+        assert eng.stats["reprefill_tokens"] == 0 and eng.health()["deferred_swap_steps"] > 0
+    eng.generate(prompts(), GREEDY)
+    assert eng.swaps == 1 and eng.version == 2
+    roomy = engine_cls(model(), PAD, EOS, reprefill_budget=10**6, **kwargs)
+    StageAtCall(roomy, hook, 3, 2, new.state_dict())
+    assert any(2 in g.versions for g in roomy.generate(prompts(), GREEDY)) and roomy.deferred_swap_steps == 0
+    tok = build_tokenizer(["1 2 3 4 5 + - = ####"], 300)
+    kind = "continuous" if engine_cls is ContinuousEngine else "torch"
+    cfg = load_config("configs/default.yaml", [f"rollout.engine={kind}", "rollout.reprefill_budget_tokens=4096"])
+    assert build_local_engine(cfg, build_tiny_model(CFG, len(tok), 0), tok, 0, seed=1).reprefill_budget == 4096

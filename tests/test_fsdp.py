@@ -40,6 +40,8 @@ ALGOS = {
     "grpo": [],
     "dr_grpo": ["algo.adv_estimator=dr_grpo", "algo.aggregation=seq_mean_token_sum_norm"],
     "gspo": ["algo.loss=gspo", "algo.aggregation=seq_mean_token_mean", "algo.behav_level=geometric"],
+    # micro-batches of ≤ 24 tokens (groups of ~40 split into runs of rows): ranks run different counts
+    "grpo_micro": ["train.max_tokens_per_micro_batch=24"],
 }
 
 
@@ -129,7 +131,7 @@ def test_groups_are_split_contiguously_and_a_rank_may_get_none():
     assert rank_groups(torch.arange(1), 1, 2).tolist() == []
 
 
-CASES = [(1, "grpo"), (2, "dr_grpo"), (2, "gspo")]  # (minibatches, algorithm)
+CASES = [(1, "grpo"), (2, "dr_grpo"), (2, "gspo"), (2, "grpo_micro")]  # (minibatches, algorithm)
 
 
 def _fsdp_worker(rank: int, world: int, port: int, out_dir: str) -> None:

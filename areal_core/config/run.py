@@ -151,6 +151,14 @@ class RolloutConfig(ConfigModel):
             "older, no re-prefill)"
         ),
     )
+    reprefill_budget_tokens: Int = Field(
+        0,
+        ge=0,
+        description=(
+            "built-in engines: a new version waits while more tokens than this are in flight (each swap re-prefills "
+            "them all), decoding on under the current one (0: swap at once, as AReaL)"
+        ),
+    )
     step_delay_s: Float = Field(
         0.0, ge=0, description="benchmarks: sleep per continuous-engine step, to make generation the bottleneck"
     )

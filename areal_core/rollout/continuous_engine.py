@@ -84,11 +84,12 @@ class ContinuousEngine(LocalEngine):
         policy: str = "continuous",
         swap_mid_generation: bool = True,
         step_delay_s: float = 0.0,
+        reprefill_budget: int = 0,
     ):
         check_supported(model)
         if policy not in {"continuous", "static"}:
             raise ValueError(f"policy must be 'continuous' or 'static', got {policy!r}")
-        super().__init__(model, version, swap_mid_generation)
+        super().__init__(model, version, swap_mid_generation, reprefill_budget)
         self.pad_id, self.eos_id = pad_id, eos_id
         self.device = next(model.parameters()).device
         self.slots, self.max_seq_len, self.prefill_tokens = slots, max_seq_len, prefill_tokens
@@ -111,6 +112,7 @@ class ContinuousEngine(LocalEngine):
             "ok": self.last_error is None,
             "version": self.version,
             "swaps": self.swaps,
+            "deferred_swap_steps": self.deferred_swap_steps,
             "slots": self.slots,
             **self.stats,
             **({"error": self.last_error} if self.last_error else {}),
@@ -197,7 +199,7 @@ class ContinuousEngine(LocalEngine):
         runner = self.runner
         if self.step_delay_s:
             time.sleep(self.step_delay_s)
-        swapped = self._install_staged() if (self.swap_mid_generation or not n) else False
+        swapped = self._install_staged() if self._swap_now(int(b.seq_len[:n].sum())) else False
         parts: list[torch.Tensor] = []
         if n and swapped:  # drop the cache: re-prefill prompt + generated tokens under the new weights
             seqs = [b.prompts[r] + b.out_tok[r, : b.gen[r]].tolist() for r in b.row_req[:n]]

@@ -86,10 +86,12 @@ def build_local_engine(cfg: RunConfig, model: Any, tokenizer: Any, version: int,
             tokenizer=tokenizer,
             swap_mid_generation=mid,
             step_delay_s=cfg.rollout.step_delay_s,
+            reprefill_budget=cfg.rollout.reprefill_budget_tokens,
         )
     from areal_core.rollout.torch_engine import TorchEngine
 
-    return TorchEngine(model, pad, eos, version, seed=seed, swap_mid_generation=mid)
+    budget = cfg.rollout.reprefill_budget_tokens
+    return TorchEngine(model, pad, eos, version, seed=seed, swap_mid_generation=mid, reprefill_budget=budget)
 
 
 def vllm_native_lora(cfg: RunConfig) -> bool:

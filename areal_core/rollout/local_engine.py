@@ -7,6 +7,15 @@ only the newest version; the engine's own thread installs it at the next step bo
 (`_install_staged`), and the generation loop then re-prefills under the new weights. With
 `swap_mid_generation` off a version is installed only when no row is mid-generation (at the
 start of the next `generate` call, or while idle): tokens up to one version older, no re-prefill.
+
+A swap mid-generation drops the KV cache and re-prefills every row in flight, prompt and answer so
+far: at 8 rows of 4k tokens that is a 32k-token forward per version. AReaL's interruptible
+generation pays it in full (its server flushes the cache on a weight update and the partial
+requests are resubmitted). `reprefill_budget` (rollout.reprefill_budget_tokens) bounds it: while
+more tokens than that are in flight, a staged version waits and decoding goes on under the current
+one, exactly (its tokens carry the version that produced them; the staleness rules see them as
+such); it is installed at the first step with few enough tokens in flight, or between calls.
+`deferred_swap_steps` counts the steps it waited.
 """
 
 from __future__ import annotations
@@ -40,11 +49,15 @@ def check_fits(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], comp
 class LocalEngine:
     """Base of the in-process engines: `model`, `version`, `swaps`, and the staged-weights mailbox."""
 
-    def __init__(self, model: torch.nn.Module, version: int, swap_mid_generation: bool = True):
+    def __init__(
+        self, model: torch.nn.Module, version: int, swap_mid_generation: bool = True, reprefill_budget: int = 0
+    ):
         self.model = model.eval()
         self.version = version
         self.swap_mid_generation = swap_mid_generation
+        self.reprefill_budget = reprefill_budget
         self.swaps = 0
+        self.deferred_swap_steps = 0
         self._staged: tuple[int, dict[str, torch.Tensor]] | None = None
         self._staged_lock = threading.Lock()
 
@@ -61,6 +74,18 @@ class LocalEngine:
         with self._staged_lock:
             if self._staged is None or version > self._staged[0]:
                 self._staged = (version, state_dict)
+
+    def _swap_now(self, in_flight_tokens: int) -> bool:
+        """Whether a staged version may be installed at this step, with `in_flight_tokens` (prompt
+        and answer so far of the rows mid-generation) to re-prefill if it is (module docstring)."""
+        if in_flight_tokens == 0:
+            return True
+        if not self.swap_mid_generation:
+            return False
+        if self.reprefill_budget > 0 and in_flight_tokens > self.reprefill_budget and self._staged is not None:
+            self.deferred_swap_steps += 1
+            return False
+        return True
 
     def _install_staged(self) -> bool:
         """Install the staged version if it is newer than the current one; True if weights changed."""

@@ -58,8 +58,9 @@ class TorchEngine(LocalEngine):
         version: int = 0,
         seed: int = 0,
         swap_mid_generation: bool = True,
+        reprefill_budget: int = 0,
     ):
-        super().__init__(model, version, swap_mid_generation)
+        super().__init__(model, version, swap_mid_generation, reprefill_budget)
         self.pad_id = pad_id
         self.eos_id = eos_id
         self.device = next(model.parameters()).device
@@ -117,7 +118,7 @@ class TorchEngine(LocalEngine):
                 break
             seq = torch.cat([seq, tok[:, None]], dim=1)
             mask = torch.cat([mask, alive[:, None].long()], dim=1)
-            if self.swap_mid_generation and self._install_staged():
+            if self._swap_now(seq.numel()) and self._install_staged():  # the re-prefill runs every row
                 cache = DynamicCache()  # re-prefill everything under the new weights
                 logits = self._forward(seq, mask, cache, vision)
             else:
