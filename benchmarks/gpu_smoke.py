@@ -12,6 +12,10 @@ others still run):
             tokens/s and MFU = 6·N·tokens/s / peak FLOP/s (peak from --peak-tflops, default the
             H200's dense bf16 989 TFLOP/s; none on CPU); without --tiny also on Qwen2-0.5B's
             transformer shape with 32 groups (32,768 tokens a step);
+  real_vocab  benchmarks/scale.py's trainer case at Qwen2.5's 151,936-row vocabulary and long rows
+            (issue 44): Qwen2.5-0.5B's shape with 8 × 1,056-token rows eager and under torch.compile,
+            4 × 4,128-token rows, and Qwen2.5-1.5B's shape: tokens/s, MFU, peak GPU memory
+            (`--tiny`: the tiny shape, 2 × 288 and 2 × 1,056-token rows on the CPU);
   engines   the built-in engines (torch, continuous) against transformers' generate, tokens/s;
   vllm      vLLM's offline engine on the same model when vllm imports and the device is CUDA,
             else skipped with the reason;
@@ -253,6 +257,39 @@ def rl(device: str, tiny: bool, steps: int, root: str) -> dict:
     }
 
 
+# benchmarks/scale.py trainer cases of the real_vocab section (name -> arguments)
+REAL_VOCAB_CASES = {
+    "qwen05b_8x1k": "--shape qwen2.5-0.5b --rows 8 --answer 1024 --steps 3",
+    "qwen05b_8x1k_compiled": "--shape qwen2.5-0.5b --rows 8 --answer 1024 --steps 3 --compile",
+    "qwen05b_4x4k": "--shape qwen2.5-0.5b --rows 4 --answer 4096 --steps 3",
+    "qwen15b_8x1k": "--shape qwen2.5-1.5b --rows 8 --answer 1024 --steps 3",
+}
+REAL_VOCAB_TINY = {
+    "tiny_2x256": "--shape tiny --rows 2 --answer 256 --steps 1",
+    "tiny_2x1k": "--shape tiny --rows 2 --answer 1024 --steps 1",
+}
+
+
+def real_vocab(device: str, tiny: bool, peak_tflops: float) -> dict:
+    """Each case in its own process (benchmarks/scale.py trainer), its failure recorded alone."""
+    out: dict[str, Any] = {}
+    for name, args in (REAL_VOCAB_TINY if tiny else REAL_VOCAB_CASES).items():
+        cmd = [sys.executable, str(ROOT / "benchmarks" / "scale.py"), "trainer", "--device", device, *args.split()]
+        cmd += ["--peak-tflops", str(peak_tflops)]
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=_env())
+        if proc.returncode == 0:
+            out[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+        else:
+            out[name] = {"error": proc.stderr.strip()[-1500:]}
+    return out
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
@@ -268,6 +305,7 @@ def main(argv: list[str] | None = None) -> dict:
     section(out, "trainer", lambda: trainer(dims, args.device, 2 if args.tiny else 10, args.peak_tflops))
     if not args.tiny:  # MFU at a size where the matrices, not Python, set the pace
         section(out, "trainer_qwen05b_shape", lambda: trainer(QWEN05B, args.device, 10, args.peak_tflops, groups=32))
+    section(out, "real_vocab", lambda: real_vocab(args.device, args.tiny, args.peak_tflops))
     section(out, "engines", lambda: engines(dims, args.device, 8 if args.tiny else 64, 16, 16 if args.tiny else 128))
     section(out, "vllm", lambda: vllm(dims, args.device, 64, 128))
     with tempfile.TemporaryDirectory() as root:

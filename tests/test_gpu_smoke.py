@@ -28,3 +28,7 @@ def test_the_gpu_smoke_script_runs_on_cpu(tmp_path):
     assert all(engines[k]["tok_s"] > 0 for k in ("transformers_generate", "torch_engine", "continuous_engine"))
     assert "device=cuda" in figures["vllm"]["skipped"]
     assert figures["rl"]["steps"] == 3 and figures["rl"]["s_per_step"] > 0
+    real = figures["real_vocab"]  # issue 44: the real vocabulary and long rows through the trainer
+    assert set(real) - {"section_s"} == {"tiny_2x256", "tiny_2x1k"}
+    assert all(real[k]["vocab"] == 151936 and real[k]["tokens_per_s"] > 0 for k in ("tiny_2x256", "tiny_2x1k"))
+    assert real["tiny_2x1k"]["tokens"] == 2 * (32 + 1024) and "mfu" not in real["tiny_2x1k"]
