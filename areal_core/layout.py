@@ -221,7 +221,12 @@ class Layout:
         return f"{self.trajectories_dir}/{check_name(stage, 'layer')}/{check_name(worker, 'worker id')}"
 
     def shard(self, stage: str, worker: str, seq: int) -> str:
-        return f"{self.shard_dir(stage, worker)}/{seq:08d}.arrow"
+        return self.shard_in(self.shard_dir(stage, worker), seq)
+
+    @staticmethod
+    def shard_in(worker_dir: str, seq: int) -> str:
+        """Shard `seq` of a worker folder of any layer (a run's, a re-graded one, a sessions store's)."""
+        return f"{worker_dir}/{seq:08d}.arrow"
 
     def ungraded_shard(self, worker: str, seq: int) -> str:
         return self.shard("ungraded", worker, seq)

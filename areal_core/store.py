@@ -256,6 +256,35 @@ class Store:
         return sorted(p[n:] for p in found if p.endswith(suffix) and not p.rsplit("/", 1)[-1].startswith("."))
 
     @retried
+    def find_after(self, folder: str, after: str | None, suffix: str = "") -> list[str]:
+        """The files directly in `folder` whose path sorts after `after` (a path in it; None: all),
+        sorted, hidden files skipped. On S3 one ListObjectsV2 from `StartAfter`, so the cost is
+        the files after it, not the folder's; other stores list the folder and filter."""
+        if not self.local and getattr(self.fs, "protocol", None) in ("s3", ("s3", "s3a"), ("s3a", "s3")):
+            return self._s3_after(folder, after, suffix)
+        names = self.listdir(folder)
+        out = [f"{folder}/{n}" for n in names if n.endswith(suffix)]
+        return [p for p in out if after is None or p > after]
+
+    def _s3_after(self, folder: str, after: str | None, suffix: str) -> list[str]:
+        bucket, _, key = self.path(folder).partition("/")
+        kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": f"{key}/", "Delimiter": "/"}
+        if after is not None:
+            kwargs["StartAfter"] = self.path(after).partition("/")[2]
+        key_root = self.root.partition("/")[2]
+        n = len(key_root) + 1 if key_root else 0
+        out: list[str] = []
+        while True:
+            page = self.fs.call_s3("list_objects_v2", **kwargs)
+            for obj in page.get("Contents", []):
+                rel = obj["Key"][n:]
+                if rel.endswith(suffix) and not rel.rsplit("/", 1)[-1].startswith("."):
+                    out.append(rel)
+            if not page.get("IsTruncated"):
+                return out
+            kwargs["ContinuationToken"] = page["NextContinuationToken"]
+
+    @retried
     def has_any(self, prefix: str = "") -> bool:
         """Whether `prefix` holds anything at all: any file or folder, hidden ones included (a
         root with only dot-files, or only empty folders, is not empty); also True for a file."""

@@ -19,6 +19,7 @@ from areal_core.prompts import load_prompts
 from areal_core.protocol import Sample, read_shard_or_quarantine, write_shard
 from areal_core.reward.labels import apply_labels, load_labels
 from areal_core.reward.pool import RewardPool, reward_function
+from areal_core.shard_feed import ShardFeed
 from areal_core.store import Store
 
 log = logging.getLogger("areal.reward")
@@ -145,7 +146,8 @@ def run_reward_worker(run_uri: str, index: int = 0) -> dict:
     num_workers = cfg.reward.num_workers
     references = {r["prompt_id"]: r for r in load_prompts(store)}
     tokenizer = AutoTokenizer.from_pretrained(localize(store.url(LAYOUT.init_model)))
-    done = {LAYOUT.ungraded_twin(p) for p in store.find(LAYOUT.graded_dir, ".arrow")}
+    done = {LAYOUT.ungraded_twin(p) for p in store.find(LAYOUT.graded_dir, ".arrow")}  # once, at the start
+    feed = ShardFeed(store, LAYOUT.ungraded_dir, handled=done)
     graded = 0
     reported: set[str] = set()
     t0 = time.time()
@@ -157,18 +159,23 @@ def run_reward_worker(run_uri: str, index: int = 0) -> dict:
     ):
         while True:
             finished = store.done()
-            # only listing the ungraded side: graded twins of earlier passes are remembered in `done`
-            todo = [
-                p for p in store.find(LAYOUT.ungraded_dir, ".arrow") if p not in done and owner(p, num_workers) == index
-            ]
+            # the ungraded side from a cursor per worker (what is new); others' shards are not ours to grade
+            todo = []
+            for p in feed.poll():
+                if p not in done and owner(p, num_workers) == index:
+                    todo.append(p)
+                else:
+                    feed.handled(p)
             for p in [p for p in todo if store.exists(LAYOUT.graded_twin(p))]:  # graded by an earlier incarnation
                 done.add(p)
+                feed.handled(p)
                 todo.remove(p)
             if todo:
                 labels = load_labels(store, on_error=lambda rel, exc: _bad_labels(rel, exc, reported, ev))
                 for rel in todo:
                     graded += grade_shard(store, rel, pool, references, tokenizer, labels, ev)
                     done.add(rel)
+                    feed.handled(rel)
                     check_not_all_failed(pool, fn_path, cfg.reward.stop_after_failed_groups * cfg.rollout.group_size)
                 store.heartbeat(
                     "reward", str(index), graded=graded, grades_per_s=graded / max(time.time() - t0, 1e-9), **pool.stats

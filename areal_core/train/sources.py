@@ -25,6 +25,7 @@ from areal_core.events import EventLog
 from areal_core.forks import ForkRef
 from areal_core.layout import LAYOUT
 from areal_core.protocol import DEFAULT_LIMITS, Sample, ShardLimits, read_shard_or_quarantine, unique
+from areal_core.shard_feed import ShardFeed, ungraded_gaps
 from areal_core.store import Store
 from areal_core.train.backlog import BacklogRecorder
 from areal_core.train.batch import GroupBuffer
@@ -114,6 +115,8 @@ class GradedShards(BatchSource):
         self.check: Callable[[Sample], str | None] | None = None  # a VLM's PlaceholderCheck (run_trainer sets it)
         self.counters = state.counters
         self.consumed = set(state.consumed)
+        # the graded layer from a cursor per worker: a poll lists what is new, not the run
+        self.feed = ShardFeed(store, LAYOUT.graded_dir, handled=self.consumed, gaps=ungraded_gaps(store))
         self.seen = set(state.seen)
         self.buffer = GroupBuffer()
         self.buffer.add(list(pending))
@@ -123,9 +126,8 @@ class GradedShards(BatchSource):
         """Read the shards not read yet into the buffer; returns how many of the root's own were new.
         `version`: the trainer's; a shard with a policy token of a later version is quarantined
         (no rollout can have sampled with weights not yet published)."""
-        graded = self.store.find(LAYOUT.graded_dir, ".arrow")
-        new = [p for p in graded if p not in self.consumed]
-        self._backlog(graded, len(new), len(self.buffer))
+        new = [p for p in self.feed.poll() if p not in self.consumed]
+        self._backlog(self.feed, new, len(self.buffer))
         for rel in self.fork.unread(self.consumed) if self.fork else []:
             self._add(rel, self.fork.read_shard(rel, self.limits))  # later versions: off the fork's lineage
         own = dataclasses.replace(self.limits, max_version=version)
@@ -142,6 +144,7 @@ class GradedShards(BatchSource):
 
     def _add(self, rel: str, samples: list[Sample] | None) -> None:
         self.consumed.add(rel)
+        self.feed.handled(rel)
         if samples is None:
             self.counters.quarantined_shards += 1
             log.warning("corrupt shard %s skipped", rel)
