@@ -376,6 +376,10 @@ class TrainConfig(ConfigModel):
     slow_step_s: Float = Field(0.0, ge=0, le=3600, description="tests: sleep per step to make training the bottleneck")
     eval_every: Int = Field(0, ge=0, description="steps between held-out evaluations (0: only before and after)")
     weight_delta: Bool = Field(False, description="publish each version as a compressed delta against the previous one")
+    weight_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description="published versions' dtype (auto: bfloat16 where the engines load bfloat16, else the fp32 master)",
+    )
     weight_full_every: Int = Field(
         8, gt=0, description="with weight_delta: a full snapshot when the version is a multiple of this"
     )

@@ -20,7 +20,7 @@ from areal_core.train.trainer import Evaluate, MetricsTracker, Trainer
 from areal_core.vlm.images import ImageCache
 from areal_core.vlm.inputs import PlaceholderCheck
 from areal_core.vlm.processor import VisionProcessor
-from areal_core.weights.publisher import WeightPublisher
+from areal_core.weights.publisher import WeightPublisher, published_dtype
 
 
 def build_run_trainer(
@@ -49,7 +49,8 @@ def build_run_trainer(
     if isinstance(parts.tokenizer, VisionProcessor) and isinstance(source, GradedShards):
         source.check = PlaceholderCheck(parts.tokenizer, ImageCache(image_roots(store), capacity=1024))
     tc = cfg.train
-    sink = make_sink(WeightPublisher(store, parts.side_files, tc.weight_delta, tc.weight_full_every))
+    publisher = WeightPublisher(store, parts.side_files, tc.weight_delta, tc.weight_full_every, published_dtype(cfg))
+    sink = make_sink(publisher)
     return Trainer(parts, source, sink, store, cfg, evaluate=evaluate, tracker=tracker, guard=guard, events=events)
 
 

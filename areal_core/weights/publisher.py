@@ -10,6 +10,13 @@ to nothing. The manifest's `weights` entry names the base version, the codec and
 the rebuilt model.safetensors; a reader (`reader.py`) rebuilds full snapshot + deltas in order
 and checks that sha256, so what it loads is bit for bit what a full publication holds.
 
+Versions can be published in bfloat16 (`dtype`, train.weight_dtype) from the trainer's fp32 master
+weights: half the bytes, and at RL learning rates most bf16 values do not change from one step to
+the next, so a delta of two bf16 versions is mostly zeros (docs/benchmarks.md, "bf16 deltas").
+`published_dtype(cfg)` resolves "auto": bfloat16 where the engines load bfloat16 (rollout.dtype
+bfloat16, or a server engine whose server.dtype is bfloat16), else float32, so a float32 engine
+keeps loading exactly the trainer's weights. Checkpoints always hold the fp32 master.
+
 LoRA runs publish only the adapter (`publish_adapter`, `adapter.py`): a few MB per version
 instead of the whole model; readers merge it into the run's init_model.
 """
@@ -23,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from areal_core.layout import LAYOUT
@@ -51,6 +59,25 @@ def state_dict_bytes(model: torch.nn.Module) -> bytes:
     return st_save(sd, metadata={"format": "pt"})
 
 
+def published_dtype(cfg) -> str:
+    """train.weight_dtype, "auto" resolved (module docstring)."""
+    chosen = cfg.train.weight_dtype
+    if chosen != "auto":
+        return chosen
+    server = cfg.rollout.engine in ("vllm", "sglang")
+    engine = str(cfg.rollout.server.dtype if server else cfg.rollout.dtype)
+    return "bfloat16" if engine in ("bfloat16", "bf16") else "float32"
+
+
+def cast_safetensors(blob: bytes, dtype: str) -> bytes:
+    """The safetensors `blob` with its floating-point tensors in `dtype` (round to nearest even)."""
+    if dtype == "float32":
+        return blob
+    target = getattr(torch, dtype)
+    sd = st_load(blob)
+    return st_save({k: v.to(target) if v.is_floating_point() else v for k, v in sd.items()}, metadata={"format": "pt"})
+
+
 def _write_version(store: Store, version: int, files: dict[str, bytes], weights_info: dict | None) -> None:
     for name, data in files.items():
         store.write_bytes(LAYOUT.weights_file(version, name), data)
@@ -75,13 +102,24 @@ class WeightPublisher:
     numbering (the first publish of a process) and when the layout changes.
 
     Holds the previous version's bytes (delta mode only). `last_weights_bytes` is the size of the
-    weights file the last publish wrote.
+    weights file the last publish wrote. `dtype`: the published tensors' (weights given in fp32 are
+    cast; the checksum is of the cast file).
     """
 
-    def __init__(self, store: Store, side_files: dict[str, bytes], delta: bool = False, full_every: int = 8):
+    def __init__(
+        self,
+        store: Store,
+        side_files: dict[str, bytes],
+        delta: bool = False,
+        full_every: int = 8,
+        dtype: str = "float32",
+    ):
         if full_every < 1:
             raise ValueError("full_every must be >= 1")
+        if dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
         self.store, self.side_files, self.delta, self.full_every = store, side_files, delta, full_every
+        self.dtype = dtype
         self._prev: tuple[int, bytes] | None = None
         self.last_weights_bytes = 0
 
@@ -90,10 +128,12 @@ class WeightPublisher:
         MANIFEST.json, LATEST). Returns seconds taken."""
         if isinstance(weights, dict):
             return self.publish_adapter(version, weights)
+        t0 = time.perf_counter()
+        weights = cast_safetensors(weights, self.dtype)
         if not self.delta:
             self.last_weights_bytes = len(weights)
-            return publish(self.store, version, weights, self.side_files)
-        t0 = time.perf_counter()
+            publish(self.store, version, weights, self.side_files)
+            return time.perf_counter() - t0
         prev, self._prev = self._prev, None
         enc = None
         if prev is not None and prev[0] == version - 1 and version % self.full_every:
