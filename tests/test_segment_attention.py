@@ -133,6 +133,25 @@ def test_auto_keeps_long_groups_as_trees_per_span(tok, monkeypatch):
     assert gap < TOL and (lp - masked).abs().max() < TOL
 
 
+def test_auto_runs_plain_rows_when_the_tree_saves_little(tok, monkeypatch):
+    """A long group whose prompt is a small share of its tokens (2 of 40 per answer) runs as plain
+    rows: sharing the prompt would save under MIN_TREE_SAVING of the work."""
+    calls = []
+    monkeypatch.setattr(packing, "tree_token_logprobs", lambda *a, **k: calls.append(1))
+    monkeypatch.setattr(packing, "MAX_MASK_ROW", 40)
+    monkeypatch.setattr(packing, "MAX_TREE_ROW", 40)
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(3, 200, (2,), generator=g).tolist()
+    seqs = [prompt + torch.randint(3, 200, (38,), generator=g).tolist() for _ in range(3)]
+    ids, mask = padded(seqs)
+    model = tc.model("qwen2", tok=tok)
+    with torch.no_grad():
+        lp = packed_token_logprobs(model, ids, mask, group_index=torch.zeros(3, dtype=torch.long))
+    assert calls == []
+    gap = max(float((lp[i, 1 : len(s)] - hf_logprobs(model, s)).abs().max()) for i, s in enumerate(seqs))
+    assert gap < TOL
+
+
 def test_span_plans_read_from_segment_ids():
     seg = torch.tensor([[-2, -2, 0, 0, 1, -1], [3, 3, 4, -1, -1, -1]])
     assert SpanPlan.from_segments(seg, -2).rows == (
