@@ -142,6 +142,7 @@ class Layout:
     quarantine_dir = "quarantine"
     done = "DONE"
     lease = "LEASE.json"  # who owns the root; kept across runs (a new run replaces it, run/ownership.py)
+    writers_dir = "writers"  # one claim per shard writer id (writer_claim.py)
     tracking = "tracking.json"
     heldout_answers = "heldout_answers.json"  # evaluate_run: the first held-out questions, answered before/after RL
     init_model = "init_model"  # the policy RL starts from (after SFT), HF format
@@ -222,6 +223,10 @@ class Layout:
 
     def shard(self, stage: str, worker: str, seq: int) -> str:
         return self.shard_in(self.shard_dir(stage, worker), seq)
+
+    def writer_claim(self, worker: str) -> str:
+        """The claim of the one live writer of `worker`'s shards (areal_core/writer_claim.py)."""
+        return f"{self.writers_dir}/{check_name(worker, 'worker id')}.json"
 
     @staticmethod
     def shard_in(worker_dir: str, seq: int) -> str:

@@ -221,7 +221,7 @@ def table(a: argparse.Namespace) -> dict:
     env = {**os.environ, "PYTHONPATH": str(code)}
     results = []
     for kind, label, args, quick in GRID:
-        if a.quick and not quick:
+        if (a.quick and not quick) or (a.kinds and kind not in a.kinds):
             continue
         cmd = [sys.executable, str(Path(__file__).resolve()), kind, *args.split()]
         t0 = time.perf_counter()
@@ -265,6 +265,7 @@ def main() -> None:
     ap.add_argument("--peak-tflops", type=float, default=989.0)
     ap.add_argument("--code", default="")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--kinds", nargs="*", default=[], help="table: only these kinds (trainer, rollout)")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--out", default="")
     a = ap.parse_args()

@@ -8,9 +8,12 @@ import threading
 from areal_core.events import EventLog
 from areal_core.forks import read_fork
 from areal_core.layout import LAYOUT
-from areal_core.protocol import Sample, write_shard
+from areal_core.protocol import Sample, encode_shard
 from areal_core.store import Store
 from areal_core.vlm.images import put_image
+from areal_core.writer_claim import WriterClaim
+
+MAX_TAKEN = 10_000  # names found taken in a row before a write gives up
 
 
 class ShardWriter:
@@ -18,12 +21,16 @@ class ShardWriter:
 
     Rows with a reward go to the graded stage, others to the ungraded stage for the
     reward workers. Sequence numbers continue after the worker's existing shards (in a fork, after
-    the parent's too: `lineage` names where the parent's worker stopped). The writer
-    holds the proxy's event log (`count` records of completions and tokens); `close()` ends it.
+    the parent's too: `lineage` names where the parent's worker stopped). The writer claims its
+    worker id first (writer_claim.py: a second live writer of the id is refused, WriterInUse), and
+    creates each shard only under a name no shard has (a taken name moves it to the next number,
+    counted as `shard_name_taken`), so no row is ever replaced. The writer holds the proxy's event
+    log (`count` records of completions and tokens); `close()` ends it and releases the claim.
     """
 
     def __init__(self, store: Store, worker_id: str):
         self.store, self.worker_id = store, worker_id
+        self.claim = WriterClaim(store, worker_id)
         self._lock = threading.Lock()
         seqs = [
             seq
@@ -52,13 +59,21 @@ class ShardWriter:
         with self._lock:
             for stage, rows in (("graded", graded), ("ungraded", ungraded)):
                 if rows:
-                    name = LAYOUT.shard(stage, self.worker_id, self.seq)
-                    self.seq += 1
                     with self.events.span("shard_write"):
-                        write_shard(self.store, name, rows)
-                    names.append(name)
+                        names.append(self._create(stage, encode_shard(rows)))
         self.events.count(completions=len(samples), tokens=sum(sum(s.loss_mask) for s in samples))
         return names
 
+    def _create(self, stage: str, data: bytes) -> str:
+        """Write `data` as the next free shard of `stage`; its name."""
+        for _ in range(MAX_TAKEN):
+            name = LAYOUT.shard(stage, self.worker_id, self.seq)
+            self.seq += 1
+            if self.store.write_if(name, data, None):
+                return name
+            self.events.emit("shard_name_taken", path=name)
+        raise RuntimeError(f"{MAX_TAKEN} shard names of {self.worker_id} in a row were taken: another writer?")
+
     def close(self) -> None:
         self.events.close()
+        self.claim.release()

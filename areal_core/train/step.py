@@ -178,6 +178,9 @@ def train_step(
     lengths = batch.attention_mask.sum(1)
 
     def passes(rows: torch.Tensor) -> list[tuple[torch.Tensor, bool]]:
+        """`rows` as micro-batches, (rows, padding) each, as many on every rank (module docstring)."""
+        if budget <= 0:
+            return [(rows, False)]
         return aligned(split_rows(rows, batch.group_index, lengths, budget), ctx)
 
     def no_grad_logprobs(m: torch.nn.Module, rows: torch.Tensor | None) -> torch.Tensor:
