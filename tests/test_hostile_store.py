@@ -327,20 +327,24 @@ def spawning_reward(**_: object) -> float:
     """A reward function that starts a child of its own and hangs."""
     import time as _time
 
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    setsid = os.environ.get("CHILD_SETSID") == "1"  # a child that leaves the grader's process group
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=setsid)
     Path(os.environ["CHILD_PID_FILE"]).write_text(str(child.pid))
     _time.sleep(600)
     return 1.0
 
 
-def test_a_timed_out_reward_function_takes_its_children_with_it(tmp_path, monkeypatch):
+@pytest.mark.parametrize("setsid", [False, True], ids=["in_its_group", "after_setsid"])
+def test_a_timed_out_reward_function_takes_its_children_with_it(tmp_path, monkeypatch, setsid):
     import time
 
     from areal_core.reward.pool import RewardPool
 
     pid_file = tmp_path / "child.pid"
     monkeypatch.setenv("CHILD_PID_FILE", str(pid_file))
-    pool = RewardPool("tests.test_hostile_store:spawning_reward", size=1, timeout_s=3.0, retries=0)
+    monkeypatch.setenv("CHILD_SETSID", "1" if setsid else "0")
+    # the function hangs for 600 s: the limit only has to leave room to start the child under load
+    pool = RewardPool("tests.test_hostile_store:spawning_reward", size=1, timeout_s=8.0, retries=0)
     try:
         [result] = pool.grade([{"completion": "x"}])
         assert "timeout" in result.info["error"]

@@ -8,6 +8,7 @@ sample never stalls the other samples.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import multiprocessing as mp
 import os
@@ -21,7 +22,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from areal_core.config.hooks import import_object
-from areal_core.procs import die_with_parent, kill_group
+from areal_core.procs import descendants, die_with_parent, kill_group
 from areal_core.protocol import finite_reward
 
 DEFAULT_REWARD = "areal_core.reward.math:gsm8k_reward"
@@ -105,9 +106,14 @@ class _Proc:
         child.close()
 
     def kill(self) -> None:
-        """SIGKILL the grader's process group (the reward function's own children with it)."""
+        """SIGKILL the grader's process group and every process descended from it (the reward
+        function's own children, those that left the group with setsid too)."""
         if self.proc.pid is not None:
+            tree = descendants(self.proc.pid)  # before the kill: a killed parent's children are orphans
             kill_group(self.proc.pid, signal.SIGKILL)  # fails only if the group does not exist yet
+            for pid in tree:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
         self.proc.kill()
         self.proc.join(timeout=5)
         self.conn.close()
