@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import socket
 import subprocess
@@ -244,3 +245,37 @@ def test_an_mcp_agent_run_without_servers_says_so(tok):
 
 async def scripted_agent_with_default_tools(task, base_url, api_key, tools=None):
     return await scripted_agent(task, base_url, api_key, tools)
+
+
+def test_what_a_server_s_tools_start_dies_with_the_server(tok):
+    """Issue 46: a stdio server's tools start processes as plain children, after setsid, and as
+    orphans of a double fork; once the episodes end, none is left (the server ran under
+    agents/mcp_reaper.py)."""
+    spawner = ServerSpec("spawner", command="python", args=("tests/test_mcp_servers.py", "spawner"), call_timeout_s=300)
+    seconds = 4000 + os.getpid() % 1000  # a length no other process here sleeps
+    calls = [("spawn", {"how": how, "seconds": seconds}) for how in ("child", "setsid", "orphan")]
+    (r,), _ = run(tok, [spawner], [task("spawn", calls)])
+    assert r.error is None and len(told("spawn")) == 3 and all(p.isdigit() for p in told("spawn"))
+    left = []
+    for _ in range(100):  # the kernel kills the namespace as the server ends: gone at once, or soon after
+        left = _sleeping(seconds)
+        if not left:
+            break
+        time.sleep(0.1)
+    assert not left, f"processes the server's tools started outlived it: {left}"
+
+
+def _sleeping(seconds: int) -> list[int]:
+    """Pids of the live (not zombie) `sleep <seconds>` processes."""
+    out = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")[:2]
+            with open(f"/proc/{entry}/stat") as f:
+                zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except (OSError, IndexError):
+            continue
+        if argv == [b"sleep", str(seconds).encode()] and not zombie:
+            out.append(int(entry))
+    return out

@@ -4,6 +4,8 @@ silent     reads stdin and never answers (a server that hangs at start)
 bad        an `MCPServer` whose tools misbehave: `malformed` answers its own request with a
            result of the wrong shape, `latin1` with bytes that are not UTF-8, `huge` returns
            3 MB, `crash` exits the process mid-call, `echo` behaves
+spawner    a tool `spawn(how, seconds)` that starts `sleep <seconds>` as a plain child, after setsid,
+           or as an orphan of a double fork, and returns its pid
 """
 
 from __future__ import annotations
@@ -69,5 +71,29 @@ def bad_server() -> None:
     server.run()
 
 
+def spawner_server() -> None:
+    import subprocess
+
+    server = MCPServer("spawner", log_level="WARNING")
+
+    @server.tool()
+    def spawn(how: str, seconds: int) -> str:
+        """Start `sleep seconds` (how: child, setsid or orphan); its pid."""
+        cmd = ["sleep", str(seconds)]
+        if how == "orphan":  # a child that starts the sleep in a new session and exits at once
+            r, w = os.pipe()
+            if os.fork() == 0:
+                os.setsid()
+                pid = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL).pid
+                os.write(w, str(pid).encode())
+                os._exit(0)
+            os.close(w)
+            return os.read(r, 32).decode()
+        proc = subprocess.Popen(cmd, start_new_session=how == "setsid", stdout=subprocess.DEVNULL)
+        return str(proc.pid)
+
+    server.run()
+
+
 if __name__ == "__main__":
-    bad_server()
+    {"bad": bad_server, "spawner": spawner_server}[sys.argv[1]]()

@@ -7,7 +7,9 @@ malformed JSON-RPC or non-UTF-8 bytes, ends inside that task; a caller sees `Ser
 with a kind (`connect_failed`, `connect_timeout`, `call_timeout`, `server_crashed`,
 `protocol_error`) and the server's name, and never a cancellation or an exception group of the
 SDK's. Every wait is bounded (`connect_timeout_s`, `call_timeout_s`); closing kills a stdio
-server's process tree (the SDK's shutdown) within a bounded time.
+server's process tree (the SDK's shutdown) within a bounded time. A stdio server runs under a
+subreaper (`mcp_reaper.py`) that kills every process its tools started when the server ends, those
+started after setsid or orphaned by a double fork included.
 
 `openai_tool` gives an MCP tool as an OpenAI function spec (what the proxy's templating renders),
 `argument_problem` checks a model's arguments against the tool's input schema (types of the
@@ -30,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
+REAPER = Path(__file__).with_name("mcp_reaper.py")
 LIST_PAGES = 20  # tools/list pages read at most: a paginator that never ends cannot hang a connect
 CLOSE_S = 10.0  # bound on closing one connection (the SDK's own shutdown waits ~2 s, then kills)
 STDERR_TAIL = 300
@@ -139,9 +142,10 @@ class Connection:
 
         env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}
         env.update(dict(self.spec.env))
+        # under the reaper (mcp_reaper.py): what the server's tools start dies with it
         params = StdioServerParameters(
-            command=self.spec.executable(),
-            args=list(self.spec.args),
+            command=sys.executable,
+            args=[str(REAPER), self.spec.executable(), *self.spec.args],
             env=env,
             cwd=str(PROJECT_ROOT),
             encoding_error_handler="replace",  # non-UTF-8 bytes become U+FFFD, and the result says so
