@@ -163,7 +163,8 @@ def _register_checks(tmp_path, uri: str, model_dir: str) -> None:
     assert sorted(int(v.version) for v in versions) == [1, 2]
     assert client.get_model_version(name, "2").tags["heldout_score"] == "0.4000"
     assert client.get_run(worse["run_id"]).data.tags["registered"] == "false"
-    assert client.get_run(worse["run_id"]).data.metrics == {"candidate_score": 0.25, "current_score": 0.30}
+    metrics = client.get_run(worse["run_id"]).data.metrics  # the champion's recorded score, read at the move
+    assert metrics == {"candidate_score": 0.25, "current_score": 0.30, "champion_score": 0.30}
     # the candidate was promoted: champion moved to it, no version waits as candidate
     assert str(client.get_model_version_by_alias(name, "champion").version) == "2"
     assert registry.aliased(client, name, "candidate") is None

@@ -114,3 +114,105 @@ def test_a_non_finite_score_to_beat_is_refused(tmp_path, damage):
     store.write_bytes(LAYOUT.promotions, damage)
     with pytest.raises(ValueError, match="is damaged"):
         PromotionGate(store, NAME, "")
+
+
+# -- issue 46: a gate that cannot demote, and never waits on a dead registry -------------------------
+def test_a_champion_moved_by_hand_since_the_baseline_is_the_bar(tmp_path, folder):
+    """The gate's baseline is 0.50; the champion is then moved by hand to a 0.90 version: an offer
+    of 0.60 beats the baseline but not the champion, and moves nothing."""
+    from areal_core.online.registry import register_if_better
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    gate = PromotionGate(Store(str(tmp_path / "run")), NAME, uri)
+    gate.baseline(0.50)
+    register_if_better(folder, NAME, uri, 0.90, None, run_name="by-hand")  # heldout_score 0.9000, champion
+    hand = champion_version(uri)
+    assert not gate.offer(2, 2, 0.60, folder) and champion_version(uri) == hand
+    assert gate.offer(4, 4, 0.95, folder) and champion_version(uri) != hand
+
+
+def test_a_registry_down_at_the_baseline_still_protects_a_champion_that_appears_later(tmp_path, folder):
+    from areal_core.online.registry import register_if_better
+
+    down = f"sqlite:///{tmp_path / 'a-file' / 'mlflow.db'}"
+    (tmp_path / "a-file").write_text("")
+    store = Store(str(tmp_path / "run"))
+    gate = PromotionGate(store, NAME, down)
+    gate.baseline(0.50)  # the registry cannot be read: the start's score
+    assert gate.champion_score == 0.50
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    register_if_better(folder, NAME, uri, 0.90, None, run_name="other-run")
+    other = champion_version(uri)
+    gate = PromotionGate(store, NAME, uri)  # the registry is back (a restarted trainer reads the record)
+    assert not gate.offer(2, 2, 0.60, folder) and champion_version(uri) == other
+
+
+def test_a_champion_without_a_recorded_score_is_scored_before_it_can_be_replaced(tmp_path, folder):
+    from areal_core.online.registry import create_version, promote
+    from areal_core.run.tracking import new_run
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow_client(uri)
+    run_id = new_run(client, "hand", "hand")
+    mv = create_version(client, NAME, run_id, "model", folder, {"kind": "hand"}, "by hand", "no score")
+    promote(client, NAME, mv.version)
+    gate = PromotionGate(Store(str(tmp_path / "run")), NAME, uri)
+    gate.baseline(0.10)
+    assert not gate.offer(2, 2, 0.70, folder)  # no scorer: an unscored champion is never replaced
+    offers = Store(str(tmp_path / "run")).read_json(LAYOUT.promotions)["offers"]
+    assert "no recorded held-out score" in offers[-1]["refused"]
+    seen = []
+
+    def scorer(model_uri: str) -> float:
+        seen.append(model_uri)
+        return 0.80
+
+    assert not gate.offer(4, 4, 0.75, folder, score_current=scorer) and champion_version(uri) == mv.version
+    assert seen == [f"models:/{NAME}/{mv.version}"]
+    assert client.get_model_version(NAME, mv.version).tags["heldout_score"] == "0.8000"  # measured once
+    assert gate.offer(6, 6, 0.85, folder, score_current=scorer) and len(seen) == 1
+
+
+def test_the_alias_is_not_moved_when_the_champion_changed_during_the_offer(tmp_path, folder, monkeypatch):
+    """Compare-and-set: while the candidate registers, another writer moves the champion; the
+    offer leaves the alias where the other writer put it."""
+    from areal_core.online import registry
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    gate = PromotionGate(Store(str(tmp_path / "run")), NAME, uri)
+    gate.baseline(0.10)
+    original = registry.create_version
+    moved = []
+
+    def racing(client, name, *args, **kwargs):
+        if not moved:  # another writer registers and promotes its own version first
+            theirs = original(client, name, *args, **kwargs)
+            registry.promote(client, name, theirs.version)
+            moved.append(theirs.version)
+        return original(client, name, *args, **kwargs)
+
+    monkeypatch.setattr(registry, "create_version", racing)
+    assert not gate.offer(2, 2, 0.50, folder)
+    assert champion_version(uri) == moved[0]
+    assert "moved" in Store(str(tmp_path / "run")).read_json(LAYOUT.promotions)["offers"][-1]["refused"]
+
+
+def test_a_failing_registry_opens_the_breaker_and_later_offers_do_not_call_it(tmp_path, folder, monkeypatch):
+    from areal_core.online import registry
+
+    calls = []
+
+    def down(*args, **kwargs):
+        calls.append(1)
+        raise ConnectionError("registry unreachable")
+
+    monkeypatch.setattr(registry, "register_if_better", down)
+    store = Store(str(tmp_path / "run"))
+    gate = PromotionGate(store, NAME, f"sqlite:///{tmp_path / 'mlflow.db'}")
+    gate.baseline(0.10)
+    assert not gate.offer(2, 2, 0.90, folder) and not gate.offer(4, 4, 0.95, folder)
+    assert calls == [1]  # the second offer did not wait on the registry
+    offers = store.read_json(LAYOUT.promotions)["offers"]
+    assert "ConnectionError" in offers[0]["error"] and "registry skipped" in offers[1]["error"]
+    gate.down_until = 0.0  # the breaker's time is up: the next offer tries again
+    assert not gate.offer(6, 6, 0.95, folder) and calls == [1, 1]

@@ -11,14 +11,24 @@ is scored on the held-out split, and the registry's `champion` alias moves to it
 
 A serving proxy that follows `models:/NAME@champion` (production) therefore serves a new version only
 once it has won its gate; one that follows `RUN/weights` (research) serves every version.
+
+The gate cannot demote: the bar is the registry's champion as it is at the move (its recorded
+score, or one measured now by the trainer for a champion without one), never only the gate's own
+baseline, and the alias moves by compare-and-set (online/registry.py: register_if_better). Registry
+calls are bounded (`REGISTRY_TIMEOUT_S` a request, no retries) and a failing registry opens a
+circuit breaker: for `BREAKER_S` the gate promotes nothing and records why, and a training step
+never waits on the registry for more than one bounded call.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import os
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from areal_core.layout import LAYOUT
@@ -29,12 +39,33 @@ from areal_core.weights.publisher import WeightPublisher
 
 log = logging.getLogger("areal.online")
 
+REGISTRY_TIMEOUT_S = 10  # one registry request at most this long, not retried (MLflow's default: 120 s, 7 retries)
+BREAKER_S = 300.0  # after a failed registry call, the gate skips the registry this long
+
+
+@contextlib.contextmanager
+def registry_limits() -> Iterator[None]:
+    """MLflow's HTTP requests bounded for the calls inside (its settings are read per request)."""
+    keys = {"MLFLOW_HTTP_REQUEST_TIMEOUT": str(REGISTRY_TIMEOUT_S), "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
+    old = {k: os.environ.get(k) for k in keys}
+    os.environ.update(keys)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
 
 class PromotionGate:
     """Offers versions to the registry; the alias moves only for a score above the champion's + min_gain."""
 
     def __init__(self, store: Store, model_name: str, tracking_uri: str, min_gain: float = 0.0):
         self.store, self.model_name, self.tracking_uri, self.min_gain = store, model_name, tracking_uri, min_gain
+        self.down_until = 0.0  # the circuit breaker: no registry call before this time
+        self.skipped = 0  # offers not made while the breaker was open
         record = self._read()
         self.champion_score: float | None = record.get("champion_score")
         self.offers: list[dict[str, Any]] = record.get("offers", [])
@@ -67,42 +98,64 @@ class PromotionGate:
         from areal_core.run.tracking import mlflow_client
 
         try:
-            mv = aliased(mlflow_client(self.tracking_uri), self.model_name)
+            with registry_limits():
+                mv = aliased(mlflow_client(self.tracking_uri), self.model_name)
             value = float(mv.tags["heldout_score"]) if mv is not None and "heldout_score" in mv.tags else None
         except Exception as exc:  # noqa: BLE001 - an unreachable registry: the start's score stands
+            self.down_until = time.time() + BREAKER_S
             log.warning(
-                "registry %s unreadable (%s): the score to beat is the starting policy's", self.tracking_uri, exc
+                "registry %s unreadable (%s): the score to beat is the starting policy's, and the registry's "
+                "champion at each offer",
+                self.tracking_uri,
+                exc,
             )
             return None
         return value if value is not None and math.isfinite(value) else None
 
-    def offer(self, version: int, step: int, score: float, files: ModelFiles) -> bool:
+    def offer(
+        self,
+        version: int,
+        step: int,
+        score: float,
+        files: ModelFiles,
+        score_current: Callable[[str], float] | None = None,
+    ) -> bool:
         """Register `files` (an HF folder or a function writing one) as a version of the model and move
-        `champion` to it when `score` beats the champion's; returns whether it did. A registry that
-        fails, or a score that is not a finite number, is recorded with the offer and promotes nothing:
-        the trainer goes on, and the next gate offers again."""
+        `champion` to it when `score` beats the champion's (the registry's, at the move; `score_current`
+        scores one with no recorded score); returns whether it did. A registry that fails, a breaker
+        still open, or a score that is not a finite number is recorded with the offer and promotes
+        nothing: the trainer goes on, and the next gate offers again."""
         from areal_core.online.registry import register_if_better
 
         offer: dict[str, Any] = {"version": version, "step": step, "score": score, "time": time.time()}
         offer.update(champion_score=self.champion_score, promoted=False, model_uri="")
-        try:
-            if not math.isfinite(score):
-                raise ValueError(f"held-out score {score} is not a finite number")
-            out = register_if_better(
-                files,
-                self.model_name,
-                self.tracking_uri,
-                score,
-                self.champion_score,
-                self.min_gain,
-                run_name=f"continuous-v{version}",
-                tags={"run_root": self.store.uri, "trainer_version": str(version), "trainer_step": str(step)},
-                key=f"{self.store.uri}#v{version}",
-            )
-            offer.update(promoted=bool(out["registered"]), model_uri=out["model_uri"])
-        except Exception as exc:  # noqa: BLE001 - recorded: the gate must not stop the trainer
-            offer["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-            offer["score"] = score if math.isfinite(score) else None
+        if not math.isfinite(score):
+            offer.update(error=f"ValueError: held-out score {score} is not a finite number", score=None)
+        elif time.time() < self.down_until:
+            self.skipped += 1
+            offer["error"] = f"registry skipped: it failed within the last {BREAKER_S:g} s ({self.skipped} so far)"
+        else:
+            try:
+                with registry_limits():
+                    out = register_if_better(
+                        files,
+                        self.model_name,
+                        self.tracking_uri,
+                        score,
+                        self.champion_score,
+                        self.min_gain,
+                        run_name=f"continuous-v{version}",
+                        tags={"run_root": self.store.uri, "trainer_version": str(version), "trainer_step": str(step)},
+                        key=f"{self.store.uri}#v{version}",
+                        score_current=score_current,
+                    )
+                offer.update(promoted=bool(out["registered"]), model_uri=out["model_uri"])
+                if out.get("refused"):
+                    offer["refused"] = out["refused"]
+            except Exception as exc:  # noqa: BLE001 - recorded: the gate must not stop the trainer
+                self.down_until = time.time() + BREAKER_S
+                offer["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        if offer.get("error"):
             log.warning("version %d not offered: %s", version, offer["error"])
         if offer["promoted"]:
             self.champion_score = score
@@ -128,6 +181,17 @@ class PromotingSink(PublishingSink):
             if trainer.dist.is_main:
                 self.gate.baseline(score)
 
+    def _scorer(self, trainer: Trainer) -> Callable[[str], float]:
+        """Scores a registered model (a champion with no recorded score) as the trainer scores its own."""
+
+        def score(model_uri: str) -> float:
+            from areal_core.online.registry import load_registered
+
+            model, _ = load_registered(model_uri, tracking_uri=self.gate.tracking_uri)
+            return trainer.score(model)
+
+        return score
+
     def after_step(self, trainer: Trainer) -> float:
         seconds = super().after_step(trainer)
         if trainer.state.step % self.every:
@@ -142,7 +206,7 @@ class PromotingSink(PublishingSink):
             from areal_core.models import save_pretrained
 
             save_pretrained(model, trainer.tokenizer, tmp)
-            promoted = self.gate.offer(st.version, st.step, score, tmp)
+            promoted = self.gate.offer(st.version, st.step, score, tmp, score_current=self._scorer(trainer))
         trainer.ev.emit("promotion", version=st.version, score=score, promoted=promoted)
         log.info("version %d scored %.4f: %s", st.version, score, "promoted" if promoted else "not promoted")
         return seconds

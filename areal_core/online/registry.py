@@ -28,7 +28,9 @@ MLflow run and the version an earlier attempt made.
 from __future__ import annotations
 
 import logging
+import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -251,6 +253,15 @@ def register_final_model(
 # ---------------------------------------------------------------------------------------------
 # An online candidate: register only when better
 # ---------------------------------------------------------------------------------------------
+def _recorded_score(mv: Any) -> float | None:
+    """A registered version's held-out score (its `heldout_score` tag) when it is a finite number."""
+    try:
+        value = float(mv.tags["heldout_score"]) if mv is not None else None
+    except (KeyError, TypeError, ValueError):
+        return None
+    return value if value is not None and math.isfinite(value) else None
+
+
 def register_if_better(
     model: ModelFiles,
     model_name: str,
@@ -263,10 +274,16 @@ def register_if_better(
     params: dict[str, Any] | None = None,
     tags: dict[str, str] | None = None,
     key: str = "",
+    score_current: Callable[[str], float | None] | None = None,
 ) -> dict[str, Any]:
     """Log an MLflow run with both scores; register `model` (an HF folder, or a function writing
-    one) as a new version of `model_name` and promote it to champion only when there is no current
-    score or candidate_score > current_score + min_gain.
+    one) as a new version of `model_name` and promote it to champion only when it beats the bar:
+    candidate_score > max(current_score, the champion's recorded score) + min_gain, the champion read
+    from the registry at this call (a champion moved by hand, or by another run, since the caller
+    took its baseline is what must be beaten). A champion with no recorded score (`heldout_score`
+    tag) is scored by `score_current(models:/name/N)` and tagged, or, where that gives None, never replaced.
+    The move is compare-and-set: the alias is read again just before it moves, and a champion that
+    changed meanwhile is left as it is (`out["refused"]` says why nothing moved).
 
     `key` names the candidate (online retraining passes its run root). A call with the key of an
     earlier call reuses that call's MLflow run and returns the version it registered, promoting it
@@ -289,13 +306,30 @@ def register_if_better(
     client.log_metric(run_id, "candidate_score", candidate_score)
     if current_score is not None:
         client.log_metric(run_id, "current_score", current_score)
-    better = current_score is None or candidate_score > current_score + min_gain
     current = aliased(client, model_name)
     out: dict[str, Any] = {
         "registered": False,
         "run_id": run_id,
         "model_uri": f"models:/{model_name}/{current.version}" if current else "",
+        "refused": "",
     }
+    if earlier is not None and current is not None and str(earlier.version) == str(current.version):
+        out.update(registered=True, model_uri=f"models:/{model_name}/{current.version}")  # a retry of a move made
+        client.set_terminated(run_id)
+        return out
+    recorded = _recorded_score(current)
+    if current is not None and recorded is None:
+        measured = score_current(f"models:/{model_name}/{current.version}") if score_current is not None else None
+        if measured is None or not math.isfinite(measured):
+            out["refused"] = f"champion v{current.version} has no recorded held-out score: score it before replacing it"
+        else:
+            recorded = float(measured)
+            client.set_model_version_tag(model_name, current.version, "heldout_score", f"{recorded:.4f}")
+    bars = [x for x in (current_score, recorded) if x is not None]
+    bar = max(bars) if bars else None
+    if recorded is not None:
+        client.log_metric(run_id, "champion_score", recorded)
+    better = not out["refused"] and (bar is None or candidate_score > bar + min_gain)
     if better:
         mv = earlier or create_version(
             client,
@@ -308,9 +342,13 @@ def register_if_better(
             "AReaL-Flyte online retraining",
         )
         if current is None or int(current.version) < int(mv.version):  # not promoted yet
-            client.set_registered_model_alias(model_name, CANDIDATE, mv.version)
-            promote(client, model_name, mv.version)
-        out.update(registered=True, model_uri=f"models:/{model_name}/{mv.version}")
+            now = aliased(client, model_name)  # compare-and-set: the champion compared against is still it
+            if (now and str(now.version)) != (current and str(current.version)):
+                out["refused"] = f"the champion moved to v{now.version if now else '-'} while this was compared"
+            else:
+                client.set_registered_model_alias(model_name, CANDIDATE, mv.version)
+                promote(client, model_name, mv.version)
+        out.update(registered=not out["refused"], model_uri=f"models:/{model_name}/{mv.version}")
     client.set_tag(run_id, "registered", str(out["registered"]).lower())
     client.set_terminated(run_id)
     log.info(

@@ -227,6 +227,8 @@ def publish_candidate(run_uri: str, min_gain: float = 0.0) -> dict[str, Any]:
             params={"rows": plan["rows"], "shards": len(plan["shards"]), "start_model": plan["start_model"]},
             tags={"run_uri": run.uri, "sessions": plan["sessions"], "start_model": plan["start_model"]},
             key=run.uri,  # a retried task returns the version it registered before
+            # the champion this run started from was scored here; any other is scored by its own tag
+            score_current=lambda uri: plan["current_score"] if uri == plan["start_model"] else None,
         )
         out.update(registered=reg["registered"], model_uri=reg["model_uri"])
     if plan["shards"]:
