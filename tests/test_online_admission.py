@@ -227,8 +227,8 @@ def test_the_bound_must_be_positive(tmp_path):
 
 
 def test_the_proxy_answers_429_to_a_new_session_while_the_trainer_is_behind_and_serves_open_ones(tmp_path):
-    """Over real HTTP with the openai SDK: bound 2 rows. Two sessions end (2 rows written); a third
-    session gets a 429 (code trainer_behind, a Retry-After) while a session opened before the bound
+    """Over real HTTP with the openai SDK: bound 3 rows. A long session stays open (it holds a row of
+    the bound) and two sessions end (2 rows written); a fourth session gets a 429 (code trainer_behind, a Retry-After) while a session opened before the bound
     goes on turn after turn; once the trainer settles the rows, new sessions open again. /health
     reports the rows waiting, the bound and the refusals."""
     import openai
@@ -245,7 +245,7 @@ def test_the_proxy_answers_429_to_a_new_session_while_the_trainer_is_behind_and_
     save_pretrained(build_tiny_model(load_config(None, MODEL).model, len(tok), seed=1), tok, folder)
     run = Store(str(tmp_path / "run"))
     run.write_json(LAYOUT.live_settled, {"rows": {}})  # a continuous trainer reads this root
-    flags = ["--max-waiting-rows", "2", "--poll-interval-s", "0.05"]
+    flags = ["--max-waiting-rows", "3", "--poll-interval-s", "0.05"]
     args = parse_args(["--model", str(folder), "--store", run.uri, "--api-key", KEY, *flags])
     with ProxyServer(build_app(args)) as server:
         client = openai.OpenAI(base_url=server.base_url, api_key=KEY, max_retries=0, timeout=60)
@@ -265,10 +265,10 @@ def test_the_proxy_answers_429_to_a_new_session_while_the_trainer_is_behind_and_
             turn("c")
         assert refused.value.status_code == 429 and refused.value.code == "trainer_behind"
         assert refused.value.response.headers["retry-after"] == "1"
-        assert "2 session rows of this proxy wait to be trained (bound 2)" in refused.value.message
+        assert "3 session rows of this proxy wait to be trained (bound 3)" in refused.value.message
         turn("long")  # an open session is never refused
         health = http.get("/health").json()
-        assert health["admission"] == {"active": True, "waiting_rows": 2, "bound": 2, "refused_sessions": 1}
+        assert health["admission"] == {"active": True, "waiting_rows": 2, "bound": 3, "refused_sessions": 1}
         run.write_json(LAYOUT.live_settled, {"rows": {"proxy-0": 2}})  # the trainer caught up
         time.sleep(0.2)
         turn("c")
@@ -334,3 +334,57 @@ def test_a_proxy_writing_into_a_fork_starts_after_the_parent_s_shards(tmp_path):
         assert ShardWriter(child, "proxy-1").seq == 0  # a worker the parent never had
     finally:
         writer.close()
+
+
+# -- issue 46: admission bounds rows, counts from the store are untrusted ----------------------------
+def test_sessions_opened_at_once_each_hold_a_row_of_the_bound(tmp_path):
+    """60 sessions opened before any row is written, bound 8: 8 open, the rest are refused (each
+    open session will write at least one row when it ends)."""
+    from areal_core.proxy.manager import SessionManager
+
+    store = Store(str(tmp_path / "run"))
+    store.write_json(LAYOUT.live_settled, {"rows": {}})
+    adm = admission(store, bound=8)
+    adm.refresh()
+    manager = SessionManager(template=None, admission=adm)
+    opened, refused = 0, 0
+    for i in range(60):
+        try:
+            manager.open(f"s{i}", f"key-{i % 3}")
+            opened += 1
+        except TrainerBehind:
+            refused += 1
+    assert (opened, refused) == (8, 52)
+
+
+@pytest.mark.parametrize("forged", [2**50, 10**6])
+def test_a_forged_settled_count_is_never_believed_past_the_rows_written(tmp_path, forged):
+    store = Store(str(tmp_path / "run"))
+    adm = admission(store, written=10)
+    store.write_json(LAYOUT.live_settled, {"rows": {"proxy-0": forged}})
+    adm.refresh()
+    assert adm.settled == 10  # not the forged count: admission stays on
+    adm.add_written(4)  # one bound's worth more, then it holds again
+    with pytest.raises(TrainerBehind):
+        adm.check()
+
+
+@pytest.mark.parametrize("damage", [b'{"rows": {"proxy-0": 3}, "pad": "' + b"x" * (2 << 20) + b'"}', b"[" * 200_000])
+def test_an_oversized_or_deep_settled_file_keeps_the_last_count(tmp_path, damage):
+    store = Store(str(tmp_path / "run"))
+    adm = admission(store, written=5)
+    store.write_json(LAYOUT.live_settled, {"rows": {"proxy-0": 2}})
+    adm.refresh()
+    store.write_bytes(LAYOUT.live_settled, damage)
+    adm.refresh()
+    assert adm.settled == 2 and adm.active
+
+
+@pytest.mark.parametrize("damage", [b"[" * 200_000, b'{"champion_score": 0.5, "offers": []' + b" " * (65 << 20) + b"}"])
+def test_a_deep_or_oversized_promotion_record_is_refused_by_name_not_a_crash(tmp_path, damage):
+    from areal_core.online.promotion import PromotionGate
+
+    store = Store(str(tmp_path / "run"))
+    store.write_bytes(LAYOUT.promotions, damage)
+    with pytest.raises(ValueError, match="promotions.json is damaged"):
+        PromotionGate(store, "m", "")

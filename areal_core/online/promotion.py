@@ -23,6 +23,7 @@ never waits on the registry for more than one bounded call.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import os
@@ -41,6 +42,7 @@ log = logging.getLogger("areal.online")
 
 REGISTRY_TIMEOUT_S = 10  # one registry request at most this long, not retried (MLflow's default: 120 s, 7 retries)
 BREAKER_S = 300.0  # after a failed registry call, the gate skips the registry this long
+MAX_RECORD_BYTES = 64 << 20  # promotions.json: ~200 bytes an offer
 
 
 @contextlib.contextmanager
@@ -72,10 +74,10 @@ class PromotionGate:
 
     def _read(self) -> dict[str, Any]:
         try:
-            record = self.store.read_json(LAYOUT.promotions)
+            record = json.loads(self.store.read_bytes(LAYOUT.promotions, MAX_RECORD_BYTES))
         except FileNotFoundError:
             return {}
-        except ValueError as exc:  # not JSON
+        except (ValueError, RecursionError) as exc:  # not JSON, nested past reason, or over MAX_RECORD_BYTES
             raise ValueError(f"{self.store.url(LAYOUT.promotions)} is damaged: {exc}") from None
         score = record.get("champion_score") if isinstance(record, dict) else None
         offers = record.get("offers") if isinstance(record, dict) else None

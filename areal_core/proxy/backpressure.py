@@ -6,15 +6,20 @@ settled (trained, dropped, left out, duplicated or quarantined: `trainer/live_se
 online/live_sessions.py). A thread reads that file every `poll_s` (never the event loop: a slow
 store stalls no request), and `check()` only compares two numbers. The bound is applied only while
 the file exists and the run has no DONE: a run root whose trainer does not read live sessions, or
-has finished, is not one to wait for. A damaged file is logged and the last good count kept. A
-stale read only overstates what waits, so the bound is exceeded by at most the rows of the sessions
-already open when it is reached. Sessions that are open go on: only a new session is refused
+has finished, is not one to wait for. A damaged file (not JSON, nested past reason, over
+`MAX_SETTLED_BYTES`) is logged and the last good count kept, and a count is never believed past the
+rows this proxy wrote (a forged one can admit at most one bound more, until the trainer's next
+write). Every open session holds one row of the bound (it writes at least one when it ends), so
+sessions opened at once cannot all pass a bound of 8: waiting rows stay ≤ the bound plus, per
+session open at the bound, its rows beyond the first. A stale read only overstates what waits.
+Sessions that are open go on: only a new session is refused
 (`TrainerBehind`, saying how many rows wait; routes/errors.py answers it), so no request in flight and no turn of a live
 session is lost. A restarted proxy counts the rows its shards already hold.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 
@@ -25,6 +30,8 @@ from areal_core.staleness import sessions_admissible
 from areal_core.store import Store
 
 log = logging.getLogger("areal.proxy")
+
+MAX_SETTLED_BYTES = 1 << 20  # live_settled.json: {"rows": {proxy: n}}, a few bytes per proxy
 
 
 class TrainerBehind(SessionProblem):
@@ -83,15 +90,15 @@ class SessionAdmission:
             if self.store.exists(LAYOUT.done):
                 self.active = False
                 return
-            record = self.store.read_json(LAYOUT.live_settled)
+            record = json.loads(self.store.read_bytes(LAYOUT.live_settled, MAX_SETTLED_BYTES))
         except FileNotFoundError:
             self.active = False
             return
-        except Exception as exc:  # noqa: BLE001 - the store is out or the file is not JSON: keep the last count
+        except (Exception, RecursionError) as exc:  # noqa: BLE001 - store out, not JSON, too big: the last count
             log.warning("%s unreadable (%s); admission keeps %d settled rows", LAYOUT.live_settled, exc, self.settled)
             return
         try:
-            self.settled = parse_settled(record, self.worker_id)
+            self.settled = min(parse_settled(record, self.worker_id), self.written)  # never past what we wrote
             self.active = True
         except ValueError as exc:
             log.warning("%s damaged (%s); admission keeps %d settled rows", LAYOUT.live_settled, exc, self.settled)
@@ -109,12 +116,13 @@ class SessionAdmission:
     def waiting(self) -> int:
         return max(0, self.written - self.settled)
 
-    def check(self) -> None:
+    def check(self, open_sessions: int = 0) -> None:
+        """Before a new session: `open_sessions` already open each hold one row of the bound."""
         if not self.active:
             return
-        if sessions_admissible(self.written, self.settled, 0, self.bound) == 0:
+        if sessions_admissible(self.written + open_sessions, self.settled, 0, self.bound) == 0:
             self.refused += 1
-            raise TrainerBehind(self.waiting(), self.bound)
+            raise TrainerBehind(self.waiting() + open_sessions, self.bound)
 
 
 def count_written(store: Store, worker_id: str) -> int:

@@ -117,7 +117,7 @@ class SessionManager:
         if len(self.sessions) >= self.max_sessions:
             raise TooManySessions(self.max_sessions, per_key=False)
         if self.admission is not None:
-            self.admission.check()
+            self.admission.check(open_sessions=len(self.sessions))
         s = Session(session_id, owner, self.template)
         self.sessions[(owner, session_id)] = s
         self.per_key[owner] = self.per_key.get(owner, 0) + 1
