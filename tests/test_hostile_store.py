@@ -316,7 +316,7 @@ def test_the_report_reads_a_hostile_config_yaml_within_bounds(tmp_path):
     store.write_text(LAYOUT.config, laughs)  # 9^9 leaves once expanded
     t0 = time.monotonic()
     assert load_run(store).config == {}
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 60  # expanded, 9^9 leaves would take far longer (and the memory)
     with pytest.raises(ConfigError) as err:
         parse_overrides('a="' + "x" * 10_000)
     assert len(str(err.value)) < 400  # an excerpt of the value, not the value

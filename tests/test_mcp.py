@@ -30,7 +30,8 @@ from areal_core.proxy.examples import ScriptedEngine
 from areal_core.proxy.templating import ChatTemplate
 from tests.conftest import ROOT
 
-TOY = ServerSpec("toy", command="python", args=("-m", "examples.toy_mcp.server"), call_timeout_s=5)
+# ordinary calls: a limit no busy machine reaches (the timeout test sets its own, far below its hang)
+TOY = ServerSpec("toy", command="python", args=("-m", "examples.toy_mcp.server"), call_timeout_s=120)
 # no outcome of the misbehaving server's test is a timeout: a limit far above what its calls take on a
 # loaded machine (its 3 MB answer once took over 5 s under CI load, and the episode was lost)
 BAD = ServerSpec("bad", command="python", args=("tests/test_mcp_servers.py", "bad"), call_timeout_s=300, stateless=True)

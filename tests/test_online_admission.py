@@ -228,9 +228,10 @@ def test_the_bound_must_be_positive(tmp_path):
 
 def test_the_proxy_answers_429_to_a_new_session_while_the_trainer_is_behind_and_serves_open_ones(tmp_path):
     """Over real HTTP with the openai SDK: bound 3 rows. A long session stays open (it holds a row of
-    the bound) and two sessions end (2 rows written); a fourth session gets a 429 (code trainer_behind, a Retry-After) while a session opened before the bound
-    goes on turn after turn; once the trainer settles the rows, new sessions open again. /health
-    reports the rows waiting, the bound and the refusals."""
+    the bound) and two sessions end (2 rows written); a fourth session gets a 429 (code
+    trainer_behind, a Retry-After) while the session opened before the bound goes on turn after turn;
+    once the trainer settles the rows, new sessions open again. /health reports the rows waiting,
+    the bound and the refusals."""
     import openai
 
     from areal_core.models import build_tiny_model, build_tokenizer, save_pretrained

@@ -448,7 +448,7 @@ def test_pool_timeout_takes_the_sandbox_down_with_the_reward_process():
     with RewardPool("areal_core.reward.code:code_reward", size=1, timeout_s=1.5, retries=0) as pool:
         t0 = time.monotonic()
         res = pool.grade([slow])[0]
-        assert time.monotonic() - t0 < 5
+        assert time.monotonic() - t0 < 25  # well under the program's 30 s: the pool's timeout ended it
         assert res.reward == 0.0 and "timeout" in res.info["error"]
         assert wait_no_sandbox_processes() == []
         assert pool.grade([_job(GOOD)])[0].reward == 1.0

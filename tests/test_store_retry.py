@@ -63,10 +63,9 @@ def test_a_refused_connection_is_retried_for_the_window_then_named(refused_s3):
 
 def test_permanent_errors_are_raised_at_once(s3_bucket, tmp_path):
     for store in (Store(f"{s3_bucket}/run", retry_s=30), Store(str(tmp_path / "run"), retry_s=30)):
-        t0 = time.monotonic()
         with pytest.raises(FileNotFoundError):
             store.read_bytes("missing")
-        assert time.monotonic() - t0 < 5 and store.retry.retries == 0
+        assert store.retry.retries == 0  # raised at once: no retry (a time bound would race a busy machine)
     assert not is_transient(PermissionError(13, "denied"))
     assert not is_transient(FileExistsError("there"))
     assert not is_transient(client_error(403, "AccessDenied"))
@@ -104,7 +103,8 @@ def test_the_policy_retries_until_success_and_counts():
     t0 = time.monotonic()
     with pytest.raises(StoreUnavailable, match=r"op x: .*retry window of 0.3s"):
         short.call(lambda: (_ for _ in ()).throw(ConnectionRefusedError(111, "refused")), "op x")
-    assert 0.3 <= time.monotonic() - t0 < 1.0 and short.retries > 3
+    # the window ended the retries: at least 0.3 s, and far from the minutes a retry without one would take
+    assert 0.3 <= time.monotonic() - t0 < 30 and short.retries > 3
 
 
 def test_backoff_doubles_up_to_the_cap():
