@@ -19,8 +19,8 @@ from areal_core.config import ConfigError, load_config
 from areal_core.run import pipeline
 from areal_core.train import packing
 from areal_core.train.micro_batches import combine, split_rows
-from areal_core.train.packing import packed_token_logprobs
-from areal_core.train.segment_attention import SpanPlan, segments_agree, use_segments
+from areal_core.train.packing import packed_token_logprobs, segments_agree
+from areal_core.train.segment_attention import SpanPlan, use_segments
 from tests import tiny_checkpoints as tc
 from tests.conftest import ROOT, TINY
 from tests.test_architectures import TOL, hf_logprobs, lora_model, padded, rows

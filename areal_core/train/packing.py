@@ -24,7 +24,9 @@ only on the tokens before it, so this is the same computation with the prefix do
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -32,7 +34,9 @@ import torch
 from areal_core.architecture import attention_masks, window_allowed
 from areal_core.train.entropy import entropy_from_logits
 from areal_core.train.head import LogitHead, chunked_logprobs, hidden_states
-from areal_core.train.segment_attention import PLAN_KWARG, SpanPlan, segments_agree, spans_active, use_segments
+from areal_core.train.segment_attention import PLAN_KWARG, SpanPlan, base_model, spans_active, use_segments
+
+log = logging.getLogger("areal.train")
 
 ATTENTION_MODES = ("auto", "segments", "mask")
 MAX_MASK_ROW = 1024  # auto: packed rows up to this many tokens attend under a 4D mask, longer ones per span
@@ -366,3 +370,42 @@ def tree_token_logprobs(
     if not with_entropy:
         return logp
     return logp, torch.zeros(n * t, device=dev, dtype=h.dtype).index_put((dst,), h).view(n, t)
+
+
+# -- the first use of per-span attention on a model, checked against its masks ---------------------
+_CHECKED: weakref.WeakKeyDictionary[torch.nn.Module, bool] = weakref.WeakKeyDictionary()
+CHECK_TOL = 1e-4
+
+
+def segments_agree(model, input_ids: torch.Tensor) -> bool:
+    """Once per model: the per-span forward of a small tree (two sequences sharing a prompt, one
+    more in a group of its own) equals the same rows under their 4D masks, else the model stays on
+    masks (logged). The caller has switched it with `use_segments`."""
+    base = base_model(model)
+    if base not in _CHECKED:
+        _CHECKED[base] = _compare(model, input_ids)
+    return _CHECKED[base]
+
+
+@torch.no_grad()
+def _compare(model, input_ids: torch.Tensor) -> bool:
+    ids = input_ids.reshape(-1)[:24].cpu()
+    if ids.numel() < 8:
+        return True
+    n = ids.numel()
+    other = ids.clone()
+    other[n // 2 :] = ids.flip(0)[n // 2 :]
+    rows = torch.stack([ids, other, ids.roll(3)])
+    tree = pack_groups(rows, torch.ones_like(rows), torch.tensor([0, 0, 1]))
+    name = type(base_model(model)).__name__
+    want = _forward(model, tree, "mask4d", segments=False, hidden=True)
+    try:
+        got = _forward(model, tree, "mask4d", segments=True, hidden=True)
+    except (NotImplementedError, TypeError, ValueError) as exc:
+        log.warning("%s: segment attention unavailable (%s); packed rows use 4D masks", name, exc)
+        return False
+    real = (tree.segment_ids != -1).to(want.device)
+    gap = float((want - got).abs()[real].max())
+    if gap > CHECK_TOL:
+        log.warning("%s: segment attention differs from 4D masks by %.2e; packed rows use 4D masks", name, gap)
+    return gap <= CHECK_TOL

@@ -19,16 +19,15 @@ span plan in the forward's kwargs it is exactly "sdpa" (its mask function too), 
 to it (`use_segments`) runs every other forward as before. The plan rides in the kwargs (so HF's
 gradient checkpointing replays it in the backward); while a plan is active the mask function
 builds no mask. Each layer's window is read from its config (areal_core/architecture.py), not from
-the kwargs a model may or may not pass. Attention logit soft-capping and sinks are refused:
-`SegmentCheck` then keeps the model on masks.
+the kwargs a model may or may not pass. Attention logit soft-capping and sinks are refused; the
+first use on each model is compared with its masks (packing.py: `segments_agree`), which then
+keeps a model that differs on masks.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import logging
-import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -41,7 +40,6 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 from areal_core.architecture import attention_windows
 
-log = logging.getLogger("areal.train")
 
 NAME = "areal_segments"
 PLAN_KWARG = "areal_spans"
@@ -176,14 +174,14 @@ def spans_active() -> Iterator[None]:
         _ACTIVE.reset(token)
 
 
-def _base(model: Any) -> Any:
+def base_model(model: Any) -> Any:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def use_segments(model: Any) -> bool:
     """Switch a model running "sdpa" to the span-aware attention (its plan-less forwards are sdpa's);
     False when it runs another attention (eager, flash) and stays as it is."""
-    base = _base(model)
+    base = base_model(model)
     impl = getattr(base.config, "_attn_implementation", None)
     if impl == NAME:
         return True
@@ -191,52 +189,3 @@ def use_segments(model: Any) -> bool:
         return False
     base.set_attn_implementation(NAME)
     return True
-
-
-_CHECKED: weakref.WeakKeyDictionary[torch.nn.Module, bool] = weakref.WeakKeyDictionary()
-CHECK_TOL = 1e-4
-
-
-def segments_agree(model: Any, input_ids: torch.Tensor) -> bool:
-    """Once per model: the span-aware forward of a small tree (two sequences sharing a prompt, one
-    more packed after them) equals the same rows under their 4D masks, else the model stays on
-    masks (logged). The caller has switched it with `use_segments`."""
-    base = _base(model)
-    if base not in _CHECKED:
-        _CHECKED[base] = _compare(model, input_ids)
-    return _CHECKED[base]
-
-
-@torch.no_grad()
-def _compare(model: Any, input_ids: torch.Tensor) -> bool:
-    from areal_core.train.packing import PREFIX_SEGMENT, _masks, pack_groups
-
-    ids = input_ids.reshape(-1)[:24].cpu()
-    if ids.numel() < 8:
-        return True
-    n = ids.numel()
-    other = ids.clone()
-    other[n // 2 :] = ids.flip(0)[n // 2 :]
-    rows = torch.stack([ids, other, ids.roll(3)])
-    tree = pack_groups(rows, torch.ones_like(rows), torch.tensor([0, 0, 1]))
-    dev = next(model.parameters()).device
-    inputs = {"input_ids": tree.input_ids.to(dev), "position_ids": tree.position_ids.to(dev)}
-    from areal_core.train.head import hidden_states
-
-    want = hidden_states(model, attention_mask=_masks(model, tree, dev), **inputs)
-    try:
-        with spans_active():
-            plan = SpanPlan.from_segments(tree.segment_ids, PREFIX_SEGMENT)
-            got = hidden_states(model, attention_mask=None, **{PLAN_KWARG: plan}, **inputs)
-    except (NotImplementedError, TypeError, ValueError) as exc:
-        log.warning("%s: segment attention unavailable (%s); packed rows use 4D masks", _name(model), exc)
-        return False
-    real = (tree.segment_ids >= 0) | (tree.segment_ids == PREFIX_SEGMENT)
-    gap = float((want - got).abs()[real.to(dev)].max())
-    if gap > CHECK_TOL:
-        log.warning("%s: segment attention differs from 4D masks by %.2e; packed rows use 4D masks", _name(model), gap)
-    return gap <= CHECK_TOL
-
-
-def _name(model: Any) -> str:
-    return type(_base(model)).__name__
