@@ -40,7 +40,6 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 from areal_core.architecture import attention_windows
 
-
 NAME = "areal_segments"
 PLAN_KWARG = "areal_spans"
 _ACTIVE: contextvars.ContextVar[bool] = contextvars.ContextVar("areal_spans_active", default=False)
