@@ -99,6 +99,8 @@ def main() -> None:
                 for p in feed.poll():
                     feed.handled(p)
             for side, feed, layer in (("trainer", trainer, LAYOUT.graded_dir), ("reward", reward, LAYOUT.ungraded_dir)):
+                for p in feed.poll():  # what the other side's repeats wrote: handled before timing
+                    feed.handled(p)
                 times = {"before": [], "after": []}
                 objects = {}
                 for r in range(a.repeats):
