@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--dtype", default="float32", help="the vLLM server's dtype")
     ap.add_argument("--out", default="")
+    ap.add_argument("--server-log", default="", help="where the vLLM server's output goes (default: a temp file)")
     args = ap.parse_args(argv)
     torch.set_num_threads(2)
     store = Store(args.run)
@@ -97,7 +98,9 @@ def main(argv: list[str] | None = None) -> None:
     builtin = ContinuousEngine(merged, tok.pad_token_id, tok.eos_token_id, slots=64).generate(prompts, params)
     spec = server_spec(cfg, native_lora=True)
     spec.dtype = args.dtype
-    engine = VLLMEngine.launch(store, version, tok.eos_token_id, spec=spec, native_lora=True)
+    log_path = args.server_log or tempfile.mkstemp(prefix="areal-vllm-policy-", suffix=".log")[1]
+    print(f"vLLM server log: {log_path}", flush=True)
+    engine = VLLMEngine.launch(store, version, tok.eos_token_id, spec=spec, native_lora=True, log_path=log_path)
     try:
         native = engine.generate(prompts, params)
     finally:
