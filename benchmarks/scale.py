@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 SHAPES = {  # Qwen2 transformer shapes (hidden, layers, heads, kv heads, intermediate)
     "tiny": (128, 2, 4, 2, 256),
+    "small": (256, 2, 4, 2, 512),
     "qwen2.5-0.5b": (896, 24, 14, 2, 4864),
     "qwen2.5-1.5b": (1536, 28, 12, 2, 8960),
 }
@@ -187,7 +188,8 @@ def attention(a: argparse.Namespace) -> dict:
     group = torch.zeros(a.rows, dtype=torch.long)
     base = _rss_mb()
     t0 = time.perf_counter()
-    lp = packed_token_logprobs(model, ids, torch.ones_like(ids), group_index=group, attention=a.attention)
+    mask = torch.ones_like(ids)
+    lp = packed_token_logprobs(model, ids, mask, group_index=group, attention=a.attention, logit_chunk=512)
     lp.sum().backward()
     return {"tokens": ids.numel(), "seconds": round(time.perf_counter() - t0, 2), "added_mb": _rss_mb() - base}
 

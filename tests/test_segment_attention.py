@@ -170,7 +170,7 @@ def test_a_long_shared_prompt_per_span_costs_less_memory_than_masks():
     for attention in ("segments", "mask"):
         out = subprocess.run(
             [sys.executable, "benchmarks/scale.py", "attention", "--attention", attention, "--prompt", "2048"]
-            + ["--answer", "256", "--rows", "8"],
+            + ["--answer", "256", "--rows", "8", "--vocab", "1000"],
             cwd=ROOT,
             capture_output=True,
             text=True,
