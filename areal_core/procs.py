@@ -42,6 +42,17 @@ def own_group_dying_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None]
     return functools.partial(_own_group, int(sig), os.getpid())
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists on this host (one we may not signal counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def kill_group(pgid: int, sig: int) -> bool:
     """Send `sig` to process group `pgid`; False when the group has no process left."""
     try:

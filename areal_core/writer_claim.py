@@ -20,6 +20,7 @@ import time
 import uuid
 
 from areal_core.layout import LAYOUT
+from areal_core.procs import pid_alive
 from areal_core.store import Store
 
 log = logging.getLogger("areal.writers")
@@ -31,16 +32,6 @@ class WriterInUse(RuntimeError):
     """Another live writer holds this worker id."""
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _live(raw: dict, timeout_s: float) -> bool:
     if raw.get("state") != "running":
         return False
@@ -48,7 +39,7 @@ def _live(raw: dict, timeout_s: float) -> bool:
     if not isinstance(beat, (int, float)) or time.time() - beat > timeout_s:
         return False
     pid = raw.get("pid")
-    return not (raw.get("host") == socket.gethostname() and isinstance(pid, int) and not _alive(pid))
+    return not (raw.get("host") == socket.gethostname() and isinstance(pid, int) and not pid_alive(pid))
 
 
 class WriterClaim:

@@ -14,41 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 from areal_core.layout import LAYOUT
 from areal_core.shard_feed import ShardFeed, ungraded_gaps
 from areal_core.store import Store
-
-
-def moto() -> tuple[subprocess.Popen, str]:
-    import socket
-
-    import boto3
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    exe = Path(sys.executable).parent / "moto_server"
-    proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)], stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
-    os.environ.update(
-        AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="x", AWS_DEFAULT_REGION="us-east-1"
-    )
-    for _ in range(100):
-        try:
-            boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="polls")
-            return proc, "s3://polls"
-        except Exception:  # noqa: BLE001 - not up yet
-            time.sleep(0.2)
-    raise RuntimeError("moto did not start")
+from benchmarks.moto_local import start_moto
 
 
 def fill(store: Store, workers: int, start: int, stop: int) -> None:
@@ -83,7 +57,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=5)
     a = ap.parse_args()
-    proc, bucket = moto()
+    proc, bucket = start_moto("polls")
     rows = []
     try:
         store = Store(f"{bucket}/{uuid.uuid4().hex[:8]}")

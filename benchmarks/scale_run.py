@@ -20,6 +20,8 @@ import threading
 import time
 from pathlib import Path
 
+from areal_core.store import Store
+
 ROOT = Path(__file__).resolve().parents[1]
 OVERRIDES = [
     "train.steps=3",
@@ -121,7 +123,7 @@ def main() -> None:
     done.set()
     sampler.join()
     wall = time.time() - t0
-    status = "DONE" if (store / "DONE").exists() else "not DONE"
+    status = "DONE" if Store(str(store)).done() else "not DONE"
     top = sorted(peaks.values(), reverse=True)
     result = {
         "returncode": proc.returncode,

@@ -19,20 +19,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
-from pathlib import Path
 
 import numpy as np
 
 from areal_core.store import Store
 from areal_core.weights.publisher import WeightPublisher, cast_safetensors
 from areal_core.weights.reader import load_state_dict, load_weights_bytes
+from benchmarks.moto_local import start_moto
 
 SIDE = {"config.json": b'{"model_type": "llama"}'}
 
@@ -74,31 +71,6 @@ def measure(store: Store, versions: list[bytes], dtype: str) -> dict:
     }
 
 
-def moto() -> tuple[subprocess.Popen, str]:
-    import socket
-
-    import boto3
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    bin_dir = Path(sys.executable).parent
-    proc = subprocess.Popen(
-        [str(bin_dir / "moto_server"), "-H", "127.0.0.1", "-p", str(port)], stderr=subprocess.DEVNULL
-    )
-    endpoint = f"http://127.0.0.1:{port}"
-    os.environ.update(
-        AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="x", AWS_DEFAULT_REGION="us-east-1"
-    )
-    for _ in range(100):
-        try:
-            boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="density")
-            break
-        except Exception:  # noqa: BLE001 - not up yet
-            time.sleep(0.2)
-    return proc, "s3://density"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lrs", type=float, nargs="*", default=[1e-6, 1e-5, 1e-4])
@@ -113,7 +85,7 @@ def main() -> None:
 
     torch.set_num_threads(2)
     path = str(pretrained.ensure("smollm2"))
-    server = moto() if a.s3 else None
+    server = start_moto("density") if a.s3 else None
     rows = []
     try:
         for lr in a.lrs:

@@ -98,7 +98,8 @@ def test_two_writers_sharing_an_id_lose_no_row(store):
     a.close()
     b.close()
     assert len(set(names)) == 6
-    rows = [s.sample_id for p in store.find("trajectories", ".arrow") for s in decode_shard(store.read_bytes(p))]
+    shards = store.find(LAYOUT.trajectories_dir, ".arrow")
+    rows = [s.sample_id for p in shards for s in decode_shard(store.read_bytes(p))]
     assert sorted(rows) == [f"s{i}" for i in range(6)]
 
 

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, fields
 
 from areal_core.config import LeaseConfig
 from areal_core.layout import LAYOUT
+from areal_core.procs import pid_alive
 from areal_core.store import RootLost, Store
 
 log = logging.getLogger("areal.ownership")
@@ -72,7 +73,7 @@ class Lease:
             return "done"
         if (now or time.time()) - self.heartbeat > max(timeout_s, self.timeout_s):
             return "stale"
-        if self.host == socket.gethostname() and not _alive(self.pid):
+        if self.host == socket.gethostname() and not pid_alive(self.pid):
             return "stale"
         return "live"
 
@@ -80,16 +81,6 @@ class Lease:
         return (
             f"run {self.run_id} (host {self.host}, pid {self.pid}, heartbeat {time.time() - self.heartbeat:.0f}s ago)"
         )
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def read_lease(store: Store) -> tuple[Lease, str] | None:
