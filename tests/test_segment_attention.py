@@ -109,6 +109,16 @@ def test_a_model_that_cannot_attend_per_span_is_named_or_kept_on_masks(tok, capl
     assert gap < TOL
 
 
+def test_segments_for_a_model_that_cannot_is_refused_at_prepare(tmp_path):
+    ckpt = tc.save("gemma2", tmp_path / "gemma2")
+    root = tmp_path / "run"
+    with pytest.raises(ConfigError, match=r"preflight attention: .*Gemma2ForCausalLM runs eager"):
+        pipeline.prepare("", [*TINY, f"store={root}", f"model.path={ckpt}", "train.packed_attention=segments"])
+    assert not root.exists() or not any(root.iterdir())
+    ckpt = tc.save("qwen2_window", tmp_path / "qwen2")  # an sdpa model: prepared
+    pipeline.prepare("", [*TINY, f"store={root}", f"model.path={ckpt}", "train.packed_attention=segments"])
+
+
 def test_auto_keeps_long_groups_as_trees_per_span(tok, monkeypatch):
     """Past MAX_MASK_ROW tokens a group's tree row used to fall back to one row per sequence (its
     prompt recomputed per member); per span it stays one tree row, and equals the HF forward."""

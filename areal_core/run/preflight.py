@@ -168,6 +168,22 @@ def check_engine(ctx: Preflight) -> None:
     ctx.notes["engine"] = f"{ctx.cfg.rollout.engine} runs {local_engine_kind(ctx.cfg.rollout.engine, ctx.model)}"
 
 
+@preflight("attention")
+def check_attention(ctx: Preflight) -> None:
+    """train.packed_attention=segments needs a model on sdpa (segment_attention.py); known from its config."""
+    if ctx.model is None or ctx.cfg.train.packed_attention != "segments":
+        return
+    from areal_core.train.segment_attention import NAME
+
+    impl = getattr(ctx.model.config, "_attn_implementation", None)
+    if impl not in ("sdpa", NAME):
+        raise ConfigError(
+            f"config key 'train.packed_attention': segments needs sdpa attention, and "
+            f"{type(ctx.model).__name__} runs {impl}: use auto (it keeps such a model on masks) or mask"
+        )
+    ctx.notes["attention"] = "packed rows attend per span"
+
+
 @preflight("lora")
 def check_lora(ctx: Preflight) -> None:
     if ctx.model is None or ctx.cfg.train.lora_rank <= 0:
