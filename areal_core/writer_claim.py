@@ -36,7 +36,8 @@ def _live(raw: dict, timeout_s: float) -> bool:
     if raw.get("state") != "running":
         return False
     beat = raw.get("heartbeat")
-    if not isinstance(beat, (int, float)) or time.time() - beat > timeout_s:
+    # a heartbeat from the future (a forged claim, or a clock far ahead) holds no id for ever
+    if not isinstance(beat, (int, float)) or not -timeout_s <= time.time() - beat <= timeout_s:
         return False
     pid = raw.get("pid")
     return not (raw.get("host") == socket.gethostname() and isinstance(pid, int) and not pid_alive(pid))

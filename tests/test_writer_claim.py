@@ -83,7 +83,13 @@ def test_a_claim_not_renewed_is_taken_over_and_its_holder_learns_it(store):
 
 
 def test_a_corrupt_or_huge_claim_is_not_honoured(store):
-    for junk in (b"\xff{not json", b"[" * 100_000, json.dumps({"state": "running", "heartbeat": "x"}).encode()):
+    forged = {"state": "running", "heartbeat": time.time() + 10**9, "host": "elsewhere", "pid": 1}
+    for junk in (
+        b"\xff{not json",
+        b"[" * 100_000,
+        json.dumps({"state": "running", "heartbeat": "x"}).encode(),
+        json.dumps(forged).encode(),  # a heartbeat from the future would hold the id for ever
+    ):
         store.write_bytes(LAYOUT.writer_claim("w"), junk)
         WriterClaim(store, "w").release()
 
