@@ -19,6 +19,8 @@ import subprocess
 import sys
 import time
 
+from benchmarks.memory import AddedMemory
+
 
 def one(vocab: int, rows: int, tokens: int, chunk: int) -> dict:
     import torch
@@ -42,10 +44,10 @@ def one(vocab: int, rows: int, tokens: int, chunk: int) -> dict:
     ids = torch.randint(0, vocab, (rows, tokens))
     ids[:, :16] = ids[0, :16]  # one group: a shared 16-token prompt
     mask = torch.ones_like(ids)
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t0 = time.perf_counter()
-    lp = packed_token_logprobs(model, ids, mask, group_index=torch.zeros(rows, dtype=torch.long), logit_chunk=chunk)
-    lp.sum().backward()
+    with AddedMemory() as added:
+        lp = packed_token_logprobs(model, ids, mask, group_index=torch.zeros(rows, dtype=torch.long), logit_chunk=chunk)
+        lp.sum().backward()
     seconds = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {
@@ -53,7 +55,7 @@ def one(vocab: int, rows: int, tokens: int, chunk: int) -> dict:
         "tokens": rows * tokens,
         "chunk": chunk,
         "peak_mb": round(peak / 1024),
-        "added_mb": round((peak - base) / 1024),
+        "added_mb": added.added_mb,
         "seconds": round(seconds, 2),
     }
 

@@ -1,6 +1,6 @@
 """Scale: peak memory and step time of the trainer and the rollout engine against vocabulary, answer
 length and model shape, random weights (issue 44). Every measurement runs in a fresh process, so
-ru_maxrss is its own peak.
+ru_maxrss is its own peak; `added_mb` is what the measured block adds (AddedMemory).
 
     PYTHONPATH=. .venv/bin/python benchmarks/scale.py table [--code DIR] [--quick] [--out F.json]
     PYTHONPATH=. .venv/bin/python benchmarks/scale.py trainer --shape tiny --vocab 151936 --rows 8 --answer 512
@@ -29,6 +29,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from benchmarks.memory import AddedMemory
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -116,8 +118,8 @@ def trainer(a: argparse.Namespace) -> dict:
         model = torch.compile(model)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
     batch = samples(a.vocab, a.rows, a.prompt, a.answer, a.groups)
-    base = _rss_mb()
     seconds = []
+    added = AddedMemory().__enter__()
     for _ in range(a.steps):
         if dev.type == "cuda":
             torch.cuda.synchronize()
@@ -130,7 +132,8 @@ def trainer(a: argparse.Namespace) -> dict:
     tokens = len(batch) * (a.prompt + a.answer)
     out = {"shape": a.shape, "vocab": a.vocab, "params_m": round(n_params / 1e6, 1), "tokens": tokens}
     out["step_s"] = round(seconds[-1], 2)
-    out.update(peak_mb=_rss_mb(), added_mb=_rss_mb() - base, tokens_per_s=round(tokens / seconds[-1]))
+    added.__exit__()
+    out.update(peak_mb=_rss_mb(), added_mb=added.added_mb, tokens_per_s=round(tokens / seconds[-1]))
     if dev.type == "cuda":
         out["gpu_peak_mb"] = torch.cuda.max_memory_allocated() // 2**20
         out["mfu"] = round(6 * n_params * tokens / seconds[-1] / (a.peak_tflops * 1e12), 4)
@@ -158,9 +161,9 @@ def rollout(a: argparse.Namespace) -> dict:
 
         eng._step = step
     prompts = [list(range(2, 2 + a.prompt))] * a.rows
-    base = _rss_mb()
     t0 = time.perf_counter()
-    gens = eng.generate(prompts, SamplingParams(max_new_tokens=a.answer, temperature=1.0, seed=0))
+    with AddedMemory() as added:
+        gens = eng.generate(prompts, SamplingParams(max_new_tokens=a.answer, temperature=1.0, seed=0))
     seconds = time.perf_counter() - t0
     tokens = sum(len(g.token_ids) for g in gens)
     return {
@@ -171,7 +174,7 @@ def rollout(a: argparse.Namespace) -> dict:
         "swaps": eng.swaps,
         "deferred_swap_steps": eng.deferred_swap_steps,
         "peak_mb": _rss_mb(),
-        "added_mb": _rss_mb() - base,
+        "added_mb": added.added_mb,
     }
 
 
@@ -186,12 +189,12 @@ def attention(a: argparse.Namespace) -> dict:
     prompt = torch.randint(2, a.vocab, (a.prompt,), generator=g)
     ids = torch.cat([prompt.expand(a.rows, -1), torch.randint(2, a.vocab, (a.rows, a.answer), generator=g)], 1)
     group = torch.zeros(a.rows, dtype=torch.long)
-    base = _rss_mb()
     t0 = time.perf_counter()
-    mask = torch.ones_like(ids)
-    lp = packed_token_logprobs(model, ids, mask, group_index=group, attention=a.attention, logit_chunk=512)
-    lp.sum().backward()
-    return {"tokens": ids.numel(), "seconds": round(time.perf_counter() - t0, 2), "added_mb": _rss_mb() - base}
+    with AddedMemory() as added:
+        mask = torch.ones_like(ids)
+        lp = packed_token_logprobs(model, ids, mask, group_index=group, attention=a.attention, logit_chunk=512)
+        lp.sum().backward()
+    return {"tokens": ids.numel(), "seconds": round(time.perf_counter() - t0, 2), "added_mb": added.added_mb}
 
 
 # (kind, label, args): the table's grid; --quick keeps the rows marked True
