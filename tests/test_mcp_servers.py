@@ -6,6 +6,10 @@ bad        an `MCPServer` whose tools misbehave: `malformed` answers its own req
            3 MB, `crash` exits the process mid-call, `echo` behaves
 spawner    a tool `spawn(how, seconds)` that starts `sleep <seconds>` as a plain child, after setsid,
            or as an orphan of a double fork, and returns its pid
+search     `search LABEL [BANNER]`: a server named LABEL whose `search(query)` answers
+           `LABEL found <query>` and whose `chatter(lines)` first writes that many lines that are
+           not JSON-RPC onto the wire (a chatty server's stdout), after BANNER such lines printed
+           at start, before the SDK takes stdout
 """
 
 from __future__ import annotations
@@ -30,6 +34,40 @@ def _answer(request_id: str, result_bytes: bytes) -> None:
     wire = next(c.private_fd for c in stdio._claims.values() if c.fd == 1)
     rid = int(request_id) if request_id.lstrip("-").isdigit() else json.dumps(request_id)
     os.write(wire, b'{"jsonrpc": "2.0", "id": ' + str(rid).encode() + b', "result": ' + result_bytes + b"}\n")
+
+
+def _wire_write(data: bytes) -> None:
+    """Write all of `data` onto the wire (the SDK's private duplicate of stdout), past the SDK."""
+    import select
+
+    from mcp.server import stdio
+
+    wire = next(c.private_fd for c in stdio._claims.values() if c.fd == 1)
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(wire, view) :]
+        except BlockingIOError:
+            select.select([], [wire], [], 1.0)
+
+
+def search_server(label: str, banner: int) -> None:
+    for i in range(banner):  # a start-up banner on stdout, before the SDK claims it
+        print(f"{label} server starting, banner line {i}", flush=True)
+    server = MCPServer(label, log_level="WARNING")
+
+    @server.tool()
+    def search(query: str) -> str:
+        """Search this server's index."""
+        return f"{label} found {query}"
+
+    @server.tool()
+    def chatter(lines: int) -> str:
+        """Write `lines` lines of chatter onto stdout, then answer."""
+        _wire_write(b"".join(f"progress {i}: not JSON-RPC at all\n".encode() for i in range(lines)))
+        return f"{label} chattered {lines}"
+
+    server.run()
 
 
 def bad_server() -> None:
@@ -96,4 +134,7 @@ def spawner_server() -> None:
 
 
 if __name__ == "__main__":
-    {"bad": bad_server, "spawner": spawner_server}[sys.argv[1]]()
+    if sys.argv[1] == "search":
+        search_server(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 0)
+    else:
+        {"bad": bad_server, "spawner": spawner_server}[sys.argv[1]]()

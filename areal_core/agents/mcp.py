@@ -9,7 +9,9 @@ with a kind (`connect_failed`, `connect_timeout`, `call_timeout`, `server_crashe
 SDK's. Every wait is bounded (`connect_timeout_s`, `call_timeout_s`); closing kills a stdio
 server's process tree (the SDK's shutdown) within a bounded time. A stdio server runs under a
 subreaper (`mcp_reaper.py`) that kills every process its tools started when the server ends, those
-started after setsid or orphaned by a double fork included.
+started after setsid or orphaned by a double fork included. A stdio server's stdout lines that are
+not JSON-RPC are counted (`noise_lines`, and the environment's count per server), not logged each
+with the SDK's traceback (`mcp_noise.py`).
 
 `openai_tool` gives an MCP tool as an OpenAI function spec (what the proxy's templating renders),
 `argument_problem` checks a model's arguments against the tool's input schema (types of the
@@ -27,9 +29,12 @@ import logging
 import os
 import sys
 import tempfile
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from areal_core.agents import mcp_noise
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 REAPER = Path(__file__).with_name("mcp_reaper.py")
@@ -37,6 +42,7 @@ LIST_PAGES = 20  # tools/list pages read at most: a paginator that never ends ca
 CLOSE_S = 10.0  # bound on closing one connection (the SDK's own shutdown waits ~2 s, then kills)
 STDERR_TAIL = 300
 logging.getLogger("mcp.client.streamable_http").setLevel(logging.WARNING)  # no line per episode's session id
+mcp_noise.install()  # a stdio server's stdout chatter: counted, not a traceback a line
 
 
 @dataclass(frozen=True)
@@ -111,6 +117,8 @@ class Connection:
     tools: list[Any] = field(default_factory=list)
     client: Any = None
     failure: ServerFailure | None = None
+    noise_lines: int = 0  # stdout lines of a stdio server that were not JSON-RPC
+    noise_sink: Counter | None = None  # the environment's count of them per server name
     _task: asyncio.Task | None = None
     _ready: asyncio.Future | None = None
     _stop: asyncio.Event | None = None
@@ -156,13 +164,19 @@ class Connection:
     async def _main(self) -> None:
         from mcp import Client
 
+        mcp_noise.OURS.set(True)  # this task's, inherited by the SDK's stdout reader: no traceback per noise line
         try:
             # a server the worker started (transport http) and an episode owns gets the handshake
             # protocol (`legacy`): the server keeps a session for it (mcp-session-id), which the
             # stateless 2026 protocol of `auto` does not; a user's URL server is spoken to as it prefers
             own_session = self.spec.transport == "http" and not self.spec.stateless
             mode = "legacy" if own_session else "auto"
-            async with Client(self._transport(), read_timeout_seconds=self.spec.call_timeout_s, mode=mode) as client:
+            async with Client(
+                self._transport(),
+                read_timeout_seconds=self.spec.call_timeout_s,
+                mode=mode,
+                message_handler=self._on_message,  # counts a stdio server's stdout noise
+            ) as client:
                 tools, cursor = [], None
                 for _ in range(LIST_PAGES):
                     page = await client.list_tools(cursor=cursor)
@@ -187,6 +201,15 @@ class Connection:
                 self._ready.exception()  # retrieved: no "never retrieved" warning
             if self.failure is None and not self._stop.is_set():
                 self.failure = self._fail("server_crashed", f"the session ended{self._tail()}")
+
+    async def _on_message(self, message: Any) -> None:
+        """The SDK's message handler: a stdio server's stdout line that is not JSON-RPC reaches it
+        as its parse error (`mcp_noise.py`); notifications need nothing of us."""
+        if not self.spec.url and mcp_noise.is_noise(message):
+            self.noise_lines += 1
+            if self.noise_sink is not None:
+                self.noise_sink[self.spec.name] += 1
+            mcp_noise.said(self.spec.name, message)
 
     def _fail(self, kind: str, detail: str) -> ServerFailure:
         return ServerFailure(self.spec.name, kind, detail)

@@ -5,6 +5,11 @@
         tools.specs                           # OpenAI function specs: pass as `tools=` to the proxy
         text = await tools.call("search", '{"query": "..."}')   # the tool message's content
 
+Tool names: one server's tools keep their own (`server.tool` reaches them too); with several servers
+each is `server.tool`, and two servers of one name or qualified names that meet are refused
+(`ToolNameCollision`, `mcp_names.py`). A stdio server's stdout lines that are not JSON-RPC are
+counted per server (`stats()["noise_lines"]`, `tools.noise_lines` for the episode), not logged each.
+
 Each episode gets its own session of every server (a fresh process for a stdio server, a fresh
 client session for a URL or a `transport: http` command, whose one process `served.ServedProcess`
 starts and restarts), opened concurrently and closed when the episode ends, so nothing one episode
@@ -18,13 +23,13 @@ against the tool's input schema: never sent), `tool_error` (the server's own err
 set and the agent's loop ends the episode. What a server does wrong costs the episode:
 `ServerFailure` (`connect_failed`, `connect_timeout`, `call_timeout`, `server_crashed`,
 `protocol_error`, each with the server's name) is raised from `call` or from `episode()`, and is
-raised again when the episode ends even if the agent caught it, so its rows are dropped.
+raised again when the episode ends even if the agent caught it, so its rows are dropped. A tool
+name that two servers would share costs the episode too (`tool_name_collision`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -36,10 +41,10 @@ from areal_core.agents.mcp import (
     ServerFailure,
     ServerSpec,
     argument_problem,
-    openai_tool,
     parse_arguments,
     result_text,
 )
+from areal_core.agents.mcp_names import ToolNameCollision, check_servers, tool_routes
 from areal_core.agents.served import ServedProcess
 
 
@@ -59,9 +64,12 @@ class EpisodeTools:
     """The tools of one episode (see the module doc)."""
 
     specs: list[dict[str, Any]]
-    routes: dict[str, tuple[Connection, str]]  # exposed name -> (connection, the server's tool name)
+    routes: dict[str, tuple[Connection, str]]  # a name that reaches a tool -> (connection, the server's tool name)
     max_calls: int
     max_result_chars: int
+    ambiguous: dict[str, list[str]] = field(default_factory=dict)  # bare name on several servers -> theirs
+    connections: list[Connection] = field(default_factory=list)
+    noise_base: dict[str, int] = field(default_factory=dict)  # a shared connection's noise_lines before the episode
     calls: list[ToolCall] = field(default_factory=list)
     events: Counter = field(default_factory=Counter)
     exhausted: bool = False
@@ -70,6 +78,13 @@ class EpisodeTools:
     @property
     def names(self) -> list[str]:
         return [s["function"]["name"] for s in self.specs]
+
+    @property
+    def noise_lines(self) -> dict[str, int]:
+        """Per server, its stdout lines that were not JSON-RPC in this episode, its connect included
+        (a shared session's: since the episode began); a server with none is absent."""
+        out = {c.spec.name: c.noise_lines - self.noise_base.get(c.spec.name, 0) for c in self.connections}
+        return {name: n for name, n in out.items() if n}
 
     def _told(self, name: str, args: dict[str, Any] | None, event: str, text: str, server: str = "") -> str:
         if event:
@@ -88,6 +103,9 @@ class EpisodeTools:
             )
         route = self.routes.get(name)
         if route is None:
+            if name in self.ambiguous:
+                text = f"error: tool {name!r} is on several servers: call {' or '.join(self.ambiguous[name])}"
+                return self._told(name, None, "unknown_tool", text)
             known = ", ".join(self.names) or "none"
             return self._told(name, None, "unknown_tool", f"error: unknown tool {str(name)[:60]!r}; tools: {known}")
         conn, tool = route
@@ -108,22 +126,17 @@ class EpisodeTools:
         return self._told(name, args, events[0] if events else "", text, conn.spec.name)
 
 
-def _exposed(name: str, server: str, taken: set[str]) -> str:
-    """A tool's name in the episode: its own, or `{server}_{name}` when another server has it."""
-    if name not in taken:
-        return name
-    return re.sub(r"[^A-Za-z0-9_-]", "_", f"{server}_{name}")[:64]
-
-
 class MCPEnvironment:
     """MCP servers as an agent's environment; counts episode outcomes and tool-call events."""
 
     def __init__(self, servers: Sequence[ServerSpec], max_calls: int = 8, max_result_chars: int = 2000):
         self.servers = list(servers)
+        check_servers(s.name for s in self.servers)  # ToolNameCollision: two servers of one name
         self.max_calls, self.max_result_chars = max_calls, max_result_chars
         self.outcomes: Counter = Counter()  # per episode: ok, budget_exceeded, {kind}:{server}, agent_error, ...
         self.events: Counter = Counter()  # per tool call, all episodes
         self.tool_calls = 0
+        self.noise: Counter = Counter()  # server name -> its stdout lines that were not JSON-RPC
         self._shared: dict[Any, dict[str, Connection]] = {}  # event loop -> server name -> connection
         self._locks: dict[Any, asyncio.Lock] = {}
         self.served = {s.name: ServedProcess(s) for s in self.servers if s.transport == "http" and not s.url}
@@ -152,7 +165,7 @@ class MCPEnvironment:
             conns = self._shared.setdefault(loop, {})
             conn = conns.get(spec.name)
             if conn is None or not conn.alive or conn.spec.url != spec.url:  # a restarted server: its new port
-                conn = Connection(spec)
+                conn = Connection(spec, noise_sink=self.noise)
                 conns[spec.name] = conn
                 await conn.open()
             return conn
@@ -162,13 +175,18 @@ class MCPEnvironment:
             return await self._shared_connection(spec)
         if spec.name in self.served:
             spec = await self.served[spec.name].url_spec()
-        conn = Connection(spec)
+        conn = Connection(spec, noise_sink=self.noise)
         await conn.open()
         return conn
 
     @asynccontextmanager
     async def episode(self) -> AsyncIterator[EpisodeTools]:
         """The episode's tools; the outcome is counted when it ends (see the module doc)."""
+        try:
+            check_servers(s.name for s in self.servers)
+        except ToolNameCollision:
+            self.outcomes["tool_name_collision"] += 1
+            raise
         opened = await asyncio.gather(*(self._open(s) for s in self.servers), return_exceptions=True)
         own = [c for c, s in zip(opened, self.servers) if isinstance(c, Connection) and not s.stateless]
         failure = next((c for c in opened if isinstance(c, BaseException)), None)
@@ -178,13 +196,16 @@ class MCPEnvironment:
                 outcome = failure.outcome if isinstance(failure, ServerFailure) else "connect_failed"
                 self.outcomes[outcome] += 1
                 raise failure
-            specs, routes = [], {}
-            for conn in opened:
-                for tool in conn.tools:
-                    name = _exposed(tool.name, conn.spec.name, set(routes))
-                    routes[name] = (conn, tool.name)
-                    specs.append(openai_tool(tool, name))
-            tools = EpisodeTools(specs, routes, self.max_calls, self.max_result_chars)
+            try:
+                named = tool_routes(opened)
+            except ToolNameCollision:
+                self.outcomes["tool_name_collision"] += 1
+                raise
+            shared = [c for c, s in zip(opened, self.servers) if s.stateless]
+            base = {c.spec.name: c.noise_lines for c in shared}  # a shared session's lines before this episode
+            tools = EpisodeTools(
+                named.specs, named.routes, self.max_calls, self.max_result_chars, named.ambiguous, list(opened), base
+            )
             try:
                 yield tools
             except ServerFailure as exc:
@@ -218,6 +239,8 @@ class MCPEnvironment:
 
     def stats(self) -> dict[str, Any]:
         out = {"outcomes": dict(self.outcomes), "events": dict(self.events), "tool_calls": self.tool_calls}
+        if self.noise:  # per server, its stdout lines that were not JSON-RPC (docs/agents.md)
+            out["noise_lines"] = dict(self.noise)
         if self.served:  # a count that grows means the server keeps dying (each start costs its episodes)
             out["server_starts"] = {name: served.starts for name, served in self.served.items()}
         return out
