@@ -143,6 +143,7 @@ class Layout:
     done = "DONE"
     lease = "LEASE.json"  # who owns the root; kept across runs (a new run replaces it, run/ownership.py)
     writers_dir = "writers"  # one claim per shard writer id (writer_claim.py)
+    weights_faults_dir = "weights_faults"  # a reader's report of a version it cannot load (weights/faults.py)
     tracking = "tracking.json"
     heldout_answers = "heldout_answers.json"  # evaluate_run: the first held-out questions, answered before/after RL
     init_model = "init_model"  # the policy RL starts from (after SFT), HF format
@@ -172,6 +173,7 @@ class Layout:
         trajectories_dir,
         trainer_dir,
         status_dir,
+        weights_faults_dir,
         events_dir,
         quarantine_dir,
         done,
@@ -344,6 +346,9 @@ class Layout:
     # -- status, quarantine, labels, online ------------------------------------------------------
     def status(self, role: str, worker_id: str) -> str:
         return f"{self.status_dir}/{check_name(role, 'role')}-{check_name(worker_id, 'worker id')}.json"
+
+    def weights_fault(self, worker_id: str) -> str:
+        return f"{self.weights_faults_dir}/{check_name(worker_id, 'worker id')}.json"
 
     def events_part(self, role: str, worker_id: str, seq: int) -> str:
         return f"{self.events_dir}/{check_name(role, 'role')}-{check_name(worker_id, 'worker id')}/{seq:08d}.jsonl"

@@ -25,6 +25,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from areal_core.config import RunConfig
 from areal_core.context import load_run_config, set_threads, wait_for_version
 from areal_core.dataset import image_roots
 from areal_core.events import EventLog
@@ -37,6 +38,8 @@ from areal_core.rollout.factory import build_engine
 from areal_core.rollout.workflow import BadPrompt, RolloutWorkflow, WorkflowContext, load_workflow
 from areal_core.store import Store
 from areal_core.vlm.images import ImageCache
+from areal_core.weights import WeightsError
+from areal_core.weights.faults import Reporter
 from areal_core.weights.watcher import WeightWatcher
 
 log = logging.getLogger("areal.rollout")
@@ -208,6 +211,32 @@ class RolloutLoop:
         )
 
 
+def _first_engine(cfg: RunConfig, store: Store, index: int, ev: EventLog, faults: Reporter) -> tuple[Any, Any, int]:
+    """(engine, tokenizer, version) on the newest version that loads. A version that fails its
+    checks is retried (a newer one when published) and reported to the trainer (weights/faults.py),
+    which republishes it or stops the run: the worker never dies of a damaged version."""
+    failing = (-1, 0)
+    while True:
+        with ev.span("weights", "wait"):
+            version = wait_for_version(store)
+        t0 = time.time()
+        try:
+            engine, tokenizer = build_engine(cfg, store, version, index)
+        except WeightsError as exc:
+            n = failing[1] + 1 if failing[0] == version else 1
+            failing = (version, n)
+            if n & (n - 1) == 0:
+                log.warning("rollout-%d: weights v%d failed to load (%d in a row): %s", index, version, n, exc)
+            faults.failed(version, n, exc)
+            if store.done():
+                raise
+            time.sleep(cfg.rollout.poll_interval_s)
+            continue
+        ev.emit("load", version=version, seconds=round(time.time() - t0, 4))
+        faults.loaded()
+        return engine, tokenizer, version
+
+
 def run_rollout_worker(run_uri: str, index: int = 0) -> dict:
     store = Store(run_uri)
     with EventLog(store, "rollout", str(index)) as ev:
@@ -220,18 +249,16 @@ def _run(store: Store, index: int, ev: EventLog) -> dict:
     worker_id = f"rollout-{index}"
     tasks = load_prompts(store, "train")
     ro = cfg.rollout
-    with ev.span("weights", "wait"):
-        version = wait_for_version(store)
-    t0 = time.time()
-    engine, tokenizer = build_engine(cfg, store, version, index)
-    ev.emit("load", version=version, seconds=round(time.time() - t0, 4))
+    faults = Reporter(store, worker_id)
+    engine, tokenizer, version = _first_engine(cfg, store, index, ev, faults)
 
     def receive(v: int) -> None:
         t = time.time()
         engine.receive(store, v)
         ev.emit("load", version=v, seconds=round(time.time() - t, 4))
+        faults.loaded()
 
-    watcher = WeightWatcher(store, receive, ro.poll_interval_s, version=version).start()
+    watcher = WeightWatcher(store, receive, ro.poll_interval_s, version=version, on_failure=faults.failed).start()
 
     def check() -> None:
         if watcher.error is not None:

@@ -15,6 +15,7 @@ collective: every rank calls them; rank 0 alone writes.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Protocol
 
 from areal_core.config import RunConfig
@@ -22,6 +23,7 @@ from areal_core.events import EventLog
 from areal_core.store import Store
 from areal_core.train.checkpoint import TrainerState
 from areal_core.train.lineage import newest_published, resume_version
+from areal_core.weights.faults import RepairPolicy, VersionUnloadable, reports, verify_version
 from areal_core.weights.publisher import WeightPublisher, prune
 
 log = logging.getLogger("areal.trainer")
@@ -57,6 +59,9 @@ class Sink:
         """After `trainer.state` counts the step just taken; returns the seconds spent publishing."""
         return 0.0
 
+    def while_waiting(self, trainer: Trainer) -> None:
+        """Called (collectively) while the trainer waits for a batch."""
+
 
 class NullSink(Sink):
     """Publishes and checkpoints nothing (replay, online retraining)."""
@@ -78,6 +83,34 @@ class CheckpointSink(Sink):
 class PublishingSink(CheckpointSink):
     def __init__(self, publisher: WeightPublisher):
         self.publisher = publisher
+        self.repair_policy = RepairPolicy()
+        self._next_fault_check = 0.0
+
+    def while_waiting(self, trainer: Trainer) -> None:
+        """The readers' reports of the newest version (weights/faults.py), read at most every
+        max(1 s, 10 rollout polls): a version that fails its check is republished whole; one that
+        cannot be repaired stops the run with the reason (VersionUnloadable on every rank)."""
+        decision: tuple[str, str] | None = None
+        if trainer.dist.is_main and time.monotonic() >= self._next_fault_check:
+            self._next_fault_check = time.monotonic() + max(1.0, 10 * trainer.cfg.rollout.poll_interval_s)
+            version, store = trainer.state.version, trainer.store
+            try:
+                decision = (self.repair_policy.decide(version, reports(store), lambda v: verify_version(store, v)), "")
+            except VersionUnloadable as exc:
+                decision = ("stop", str(exc))
+        decision = trainer.dist.broadcast_object(decision)
+        if decision is None or decision[0] == "wait":
+            return
+        if decision[0] == "stop":
+            trainer.ev.emit("version_unloadable", version=trainer.state.version, reason=decision[1])
+            raise VersionUnloadable(decision[1])
+        blob = None if trainer.lora else trainer.weights_bytes()  # collective: every rank
+        if trainer.dist.is_main:
+            version = trainer.state.version
+            log.warning("weights v%d fails its check for its readers: republished whole", version)
+            self.repair_policy.repaired(version)
+            seconds = self.publisher.republish(version, trainer.adapter_files() if trainer.lora else blob)
+            trainer.ev.emit("republish", version=version, bytes=self.publisher.last_weights_bytes, seconds=seconds)
 
     def start(self, trainer: Trainer) -> None:
         st, dist = trainer.state, trainer.dist

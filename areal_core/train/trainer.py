@@ -156,6 +156,7 @@ class Trainer:
                 self._unaudited[0].extend(batch.dropped)
                 self._unaudited[1].extend(batch.abandoned)
                 self.ev.switch("batch", "wait", at=polled)
+                self.sink.while_waiting(self)  # a version its readers cannot load: repaired, or the run stops
                 time.sleep(idle_s)
                 idle_s = min(idle_s * 1.5, 0.05)
                 continue

@@ -149,6 +149,12 @@ class WeightPublisher:
         self.last_weights_bytes = len(data)
         return time.perf_counter() - t0
 
+    def republish(self, version: int, weights: bytes | dict[str, bytes]) -> float:
+        """Publish `version` again, whole (no delta base): a repair of a version readers cannot load
+        (weights/faults.py). The next version may be a delta against it."""
+        self._prev = None
+        return self.publish(version, weights)
+
     def publish_adapter(self, version: int, files: dict[str, bytes]) -> float:
         """Publish a LoRA adapter (`adapter.ADAPTER_WEIGHTS`, `ADAPTER_CONFIG`) as `version`. Returns seconds taken."""
         if set(files) != {ADAPTER_WEIGHTS, ADAPTER_CONFIG}:

@@ -68,7 +68,8 @@ def delta_base(manifest: dict[str, Any]) -> int | None:
     return info.get("base") if isinstance(info, dict) else None
 
 
-def _read_checked(store: Store, version: int, manifest: dict[str, Any], name: str) -> bytes:
+def read_version_file(store: Store, version: int, manifest: dict[str, Any], name: str) -> bytes:
+    """File `name` of weights/v{version}, checked against `manifest` (WeightsError if missing or failing)."""
     try:
         data = store.read_bytes(LAYOUT.weights_file(version, name))
     except FileNotFoundError:
@@ -95,7 +96,7 @@ def _load(store: Store, version: int, have: tuple[int, bytes] | None) -> tuple[b
     while True:
         base = delta_base(manifest)
         if base is None:
-            data = _read_checked(store, v, manifest, WEIGHTS_FILE)
+            data = read_version_file(store, v, manifest, WEIGHTS_FILE)
             break
         if not isinstance(base, int) or not 0 <= base < v:
             raise WeightsError(f"weights v{v}: {LAYOUT.manifest_name} names a bad delta base {base!r}")
@@ -108,7 +109,7 @@ def _load(store: Store, version: int, have: tuple[int, bytes] | None) -> tuple[b
         except WeightsError as exc:
             raise WeightsError(f"weights v{version}: cannot rebuild from delta base v{base}: {exc}") from None
     for v, manifest in reversed(chain):
-        payload = _read_checked(store, v, manifest, DELTA_FILE)
+        payload = read_version_file(store, v, manifest, DELTA_FILE)
         info = manifest["weights"]
         try:
             data = decode_delta(data, payload, info)
@@ -145,7 +146,7 @@ def base_tensors(store: Store) -> dict[str, torch.Tensor]:
 
 
 def _adapter_weights(store: Store, version: int, manifest: dict[str, Any]) -> dict[str, torch.Tensor]:
-    files = {n: _read_checked(store, version, manifest, n) for n in (ADAPTER_WEIGHTS, ADAPTER_CONFIG)}
+    files = {n: read_version_file(store, version, manifest, n) for n in (ADAPTER_WEIGHTS, ADAPTER_CONFIG)}
     try:
         return merged_weights(base_tensors(store), files)
     except Exception as exc:  # noqa: BLE001 - a malformed adapter file or config, or a shape mismatch
@@ -209,7 +210,7 @@ def stage_verified(store: Store, version: int, staging_root: str | Path) -> Path
                 merged = {**base_tensors(store), **_adapter_weights(store, version, manifest)}
                 (tmp / WEIGHTS_FILE).write_bytes(st_save(merged, metadata={"format": "pt"}))
                 continue
-            (tmp / name).write_bytes(_read_checked(store, version, manifest, name))
+            (tmp / name).write_bytes(read_version_file(store, version, manifest, name))
             if name.endswith(".safetensors"):  # the header parses and fits the file, as the server will need
                 with _safetensors_errors(f"weights v{version}: {name}"), safe_open(str(tmp / name), "pt") as f:
                     list(f.keys())
@@ -235,7 +236,7 @@ def stage_adapter(store: Store, version: int, staging_root: str | Path) -> Path:
     final = root / f"v{version:06d}"
     if (final / LAYOUT.manifest_name).is_file() and (final / ADAPTER_WEIGHTS).is_file():
         return final
-    files = {n: _read_checked(store, version, manifest, n) for n in (ADAPTER_WEIGHTS, ADAPTER_CONFIG)}
+    files = {n: read_version_file(store, version, manifest, n) for n in (ADAPTER_WEIGHTS, ADAPTER_CONFIG)}
     try:
         lora_scale(json.loads(files[ADAPTER_CONFIG]))
     except (ValueError, UnicodeDecodeError) as exc:

@@ -6,9 +6,11 @@ decides when: `on_version(v)` is called with the newest published version whenev
 newer than the last one delivered.
 
 Failures: a WeightsError (a version half-pruned, racing its publication or failing a
-checksum) is logged and the same version is tried again at the next poll; any other error
-(e.g. the inference server died) is kept in `error`, wakes `wait`, and ends the thread, so
-the owner can raise it on its own thread.
+checksum) is counted and the same version is tried again at the next poll; it is logged at the
+first failure and at every doubling of the count (never a line per poll), and each failure is
+handed to `on_failure(version, failures_in_a_row, error)` (a rollout worker reports it to the
+trainer: weights/faults.py). Any other error (e.g. the inference server died) is kept in `error`,
+wakes `wait`, and ends the thread, so the owner can raise it on its own thread.
 """
 
 from __future__ import annotations
@@ -37,9 +39,12 @@ class WeightWatcher:
         poll_interval_s: float,
         *,
         version: int = -1,
+        on_failure: Callable[[int, int, WeightsError], None] | None = None,
     ):
         self.store, self.on_version, self.poll_interval_s = store, on_version, poll_interval_s
         self.version = version
+        self.on_failure = on_failure
+        self.failing: tuple[int, int] | None = None  # (version, failures in a row) while one fails
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._new = threading.Event()
@@ -70,12 +75,24 @@ class WeightWatcher:
                 latest = self.store.latest_version()
                 if latest is not None and latest > self.version:
                     self.on_version(latest)
-                    self.version = latest
+                    self.version, self.failing = latest, None
                     self._new.set()
             except WeightsError as exc:
-                log.warning("%s", exc)
+                self._failed(latest, exc)
             except Exception as exc:  # noqa: BLE001 - handed to the owner's thread
                 self.error = exc
                 self._new.set()
                 return
             self._stop.wait(self.poll_interval_s)
+
+    def _failed(self, version: int | None, exc: WeightsError) -> None:
+        v = -1 if version is None else version
+        n = self.failing[1] + 1 if self.failing is not None and self.failing[0] == v else 1
+        self.failing = (v, n)
+        if n & (n - 1) == 0:  # 1, 2, 4, 8, ...
+            log.warning("weights v%d failed to load (%d in a row): %s", v, n, exc)
+        if self.on_failure is not None:
+            try:
+                self.on_failure(v, n, exc)
+            except Exception as report_exc:  # noqa: BLE001 - a report that fails is retried at the next failure
+                log.warning("reporting weights v%d failed: %s", v, report_exc)

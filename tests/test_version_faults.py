@@ -1,0 +1,212 @@
+"""A version its readers cannot load never stalls a run (issue 46): the readers report it, the
+trainer republishes it whole or stops the run with the reason (weights/faults.py)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+
+import pytest
+import torch
+from safetensors.torch import save as st_save
+
+from areal_core.context import load_run_config
+from areal_core.events import EventLog, read_events
+from areal_core.layout import LAYOUT
+from areal_core.run import pipeline
+from areal_core.run.launcher import start_role
+from areal_core.store import Store
+from areal_core.train.run_trainer import build_run_trainer
+from areal_core.train.sinks import PublishingSink
+from areal_core.weights import DELTA_FILE, WEIGHTS_FILE
+from areal_core.weights.faults import (
+    MAX_REPAIRS,
+    REPORT_AFTER,
+    STOP_AFTER,
+    RepairPolicy,
+    Report,
+    Reporter,
+    VersionUnloadable,
+    report_due,
+    reports,
+    verify_version,
+)
+from areal_core.weights.publisher import WeightPublisher
+from areal_core.weights.reader import load_weights_bytes
+from areal_core.weights.watcher import WeightWatcher
+from tests.test_fault import assert_every_sample_accounted, kill_tree
+
+
+def flip(store: Store, version: int) -> None:
+    """Flip one byte of the weights (or delta) file of `version`, leaving its manifest as it was."""
+    name = DELTA_FILE if store.exists(LAYOUT.weights_file(version, DELTA_FILE)) else WEIGHTS_FILE
+    blob = bytearray(store.read_bytes(LAYOUT.weights_file(version, name)))
+    blob[len(blob) // 2] ^= 0xFF
+    store.write_bytes(LAYOUT.weights_file(version, name), bytes(blob))
+
+
+def weights(seed: int) -> bytes:
+    g = torch.Generator().manual_seed(seed)
+    return st_save({"w": torch.randn(16, 16, generator=g), "b": torch.randn(16, generator=g)})
+
+
+def test_a_reader_reports_at_three_failures_and_each_doubling():
+    assert [n for n in range(1, 100) if report_due(n)] == [3, 6, 12, 24, 48, 96]
+
+
+def test_the_policy_repairs_a_failing_version_then_stops_with_the_reason():
+    policy = RepairPolicy()
+    failing = [Report("rollout-0", 7, REPORT_AFTER, "weights v7: model.safetensors fails its sha256 check")]
+    assert policy.decide(7, [], lambda v: "bad") == "wait"
+    assert policy.decide(7, [Report("rollout-0", 7, REPORT_AFTER - 1, "x")], lambda v: "bad") == "wait"
+    assert policy.decide(8, failing, lambda v: "bad") == "wait"  # a report of another version: not the newest
+    for _ in range(MAX_REPAIRS):
+        assert policy.decide(7, failing, lambda v: "sha256 mismatch") == "repair"
+        policy.repaired(7)
+    with pytest.raises(VersionUnloadable, match=r"v7 still fails its check after 2 republications.*rollout-0"):
+        policy.decide(7, failing, lambda v: "sha256 mismatch")
+    # verifies in the store, the reader still fails: its own problem, waited for, then the run stops
+    assert policy.decide(9, [Report("rollout-1", 9, STOP_AFTER - 1, "engine")], lambda v: None) == "wait"
+    with pytest.raises(VersionUnloadable, match=r"v9 passes its check in the store but rollout-1 failed.*engine"):
+        policy.decide(9, [Report("rollout-1", 9, STOP_AFTER, "engine")], lambda v: None)
+
+
+def test_forged_reports_are_ignored_and_bounded(tmp_path):
+    store = Store(str(tmp_path))
+    store.write_json(LAYOUT.weights_fault("a"), {"worker": "a", "version": 3, "failures": 4, "error": "e"})
+    store.write_json(LAYOUT.weights_fault("b"), {"worker": "b", "version": True, "failures": 4})
+    store.write_json(LAYOUT.weights_fault("c"), {"worker": "c", "version": 3, "failures": -1})
+    store.write_json(LAYOUT.weights_fault("d"), [1, 2])
+    store.write_bytes(LAYOUT.weights_fault("e"), b"[" * 200_000 + b"]" * 200_000)
+    huge = b'{"worker": "f", "version": 3, "failures": 4, "e": "' + b"x" * 3_000_000 + b'"}'
+    store.write_bytes(LAYOUT.weights_fault("f"), huge)
+    assert reports(store) == [Report("a", 3, 4, "e")]
+
+
+def test_verify_version_checks_the_delta_chain_and_side_files(tmp_path):
+    store = Store(str(tmp_path))
+    pub = WeightPublisher(store, {"config.json": b"{}"}, delta=True, full_every=8)
+    for v in range(3):
+        pub.publish(v, weights(v))
+    assert all(verify_version(store, v) is None for v in range(3))
+    flip(store, 1)  # a delta in the middle of the chain: v1 and v2 fail, v0 does not
+    assert verify_version(store, 0) is None
+    assert "v1" in verify_version(store, 1) and "v1" in verify_version(store, 2)
+    pub.republish(2, weights(2))  # whole: no longer rebuilt through v1
+    assert verify_version(store, 2) is None and store.read_json(LAYOUT.manifest(2))["weights"]["base"] is None
+    pub.publish(3, weights(3))  # and the next version is a delta against the repaired one
+    assert store.read_json(LAYOUT.manifest(3))["weights"]["base"] == 2 and verify_version(store, 3) is None
+    store.write_bytes(LAYOUT.weights_file(3, "config.json"), b"{ }")
+    assert "config.json" in verify_version(store, 3)
+
+
+def test_the_watcher_logs_a_failing_version_at_doublings_reports_it_and_clears_it(tmp_path, caplog):
+    store = Store(str(tmp_path))
+    pub = WeightPublisher(store, {})
+    pub.publish(0, weights(0))
+    pub.publish(1, weights(1))
+    flip(store, 1)
+    reporter = Reporter(store, "rollout-0")
+    loaded: list[int] = []
+
+    def receive(v: int) -> None:
+        load_weights_bytes(store, v)
+        loaded.append(v)
+        reporter.loaded()
+
+    with caplog.at_level(logging.WARNING, logger="areal.weights"):
+        w = WeightWatcher(store, receive, 0.001, version=0, on_failure=reporter.failed).start()
+        try:
+            deadline = time.monotonic() + 120
+            while (w.failing is None or w.failing[1] < 64) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert w.failing is not None and w.failing[0] == 1 and w.failing[1] >= 64
+            report = store.read_json(LAYOUT.weights_fault("rollout-0"))
+            assert report["version"] == 1 and report["failures"] in (48, 96) and "sha256" in report["error"]
+            pub.republish(1, weights(1))
+            while not loaded and time.monotonic() < deadline:
+                time.sleep(0.01)
+        finally:
+            w.stop()
+    assert loaded == [1] and w.failing is None
+    assert not store.exists(LAYOUT.weights_fault("rollout-0"))
+    lines = [r for r in caplog.records if "failed to load" in r.getMessage()]
+    assert 7 <= len(lines) <= 8, len(lines)  # 1, 2, 4, ..., 64 (128 at most): not one per poll
+
+
+class CorruptingStore(Store):
+    """The trainer's publisher writes through this store: weights/v{version} is damaged just before
+    LATEST names it, `times` times (each publication of that version until then)."""
+
+    def __init__(self, uri: str, version: int, times: int):
+        super().__init__(uri)
+        self.version, self.left = version, times
+
+    def write_text(self, rel: str, text: str) -> None:
+        if rel == LAYOUT.latest and text.strip() == str(self.version) and self.left > 0:
+            self.left -= 1
+            flip(self, self.version)
+        super().write_text(rel, text)
+
+
+def run_with_a_damaged_version(tmp_path, overrides, damaged: int, times: int):
+    """An in-process trainer whose publication of `damaged` is damaged `times` times; a rollout and
+    a reward worker as processes. Returns (store, cfg, the trainer's error or None)."""
+    run_uri, _ = pipeline.prepare("", [*overrides, "train.eta=0", "rollout.poll_interval_s=0.05"])
+    pipeline.sft(run_uri)
+    store = Store(run_uri)
+    cfg = load_run_config(store)
+
+    def sink(publisher: WeightPublisher) -> PublishingSink:
+        publisher.store = CorruptingStore(run_uri, damaged, times)
+        return PublishingSink(publisher)
+
+    events = EventLog(store, "trainer", "0")
+    trainer = build_run_trainer(run_uri, cfg, make_sink=sink, events=events)
+    log = (tmp_path / "roles.log").open("w")
+    procs = [start_role(role, run_uri, 0, log_sink=log) for role in ("rollout", "reward")]
+    box: dict[str, BaseException] = {}
+
+    def fit() -> None:
+        try:
+            trainer.fit()
+        except BaseException as exc:  # noqa: BLE001 - asserted by the test
+            box["err"] = exc
+
+    t = threading.Thread(target=fit, daemon=True)
+    t.start()
+    t.join(timeout=600)  # a stall is a failure, not a hang of the suite
+    for p in procs:
+        kill_tree(p.proc)
+    log.close()
+    events.close()
+    assert not t.is_alive(), f"the run stalled: {(tmp_path / 'roles.log').read_text()[-3000:]}"
+    return store, cfg, box.get("err")
+
+
+@pytest.mark.slow
+def test_a_damaged_delta_version_is_republished_and_the_run_reaches_done(tiny_overrides, tmp_path):
+    """η = 0: no group can start under an older version, so a damaged newest version stalled the
+    run for ever. Now the reader reports it, the trainer republishes it whole, the run completes and
+    every sample is accounted for."""
+    store, cfg, err = run_with_a_damaged_version(tmp_path, [*tiny_overrides, "train.weight_delta=true"], 2, 1)
+    assert err is None, err
+    assert store.done()
+    events = [e for e in read_events(store) if e.get("kind") == "republish"]
+    assert [e["version"] for e in events] == [2]
+    assert store.read_json(LAYOUT.manifest(2))["weights"]["base"] is None
+    assert not store.find(LAYOUT.weights_faults_dir, ".json")  # the reader loaded it and cleared its report
+    assert_every_sample_accounted(store, cfg)
+
+
+@pytest.mark.slow
+def test_a_version_that_stays_damaged_stops_the_run_with_the_reason(tiny_overrides, tmp_path):
+    store, _, err = run_with_a_damaged_version(tmp_path, tiny_overrides, 1, 1 + MAX_REPAIRS)
+    assert isinstance(err, VersionUnloadable), err
+    assert "weights v1 still fails its check after 2 republications" in str(err) and "rollout-0" in str(err)
+    assert not store.done()
+    kinds = [e.get("kind") for e in read_events(store)]
+    assert kinds.count("republish") == MAX_REPAIRS and "version_unloadable" in kinds
+    assert json.loads(store.read_text(LAYOUT.weights_fault("rollout-0")))["version"] == 1
