@@ -15,6 +15,7 @@ from safetensors.torch import save as st_save
 from areal_core.context import load_run_config
 from areal_core.events import EventLog, read_events
 from areal_core.layout import LAYOUT
+from areal_core.report.doctor import diagnose
 from areal_core.run import pipeline
 from areal_core.run.launcher import start_role
 from areal_core.store import Store
@@ -199,6 +200,8 @@ def test_a_damaged_delta_version_is_republished_and_the_run_reaches_done(tiny_ov
     assert store.read_json(LAYOUT.manifest(2))["weights"]["base"] is None
     assert not store.find(LAYOUT.weights_faults_dir, ".json")  # the reader loaded it and cleared its report
     assert_every_sample_accounted(store, cfg)
+    findings = [f.title for f in diagnose(read_events(store))]
+    assert "weights v2 republished" in findings, findings
 
 
 @pytest.mark.slow
@@ -210,3 +213,4 @@ def test_a_version_that_stays_damaged_stops_the_run_with_the_reason(tiny_overrid
     kinds = [e.get("kind") for e in read_events(store)]
     assert kinds.count("republish") == MAX_REPAIRS and "version_unloadable" in kinds
     assert json.loads(store.read_text(LAYOUT.weights_fault("rollout-0")))["version"] == 1
+    assert "weights v1 could not be loaded: the run stopped" in [f.title for f in diagnose(read_events(store))]

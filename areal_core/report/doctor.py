@@ -189,6 +189,17 @@ def _health(records: list[dict[str, Any]], rows: Sequence[dict[str, Any]], stall
                 "the trainer resumed from an older checkpoint; check the store for damage",
             )
         )
+    for r in (r for r in records if r.get("kind") in ("republish", "version_unloadable")):
+        what = "could not be loaded: the run stopped" if r["kind"] == "version_unloadable" else "republished"
+        out.append(
+            Finding(
+                "health",
+                "trainer",
+                f"weights v{r.get('version', '?')} {what}",
+                str(r.get("reason", "its readers reported it failing its check"))[:300],
+                "check the store for damage (a flipped byte, a bad disk, a proxy rewriting objects)",
+            )
+        )
     trained, dropped = dropped_share(records)
     if dropped > DROP_FRAC * (trained + dropped) > 0:
         out.append(
