@@ -12,7 +12,7 @@ import math
 import numbers
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import pyarrow as pa
@@ -183,6 +183,21 @@ class ShardLimits:
 
 
 DEFAULT_LIMITS = ShardLimits()
+
+
+def shard_limits_for(config: Any) -> ShardLimits:
+    """What a reader that knows the policy's HF config accepts of a shard: token ids within its
+    vocabulary and samples within its context (a longer one would fail or silently wrap position
+    embeddings); a VLM's placeholder tokens never among the policy tokens. The trainer and the
+    reward workers read shards so (an out-of-vocabulary id is quarantined, not an IndexError later)."""
+    from areal_core.vlm.inputs import vision_token_ids
+
+    text = config.get_text_config()  # a VLM's language model
+    context = getattr(text, "max_position_embeddings", None) or DEFAULT_LIMITS.max_tokens
+    vision = vision_token_ids(config)
+    return replace(DEFAULT_LIMITS, vocab_size=text.vocab_size, max_tokens=context, vision_token_ids=vision)
+
+
 PER_TOKEN = ("loss_mask", "behav_logprobs", "versions")
 REQUIRED_VALUES = ("sample_id", "group_id", "prompt_id", "worker_id", "input_ids", "prompt_len") + PER_TOKEN
 

@@ -468,3 +468,23 @@ def test_without_unshare_the_sandbox_falls_back_to_a_byte_capped_tmpfs(monkeypat
     with caplog.at_level("WARNING"):
         assert not sb.Sandbox().capped_tmpfs  # the capped mount fails its probe: bytes only, said once
     assert any("capped in bytes only" in r.getMessage() for r in caplog.records)
+
+
+def test_the_reward_worker_quarantines_out_of_vocabulary_token_ids(tmp_path):
+    """A shard whose response holds a token id the policy's vocabulary lacks is quarantined by the
+    reward worker with the reason, not decoded into a completion and graded (issue 46)."""
+    from areal_core.prompts import load_prompts
+    from areal_core.reward.worker import run_reward_worker
+
+    run_uri, store = prepared(tmp_path)
+    vocab = store.read_json(f"{LAYOUT.init_model}/config.json")["vocab_size"]
+    pid = load_prompts(store)[0]["prompt_id"]
+    rows = [replace(s, prompt_id=pid) for s in groups(random.Random(0), "a", 1, 0, vocab)]
+    evil = [replace(s, sample_id=f"e{i}", input_ids=[*s.input_ids[:-1], vocab]) for i, s in enumerate(rows)]
+    store.write_bytes(LAYOUT.ungraded_shard("rollout-0", 0), encode_shard(rows))
+    store.write_bytes(LAYOUT.ungraded_shard("rollout-0", 1), encode_shard(evil))
+    store.write_json(LAYOUT.done, {"step": 0})  # grade what is there, then stop
+    assert run_reward_worker(run_uri, 0)["graded"] == len(rows)
+    assert store.exists(LAYOUT.graded_shard("rollout-0", 0)) and not store.exists(LAYOUT.graded_shard("rollout-0", 1))
+    reasons = [store.read_json(r)["reason"] for r in store.find(LAYOUT.quarantine_dir, ".json")]
+    assert len(reasons) == 1 and f"outside [0, {vocab})" in reasons[0], reasons

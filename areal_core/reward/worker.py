@@ -16,7 +16,14 @@ from areal_core.dataset import image_roots
 from areal_core.events import EventLog
 from areal_core.layout import LAYOUT
 from areal_core.prompts import load_prompts
-from areal_core.protocol import Sample, read_shard_or_quarantine, write_shard
+from areal_core.protocol import (
+    DEFAULT_LIMITS,
+    Sample,
+    ShardLimits,
+    read_shard_or_quarantine,
+    shard_limits_for,
+    write_shard,
+)
 from areal_core.reward.labels import apply_labels, load_labels
 from areal_core.reward.pool import RewardPool, reward_function
 from areal_core.shard_feed import ShardFeed
@@ -46,12 +53,15 @@ def grade_shard(
     tokenizer,
     labels=None,
     events: EventLog | None = None,
+    limits: ShardLimits = DEFAULT_LIMITS,
 ) -> int:
     """Grade one shard; returns the number of samples graded (0 if it was quarantined). `events`:
-    the timeline ("io" reading and writing, "grade"), grades, sandbox failures, quarantine."""
+    the timeline ("io" reading and writing, "grade"), grades, sandbox failures, quarantine.
+    `limits`: the policy's (protocol.shard_limits_for): an out-of-vocabulary token id is quarantined
+    here, not decoded into a completion."""
     ev = events or EventLog(None, "reward", "0")
     ev.switch("io")
-    samples = read_shard_or_quarantine(store, rel, ev, image_roots=_image_roots(store))
+    samples = read_shard_or_quarantine(store, rel, ev, limits, image_roots=_image_roots(store))
     if samples is None:
         log.warning("quarantined %s", rel)
         return 0
@@ -137,7 +147,7 @@ def _bad_labels(rel: str, exc: Exception, reported: set[str], events: EventLog) 
 
 
 def run_reward_worker(run_uri: str, index: int = 0) -> dict:
-    from transformers import AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     from areal_core.models import localize
 
@@ -146,6 +156,7 @@ def run_reward_worker(run_uri: str, index: int = 0) -> dict:
     num_workers = cfg.reward.num_workers
     references = {r["prompt_id"]: r for r in load_prompts(store)}
     tokenizer = AutoTokenizer.from_pretrained(localize(store.url(LAYOUT.init_model)))
+    limits = shard_limits_for(AutoConfig.from_pretrained(localize(store.url(LAYOUT.init_model))))
     done = {LAYOUT.ungraded_twin(p) for p in store.find(LAYOUT.graded_dir, ".arrow")}  # once, at the start
     feed = ShardFeed(store, LAYOUT.ungraded_dir, handled=done)
     graded = 0
@@ -173,7 +184,7 @@ def run_reward_worker(run_uri: str, index: int = 0) -> dict:
             if todo:
                 labels = load_labels(store, on_error=lambda rel, exc: _bad_labels(rel, exc, reported, ev))
                 for rel in todo:
-                    graded += grade_shard(store, rel, pool, references, tokenizer, labels, ev)
+                    graded += grade_shard(store, rel, pool, references, tokenizer, labels, ev, limits)
                     done.add(rel)
                     feed.handled(rel)
                     check_not_all_failed(pool, fn_path, cfg.reward.stop_after_failed_groups * cfg.rollout.group_size)

@@ -8,7 +8,6 @@ replay reproduces a run's steps bit for bit from the same seed.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +16,7 @@ import torch
 
 from areal_core.config import ConfigError, RunConfig
 from areal_core.models import load_pretrained
-from areal_core.protocol import DEFAULT_LIMITS, Sample, ShardLimits
+from areal_core.protocol import Sample, ShardLimits, shard_limits_for
 from areal_core.store import Store
 from areal_core.train import checkpoint, lora
 from areal_core.train.algorithm import required_inputs
@@ -31,7 +30,6 @@ from areal_core.train.distributed import (
 )
 from areal_core.train.loss import check_algorithm
 from areal_core.train.value_head import Critic
-from areal_core.vlm.inputs import vision_token_ids
 from areal_core.weights.publisher import hf_side_files
 
 log = logging.getLogger("areal.trainer")
@@ -123,11 +121,5 @@ def load_parts(
 
 
 def shard_limits(model: torch.nn.Module) -> ShardLimits:
-    """What the trainer accepts of a graded shard: token ids within the model's vocabulary and
-    samples within its context (a longer one would fail or silently wrap position embeddings)."""
-    config = model.config.get_text_config()  # a VLM's language model
-    context = getattr(config, "max_position_embeddings", None) or DEFAULT_LIMITS.max_tokens
-    vision = vision_token_ids(model.config)  # a VLM's: a shard whose policy tokens hold one is corrupt
-    return dataclasses.replace(
-        DEFAULT_LIMITS, vocab_size=config.vocab_size, max_tokens=context, vision_token_ids=vision
-    )
+    """What the trainer accepts of a graded shard (protocol.shard_limits_for its model's config)."""
+    return shard_limits_for(model.config)
