@@ -214,3 +214,37 @@ def test_a_version_that_stays_damaged_stops_the_run_with_the_reason(tiny_overrid
     assert kinds.count("republish") == MAX_REPAIRS and "version_unloadable" in kinds
     assert json.loads(store.read_text(LAYOUT.weights_fault("rollout-0")))["version"] == 1
     assert "weights v1 could not be loaded: the run stopped" in [f.title for f in diagnose(read_events(store))]
+
+
+def test_a_proxy_following_a_runs_weights_reports_a_version_it_cannot_load(tmp_path):
+    """The online loop's readers are proxies: a proxy `--follow RUN/weights` reports the damaged
+    newest version under its worker id (the trainer then republishes it), and clears the report
+    once it loads the repaired one."""
+    from areal_core.proxy.versions import Follower, make_source
+
+    store = Store(str(tmp_path / "run"))
+    pub = WeightPublisher(store, {})
+    pub.publish(0, weights(0))
+    pub.publish(1, weights(1))
+    flip(store, 1)
+
+    class Engine:  # what the follower asks of an engine: its version, and receive (which verifies)
+        version = 0
+
+        def receive(self, s: Store, v: int) -> None:
+            load_weights_bytes(s, v)
+            self.version = v
+
+    engine = Engine()
+    follower = Follower(make_source(store.url(LAYOUT.weights_root)), engine, 0.001, worker_id="proxy-3").start()
+    try:
+        deadline = time.monotonic() + 120
+        while not store.exists(LAYOUT.weights_fault("proxy-3")) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert reports(store)[0].worker == "proxy-3" and reports(store)[0].version == 1
+        pub.republish(1, weights(1))
+        while engine.version != 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        follower.stop()
+    assert engine.version == 1 and not store.exists(LAYOUT.weights_fault("proxy-3"))

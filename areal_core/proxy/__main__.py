@@ -134,7 +134,7 @@ def build_app(args: argparse.Namespace) -> FastAPI:
         worker_id=args.worker_id,
         turn_discount=args.turn_discount,
         tool_prompt=args.tool_prompt,
-        follower=Follower(source, engine, args.poll_interval_s),
+        follower=Follower(source, engine, args.poll_interval_s, worker_id=args.worker_id),
         admission=session_admission(store, args),
     )
 

@@ -38,6 +38,7 @@ from safetensors.torch import save as st_save
 from areal_core.layout import LAYOUT
 from areal_core.store import Store
 from areal_core.weights import WEIGHTS_FILE, WeightsError, sha256
+from areal_core.weights.faults import Reporter
 from areal_core.weights.publisher import publish
 from areal_core.weights.reader import read_manifest
 from areal_core.weights.watcher import WeightWatcher
@@ -279,14 +280,27 @@ class Follower:
     (`engine.receive(source.store, N)`: verified, staged, installed at the engine's next step).
     `describe()` is /health's `serving` entry; `label(N)` names what N holds."""
 
-    def __init__(self, source: VersionSource, engine: Any, poll_interval_s: float = 5.0):
+    def __init__(self, source: VersionSource, engine: Any, poll_interval_s: float = 5.0, worker_id: str = ""):
         self.source, self.engine = source, engine
         self.delivered: list[dict[str, Any]] = []  # the versions handed to the engine, in order
+        # a proxy following a run's weights reports a version it cannot load to that run's trainer
+        # (weights/faults.py), which republishes it or stops the run
+        run = isinstance(source, RunWeights) and worker_id
+        self.faults = Reporter(source.store, worker_id) if run else None
+        on_failure = self.faults.failed if self.faults is not None else None
         # the watcher reads only `latest_version()`, which every source has
-        self.watcher = WeightWatcher(source, self._receive, poll_interval_s, version=engine.version)  # type: ignore[arg-type]
+        self.watcher = WeightWatcher(
+            source,  # type: ignore[arg-type]
+            self._receive,
+            poll_interval_s,
+            version=engine.version,
+            on_failure=on_failure,
+        )
 
     def _receive(self, version: int) -> None:
         self.engine.receive(self.source.store, version)
+        if self.faults is not None:
+            self.faults.loaded()
         entry = {"version": version, "model_version": self.label(version), "time": time.time()}
         self.delivered = [*self.delivered[-15:], entry]  # one assignment: /health reads it from another thread
 
