@@ -269,7 +269,8 @@ def test_the_proxy_answers_429_to_a_new_session_while_the_trainer_is_behind_and_
         assert "3 session rows of this proxy wait to be trained (bound 3)" in refused.value.message
         turn("long")  # an open session is never refused
         health = http.get("/health").json()
-        assert health["admission"] == {"active": True, "waiting_rows": 2, "bound": 3, "refused_sessions": 1}
+        held = {"held_rows": 2}  # "long", whose two turns are two conversations: two rows
+        assert health["admission"] == {"active": True, "waiting_rows": 2, "bound": 3, "refused_sessions": 1, **held}
         run.write_json(LAYOUT.live_settled, {"rows": {"proxy-0": 2}})  # the trainer caught up
         time.sleep(0.2)
         turn("c")

@@ -66,12 +66,15 @@ def rows_in(store: Store) -> list:
 # -- the caps on a key's implicit session ------------------------------------------------------------
 def test_2000_requests_on_an_implicit_session_stay_within_the_default_segment_cap(tok, tmp_path):
     """A client that never ends its key session and rewrites its history every time (one new segment
-    a request: 2,001 segments after 2,000 requests before the cap) holds at most 256 segments live;
+    a request: 2,001 segments after 2,000 requests before the cap) holds at most 64 segments live (the
+    smaller of max_key_session_segments, 256, and max_session_rows, 64, the row cap of every session);
     each capped session is ended like a normal end, its rows written and counted."""
     store = Store(str(tmp_path / "online"))
     defaults = ProxyLimits()
-    cap = defaults.max_key_session_segments
-    assert (cap, defaults.max_key_session_tokens) == (256, 262_144)
+    cap = min(defaults.max_key_session_segments, defaults.max_session_rows)
+    assert (defaults.max_key_session_segments, defaults.max_session_rows, defaults.max_key_session_tokens) == (
+        256, 64, 262_144,
+    )  # fmt: skip
     n = 2_050
     with serve(tok, store) as s:
         client, c, manager = sdk(s), http(s), s.app.state.sessions
@@ -89,7 +92,7 @@ def test_2000_requests_on_an_implicit_session_stay_within_the_default_segment_ca
                 ended_at.append(i)
                 assert areal["segment"] == cap - 1 and (owner, sid) not in manager.sessions
         assert most <= cap
-        assert ended_at == [cap * k - 1 for k in range(1, n // cap + 1)]  # the 256th, 512th, ... request
+        assert ended_at == [cap * k - 1 for k in range(1, n // cap + 1)]  # the 64th, 128th, ... request
         health = httpx.get(s.url + "/health").json()
         capped = n // cap
         assert health["sessions"]["capped"] == health["sessions"]["ended"] == capped

@@ -27,6 +27,7 @@ from areal_core.proxy.sessions import (
     InvalidReward,
     InvalidSessionId,
     ReservedSessionId,
+    SessionFull,
     SessionNotFound,
     SessionProblem,
     TooManySessions,
@@ -316,7 +317,12 @@ PROBLEMS = [
      429, "rate_limit_error", "too_many_sessions", "too many live sessions for this API key (limit 2)",
      openai.RateLimitError),
     ("quota", TooManySessions, lambda a, b: _filled(a, b, lambda: (_turn(b, "p"), _turn(b, "q"))),
-     429, "rate_limit_error", "too_many_sessions", "too many live sessions (limit 3)", openai.RateLimitError),
+     429, "rate_limit_error", "too_many_sessions",
+     "too many live sessions (limit 3; this API key holds 1, its fair share among 2 keys is 1)", openai.RateLimitError),
+    ("rows", SessionFull, lambda a, b: (_turn(a, "p"), _turn(a, "p"), _turn(a, "p")),  # each turn: a new row
+     429, "rate_limit_error", "session_rows_exceeded", "session 'p' holds 2 rows, the most one session may write "
+     "(max_session_rows): a turn that starts a new conversation in it is refused; continue one of its "
+     "conversations, or end the session and start the new conversation in a new one", openai.RateLimitError),
     ("trainer-behind", TrainerBehind, lambda a, b: _turn(a, "p"),
      429, "rate_limit_error", "trainer_behind", "the trainer is behind: 1 session rows of this proxy wait to be "
      "trained (bound 1); retry the session later", openai.RateLimitError),
@@ -345,7 +351,7 @@ def test_every_session_problem_has_one_answer():
 @pytest.mark.parametrize("case", PROBLEMS, ids=[c[0] for c in PROBLEMS])
 def test_each_session_problem_is_its_status_and_error_type(tok, case, tmp_path):
     _, problem, provoke, status, kind, code, message, sdk_error = case
-    limits = ProxyLimits(max_sessions=3, max_sessions_per_key=2)
+    limits = ProxyLimits(max_sessions=3, max_sessions_per_key=2, max_session_rows=2)
     admission = None
     if problem is TrainerBehind:  # online mode: one row of this proxy waits, the bound is one
         admission = SessionAdmission(Store(str(tmp_path)), "proxy-0", bound=1, written=1, background=False)

@@ -94,6 +94,7 @@ def create_app(
         max_key_session_segments=limits.max_key_session_segments,
         max_key_session_tokens=limits.max_key_session_tokens,
         admission=admission,
+        max_session_rows=limits.max_session_rows,
     )
     state = ProxyState(
         backend=backend,

@@ -9,9 +9,11 @@ the file exists and the run has no DONE: a run root whose trainer does not read 
 has finished, is not one to wait for. A damaged file (not JSON, nested past reason, over
 `MAX_SETTLED_BYTES`) is logged and the last good count kept, and a count is never believed past the
 rows this proxy wrote (a forged one can admit at most one bound more, until the trainer's next
-write). Every open session holds one row of the bound (it writes at least one when it ends), so
-sessions opened at once cannot all pass a bound of 8: waiting rows stay ≤ the bound plus, per
-session open at the bound, its rows beyond the first. A stale read only overstates what waits.
+write). Every open session holds max(1, its rows) of the bound (it writes at least one when it
+ends), so sessions opened at once cannot all pass a bound of 8. A session writes at most
+`max_session_rows` rows (C; proxy/manager.py), so waiting rows stay ≤ bound + (C − 1) × the sessions
+open when the bound was reached, each of which held a row of it: ≤ C × bound. A stale read only
+overstates what waits.
 Sessions that are open go on: only a new session is refused
 (`TrainerBehind`, saying how many rows wait; routes/errors.py answers it), so no request in flight and no turn of a live
 session is lost. A restarted proxy counts the rows its shards already hold.
@@ -116,13 +118,14 @@ class SessionAdmission:
     def waiting(self) -> int:
         return max(0, self.written - self.settled)
 
-    def check(self, open_sessions: int = 0) -> None:
-        """Before a new session: `open_sessions` already open each hold one row of the bound."""
+    def check(self, held_rows: int = 0) -> None:
+        """Before a new session: the open sessions hold `held_rows` rows of the bound (each max(1, its
+        rows): what it will write at least; `SessionManager.held_rows`)."""
         if not self.active:
             return
-        if sessions_admissible(self.written + open_sessions, self.settled, 0, self.bound) == 0:
+        if sessions_admissible(self.written + held_rows, self.settled, 0, self.bound) == 0:
             self.refused += 1
-            raise TrainerBehind(self.waiting() + open_sessions, self.bound)
+            raise TrainerBehind(self.waiting() + held_rows, self.bound)
 
 
 def count_written(store: Store, worker_id: str) -> int:

@@ -232,8 +232,13 @@ class ProxyLimits:
     max_image_pixels: int = (
         MAX_REQUEST_PIXELS  # w·h of one request image (400 above): bounds its vision tokens and pixels
     )
-    max_sessions: int = 100_000  # live sessions of all keys together (429 above)
+    # live sessions of all keys together (429 above; a key below its fair share takes an idle session's place,
+    # a key's implicit session is never refused: proxy/manager.py)
+    max_sessions: int = 100_000
     max_sessions_per_key: int = 1_000  # live sessions of one key (429 above): one key cannot fill the table
+    # rows (segments) one session may write: a turn starting one more is a 429 `session_rows_exceeded`; with
+    # online admission, waiting rows ≤ bound + (max_session_rows − 1) × open sessions. None: no cap
+    max_session_rows: int | None = 64
     max_concurrent_per_key: int = 64  # requests of one key being served at once (429 above)
     session_ttl_s: float = 3600.0
     # a key's implicit session (no X-Session-Id) is ended, its rows written, at either cap (None: no cap)

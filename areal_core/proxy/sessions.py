@@ -12,7 +12,9 @@ history continues that segment; one that does not (the agent rewrote its history
 two conversations in one session) opens a new segment. A VLM's chat segment also keeps the
 bytes of the images its placeholders stand for, in order; its row names them in `image_ids`
 and the manager stores them under the run root before the row's shard (proxy/shards.py). Each segment becomes one row of
-the trajectory protocol when the session ends; an episode that only ever appends is one row.
+the trajectory protocol when the session ends; an episode that only ever appends is one row. A
+session holds at most `max_rows` rows (the manager's `max_session_rows`): a turn that would start one
+more segment is `SessionFull`, and the session goes on with the conversations it has.
 
 Sessions are named within their API key: `SessionManager` (proxy/manager.py) indexes its table by
 (owner, id), so a key that asks for another key's session is told that it has none by that name,
@@ -36,6 +38,7 @@ import hashlib
 import re
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,12 +122,32 @@ class InvalidReward(SessionProblem):
 
 class TooManySessions(SessionProblem):
     """Opening one more session would exceed a quota of live sessions: of this API key
-    (`per_key`), or of all keys together."""
+    (`per_key`), or of all keys together, where `held` and `fair` say what the key holds and its
+    fair share of the table among `keys` keys (proxy/manager.py: a key below its share is not refused
+    while another key holds an idle session above its own)."""
 
-    def __init__(self, limit: int, per_key: bool):
+    def __init__(self, limit: int, per_key: bool, held: int | None = None, fair: int | None = None, keys: int = 1):
         scope = " for this API key" if per_key else ""
-        super().__init__(f"too many live sessions{scope} (limit {limit})")
-        self.limit, self.per_key = limit, per_key
+        share = ""
+        if held is not None and fair is not None:
+            share = f"; this API key holds {held}, its fair share among {keys} keys is {fair}"
+        super().__init__(f"too many live sessions{scope} (limit {limit}{share})")
+        self.limit, self.per_key, self.held, self.fair = limit, per_key, held, fair
+
+
+class SessionFull(SessionProblem):
+    """A turn that would start one more row (a new segment: a conversation that does not continue one
+    of the session's) in a session that already holds `limit` rows, the most one session may write.
+    The session stays open: turns that continue one of its conversations are served, and ending it
+    writes its rows; a new conversation belongs in a new session. Retrying the same turn cannot help."""
+
+    def __init__(self, session_id: str, limit: int):
+        super().__init__(
+            f"session {shown(session_id)} holds {limit} rows, the most one session may write (max_session_rows):"
+            " a turn that starts a new conversation in it is refused; continue one of its conversations, or end"
+            " the session and start the new conversation in a new one"
+        )
+        self.session_id, self.limit = session_id, limit
 
 
 MAX_SESSION_ID_CHARS = 128
@@ -204,6 +227,13 @@ class Session:
         self.ended = False
         self.capped: str | None = None  # "segments" or "tokens": ended by the manager at that cap
         self.lock = asyncio.Lock()
+        self.max_rows: int | None = None  # the most rows (segments) it may hold: SessionFull beyond; None: no cap
+        self.on_row: Callable[[Session], None] | None = None  # called when a turn adds a row beyond the first
+
+    def _room_for_a_row(self) -> None:
+        """Before a turn that starts a new segment: `SessionFull` when the session holds `max_rows`."""
+        if self.max_rows is not None and len(self.segments) >= self.max_rows:
+            raise SessionFull(self.id, self.max_rows)
 
     # -- planning a turn -----------------------------------------------------------------
     def plan_chat(
@@ -217,6 +247,8 @@ class Session:
             extends = seg.kind == "chat" and n <= len(prints) and prints[:n] == seg.fingerprints
             if extends and (best is None or n > len(best.fingerprints)):
                 best = seg
+        if best is None:
+            self._room_for_a_row()
         t = self.template
         if best is None:
             fed = t.render(messages, tools, generation_prompt=True)
@@ -249,6 +281,7 @@ class Session:
             if isinstance(prompt, list) and prompt[: len(seg.tokens)] == seg.tokens:
                 fed = list(prompt[len(seg.tokens) :])
                 return TurnPlan(seg, "text", fed, list(prompt), prompt_text=None)
+        self._room_for_a_row()
         fed = t.encode(prompt) if isinstance(prompt, str) else list(prompt)
         return TurnPlan(None, "text", fed, list(fed), prompt_text=prompt if isinstance(prompt, str) else None)
 
@@ -267,6 +300,8 @@ class Session:
         if seg is None:
             seg = Segment(index=len(self.segments), kind=plan.kind)
             self.segments.append(seg)
+            if len(self.segments) > 1 and self.on_row is not None:
+                self.on_row(self)
         fed_start = len(seg.tokens)
         seg.append(plan.fed)
         start = len(seg.tokens)

@@ -41,7 +41,13 @@ ERRORS = {
             "malformed body: not strict JSON (NaN/Infinity, lone surrogates, nested over 64 levels), schema, "
             "reward range",
         ),
-        (429, "too many live sessions (in all, or of this key) or concurrent requests of this key"),
+        (
+            429,
+            "too many live sessions (in all, with this key at its fair share of them, or of this key: "
+            "too_many_sessions), concurrent requests of this key (too_many_requests), the trainer behind "
+            "(trainer_behind), or a turn starting a row beyond the session's max_session_rows "
+            "(session_rows_exceeded, not worth retrying: x-should-retry false)",
+        ),
     )
 }
 

@@ -19,6 +19,7 @@ from areal_core.proxy.sessions import (
     InvalidReward,
     InvalidSessionId,
     ReservedSessionId,
+    SessionFull,
     SessionNotFound,
     SessionProblem,
     TooManySessions,
@@ -33,6 +34,7 @@ class Answer(NamedTuple):
     type: str  # OpenAI's error type: what an SDK makes of it
     code: str
     prefix: str = ""  # before the problem's message
+    retry: bool = True  # a 429 worth retrying (Retry-After: 1); else `x-should-retry: false`, which the SDK obeys
 
 
 SESSION_ANSWERS: dict[type[SessionProblem], Answer] = {
@@ -45,6 +47,7 @@ SESSION_ANSWERS: dict[type[SessionProblem], Answer] = {
     InvalidReward: Answer(422, "invalid_request_error", "invalid_reward", "invalid request: "),
     TooManySessions: Answer(429, "rate_limit_error", "too_many_sessions"),
     TrainerBehind: Answer(429, "rate_limit_error", "trainer_behind"),
+    SessionFull: Answer(429, "rate_limit_error", "session_rows_exceeded", retry=False),
 }
 UNMAPPED = Answer(500, "server_error", "session_error")  # a SessionProblem added without a row above
 
@@ -57,5 +60,7 @@ def answer_for(problem: SessionProblem) -> Answer:
 async def session_problem(request: Request, exc: SessionProblem) -> JSONResponse:
     """The exception handler `create_app` registers for every `SessionProblem`."""
     a = answer_for(exc)
-    headers = {"retry-after": "1"} if a.status == 429 else None  # the openai SDK waits that long, then retries
+    headers = None
+    if a.status == 429:  # the openai SDK waits Retry-After, then retries; x-should-retry: false stops it
+        headers = {"retry-after": "1"} if a.retry else {"x-should-retry": "false"}
     return JSONResponse(error_body(a.prefix + exc.message, a.type, a.code), status_code=a.status, headers=headers)

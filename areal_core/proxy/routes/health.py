@@ -23,6 +23,7 @@ async def health(state: State) -> dict:
         out["admission"] = {
             "active": adm.active,
             "waiting_rows": adm.waiting(),
+            "held_rows": state.sessions.held_rows,  # what the open sessions will write at least
             "bound": adm.bound,
             "refused_sessions": adm.refused,
         }
