@@ -62,7 +62,9 @@ def test_the_policy_repairs_a_failing_version_then_stops_with_the_reason():
     failing = [Report("rollout-0", 7, REPORT_AFTER, "weights v7: model.safetensors fails its sha256 check")]
     assert policy.decide(7, [], lambda v: "bad") == "wait"
     assert policy.decide(7, [Report("rollout-0", 7, REPORT_AFTER - 1, "x")], lambda v: "bad") == "wait"
-    assert policy.decide(8, failing, lambda v: "bad") == "wait"  # a report of another version: not the newest
+    assert policy.decide(6, failing, lambda v: "bad") == "wait"  # a version newer than the trainer's: forged
+    assert policy.decide(8, failing, lambda v: None) == "wait"  # an older version's: the newest verifies
+    assert policy.decide(8, failing, lambda v: "chain") == "repair"  # a chain broken below it fails the newest too
     for _ in range(MAX_REPAIRS):
         assert policy.decide(7, failing, lambda v: "sha256 mismatch") == "repair"
         policy.repaired(7)

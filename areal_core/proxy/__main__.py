@@ -79,6 +79,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=ProxyLimits.max_key_session_tokens,
         help="... or at this many tokens; 0: no cap",
     )
+    ap.add_argument(
+        "--max-session-rows",
+        type=int,
+        default=ProxyLimits.max_session_rows or 0,
+        help="rows one session may write (429 session_rows_exceeded above; docs/proxy.md); 0: no cap",
+    )
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
     return ap.parse_args(argv)
@@ -130,6 +136,7 @@ def build_app(args: argparse.Namespace) -> FastAPI:
             reward_max=args.reward_max,
             max_key_session_segments=args.max_key_session_segments or None,
             max_key_session_tokens=args.max_key_session_tokens or None,
+            max_session_rows=args.max_session_rows or None,
         ),
         worker_id=args.worker_id,
         turn_discount=args.turn_discount,

@@ -223,7 +223,7 @@ def _first_engine(cfg: RunConfig, store: Store, index: int, ev: EventLog, faults
         try:
             engine, tokenizer = build_engine(cfg, store, version, index)
         except WeightsError as exc:
-            n = failing[1] + 1 if failing[0] == version else 1
+            n = failing[1] + 1  # in a row, across versions (a broken delta chain fails every newer one)
             failing = (version, n)
             if n & (n - 1) == 0:
                 log.warning("rollout-%d: weights v%d failed to load (%d in a row): %s", index, version, n, exc)

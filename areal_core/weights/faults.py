@@ -6,11 +6,12 @@ poll; under the staleness bound they could not start new groups, and the trainer
 samples that never came.
 
 Now:
-- a reader (`WeightWatcher`, a rollout worker's first load) that fails the same version
-  `REPORT_AFTER` times in a row writes `weights_faults/{worker}.json` (`report`): the version, its
-  failures in a row and the error; it deletes the report once it loads a version (`clear`);
+- a reader (`WeightWatcher`, a rollout worker's first load, a proxy following a run) that fails
+  `REPORT_AFTER` times in a row (across versions: a broken delta chain fails each newer one)
+  writes `weights_faults/{worker}.json` (`report`): the newest version it tried, its failures in
+  a row and the error; it deletes the report once it loads a version (`clear`);
 - the trainer, while it waits for a batch, reads the reports (`reports`, size-limited and
-  untrusted: only a report of the trainer's own newest version counts) and decides with
+  untrusted: a report of a version newer than the trainer's is ignored) and decides with
   `RepairPolicy.decide`: when the version fails the trainer's own check (`verify_version`), it is
   republished from the trainer's weights, which are that version's weights, as a full snapshot
   (no delta base to depend on); after `MAX_REPAIRS` republications that still fail, or when the
@@ -105,10 +106,12 @@ class RepairPolicy:
     repairs: dict[int, int] = field(default_factory=dict)
 
     def decide(self, version: int, found: list[Report], verify: Any) -> str:
-        failing = [r for r in found if r.version == version and r.failures >= REPORT_AFTER]
+        # a report of an older version counts too: the reader tries the newest next, and a delta
+        # chain broken below it fails that one as well (verify says whether it does)
+        failing = [r for r in found if r.version <= version and r.failures >= REPORT_AFTER]
         if not failing:
             return "wait"
-        worst = max(failing, key=lambda r: r.failures)
+        worst = max(failing, key=lambda r: (r.version, r.failures))
         error = verify(version)
         if error is not None:
             if self.repairs.get(version, 0) >= MAX_REPAIRS:
@@ -117,7 +120,7 @@ class RepairPolicy:
                     f"({error}); {worst.worker} reports {worst.failures} failures: {worst.error}"
                 )
             return "repair"
-        if worst.failures >= STOP_AFTER:
+        if worst.version == version and worst.failures >= STOP_AFTER:
             raise VersionUnloadable(
                 f"weights v{version} passes its check in the store but {worst.worker} failed to load it "
                 f"{worst.failures} times in a row: {worst.error}"

@@ -44,7 +44,7 @@ class WeightWatcher:
         self.store, self.on_version, self.poll_interval_s = store, on_version, poll_interval_s
         self.version = version
         self.on_failure = on_failure
-        self.failing: tuple[int, int] | None = None  # (version, failures in a row) while one fails
+        self.failing: tuple[int, int] | None = None  # (newest version tried, failures in a row) until one loads
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._new = threading.Event()
@@ -87,7 +87,8 @@ class WeightWatcher:
 
     def _failed(self, version: int | None, exc: WeightsError) -> None:
         v = -1 if version is None else version
-        n = self.failing[1] + 1 if self.failing is not None and self.failing[0] == v else 1
+        n = self.failing[1] + 1 if self.failing is not None else 1  # in a row, across versions: a broken
+        # delta chain fails every newer version too
         self.failing = (v, n)
         if n & (n - 1) == 0:  # 1, 2, 4, 8, ...
             log.warning("weights v%d failed to load (%d in a row): %s", v, n, exc)
