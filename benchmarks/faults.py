@@ -1,0 +1,300 @@
+"""Faults injected into the online loop at once, and what they cost (issue 46).
+
+    PYTHONPATH=. .venv/bin/python benchmarks/faults.py [--steps 8] [--root runs/faults] [--out F.json]
+
+The continuous online loop of configs/agent_calculator.yaml (tiny model, η = 1, B·G = 4, delta-published versions, the
+promotion gate every 2 steps) with:
+  two proxies      proxy-0 and proxy-1 following RUN/weights and writing into RUN, two users each
+                   (the openai SDK); a third proxy started as its own process with proxy-0's id must
+                   be refused at start (WriterInUse);
+  a hand-moved     once the gate has offered, the champion alias is moved by hand to a version
+  alias            recorded at held-out 0.99, which no version of this run can beat;
+  registry outage  the MLflow server sits behind a TCP forwarder, cut after the gate's second offer
+                   until a third one has met the dead registry (the breaker then skips the rest);
+  damaged versions the newest published version's delta is damaged at v2 and at v5 (a byte flipped
+                   after publication), which breaks every later delta for a reader until a full
+                   snapshot: readers report it and the waiting trainer republishes its version whole;
+  a hostile MCP    episodes against stdio MCP servers whose tools start processes (a child, after
+  server           setsid, an orphan of a double fork) and that print 2,000 lines of noise a call.
+Reported, all of which must be 0: rows lost (written by the proxies but neither trained, dropped
+with a reason, nor untrained at the end), rows trained twice, wrong promotions (the alias away from
+the hand-moved champion), processes leaked, duplicate writers admitted; and the run must reach DONE.
+Prints a RESULT line and writes --out (default ROOT/faults.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def start_mlflow(root: Path) -> tuple[subprocess.Popen, int]:
+    from tests.conftest import BIN, free_port, wait_http
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+        + ["--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--default-artifact-root", str(root / "art")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+    )
+    wait_http(f"http://127.0.0.1:{port}/health", timeout_s=180)
+    return proc, port
+
+
+def flip_newest(run) -> int | None:
+    from tests.test_version_faults import flip
+
+    v = run.latest_version()
+    if v is not None:
+        flip(run, v)
+    return v
+
+
+def duplicate_writer_refused(run_uri: str) -> bool:
+    """A proxy process started with proxy-0's id while proxy-0 serves: refused at start."""
+    from areal_core.layout import LAYOUT
+
+    out = subprocess.run(
+        [sys.executable, "-m", "areal_core.proxy", "--follow", f"{run_uri}/{LAYOUT.weights_root}", "--store", run_uri]
+        + ["--worker-id", "proxy-0", "--api-key", "sk-dup", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    return out.returncode != 0 and "WriterInUse" in out.stdout + out.stderr
+
+
+def accounting(run, cfg) -> dict:
+    """Every row the proxies wrote: trained once, dropped with a reason, or untrained at the end."""
+    from areal_core.layout import LAYOUT
+    from areal_core.protocol import decode_shard
+    from areal_core.train import checkpoint
+
+    written = set()
+    for stage in ("graded", "ungraded"):
+        for rel in run.find(f"{LAYOUT.trajectories_dir}/{stage}", ".arrow"):
+            written |= {s.identity() for s in decode_shard(run.read_bytes(rel))}
+    records = [run.read_json(p) for p in run.find(f"{LAYOUT.trainer_dir}/trained", ".json")]
+    trained = [f"{w}/{sid}" for r in records for w, (sid, _) in zip(r["sample_workers"], r["samples"])]
+    dropped = {f"{w}/{sid}" for r in records for w, (sid, _) in zip(r["dropped_workers"], r["dropped"])}
+    final = checkpoint.committed_steps(run)[-1]
+    base = LAYOUT.checkpoint_dir(final)
+    state = run.read_json(f"{base}/state.json")
+    raw = run.read_bytes(f"{base}/pending.arrow")
+    pending = {s.identity() for s in decode_shard(raw)} if raw else set()
+    consumed = set(state.get("consumed", []))
+    unconsumed = set()
+    for rel in run.find(f"{LAYOUT.trajectories_dir}/graded", ".arrow"):
+        if rel not in consumed:
+            unconsumed |= {s.identity() for s in decode_shard(run.read_bytes(rel))}
+    ungraded_only = written - {
+        s.identity() for rel in run.find(LAYOUT.graded_dir, ".arrow") for s in decode_shard(run.read_bytes(rel))
+    }
+    counters = run.read_json(LAYOUT.done)["counters"]
+    idle_drops = counters.get("dropped_samples", 0) - len(dropped)  # drops while waiting: counted only
+    left_out = counters.get("left_out", 0)
+    unaccounted = written - set(trained) - dropped - pending - unconsumed - ungraded_only
+    return {
+        "written": len(written),
+        "trained": len(trained),
+        "trained_twice": sum(n - 1 for n in Counter(trained).values() if n > 1),
+        "dropped_recorded": len(dropped),
+        "dropped_counted_idle": idle_drops,
+        "untrained_at_end": len(pending | unconsumed | ungraded_only),
+        "lost": max(0, len(unaccounted) - max(0, idle_drops) - left_out),
+    }
+
+
+def mcp_phase() -> dict:
+    """Hostile MCP servers: processes their tools start and the noise they print."""
+    from areal_core.agents.mcp import ServerSpec
+    from areal_core.models import build_tokenizer
+    from tests.test_mcp import _sleeping, run, task
+
+    tok = build_tokenizer(['<tool_call>{"name": "add", "arguments": {"a": 2, "b": 40}}</tool_call> #### 42'], 300)
+    seconds = 5000 + os.getpid() % 1000
+    servers = "tests/test_mcp_servers.py"
+    spawner = ServerSpec("spawner", command="python", args=(servers, "spawner"), call_timeout_s=300)
+    noisy = ServerSpec("noisy", command="python", args=(servers, "search", "noisy"), call_timeout_s=300)
+    calls = [("spawner.spawn", {"how": how, "seconds": seconds}) for how in ("child", "setsid", "orphan")]
+    calls += [("noisy.chatter", {"lines": 2000})]
+    results, stats = run(tok, [spawner, noisy], [task(f"ep{i}", calls) for i in range(5)])
+    left: list[int] = []
+    for _ in range(100):
+        left = _sleeping(seconds)
+        if not left:
+            break
+        time.sleep(0.1)
+    return {
+        "episodes": len(results),
+        "episodes_failed": sum(r.error is not None for r in results),
+        "leaked_processes": len(left),
+        "noise_lines": stats.get("mcp", {}).get("noise_lines", stats.get("noise_lines")),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--root", default="runs/faults")
+    ap.add_argument("--out", default="")
+    a = ap.parse_args()
+    import httpx
+    import openai
+
+    from areal_core.layout import LAYOUT
+    from areal_core.online.continuous import run_continuous
+    from areal_core.online.registry import aliased, register_if_better
+    from areal_core.proxy.__main__ import build_app, parse_args
+    from areal_core.proxy.examples import calculator_agent
+    from areal_core.proxy.runner import ProxyServer
+    from areal_core.proxy.sessions import session_id_for_key
+    from areal_core.run import pipeline
+    from areal_core.run.tracking import mlflow_client
+    from areal_core.store import Store
+    from task_data.arithmetic import generate
+    from tests.conftest import Forwarder
+    from tests.test_online import MODEL
+
+    root = Path(a.root).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    mlflow_proc, port = start_mlflow(root)
+    registry = Forwarder(port)
+    name = f"faults-{int(t0)}"
+    ov = [*MODEL, f"store={root / f'run-{int(t0)}'}", "sft.enabled=false", "task.num_train=40", "task.num_eval=4"]
+    ov += ["rollout.group_size=2", "train.batch_groups=2", f"train.steps={a.steps}", "train.eta=1"]
+    ov += ["train.checkpoint_every=2", "train.lr_warmup_steps=0", "train.slow_step_s=1.0", "online.promote_every=2"]
+    ov += ["train.weight_delta=true"]  # a damaged delta breaks the chain of every later version for a reader
+    ov += [f"online.model_name={name}", "tracking.enabled=false", f"tracking.uri={registry.endpoint}"]
+    run_uri, _ = pipeline.prepare("configs/agent_calculator.yaml", ov)
+    ckpt = pipeline.sft(run_uri)
+    run = Store(run_uri)
+    out: dict = {"steps": a.steps, "faults": {}}
+    result: dict = {}
+    err: list[BaseException] = []
+
+    def train() -> None:
+        try:
+            result.update(run_continuous(run_uri, ckpt))
+        except BaseException as exc:  # noqa: BLE001 - reported
+            err.append(exc)
+
+    trainer = threading.Thread(target=train, daemon=True)
+    trainer.start()
+    tasks, _ = generate(7, 40, 1, ops="+-", lo=1, hi=9, max_steps=1)
+    keys = {"proxy-0": ["sk-a0", "sk-a1"], "proxy-1": ["sk-b0", "sk-b1"]}
+    flags = ["--tool-prompt", "none", "--default-max-tokens", "12", "--poll-interval-s", "0.1"]
+    apps = {
+        w: build_app(
+            parse_args(
+                ["--follow", run.url(LAYOUT.weights_root), "--store", run_uri, "--worker-id", w, *flags]
+                + [x for k in ks for x in ("--api-key", k)]
+            )
+        )
+        for w, ks in keys.items()
+    }
+    faults = out["faults"]
+
+    def inject() -> None:
+        """The faults, each once, at points of the run's own progress (not of the clock): a version
+        damaged at v2 and at v5; the champion moved by hand after the gate's first offer; the
+        registry cut after its second offer until a third one has met the dead registry."""
+        flipped: list[int] = []
+        while trainer.is_alive():
+            v = run.latest_version() or 0
+            if len(flipped) < 2 and v >= 2 + 3 * len(flipped) and v not in flipped:
+                flipped.append(flip_newest(run))
+            offers = run.read_json(LAYOUT.promotions)["offers"] if run.exists(LAYOUT.promotions) else []
+            if len(offers) >= 1 and "hand_moved_champion" not in faults:
+                register_if_better(run.url(LAYOUT.init_model), name, registry.endpoint, 0.99, None, run_name="by-hand")
+                faults["hand_moved_champion"] = aliased(mlflow_client(registry.endpoint), name).version
+                faults["hand_moved_after_offer"] = offers[-1]["version"]
+            if len(offers) >= 2 and "registry_down_after_offer" not in faults:
+                faults["registry_down_after_offer"] = offers[-1]["version"]
+                registry.down()
+            if len(offers) >= 3 and "registry_up_after_offer" not in faults:
+                faults["registry_up_after_offer"] = offers[-1]["version"]
+                registry.up()
+            time.sleep(0.1)
+        if "registry_down_after_offer" in faults and "registry_up_after_offer" not in faults:
+            registry.up()
+        faults["flipped_versions"] = flipped
+
+    async def user(server: ProxyServer, key: str, offset: int, lost: list) -> None:
+        n = offset
+        while trainer.is_alive():
+            task = tasks[n % len(tasks)]
+            try:
+                reward = await calculator_agent(task, server.base_url, key, max_turns=1)
+            except openai.RateLimitError:
+                await asyncio.sleep(0.2)
+                continue
+            except Exception as exc:  # noqa: BLE001 - a failed request is a lost session
+                lost.append(repr(exc)[:200])
+                continue
+            async with httpx.AsyncClient(base_url=server.url, headers={"Authorization": f"Bearer {key}"}) as http:
+                r = await http.post(
+                    f"/v1/sessions/{session_id_for_key(key)}/end",
+                    json={"reward": reward, "prompt_id": task["prompt_id"]},
+                    timeout=120,
+                )
+                if r.status_code != 200:
+                    lost.append(r.text[:200])
+            n += 4
+
+    failed_requests: list[str] = []
+    with ProxyServer(apps["proxy-0"]) as p0, ProxyServer(apps["proxy-1"]) as p1:
+        out["duplicate_writer_refused"] = duplicate_writer_refused(run_uri)
+        injector = threading.Thread(target=inject, daemon=True)
+        injector.start()
+
+        pairs = [(p0, k) for k in keys["proxy-0"]] + [(p1, k) for k in keys["proxy-1"]]
+
+        async def users() -> None:
+            await asyncio.gather(*(user(s, k, i, failed_requests) for i, (s, k) in enumerate(pairs)))
+
+        asyncio.run(users())
+        trainer.join()
+        injector.join(timeout=60)
+    champion = aliased(mlflow_client(registry.endpoint), name)
+    out["done"] = run.done()
+    out["error"] = repr(err[0]) if err else None
+    out["rows"] = accounting(run, None) if run.done() else {}
+    out["failed_requests"] = len(failed_requests)
+    out["wrong_promotions"] = int(champion is None or champion.version != faults.get("hand_moved_champion"))
+    events = [json.loads(line) for p in run.find(LAYOUT.events_dir, ".jsonl") for line in run.read_text(p).splitlines()]
+    out["republished"] = [e["version"] for e in events if e.get("kind") == "republish"]
+    out["offers"] = run.read_json(LAYOUT.promotions)["offers"] if run.exists(LAYOUT.promotions) else []
+    out["mcp"] = mcp_phase()
+    out["seconds"] = round(time.time() - t0, 1)
+    mlflow_proc.terminate()
+    summary = {
+        "done": out["done"],
+        "lost": out["rows"].get("lost"),
+        "trained_twice": out["rows"].get("trained_twice"),
+        "wrong_promotions": out["wrong_promotions"],
+        "leaked_processes": out["mcp"]["leaked_processes"],
+        "duplicate_writer_refused": out["duplicate_writer_refused"],
+        "republished": out["republished"],
+    }
+    Path(a.out or root / "faults.json").write_text(json.dumps(out, indent=1, default=str))
+    print("RESULT " + json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
