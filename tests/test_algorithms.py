@@ -15,16 +15,16 @@ from areal_core.train.algorithm import compute_advantages, compute_loss, require
 from areal_core.train.entropy import entropy_from_logits, logprobs_and_entropy_from_logits
 from areal_core.train.loss import (
     aggregate,
-    behaviour_weights,
+    behaviour_correction,
     check_algorithm,
     critic_loss,
-    decoupled_ppo_loss,
     kl_penalty,
     masked_mean,
     preference_loss,
     sequence_logprobs,
 )
 from areal_core.train.shaping import informative_groups, overlong_penalty, select_groups, shape_rewards
+from tests.loss_inputs import call, ppo
 
 ROOT = Path(__file__).resolve().parent.parent
 approx = pytest.approx
@@ -159,18 +159,23 @@ def test_global_denominators_make_micro_batches_sum_to_batch(mode):
     assert sum(p.item() for p in parts) == approx(full.item())
 
 
+def weights(*args, **kw):
+    b = behaviour_correction(*args, **kw)
+    return b.w, b.keep, b.stats
+
+
 def test_behaviour_weights_truncate_and_mask_by_hand():
     rho = torch.tensor([[0.25, 0.5, 1.0, 3.0, 8.0]])
     behav = torch.zeros(1, 5)
     prox = torch.log(rho)
     mask = torch.ones(1, 5)
-    w, keep, st = behaviour_weights(prox, behav, mask, "truncate", high=2.0)
+    w, keep, st = weights(prox, behav, mask, "truncate", high=2.0)
     assert close(w, [[0.25, 0.5, 1.0, 2.0, 2.0]]) and keep.tolist() == [[1.0] * 5]
     assert st["behav_truncated_frac"] == approx(2 / 5) and st["importance_weight_max"] == approx(2.0)
-    w, keep, st = behaviour_weights(prox, behav, mask, "mask", low=0.5, high=2.0)
+    w, keep, st = weights(prox, behav, mask, "mask", low=0.5, high=2.0)
     assert keep.tolist() == [[0.0, 1.0, 1.0, 0.0, 0.0]] and close(w, [[0, 0.5, 1.0, 0, 0]])
     assert st["behav_masked_frac"] == approx(3 / 5)
-    w, _, st = behaviour_weights(prox, behav, mask, "none")
+    w, _, st = weights(prox, behav, mask, "none")
     assert w.tolist() == [[1.0] * 5] and st["importance_weight_mean"] == 1.0
 
 
@@ -178,11 +183,11 @@ def test_behaviour_weights_sequence_levels():
     prox = torch.log(torch.tensor([[2.0, 0.5, 4.0, 9.0]]))  # last token is padding
     behav = torch.zeros(1, 4)
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
-    w, _, _ = behaviour_weights(prox, behav, mask, "truncate", high=0.0, level="sequence")
+    w, _, _ = weights(prox, behav, mask, "truncate", high=0.0, level="sequence")
     assert w[0, :3].tolist() == approx([4.0] * 3)  # 2 · 0.5 · 4
-    w, _, _ = behaviour_weights(prox, behav, mask, "truncate", high=0.0, level="geometric")
+    w, _, _ = weights(prox, behav, mask, "truncate", high=0.0, level="geometric")
     assert w[0, :3].tolist() == approx([4 ** (1 / 3)] * 3, rel=1e-5)
-    _, keep, _ = behaviour_weights(prox, behav, mask, "mask", low=0.5, high=2.0, level="sequence")
+    _, keep, _ = weights(prox, behav, mask, "mask", low=0.5, high=2.0, level="sequence")
     assert keep[0, :3].tolist() == [0.0, 0.0, 0.0]  # the whole sequence goes
 
 
@@ -196,9 +201,9 @@ def test_masking_removes_exactly_the_out_of_range_tokens():
     rho = torch.exp(prox - behav)
     inside = ((rho >= 0.5) & (rho <= 2.0)).float()
     assert 0 < (inside * mask).sum() < mask.sum()
-    loss, st = decoupled_ppo_loss(logp, prox, behav, adv, mask, behav_correction="mask", behav_low=0.5, behav_high=2.0)
+    loss, st = ppo(logp, prox, behav, adv, mask, behav_correction="mask", behav_low=0.5, behav_high=2.0)
     # same as the uncapped importance-weighted loss over the in-range tokens, same denominator
-    ref, _ = decoupled_ppo_loss(logp, prox, behav, adv, mask * inside, global_tokens=mask.sum())
+    ref, _ = ppo(logp, prox, behav, adv, mask * inside, global_tokens=mask.sum())
     assert loss.item() == approx(ref.item(), rel=1e-6)
     assert st["behav_masked_frac"] == approx(((1 - inside) * mask).sum().item() / mask.sum().item())
     (grad,) = torch.autograd.grad(loss, logp)
@@ -213,7 +218,7 @@ def test_clip_fractions_split_by_side():
     logp = L(0.9, 0.3, 0.5, 0.5)
     prox = L(0.6, 0.6, 0.5, 0.5)  # r = 1.5, 0.5, 1, 1
     adv = torch.tensor([[1.0, -1.0, 1.0, -1.0]])
-    loss, st = decoupled_ppo_loss(logp, prox, prox, adv, torch.ones(1, 4), eps_low=0.2, eps_high=0.28)
+    loss, st = ppo(logp, prox, prox, adv, torch.ones(1, 4), eps_low=0.2, eps_high=0.28)
     # per token: max(−1.5, −1.28) = −1.28; max(0.5, 0.8) = 0.8; −1; 1
     assert loss.item() == approx((-1.28 + 0.8 - 1 + 1) / 4, rel=1e-5)
     assert st["clip_frac"] == approx(0.5) and st["clip_high_frac"] == approx(0.25)
@@ -227,7 +232,7 @@ def test_ratio_one_no_behaviour_gap_is_vanilla_policy_gradient(aggregation):
     logp = torch.log_softmax(logits, -1)[:, :5]
     adv = torch.randn(4, 1, generator=g).expand(4, 5)
     mask = (torch.rand(4, 5, generator=g) > 0.3).float()
-    loss, st = decoupled_ppo_loss(logp, logp.detach(), logp.detach(), adv, mask, aggregation=aggregation, norm_const=5)
+    loss, st = ppo(logp, logp.detach(), logp.detach(), adv, mask, aggregation=aggregation, norm_const=5)
     pg = -aggregate(adv * logp, mask, aggregation, norm_const=5)
     g1, g2 = (torch.autograd.grad(x, logits, retain_graph=True)[0] for x in (loss, pg))
     assert torch.allclose(g1, g2, atol=1e-6) and st["clip_frac"] == 0 and st["kl_behav_prox"] == 0
@@ -237,8 +242,8 @@ def test_naive_ppo_uses_behaviour_as_old_policy():
     logp, behav = L(0.5, 0.2), L(0.4, 0.25)
     adv = torch.tensor([[1.0, -1.0]])
     # what compute_loss does for algo.loss=ppo: π_old = π_behav, no behaviour correction
-    loss, _ = decoupled_ppo_loss(logp, behav, behav, adv, torch.ones(1, 2), behav_correction="none")
-    ref, _ = decoupled_ppo_loss(logp, behav, behav, adv, torch.ones(1, 2))
+    loss, _ = ppo(logp, behav, behav, adv, torch.ones(1, 2), behav_correction="none")
+    ref, _ = ppo(logp, behav, behav, adv, torch.ones(1, 2))
     assert loss.item() == approx(ref.item())
     assert loss.item() == approx((-1.2 + 0.8) / 2, rel=1e-5)  # r = 1.25 clipped to 1.2; r = 0.8
 
@@ -247,10 +252,10 @@ def test_gspo_sequence_ratio_by_hand():
     logp, prox = L(0.55, 0.65), L(0.5, 0.5)  # token ratios 1.1, 1.3: s = sqrt(1.43)
     s = math.sqrt(1.1 * 1.3)
     adv, mask = torch.ones(1, 2), torch.ones(1, 2)
-    gspo = {"ratio_level": "sequence", "aggregation": "seq_mean_token_mean"}  # algo.loss=gspo
-    loss, st = decoupled_ppo_loss(logp, prox, prox, adv, mask, eps_low=0.1, eps_high=0.3, **gspo)
+    gspo = {"level": "sequence", "seq_advantage": True, "aggregation": "seq_mean_token_mean"}  # algo.loss=gspo
+    loss, st = ppo(logp, prox, prox, adv, mask, eps_low=0.1, eps_high=0.3, **gspo)
     assert loss.item() == approx(-s, rel=1e-5) and st["ratio_mean"] == approx(s, rel=1e-5)
-    loss, st = decoupled_ppo_loss(logp, prox, prox, adv, mask, eps_low=0.1, eps_high=0.1, **gspo)
+    loss, st = ppo(logp, prox, prox, adv, mask, eps_low=0.1, eps_high=0.1, **gspo)
     assert loss.item() == approx(-1.1, rel=1e-5) and st["clip_frac"] == 1.0
 
 
@@ -264,20 +269,25 @@ def test_gspo_equals_ppo_when_token_ratios_are_equal():
     adv = torch.tensor([[1.0], [-2.0], [0.5]]).expand(3, 5)
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [0, 1, 1, 1, 0]]).float()
     kw = {"aggregation": "seq_mean_token_mean", "behav_level": "geometric"}
-    a, sa = decoupled_ppo_loss(logp, prox, behav, adv, mask, 0.2, 0.28, ratio_level="sequence", **kw)
-    b, sb = decoupled_ppo_loss(logp, prox, behav, adv, mask, 0.2, 0.28, **kw)
+    a, sa = ppo(logp, prox, behav, adv, mask, eps_high=0.28, level="sequence", seq_advantage=True, **kw)
+    b, sb = ppo(logp, prox, behav, adv, mask, eps_high=0.28, **kw)
     assert a.item() == approx(b.item(), rel=1e-5) and sa["clip_frac"] == sb["clip_frac"] > 0
     ga, gb = (torch.autograd.grad(x, logits, retain_graph=True)[0] for x in (a, b))
     assert torch.allclose(ga, gb, atol=1e-6)
 
 
+def value_loss(values, old_values, returns, mask, value_clip):
+    x = dict(values=values, old_values=old_values, returns=returns)
+    return call(critic_loss, values, values, values, None, mask, value_clip=value_clip, **x)
+
+
 def test_critic_loss_with_value_clipping():
-    loss, st = critic_loss(torch.tensor([[1.0]]), torch.tensor([[0.0]]), torch.tensor([[1.0]]), torch.ones(1, 1), 0.2)
+    loss, st = value_loss(torch.tensor([[1.0]]), torch.tensor([[0.0]]), torch.tensor([[1.0]]), torch.ones(1, 1), 0.2)
     assert loss.item() == approx(0.5 * 0.8**2) and st["value_clip_frac"] == 1.0  # V_c = 0.2
-    loss, st = critic_loss(torch.tensor([[1.0]]), torch.tensor([[0.0]]), torch.tensor([[1.0]]), torch.ones(1, 1), 0.0)
+    loss, st = value_loss(torch.tensor([[1.0]]), torch.tensor([[0.0]]), torch.tensor([[1.0]]), torch.ones(1, 1), 0.0)
     assert loss.item() == 0.0 and st["value_clip_frac"] == 0.0
     v = torch.tensor([[1.0, 2.0]], requires_grad=True)  # unclipped side wins: ½·mean(1, 1)
-    loss, _ = critic_loss(v, torch.tensor([[0.5, 2.0]]), torch.tensor([[0.0, 3.0]]), torch.ones(1, 2), 0.2)
+    loss, _ = value_loss(v, torch.tensor([[0.5, 2.0]]), torch.tensor([[0.0, 3.0]]), torch.ones(1, 2), 0.2)
     assert loss.item() == approx(0.5)
     loss.backward()
     assert close(v.grad, [[0.5, -0.5]])
@@ -406,7 +416,7 @@ def test_default_config_reproduces_todays_trainer():
     _, logp, prox, behav, _, rewards, gi, mask = _batch()
     loss, m = compute_loss(AlgorithmConfig(), logp, prox, behav, rewards, gi, mask)
     adv = A.grpo_advantages(rewards, gi)[:, None].expand_as(mask)
-    ref, st = decoupled_ppo_loss(logp, prox, behav, adv, mask, 0.2, 0.28, 0.0, 5.0)
+    ref, st = ppo(logp, prox, behav, adv, mask, eps_high=0.28, behav_high=5.0)
     assert loss.item() == approx(ref.item(), rel=1e-6)
     for key in ("clip_frac", "importance_weight_mean", "kl_behav_prox", "behav_masked_frac", "adv_std"):
         assert key in m

@@ -19,10 +19,11 @@ from areal_core.context import load_run_config
 from areal_core.layout import LAYOUT
 from areal_core.models import load_pretrained, save_pretrained
 from areal_core.train.algorithm import compute_loss, required_inputs
-from areal_core.train.loss import check_algorithm, decoupled_ppo_loss, get_loss
+from areal_core.train.loss import check_algorithm, get_loss
 from areal_core.train.loss.distill import distill_term
 from areal_core.train.parts import load_parts
 from areal_core.train.step import train_step
+from tests.loss_inputs import call, ppo
 from tests.test_m2po import trainer_run
 from tests.test_trainer_seams import prepared
 
@@ -40,7 +41,7 @@ def test_value_and_gradient_by_hand():
     behav = P([0.25, 0.25, 0.6])  # w = 2, 1, 1
     teacher = P([0.8, 0.1, 0.6])  # d = log(.5/.8), log(.2/.1), 0
     mask = torch.ones(1, 3)
-    kd, st = distill_term(logp, prox, behav, teacher, mask)
+    kd, st = call(distill_term, logp, prox, behav, None, mask, teacher_logp=teacher)
     d = [math.log(0.5 / 0.8), math.log(2.0), 0.0]
     assert kd.item() == approx((2 * 1 * d[0] + 1 * 0.8 * d[1]) / 3, rel=1e-6)
     (grad,) = torch.autograd.grad(kd, logp)  # w·r·d / N: the score-function gradient, not w·r / N
@@ -54,7 +55,7 @@ def test_value_and_gradient_by_hand():
     adv = torch.tensor([[1.0, -1.0, 0.5]])
     cfg = from_preset("distill")
     loss, m = compute_loss(cfg, logp, prox, behav, *ARGS, mask, advantages=adv, teacher_logp=teacher)
-    rl, _ = decoupled_ppo_loss(logp, prox, behav, adv, mask, 0.2, 0.28, 0.0, 5.0)
+    rl, _ = ppo(logp, prox, behav, adv, mask, eps_high=0.28, behav_high=5.0)
     assert loss.item() == approx(rl.item() + 0.1 * kd.item(), rel=1e-6) and m["loss_rl"] == approx(rl.item())
 
 
@@ -69,8 +70,8 @@ def test_its_expected_gradient_is_the_gradient_of_the_reverse_kl():
     (want,) = torch.autograd.grad(exact, theta, retain_graph=True)
     pi = log_pi.detach().exp()
     est = sum(
-        pi[y] * distill_term(log_pi[y].view(1, 1), log_pi[y].detach().view(1, 1), log_pi[y].detach().view(1, 1),
-                             log_t[y].view(1, 1), torch.ones(1, 1))[0]
+        pi[y] * call(distill_term, log_pi[y].view(1, 1), log_pi[y].detach().view(1, 1), log_pi[y].detach().view(1, 1),
+                     None, torch.ones(1, 1), teacher_logp=log_t[y].view(1, 1))[0]
         for y in range(5)
     )  # fmt: skip
     (got,) = torch.autograd.grad(est, theta, retain_graph=True)
@@ -85,7 +86,7 @@ def test_masked_tokens_the_missing_teacher_and_the_declarations():
     prox = P([0.5, 0.9])
     teacher = P([0.25, 0.9])
     teacher[0, 1] = -math.inf  # a teacher that calls the token impossible is not followed to infinity
-    kd, _ = distill_term(logp, prox, prox, teacher, torch.ones(1, 2))
+    kd, _ = call(distill_term, logp, prox, prox, None, torch.ones(1, 2), teacher_logp=teacher)
     (grad,) = torch.autograd.grad(kd, logp)
     assert kd.item() == approx(math.log(2) / 2, rel=1e-6) and grad[0, 1].item() == 0.0
     cfg = from_preset("distill")

@@ -14,8 +14,9 @@ import torch
 
 from areal_core.config.algorithm import AlgorithmConfig, from_preset
 from areal_core.train.algorithm import compute_loss, required_inputs
-from areal_core.train.loss import check_algorithm, decoupled_ppo_loss, get_loss
+from areal_core.train.loss import check_algorithm, get_loss
 from areal_core.train.loss.kpop import binary_kl, kpop_keep
+from tests.loss_inputs import ppo
 from tests.test_m2po import trainer_run
 
 approx = pytest.approx
@@ -92,7 +93,7 @@ def test_with_nothing_masked_it_is_decoupled_ppo_with_the_raw_weight():
     loss, m = compute_loss(
         cfg, logp, prox, behav, torch.zeros(3), torch.zeros(3, dtype=torch.long), mask, advantages=adv
     )
-    ref, st = decoupled_ppo_loss(logp, prox, behav, adv, mask, 0.2, 0.28, 3.0, behav_correction="mask")  # uncapped ρ
+    ref, st = ppo(logp, prox, behav, adv, mask, eps_high=0.28, dual_clip=3.0, behav_correction="mask")  # uncapped ρ
     g1, g2 = (torch.autograd.grad(x, logits, retain_graph=True)[0] for x in (loss, ref))
     assert loss.item() == approx(ref.item(), rel=1e-5) and torch.allclose(g1, g2, atol=1e-6)
     for key in ("clip_frac", "dual_clip_frac", "ratio_mean", "importance_weight_max", "kl_behav_prox"):

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from areal_core.train.advantages import grpo_advantages
-from areal_core.train.loss import behaviour_weights, decoupled_ppo_loss, masked_mean
+from areal_core.train.loss import behaviour_correction, masked_mean
+from tests.loss_inputs import ppo
 
 
 def test_grpo_advantages_by_hand():
@@ -26,7 +27,7 @@ def test_decoupled_ppo_by_hand():
     behav = torch.log(torch.tensor([[0.4, 0.3, 0.1]]))
     adv = torch.ones(1, 3)
     mask = torch.ones(1, 3)
-    loss, stats = decoupled_ppo_loss(logp, prox, behav, adv, mask, eps_low=0.2, eps_high=0.2, behav_weight_cap=0)
+    loss, stats = ppo(logp, prox, behav, adv, mask, eps_low=0.2, eps_high=0.2, behav_high=0)
     r = torch.tensor([0.5 / 0.4, 0.9 / 0.6, 1.0])
     w = torch.tensor([1.0, 2.0, 2.0])
     expected = (w * torch.maximum(-r, -r.clamp(0.8, 1.2))).mean()
@@ -41,7 +42,7 @@ def test_ratio_one_and_no_behaviour_gap_is_vanilla_policy_gradient():
     logp = torch.log_softmax(logits, -1)[:, :5]
     adv = torch.randn(4, 1).expand(4, 5)
     mask = (torch.rand(4, 5) > 0.3).float()
-    loss, _ = decoupled_ppo_loss(logp, logp.detach(), logp.detach(), adv, mask)
+    loss, _ = ppo(logp, logp.detach(), logp.detach(), adv, mask)
     (g1,) = torch.autograd.grad(loss, logits, retain_graph=True)
     pg = -masked_mean(adv * logp, mask)
     (g2,) = torch.autograd.grad(pg, logits)
@@ -52,14 +53,12 @@ def test_behaviour_weight_cap_and_dual_clip():
     logp = torch.log(torch.tensor([[0.1]]))
     prox = torch.log(torch.tensor([[0.5]]))
     behav = torch.log(torch.tensor([[0.01]]))  # w = 50, capped to 5
-    loss, stats = decoupled_ppo_loss(logp, prox, behav, torch.tensor([[-1.0]]), torch.ones(1, 1), behav_weight_cap=5.0)
+    loss, stats = ppo(logp, prox, behav, torch.tensor([[-1.0]]), torch.ones(1, 1), behav_high=5.0)
     assert stats["importance_weight_mean"] == pytest.approx(5.0)
     assert loss.item() == pytest.approx(5.0 * 0.8, rel=1e-5)  # max(0.2, 0.8)
     ratio_big = torch.log(torch.tensor([[0.9]]))
     prox_small = torch.log(torch.tensor([[0.1]]))  # r = 9, A = -1: PPO term 9, dual clip caps at 3
-    loss, stats = decoupled_ppo_loss(
-        ratio_big, prox_small, prox_small, torch.tensor([[-1.0]]), torch.ones(1, 1), dual_clip=3.0
-    )
+    loss, stats = ppo(ratio_big, prox_small, prox_small, torch.tensor([[-1.0]]), torch.ones(1, 1), dual_clip=3.0)
     assert loss.item() == pytest.approx(3.0, rel=1e-5)
     assert stats["dual_clip_frac"] == 1.0
 
@@ -67,7 +66,7 @@ def test_behaviour_weight_cap_and_dual_clip():
 def test_masked_tokens_do_not_contribute():
     logp = torch.zeros(1, 3)
     adv = torch.tensor([[1.0, 1.0, 100.0]])
-    loss, _ = decoupled_ppo_loss(logp, logp, logp, adv, torch.tensor([[1.0, 1.0, 0.0]]))
+    loss, _ = ppo(logp, logp, logp, adv, torch.tensor([[1.0, 1.0, 0.0]]))
     assert loss.item() == pytest.approx(-1.0)
 
 
@@ -92,15 +91,15 @@ def test_impossible_behaviour_token_is_masked_not_capped(correction, bad):
     masked instead: finite loss and gradient, the token contributes 0, the others are unchanged."""
     logits, logp, prox, behav, adv, mask = _case()
     kw = {"behav_correction": correction, "behav_low": 0.2, "behav_high": 5.0}
-    clean, clean_st = decoupled_ppo_loss(logp, prox, behav, adv, mask, **kw)
+    clean, clean_st = ppo(logp, prox, behav, adv, mask, **kw)
     bad_behav = behav.clone()
     bad_behav[1, 2] = bad
-    loss, st = decoupled_ppo_loss(logp, prox, bad_behav, adv, mask, **kw)
+    loss, st = ppo(logp, prox, bad_behav, adv, mask, **kw)
     assert torch.isfinite(loss)
     # the same as dropping the token from the mask while keeping the denominator
     only = mask.clone()
     only[1, 2] = 0
-    ref, _ = decoupled_ppo_loss(logp, prox, behav, adv, only, global_tokens=mask.sum().item(), **kw)
+    ref, _ = ppo(logp, prox, behav, adv, only, global_tokens=mask.sum().item(), **kw)
     assert loss.item() == pytest.approx(ref.item(), rel=1e-6, abs=1e-7)
     assert loss.item() != pytest.approx(clean.item(), rel=1e-3)  # the token did count when finite
     (grad,) = torch.autograd.grad(loss, logits, retain_graph=True)
@@ -117,14 +116,15 @@ def test_impossible_behaviour_token_under_naive_ppo_and_sequence_levels():
     """π_old = π_behav (loss=ppo) and the sequence-level weights must not turn −inf into NaN/cap."""
     logits, logp, prox, behav, adv, mask = _case(7)
     behav[1, 3] = -math.inf
-    loss, st = decoupled_ppo_loss(logp, behav, behav, adv, mask, behav_correction="none")  # loss=ppo
+    loss, st = ppo(logp, behav, behav, adv, mask, behav_correction="none")  # loss=ppo
     (grad,) = torch.autograd.grad(loss, logits)
     assert torch.isfinite(loss) and torch.isfinite(grad).all() and grad[1, 3].abs().max() == 0
     for level in ("sequence", "geometric"):
-        w, keep, _ = behaviour_weights(prox, behav, mask, "truncate", high=0.0, level=level)
+        b = behaviour_correction(prox, behav, mask, "truncate", high=0.0, level=level)
+        w, keep = b.w, b.keep
         fine = behav.clone()
         fine[1, 3] = prox[1, 3]  # ρ_t = 1: the product over the other tokens
-        w_ref, _, _ = behaviour_weights(prox, fine, mask, "truncate", high=0.0, level=level)
+        w_ref = behaviour_correction(prox, fine, mask, "truncate", high=0.0, level=level).w
         assert keep[1, 3] == 0 and w[1, 3] == 0 and torch.isfinite(w).all()
         if level == "sequence":
             assert w[1, :3].tolist() == pytest.approx(w_ref[1, :3].tolist(), rel=1e-6)
@@ -138,7 +138,7 @@ def test_mask_mode_metrics_count_only_kept_tokens():
     behav = torch.log(torch.tensor([[0.40, 0.50, 0.10, 1.00]]))  # ρ = 1.0, 0.8, 4.0, 0.1
     adv = torch.ones(1, 4)
     kw = {"eps_low": 0.2, "eps_high": 0.2, "behav_correction": "mask", "behav_low": 0.5, "behav_high": 2.0}
-    loss, st = decoupled_ppo_loss(logp, prox, behav, adv, torch.ones(1, 4), **kw)
+    loss, st = ppo(logp, prox, behav, adv, torch.ones(1, 4), **kw)
     # kept: token 0 clipped (r = 1.5 > 1.2), token 1 not; the masked token 2 is clipped too but not counted
     assert st["clip_frac"] == pytest.approx(0.5) and st["clip_high_frac"] == pytest.approx(0.5)
     assert st["ratio_mean"] == pytest.approx((1.5 + 1.0) / 2, rel=1e-5)
@@ -148,7 +148,7 @@ def test_mask_mode_metrics_count_only_kept_tokens():
     # the loss itself: kept tokens' terms over all 4 tokens (IcePop keeps the denominator)
     assert loss.item() == pytest.approx((1.0 * -1.2 + 0.8 * -1.0) / 4, rel=1e-5)
     # truncate mode keeps every token: the same metrics count all 4
-    _, st = decoupled_ppo_loss(logp, prox, behav, adv, torch.ones(1, 4), 0.2, 0.2, behav_weight_cap=5.0)
+    _, st = ppo(logp, prox, behav, adv, torch.ones(1, 4), eps_low=0.2, eps_high=0.2, behav_high=5.0)
     assert st["clip_frac"] == pytest.approx(0.5) and st["ratio_mean"] == pytest.approx(5.75 / 4, rel=1e-5)
     assert st["importance_weight_mean"] == pytest.approx((1.0 + 0.8 + 4.0 + 0.1) / 4, rel=1e-5)
 
@@ -162,10 +162,10 @@ def test_gspo_averages_per_token_advantages_over_the_sequence_like_areal():
     adv = torch.tensor([[0.5, -1.0, 2.0, 9.0], [1.0, 1.0, -3.0, 0.0]])  # per-token (GAE, REINFORCE++)
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
     adv = adv * mask
-    kw = {"ratio_level": "sequence", "aggregation": "seq_mean_token_mean", "eps_low": 0.2, "eps_high": 0.2}
-    loss, _ = decoupled_ppo_loss(logp, prox, prox, adv, mask, **kw)
+    kw = {"level": "sequence", "aggregation": "seq_mean_token_mean", "eps_low": 0.2, "eps_high": 0.2}
+    loss, _ = ppo(logp, prox, prox, adv, mask, seq_advantage=True, **kw)
     mean_adv = torch.tensor([[0.5], [-0.25]]).expand(2, 4)  # (0.5 − 1 + 2)/3, (1 + 1 − 3 + 0)/4
-    ref, _ = decoupled_ppo_loss(logp, prox, prox, mean_adv, mask, seq_advantage=False, **kw)
+    ref, _ = ppo(logp, prox, prox, mean_adv, mask, seq_advantage=False, **kw)
     assert loss.item() == pytest.approx(ref.item(), rel=1e-6)
     # AReaL's form: s_i = exp(mean_t log r_t) with its own gradient, loss −Ā_i·s_i (unclipped here)
     s = torch.exp(((logp - prox) * mask).sum(1) / mask.sum(1))
@@ -175,7 +175,7 @@ def test_gspo_averages_per_token_advantages_over_the_sequence_like_areal():
     assert torch.allclose(g1, g2, atol=1e-6)
     # GSPO-token: the same value unclipped (mean_t A_t·s_i = Ā_i·s_i) but each token's gradient is
     # weighted by its own A_t, not Ā_i
-    token, _ = decoupled_ppo_loss(logp, prox, prox, adv, mask, seq_advantage=False, **kw)
+    token, _ = ppo(logp, prox, prox, adv, mask, seq_advantage=False, **kw)
     (g3,) = torch.autograd.grad(token, logits)
     assert token.item() == pytest.approx(loss.item(), rel=1e-5)
     assert (g3 - g1).abs().max().item() > 1e-2

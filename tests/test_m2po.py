@@ -17,12 +17,13 @@ from areal_core.config.algorithm import AlgorithmConfig, from_preset
 from areal_core.context import load_run_config
 from areal_core.layout import LAYOUT
 from areal_core.train.algorithm import compute_loss, required_inputs
-from areal_core.train.loss import check_algorithm, decoupled_ppo_loss, get_loss
+from areal_core.train.loss import check_algorithm, get_loss
 from areal_core.train.loss.m2po import m2po_mask
 from areal_core.train.parts import TrainerParts, load_parts
 from areal_core.train.sinks import NullSink
 from areal_core.train.sources import Batch
 from areal_core.train.trainer import Trainer
+from tests.loss_inputs import ppo
 from tests.test_lineage import groups
 from tests.test_trainer_seams import Listed, prepared
 
@@ -100,7 +101,7 @@ def test_with_nothing_masked_it_is_decoupled_ppo_and_the_clip_counts_kept_tokens
     mask = (torch.rand(4, 6, generator=g) > 0.3).float()
     args = (torch.zeros(4), torch.zeros(4, dtype=torch.long), mask)
     loss, m = compute_loss(from_preset("m2po", m2_threshold=10.0), logp, prox, behav, *args, advantages=adv)
-    ref, st = decoupled_ppo_loss(logp, prox, behav, adv, mask, 0.2, 0.28, 0.0, 5.0)
+    ref, st = ppo(logp, prox, behav, adv, mask, eps_high=0.28, behav_high=5.0)
     g1, g2 = (torch.autograd.grad(x, logits, retain_graph=True)[0] for x in (loss, ref))
     assert loss.item() == approx(ref.item(), rel=1e-6) and torch.allclose(g1, g2, atol=1e-7)
     assert m["m2_masked_frac"] == 0 and m["clip_frac"] == approx(st["clip_frac"], rel=1e-6)

@@ -13,8 +13,9 @@ import torch
 from areal_core.config import ConfigError
 from areal_core.config.algorithm import AlgorithmConfig, from_preset
 from areal_core.train.algorithm import compute_loss, required_inputs
-from areal_core.train.loss import check_algorithm, decoupled_ppo_loss, get_loss
+from areal_core.train.loss import check_algorithm, get_loss
 from areal_core.train.loss.sapo import sapo_loss
+from tests.loss_inputs import call, loss_inputs, ppo
 from tests.test_m2po import trainer_run
 
 approx = pytest.approx
@@ -32,7 +33,7 @@ def test_value_and_gradient_by_hand():
     prox = P([0.5, 0.5, 0.4])
     logp = P([0.6, 0.45, 0.4]).requires_grad_()  # r = 1.2, 0.9, 1.0
     adv = torch.tensor([[1.0, -1.0, 2.0]])
-    loss, st = sapo_loss(logp, prox, prox, adv, torch.ones(1, 3), tau_pos=1.0, tau_neg=1.05)
+    loss, st = call(sapo_loss, logp, prox, prox, adv, torch.ones(1, 3), sapo_tau_pos=1.0, sapo_tau_neg=1.05)
     f = [4 / 1.0 * sig(1.0 * 0.2), 4 / 1.05 * sig(1.05 * -0.1), 4 / 1.0 * sig(0.0)]
     assert loss.item() == approx(-(f[0] * 1 - f[1] * 1 + f[2] * 2) / 3, rel=1e-6)
     (grad,) = torch.autograd.grad(loss, logp)  # ∂/∂log π_θ = −4σ(1 − σ)·r·A / N
@@ -50,23 +51,22 @@ def test_on_policy_it_is_the_policy_gradient_and_far_tokens_keep_a_small_gradien
     logp = torch.log_softmax(logits, -1)[..., 0]
     adv = torch.randn(3, 5, generator=g)
     mask = (torch.rand(3, 5, generator=g) > 0.3).float()
-    loss, _ = sapo_loss(logp, logp.detach(), logp.detach(), adv, mask)
+    loss, _ = call(sapo_loss, logp, logp.detach(), logp.detach(), adv, mask)
     pg = -(adv * torch.exp(logp - logp.detach()) * mask).sum() / mask.sum()
     g1, g2 = (torch.autograd.grad(x, logits, retain_graph=True)[0] for x in (loss, pg))
     assert torch.allclose(g1, g2, atol=1e-7)  # 4σ(0)(1 − σ(0)) = 1
     # r = 3 with A > 0: PPO's clip zeroes the gradient, SAPO only damps it (4σ(2)(1 − σ(2))·3 ≈ 1.26)
     logp1 = P([0.9]).requires_grad_()
     prox1 = P([0.3])
-    (gs,) = torch.autograd.grad(sapo_loss(logp1, prox1, prox1, torch.ones(1, 1), torch.ones(1, 1))[0], logp1)
-    (gp,) = torch.autograd.grad(decoupled_ppo_loss(logp1, prox1, prox1, torch.ones(1, 1), torch.ones(1, 1))[0], logp1)
+    (gs,) = torch.autograd.grad(call(sapo_loss, logp1, prox1, prox1, torch.ones(1, 1), torch.ones(1, 1))[0], logp1)
+    (gp,) = torch.autograd.grad(ppo(logp1, prox1, prox1, torch.ones(1, 1), torch.ones(1, 1))[0], logp1)
     assert gp.item() == 0.0 and gs.item() == approx(-4 * sig(2.0) * (1 - sig(2.0)) * 3.0, rel=1e-5)
     # a larger τ damps sooner: the negative side (τ_neg = 1.05) is cut harder at the same ratio
     lo = P([0.3])
     weight = []
     for a in (1.0, -1.0):
-        (gr,) = torch.autograd.grad(
-            sapo_loss(logp1, lo, lo, torch.full((1, 1), a), torch.ones(1, 1), 1.0, 3.0)[0], logp1
-        )
+        loss, _ = call(sapo_loss, logp1, lo, lo, torch.full((1, 1), a), torch.ones(1, 1), sapo_tau_neg=3.0)
+        (gr,) = torch.autograd.grad(loss, logp1)
         weight.append(abs(gr.item()))
     assert weight[1] < weight[0]
 
@@ -97,12 +97,13 @@ def test_an_impossible_behaviour_token_is_masked_and_bad_temperatures_are_refuse
     logp = P([0.5, 0.9]).requires_grad_()
     prox, behav = P([0.5, 0.6]), P([0.5, 0.6])
     behav[0, 1] = -math.inf
-    loss, st = sapo_loss(logp, prox, behav, torch.ones(1, 2), torch.ones(1, 2))
+    loss, st = call(sapo_loss, logp, prox, behav, torch.ones(1, 2), torch.ones(1, 2))
     (grad,) = torch.autograd.grad(loss, logp)
     assert math.isfinite(loss.item()) and grad[0, 1].item() == 0.0 and st["behav_nonfinite_frac"] == 0.5
     assert loss.item() == approx(-4 * sig(0.0) / 2, rel=1e-6)
     with pytest.raises(ValueError, match="positive"):
-        sapo_loss(logp, prox, prox, torch.ones(1, 2), torch.ones(1, 2), tau_pos=0.0)
+        unvalidated = AlgorithmConfig().model_copy(update={"sapo_tau_pos": 0.0})
+        sapo_loss(unvalidated, loss_inputs(logp, prox, prox, torch.ones(1, 2), torch.ones(1, 2)))
     with pytest.raises(ConfigError, match="algo.sapo_tau_neg"):
         AlgorithmConfig.from_data({"sapo_tau_neg": -1.0}, prefix="algo")
 

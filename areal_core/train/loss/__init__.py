@@ -4,15 +4,18 @@
     loss, metrics = get_loss(cfg.loss)(cfg, LossInputs(logp=..., prox_logp=..., ...))
 
 `registry.py` holds the API (`Loss`, `LossInputs`, `register`, `get_loss`, `known_losses`,
-`active_losses`, `check_algorithm`); `common.py` the shared math (aggregation, behaviour weights,
-KL estimators). Each other module is one loss, its formula in its docstring. Adding a loss is one
+`active_losses`, `check_algorithm`); `common.py` the shared math (aggregation, the behaviour
+correction w = π_prox/π_behav, KL estimators). Each other module is one loss, its formula in its
+docstring, a pure function `(cfg, LossInputs) -> (loss, metrics)` that reads the tensors and the
+`algo.*` keys it needs; the behaviour correction is one step, `x.behaviour(cfg)`. Adding a loss is one
 module here plus one preset in configs/algorithms/. The pure functions are re-exported below.
 """
 
 from areal_core.train.loss.common import (
+    Behaviour,
     aggregate,
+    behaviour_correction,
     behaviour_kl,
-    behaviour_weights,
     kl_penalty,
     masked_mean,
     per_row,
@@ -34,12 +37,13 @@ from areal_core.train.loss.registry import (
 )
 
 __all__ = [
+    "Behaviour",
     "Loss",
     "LossInputs",
     "active_losses",
     "aggregate",
+    "behaviour_correction",
     "behaviour_kl",
-    "behaviour_weights",
     "check_algorithm",
     "critic_loss",
     "decoupled_ppo_loss",

@@ -8,11 +8,14 @@ Aggregation of a per-token term x (see `aggregate`):
   seq_mean_token_mean      (1/N') Σ_i [Σ_t x·m / Σ_t m]            (GRPO paper, GSPO)
   seq_mean_token_sum_norm  (1/N') Σ_i [Σ_t x·m / C], C constant    (Dr.GRPO)
 N' counts the rows holding at least one policy token.
+The behaviour correction w = π_prox/π_behav (`behaviour_correction`, the formula in its docstring)
+is one step every policy loss takes through `LossInputs.behaviour(cfg)`.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -84,7 +87,34 @@ def behaviour_abs_diff(prox_logp: torch.Tensor, behav_logp: torch.Tensor, mask: 
     return masked_mean(torch.where(ok > 0, behav_logp - prox_logp, 0.0).detach().abs(), ok).item()
 
 
-def behaviour_weights(
+@dataclass(frozen=True)
+class Behaviour:
+    """The behaviour correction of a batch (`behaviour_correction`): what every policy loss reads.
+
+    w       π_prox/π_behav as configured, 0 where keep = 0 (no gradient)
+    keep    1 on the tokens that carry weight (not masked, log-probs finite)
+    usable  1 where log π_behav and log π_prox are finite
+    stats   importance_weight_mean/max/min over the kept policy tokens; behav_truncated_frac,
+            behav_masked_frac, behav_nonfinite_frac over the policy tokens
+    kl      KL(behaviour‖proximal), `behaviour_kl` (the metric `kl_behav_prox`)
+    """
+
+    w: torch.Tensor
+    keep: torch.Tensor
+    usable: torch.Tensor
+    stats: dict[str, float]
+    kl: float
+
+    def anchor(self, old_logp: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+        """log π_old where usable, log π_θ (detached) elsewhere: r = π_θ/π_old = 1 and no NaN where w = 0."""
+        return torch.where(self.usable > 0, old_logp, logp.detach())
+
+    def metrics(self) -> dict[str, float]:
+        """`stats` and `kl_behav_prox`."""
+        return {**self.stats, "kl_behav_prox": self.kl}
+
+
+def behaviour_correction(
     prox_logp: torch.Tensor,
     behav_logp: torch.Tensor,
     mask: torch.Tensor,
@@ -92,18 +122,17 @@ def behaviour_weights(
     low: float = 0.0,
     high: float = 0.0,
     level: str = "token",
-) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-    """Behaviour-policy correction w ≈ π_prox/π_behav (no gradient); returns (w, keep, stats).
+) -> Behaviour:
+    """The behaviour-policy correction w ≈ π_prox/π_behav (no gradient), shared by every policy loss.
 
     level: token ρ_t = π_prox(t)/π_behav(t); sequence ρ_i = Π_t ρ_t; geometric ρ_i = (Π_t ρ_t)^(1/|y_i|).
     mode:  none      w = 1
-           truncate  w = min(ρ, high)   (truncated importance sampling; high ≤ 0: uncapped)
-           mask      w = ρ·1[low ≤ ρ ≤ high], keep = 1[low ≤ ρ ≤ high]   (IcePop; high ≤ 0: no upper
-                     bound). Masked tokens contribute 0 but stay in the aggregation's denominator.
+           truncate  w = min(ρ, high)   (truncated importance sampling; high ≤ 0: uncapped, w = ρ)
+           mask      w = ρ·1[low ≤ ρ ≤ high], keep = 1[low ≤ ρ ≤ high]   (IcePop; AReaL's token mask
+                     with low = 0, high = 5; high ≤ 0: no upper bound, low ≤ 0: no lower bound).
+                     Masked tokens contribute 0 but stay in the aggregation's denominator.
     In every mode a token whose log π_behav (or log π_prox) is not finite is masked (keep = 0,
     w = 0) and left out of the sequence-level products: ρ = +inf would otherwise hit the cap.
-    stats: importance-weight mean/max/min of w over the kept policy tokens; truncated, masked and
-    non-finite fractions of the policy tokens.
     """
     m = mask.float()
     usable = usable_behaviour(prox_logp, behav_logp)
@@ -138,7 +167,7 @@ def behaviour_weights(
         "behav_masked_frac": masked_mean(1 - keep, m).item(),
         "behav_nonfinite_frac": masked_mean(1 - usable, m).item(),
     }
-    return w, keep, stats
+    return Behaviour(w, keep, usable, stats, behaviour_kl(prox_logp, behav_logp, m))
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3", clamp: float = 10.0) -> torch.Tensor:

@@ -15,34 +15,33 @@ from typing import TYPE_CHECKING
 import torch
 
 from areal_core.train.advantages import CRITIC_ESTIMATORS
-from areal_core.train.loss.common import aggregate, masked_mean
+from areal_core.train.loss.common import masked_mean
 from areal_core.train.loss.registry import Loss, LossInputs, register
 
 if TYPE_CHECKING:
     from areal_core.config.algorithm import AlgorithmConfig
 
 
-def critic_loss(
-    values: torch.Tensor,
-    old_values: torch.Tensor,
-    returns: torch.Tensor,
-    mask: torch.Tensor,
-    value_clip: float = 0.0,
-    aggregation: str = "token_mean",
-    **agg_kwargs,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Clipped value loss: V_c = V_old + clip(V − V_old, −c, c),
-    L_t = ½ · max((V − R)², (V_c − R)²)   (c ≤ 0: L_t = ½ (V − R)²)."""
-    m = mask.float()
+def critic_loss(cfg: AlgorithmConfig, x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+    """Clipped value loss of `x.values` (with gradient) against `x.returns`, aggregated as `algo.aggregation`:
+    V_c = V_old + clip(V − V_old, −c, c), L_t = ½ · max((V − R)², (V_c − R)²), c = `algo.value_clip`
+    (c ≤ 0: L_t = ½ (V − R)²); V_old = `x.old_values` (None: V, detached)."""
+    if x.values is None or x.returns is None:
+        raise ValueError(
+            f"algo.adv_estimator={cfg.adv_estimator} needs values (with gradient), old_values, and returns "
+            "when advantages are passed in (both come from compute_advantages)"
+        )
+    values, returns, m = x.values, x.returns.detach(), x.mask.float()
+    old_values = (x.old_values if x.old_values is not None else values).detach()
     err = (values - returns) ** 2
     clip_hit = torch.zeros_like(err)
-    if value_clip > 0:
-        v_clip = old_values + (values - old_values).clamp(-value_clip, value_clip)
+    if cfg.value_clip > 0:
+        v_clip = old_values + (values - old_values).clamp(-cfg.value_clip, cfg.value_clip)
         err_clip = (v_clip - returns) ** 2
         clip_hit = (err_clip > err).float()
         err = torch.maximum(err, err_clip)
-    loss = aggregate(0.5 * err, m, aggregation, **agg_kwargs)
-    v, r = values.detach(), returns.detach()
+    loss = x.reduce(0.5 * err, cfg)
+    v, r = values.detach(), returns
     ret_var = masked_mean((r - masked_mean(r, m)) ** 2, m)
     res_var = masked_mean((r - v - masked_mean(r - v, m)) ** 2, m)
     stats = {
@@ -72,20 +71,4 @@ class CriticTerm(Loss):
         return cfg.value_coef
 
     def __call__(self, cfg: AlgorithmConfig, x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
-        if x.values is None or x.returns is None:
-            raise ValueError(
-                f"algo.adv_estimator={cfg.adv_estimator} needs values (with gradient), old_values, and returns "
-                "when advantages are passed in (both come from compute_advantages)"
-            )
-        old_v = x.old_values if x.old_values is not None else x.values.detach()
-        return critic_loss(
-            x.values,
-            old_v.detach(),
-            x.returns.detach(),
-            x.mask,
-            cfg.value_clip,
-            cfg.aggregation,
-            norm_const=cfg.norm_const,
-            global_tokens=x.global_tokens,
-            global_seqs=x.global_seqs,
-        )
+        return critic_loss(cfg, x)

@@ -35,46 +35,30 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from areal_core.train.loss.common import aggregate, behaviour_kl, behaviour_weights, masked_mean, usable_behaviour
-from areal_core.train.loss.decoupled_ppo import DecoupledPPO
+from areal_core.train.loss.common import masked_mean
+from areal_core.train.loss.decoupled_ppo import decoupled_ppo_loss
 from areal_core.train.loss.registry import Loss, LossInputs, register
 
 if TYPE_CHECKING:
     from areal_core.config.algorithm import AlgorithmConfig
 
 
-def distill_term(
-    logp: torch.Tensor,
-    prox_logp: torch.Tensor,
-    behav_logp: torch.Tensor,
-    teacher_logp: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    behav_correction: str = "truncate",
-    behav_low: float = 0.0,
-    behav_high: float = 5.0,
-    behav_level: str = "token",
-    aggregation: str = "token_mean",
-    norm_const: float = 0.0,
-    global_tokens: float | None = None,
-    global_seqs: float | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """L_KD = agg(w · r · sg(log π_θ − log π_T)), r = π_θ/π_prox, w = `behaviour_weights`. Returns
-    (L_KD, stats): `distill_rkl` (mean_t log π_θ − log π_T over the kept tokens, the k1 estimate of
-    the per-token reverse KL), importance-weight statistics and KL(behaviour‖proximal)."""
-    m = mask.float()
-    w, keep, w_stats = behaviour_weights(prox_logp, behav_logp, m, behav_correction, behav_low, behav_high, behav_level)
-    kl = behaviour_kl(prox_logp, behav_logp, m)
-    ok = usable_behaviour(prox_logp, behav_logp) * torch.isfinite(teacher_logp).float()
-    w, keep = torch.where(ok > 0, w, 0.0), keep * ok
-    prox_logp = torch.where(ok > 0, prox_logp, logp.detach())  # r = 1, d = 0 where w = 0
-    d = torch.where(ok > 0, logp.detach() - teacher_logp, 0.0)
-    ratio = torch.exp(logp - prox_logp)
-    loss = aggregate(w * ratio * d, m, aggregation, norm_const, global_tokens, global_seqs)
+def distill_term(cfg: AlgorithmConfig, x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+    """L_KD = agg(w · r · sg(log π_θ − log π_T)), r = π_θ/π_prox, w = π_prox/π_behav (`x.behaviour(cfg)`),
+    π_T = `x.teacher_logp`. Returns (L_KD, stats): `distill_rkl` (mean_t log π_θ − log π_T over the
+    kept tokens, the k1 estimate of the per-token reverse KL), importance-weight statistics
+    (prefixed `distill_`) and KL(behaviour‖proximal)."""
+    b = x.behaviour(cfg)
+    ok = b.usable * torch.isfinite(x.teacher_logp).float()
+    w, keep = torch.where(ok > 0, b.w, 0.0), b.keep * ok
+    prox_logp = torch.where(ok > 0, x.prox_logp, x.logp.detach())  # r = 1, d = 0 where w = 0
+    d = torch.where(ok > 0, x.logp.detach() - x.teacher_logp, 0.0)
+    ratio = torch.exp(x.logp - prox_logp)
+    loss = x.reduce(w * ratio * d, cfg)
     stats = {
-        "distill_rkl": masked_mean(d, m * keep).item(),
-        **{f"distill_{k}": v for k, v in w_stats.items()},
-        "kl_behav_prox": kl,
+        "distill_rkl": masked_mean(d, x.mask.float() * keep).item(),
+        **{f"distill_{k}": v for k, v in b.stats.items()},
+        "kl_behav_prox": b.kl,
     }
     return loss, stats
 
@@ -90,25 +74,11 @@ class OnPolicyDistillation(Loss):
     level = "token"
 
     def __call__(self, cfg: AlgorithmConfig, x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
-        kd, stats = distill_term(
-            x.logp,
-            x.prox_logp,
-            x.behav_logp,
-            x.teacher_logp,
-            x.mask,
-            behav_correction=cfg.behav_correction,
-            behav_low=cfg.behav_low,
-            behav_high=cfg.behav_high,
-            behav_level=cfg.behav_level,
-            aggregation=cfg.aggregation,
-            norm_const=cfg.norm_const,
-            global_tokens=x.global_tokens,
-            global_seqs=x.global_seqs,
-        )
+        kd, stats = distill_term(cfg, x)
         loss = cfg.distill_coef * kd
         stats["loss_distill"] = kd.item()
         if cfg.distill_rl_coef > 0:
-            rl, rl_stats = DecoupledPPO()(cfg, x)
+            rl, rl_stats = decoupled_ppo_loss(cfg, x)
             loss = loss + cfg.distill_rl_coef * rl
             stats.update(rl_stats, loss_rl=rl.item())
         return loss, stats

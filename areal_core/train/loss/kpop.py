@@ -61,9 +61,7 @@ def kpop_loss(cfg: AlgorithmConfig, x: LossInputs) -> tuple[torch.Tensor, dict[s
     keep = kpop_keep(x.prox_logp, x.behav_logp, cfg.kpop_threshold)
     log_rho = torch.where(usable > 0, x.prox_logp - x.behav_logp, 0.0).detach().float()
     rho = torch.exp(log_rho.clamp(max=80.0))
-    loss, stats = masked_decoupled_ppo(
-        x.logp, x.prox_logp, x.behav_logp, x.advantages, m, rho, keep, cfg, x.global_tokens, x.global_seqs
-    )
+    loss, stats = masked_decoupled_ppo(cfg, x, rho, keep)
     on = (m * usable) > 0
     prox, behav = torch.where(on, x.prox_logp, 0.0), torch.where(on, x.behav_logp, 0.0)
     kl = torch.maximum(binary_kl(prox, behav), binary_kl(behav, prox))

@@ -25,11 +25,12 @@ Tokens with a non-finite log π_behav or log π_prox are masked and left out of 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import torch
 
-from areal_core.train.loss.common import behaviour_weights, masked_mean, usable_behaviour
+from areal_core.train.loss.common import masked_mean, usable_behaviour
 from areal_core.train.loss.decoupled_ppo import decoupled_ppo_loss
 from areal_core.train.loss.registry import Loss, LossInputs, register
 
@@ -56,47 +57,25 @@ def m2po_mask(prox_logp: torch.Tensor, behav_logp: torch.Tensor, mask: torch.Ten
 
 
 def masked_decoupled_ppo(
-    logp: torch.Tensor,
-    prox_logp: torch.Tensor,
-    behav_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    w: torch.Tensor,
-    keep: torch.Tensor,
-    cfg: AlgorithmConfig,
-    global_tokens: float | None = None,
-    global_seqs: float | None = None,
+    cfg: AlgorithmConfig, x: LossInputs, w: torch.Tensor, keep: torch.Tensor
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """agg(keep · w · max(−A·r, −A·clip(r, 1−ε_low, 1+ε_high))), r = π_θ/π_prox, for a given behaviour
-    weight w ≥ 0 and keep mask (no gradient through either): `decoupled_ppo_loss` with w·keep folded
-    into the advantage (w·max(a, b) = max(w·a, w·b) for w ≥ 0; the dual clip −c·A·w likewise), so
-    masked tokens give 0 and stay in the denominator. The clip fractions, the ratio mean and the
-    importance-weight statistics count the kept tokens only; `behav_masked_frac` is over all
-    policy tokens."""
-    m = mask.float()
-    keep = keep * usable_behaviour(prox_logp, behav_logp)
+    weight w ≥ 0 and keep mask (no gradient through either): `decoupled_ppo_loss` with no correction
+    and w·keep folded into the advantage (w·max(a, b) = max(w·a, w·b) for w ≥ 0; the dual clip
+    −c·A·w likewise), so masked tokens give 0 and stay in the denominator. The clip fractions, the
+    ratio mean and the importance-weight statistics count the kept tokens only; `behav_masked_frac`
+    is over all policy tokens."""
+    none = x.behaviour(cfg, "none")
+    m = x.mask.float()
+    keep = keep * none.usable
     w = torch.where(keep > 0, w.detach(), 0.0)
-    loss, stats = decoupled_ppo_loss(
-        logp,
-        prox_logp,
-        behav_logp,
-        advantages * w,
-        m,
-        cfg.eps_low,
-        cfg.eps_high,
-        cfg.dual_clip,
-        behav_correction="none",
-        aggregation=cfg.aggregation,
-        norm_const=cfg.norm_const,
-        global_tokens=global_tokens,
-        global_seqs=global_seqs,
-    )
+    loss, stats = decoupled_ppo_loss(cfg, dataclasses.replace(x, advantages=x.advantages * w), behaviour=none)
     kept = m * keep
     n_kept = kept.sum().clamp(min=1)
-    scale = ((m * usable_behaviour(prox_logp, behav_logp)).sum() / n_kept).item()  # masked tokens never clip
+    scale = ((m * none.usable).sum() / n_kept).item()  # masked tokens never clip
     for key in ("clip_frac", "clip_low_frac", "clip_high_frac", "dual_clip_frac"):
         stats[key] *= scale
-    log_r = torch.where(kept > 0, logp.detach() - prox_logp, 0.0)
+    log_r = torch.where(kept > 0, x.logp.detach() - x.prox_logp, 0.0)
     wk = w[kept > 0] if (kept > 0).any() else w.new_ones(1)
     stats.update(
         ratio_mean=masked_mean(torch.exp(log_r), kept).item(),
@@ -112,17 +91,13 @@ def m2po_loss(cfg: AlgorithmConfig, x: LossInputs) -> tuple[torch.Tensor, dict[s
     """M2PO on `x` (the formula in the module docstring). Metrics: decoupled PPO's, `m2_masked_frac`
     (policy tokens M2PO masked), `m2_before` / `m2_after` (mean M2 over the usable / kept tokens)."""
     m = x.mask.float()
-    w, keep_b, w_stats = behaviour_weights(
-        x.prox_logp, x.behav_logp, m, cfg.behav_correction, cfg.behav_low, cfg.behav_high, cfg.behav_level
-    )
+    b = x.behaviour(cfg)
     keep_m2 = m2po_mask(x.prox_logp, x.behav_logp, m, cfg.m2_threshold)
-    usable = m * usable_behaviour(x.prox_logp, x.behav_logp)
-    loss, stats = masked_decoupled_ppo(
-        x.logp, x.prox_logp, x.behav_logp, x.advantages, m, w, keep_b * keep_m2, cfg, x.global_tokens, x.global_seqs
-    )
+    usable = m * b.usable
+    loss, stats = masked_decoupled_ppo(cfg, x, b.w, b.keep * keep_m2)
     m2 = torch.where(usable > 0, x.behav_logp - x.prox_logp, 0.0).detach().float() ** 2
     stats.update(
-        behav_truncated_frac=w_stats["behav_truncated_frac"],
+        behav_truncated_frac=b.stats["behav_truncated_frac"],
         m2_masked_frac=masked_mean(usable * (1 - keep_m2), m).item(),
         m2_before=masked_mean(m2, usable).item(),
         m2_after=masked_mean(m2, usable * keep_m2).item(),

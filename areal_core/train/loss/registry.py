@@ -6,7 +6,8 @@
         needs = frozenset({"advantages"})
         level = "token"
         def __call__(self, cfg, x):     # x: LossInputs -> (loss, metrics)
-            ...
+            b = x.behaviour(cfg)        # w = π_prox/π_behav as algo.behav_correction says
+            return x.reduce(-b.w * x.advantages * x.logp, cfg), b.metrics()
 
     loss = get_loss(cfg.loss)           # ConfigError naming 'algo.loss' and the known losses
     loss(cfg, LossInputs(logp=..., prox_logp=..., ...))
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from areal_core.config.base import ConfigError
-from areal_core.train.loss.common import aggregate
+from areal_core.train.loss.common import Behaviour, aggregate, behaviour_correction
 
 if TYPE_CHECKING:
     import torch
@@ -72,6 +73,19 @@ class LossInputs:
     def reduce(self, per_token: torch.Tensor, cfg: AlgorithmConfig) -> torch.Tensor:
         """`per_token` aggregated as configured (`algo.aggregation`, `algo.norm_const`)."""
         return aggregate(per_token, self.mask, cfg.aggregation, cfg.norm_const, self.global_tokens, self.global_seqs)
+
+    def behaviour(self, cfg: AlgorithmConfig, mode: str | None = None) -> Behaviour:
+        """The behaviour correction of these rows (`behaviour_correction`) as `algo.behav_correction`,
+        `behav_low`, `behav_high` and `behav_level` configure it; `mode` overrides the correction."""
+        return behaviour_correction(
+            self.prox_logp,
+            self.behav_logp,
+            self.mask,
+            mode or cfg.behav_correction,
+            cfg.behav_low,
+            cfg.behav_high,
+            cfg.behav_level,
+        )
 
 
 class Loss:

@@ -28,54 +28,34 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from areal_core.train.loss.common import aggregate, behaviour_kl, behaviour_weights, masked_mean, usable_behaviour
+from areal_core.train.loss.common import masked_mean
 from areal_core.train.loss.registry import Loss, LossInputs, register
 
 if TYPE_CHECKING:
     from areal_core.config.algorithm import AlgorithmConfig
 
 
-def sapo_loss(
-    logp: torch.Tensor,
-    prox_logp: torch.Tensor,
-    behav_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    tau_pos: float = 1.0,
-    tau_neg: float = 1.05,
-    *,
-    behav_correction: str = "truncate",
-    behav_low: float = 0.0,
-    behav_high: float = 5.0,
-    behav_level: str = "token",
-    aggregation: str = "token_mean",
-    norm_const: float = 0.0,
-    global_tokens: float | None = None,
-    global_seqs: float | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """agg(−w · (4/τ)·σ(τ·(r − 1)) · A), r = π_θ/π_prox, τ = τ_pos where A > 0 else τ_neg, w as
-    `behaviour_weights`. Returns (loss, stats): the ratio mean, `sapo_gate_mean` (mean of the
-    gradient weight 4σ(1 − σ) ∈ (0, 1] relative to the policy gradient, 1 at r = 1) over the kept
-    tokens, importance-weight statistics and KL(behaviour‖proximal)."""
+def sapo_loss(cfg: AlgorithmConfig, x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+    """agg(−w · (4/τ)·σ(τ·(r − 1)) · A), r = π_θ/π_prox, τ = `algo.sapo_tau_pos` where A > 0 else
+    `algo.sapo_tau_neg`, w = π_prox/π_behav (`x.behaviour(cfg)`). Returns (loss, stats): the ratio
+    mean, `sapo_gate_mean` (mean of the gradient weight 4σ(1 − σ) ∈ (0, 1] relative to the policy
+    gradient, 1 at r = 1) over the kept tokens, importance-weight statistics and KL(behaviour‖proximal)."""
+    tau_pos, tau_neg = cfg.sapo_tau_pos, cfg.sapo_tau_neg
     if tau_pos <= 0 or tau_neg <= 0:
         raise ValueError(f"SAPO temperatures must be positive, got tau_pos={tau_pos}, tau_neg={tau_neg}")
-    m = mask.float()
-    w, keep, w_stats = behaviour_weights(prox_logp, behav_logp, m, behav_correction, behav_low, behav_high, behav_level)
-    kl = behaviour_kl(prox_logp, behav_logp, m)
-    prox_logp = torch.where(usable_behaviour(prox_logp, behav_logp) > 0, prox_logp, logp.detach())  # r = 1 where w = 0
-    ratio = torch.exp(logp - prox_logp)
-    adv = advantages.detach()
+    b = x.behaviour(cfg)
+    ratio = torch.exp(x.logp - b.anchor(x.prox_logp, x.logp))  # r = 1 where w = 0
+    adv = x.advantages.detach()
     tau = torch.where(adv > 0, torch.full_like(adv, tau_pos), torch.full_like(adv, tau_neg))
     gate = torch.sigmoid(tau * (ratio - 1))
-    loss = aggregate(-w * (4 / tau) * gate * adv, m, aggregation, norm_const, global_tokens, global_seqs)
-    kept = m * keep
+    loss = x.reduce(-b.w * (4 / tau) * gate * adv, cfg)
+    kept = x.mask.float() * b.keep
     g = gate.detach()
     stats = {
         "ratio_mean": masked_mean(ratio.detach(), kept).item(),
         "sapo_gate_mean": masked_mean(4 * g * (1 - g), kept).item(),
         "clip_frac": 0.0,  # nothing is clipped: the gate only down-weights
-        **w_stats,
-        "kl_behav_prox": kl,
+        **b.metrics(),
     }
     return loss, stats
 
@@ -90,20 +70,4 @@ class SAPO(Loss):
     level = "token"
 
     def __call__(self, cfg: AlgorithmConfig, x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
-        return sapo_loss(
-            x.logp,
-            x.prox_logp,
-            x.behav_logp,
-            x.advantages,
-            x.mask,
-            cfg.sapo_tau_pos,
-            cfg.sapo_tau_neg,
-            behav_correction=cfg.behav_correction,
-            behav_low=cfg.behav_low,
-            behav_high=cfg.behav_high,
-            behav_level=cfg.behav_level,
-            aggregation=cfg.aggregation,
-            norm_const=cfg.norm_const,
-            global_tokens=x.global_tokens,
-            global_seqs=x.global_seqs,
-        )
+        return sapo_loss(cfg, x)
