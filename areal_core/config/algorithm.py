@@ -30,7 +30,17 @@ from areal_core.config.base import (
     read_yaml_file,
 )
 
-AdvEstimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "lite_ppo", "gae"]
+AdvEstimator = Literal[
+    "grpo",
+    "dr_grpo",
+    "rloo",
+    "reinforce_pp",
+    "reinforce_pp_baseline",
+    "lite_ppo",
+    "gae",
+    "batch_norm",  # AReaL's paper: reward normalised over the batch's policy tokens, no group baseline
+    "group_batch_norm",  # AReaL's GSM8K example: group mean/std, then batch mean/std
+]
 Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
 BehavCorrection = Literal["none", "truncate", "mask"]
 BehavLevel = Literal["token", "sequence", "geometric"]

@@ -98,6 +98,36 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8, shift_
     return out / (var.sqrt() + eps) * m
 
 
+def batch_norm_advantages(rewards: torch.Tensor, mask: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """AReaL's paper: the outcome reward normalised over the batch's policy tokens, no group baseline; [N, T].
+
+    A_{i,t} = (r_i − μ) / (σ + eps) on the policy tokens of row i (0 elsewhere), with n_i the row's
+    policy tokens,  μ = Σ_i n_i·r_i / Σ_i n_i,  σ² = Σ_i n_i·(r_i − μ)² / Σ_i n_i  (population std).
+    This is AReaL's `masked_normalization` (eps 1e-5) of its GAE(γ = 1, λ = 1, V = 0) returns, which
+    are r_i on every policy token of row i, so a longer answer weighs more in μ and σ (the paper's
+    config: `adv_norm: true`, `group_adv_norm: false`, no group reward normalisation).
+    """
+    return masked_whiten(broadcast(rewards, mask), mask, eps)
+
+
+def group_batch_norm_advantages(
+    rewards: torch.Tensor, group_ids: torch.Tensor, mask: torch.Tensor, eps: float = 1e-5
+) -> torch.Tensor:
+    """AReaL's GSM8K example (v1.0.4 examples/math/gsm8k_grpo.yaml: `reward_norm` mean and std at the
+    group level, then `adv_norm` mean and std at the batch level); [N, T].
+
+    r'_i = (r_i − mean_g r) / (std_g r + eps), std_g with Bessel's correction (n_g − 1; AReaL's
+    `std_unbiased`), a group of one or of equal rewards giving r' = 0; then
+    A = `batch_norm_advantages`(r'): (r'_i − μ') / (σ' + eps) over the batch's policy tokens.
+    """
+    r = rewards.float()
+    _, counts, mean = group_stats(r, group_ids)
+    sq, _, _ = group_stats((r - mean) ** 2, group_ids)
+    std = (sq / (counts - 1).clamp(min=1)).sqrt()
+    centred = r - mean
+    return batch_norm_advantages(torch.where(std > 0, centred / (std + eps), 0.0), mask, eps)
+
+
 def discounted_returns(token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
     """G_t = Σ_{s ≥ t} γ^{k(s) − k(t)} r_s over the policy tokens of a row (k counts policy tokens)."""
     m = mask.float()

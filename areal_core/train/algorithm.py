@@ -123,6 +123,10 @@ def compute_advantages(
             "lite_ppo": A.lite_ppo_advantages,
         }[est]
         adv = A.broadcast(fn(r, group_index), mask)
+    elif est == "batch_norm":
+        adv = A.batch_norm_advantages(r, mask)
+    elif est == "group_batch_norm":
+        adv = A.group_batch_norm_advantages(r, group_index, mask)
     elif est == "reinforce_pp":
         tr = A.terminal_rewards(r, mask) + (token_penalty if token_penalty is not None else 0)
         adv = A.reinforce_pp_advantages(tr, mask, cfg.gamma)
