@@ -12,7 +12,9 @@ Health flags: a stalled worker (no close record, last record > `stall_s` older t
 newest), reward collapse (the last window's mean reward below half of the best window's, and
 at least 0.1 lower), an exploding importance weight (max > 10 or KL(behav‖prox) > 0.5), drops
 above 5% of (trained + dropped) samples, rewards that are failed calls above 20% of the trained
-samples (`reward_error_frac`, with the most frequent reason).
+samples (`reward_error_frac`, with the most frequent reason), staleness hurting the update (over
+the last tenth of the steps, at least 3, the behaviour correction masked or truncated more than 5%
+of the policy tokens, non-finite ones aside, or KL(behav‖prox) averaged above 0.05: lower η or lr).
 A crashed run's findings lead with the crash: the role's own `crash` record (its exception and
 where), or the launcher's (exit code and last output line) for a role killed without one.
 """
@@ -32,6 +34,8 @@ KL_MAX = 0.5
 DROP_FRAC = 0.05
 STALL_S = 30.0
 REWARD_ERROR_FRAC = 0.2  # mean share of a step's samples whose reward was a failed call
+STALE_FRAC = 0.05  # mean share of policy tokens the behaviour correction masked or truncated
+STALE_KL = 0.05  # mean KL(behav‖prox) per policy token
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,7 +230,37 @@ def diagnose(
         role, evidence, advice = v
         title = "the staleness bound η limits the run" if role == "eta" else f"{role} limits the run"
         first = Finding("limit", role, title, evidence, advice)
-    return [*crashes(records), first, *_health(records, rows, stall_s), *reward_failures(records, rows)]
+    health = [*_health(records, rows, stall_s), *stale_updates(rows), *reward_failures(records, rows)]
+    return [*crashes(records), first, *health]
+
+
+def stale_updates(rows: Sequence[dict[str, Any]]) -> list[Finding]:
+    """Staleness hurting the update, from the decoupled losses' metrics over the last tenth of the
+    steps (at least 3): the share of policy tokens the behaviour correction masked
+    (`behav_masked_frac` − `behav_nonfinite_frac`) or truncated (`behav_truncated_frac`) above
+    STALE_FRAC, or the mean `kl_behav_prox` above STALE_KL."""
+    last = [r for r in rows if r.get("kl_behav_prox") is not None]
+    if len(last) < 3:
+        return []
+    last = last[-max(3, len(last) // 10) :]
+    mean = lambda key: sum(float(r.get(key) or 0.0) for r in last) / len(last)  # noqa: E731
+    masked = max(0.0, mean("behav_masked_frac") - mean("behav_nonfinite_frac"))
+    truncated, kl = mean("behav_truncated_frac"), mean("kl_behav_prox")
+    if masked + truncated <= STALE_FRAC and kl <= STALE_KL:
+        return []
+    behind = any("staleness_mean" in r for r in last)
+    stale = f", trained {mean('staleness_mean'):.1f} versions behind" if behind else ""
+    return [
+        Finding(
+            "health",
+            "trainer",
+            "staleness is hurting the update",
+            f"over the last {len(last)} steps the behaviour correction masked {masked:.1%} and truncated "
+            f"{truncated:.1%} of the policy tokens, KL(behav‖prox) {kl:.3g} per token{stale}",
+            "the policy moves too far per version for samples this old: lower η (train.eta) or the learning "
+            "rate (train.lr)",
+        )
+    ]
 
 
 def crashes(records: list[dict[str, Any]]) -> list[Finding]:
