@@ -12,9 +12,9 @@ Engines (every other setting from the config; one seed):
   continuous-slow-noswap  the same, a version installed only between generate calls (no mid-answer swap)
   continuous-slow-sync    the same at η = 0 (every batch from the newest version)
   vllm-merged  rollout.engine=vllm, each LoRA version merged into init_model and reloaded whole
-               (AREAL_VLLM_LORA=merged: the full-fine-tuning path)
+               (rollout.server.lora=merged: the full-fine-tuning path)
   vllm-native  rollout.engine=vllm, each LoRA version loaded as the adapter `v{N}` by name
-               (AREAL_VLLM_LORA=native, the default for LoRA runs)
+               (rollout.server.lora=native; auto picks merged on CPU)
 Held-out greedy accuracy (the continuous engine, fp32, as in benchmarks/smollm2_rl.py) on --eval problems
 before (init_model, once: every engine starts from it) and after (final_model of each run); RL wall time
 (the launcher, the vLLM server's start included) and the rollout engine's start; s/step (the trainer's
@@ -46,8 +46,8 @@ ENGINES: dict[str, tuple[list[str], dict[str, str]]] = {
     "continuous-slow": (["rollout.step_delay_s=1.0"], {}),
     "continuous-slow-noswap": (["rollout.step_delay_s=1.0", "rollout.swap_mid_generation=false"], {}),
     "continuous-slow-sync": (["rollout.step_delay_s=1.0", "train.eta=0"], {}),
-    "vllm-merged": (VLLM, {"AREAL_VLLM_LORA": "merged"}),
-    "vllm-native": (VLLM, {"AREAL_VLLM_LORA": "native"}),
+    "vllm-merged": ([*VLLM, "rollout.server.lora=merged"], {}),
+    "vllm-native": ([*VLLM, "rollout.server.lora=native"], {}),
 }
 
 

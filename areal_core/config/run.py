@@ -116,6 +116,11 @@ class ServerConfig(ConfigModel):
     dtype: Str = Field("float32", description="server weight dtype")
     startup_timeout_s: Float = Field(900.0, gt=0, description="seconds to wait for a started server to answer")
     extra_args: Str = Field("", description="extra server flags, shell-quoted")
+    lora: Literal["auto", "native", "merged"] = Field(
+        "auto",
+        description="a LoRA run's versions on vLLM: adapters by name (native) or merged checkpoints; auto: merged on "
+        "CPU (native learned less there, docs/vllm.md), native elsewhere",
+    )
 
 
 class RolloutConfig(ConfigModel):
