@@ -1,0 +1,188 @@
+"""The three roles as Flyte 2 tasks, and `run_roles`, which runs them at once: the rollout pool,
+the reward pool and the trainer are concurrent async tasks awaited with `asyncio.gather` inside
+the job's own task. They share nothing but the run root; each stops when the trainer writes DONE.
+
+- `rollout_worker`, `reward_worker` (async; environments `areal_rollout`, `areal_reward`: warm
+  pools through ReusePolicy, interruptible): each starts its role in a process of its own
+  (`python -m flyte2.role ROLE RUN INDEX`, which calls `roles.rollout_task` / `roles.reward_task`,
+  as the flytekit tasks do) and awaits it without holding the event loop. A process per call
+  also keeps a reused container clean: a role's process-wide state (a fenced store, torch
+  threads, caches) never reaches the next run that container serves.
+- `trainer` (sync; environment `areal_trainer`, flyteplugins-pytorch Elastic): in a pod every
+  torchrun rank runs `roles.trainer_task` in-process, as the flytekit Elastic task does. The
+  plugin runs the function once, unlaunched, in a local run: there it starts the trainer as its
+  own process, under torchrun when `train.nproc_per_node` > 1 (as the single-machine launcher does).
+
+A role that fails stops the others: `run_roles` cancels the pool tasks (which stop their
+processes) and signals the local trainer to stop its own. Each role resumes from the store when
+Flyte retries it (areal_core/run/roles.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import flyte
+
+from areal_core.procs import own_group_dying_with_parent
+from areal_core.run.launcher import Progress, RoleFailed, RoleProcess, record_exit, stop_all
+from areal_core.store import Store
+from flyte2.envs import CLUSTER, REWARD, ROLLOUT, TRAINER, task_settings
+from flyte2.role import RESULT_PREFIX
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+POLL_S = 0.5
+_LOCAL_STOPS: dict[str, threading.Event] = {}  # run URI -> set when a local run's roles must stop
+
+
+@dataclass
+class Started:
+    """A role's process, its forwarded output's last line, and its result line once printed."""
+
+    process: RoleProcess
+    results: list[dict] = field(default_factory=list)
+
+
+def _forward(name: str, stream, last: list[str], results: list[dict]) -> None:
+    """Copy the role's output to stderr as `[role-i] line`; keep its last line and its result."""
+    for line in iter(stream.readline, ""):
+        if line.startswith(RESULT_PREFIX):
+            with contextlib.suppress(json.JSONDecodeError):
+                results.append(json.loads(line))
+        sys.stderr.write(f"[{name}] {line}")
+        sys.stderr.flush()
+        if line.strip():
+            last[:] = [line.strip()[:500]]
+    stream.close()
+
+
+def start(role: str, run_uri: str, index: int = 0, nproc: int = 1) -> Started:
+    """`role` as a process of its own: its own process group, killed with this process; under
+    torchrun with `nproc` ranks when `nproc` > 1."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH", "")]))
+    ranks = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"] if nproc > 1 else []
+    proc = subprocess.Popen(
+        [sys.executable, *ranks, "-m", "flyte2.role", role, run_uri, str(index)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=str(PROJECT_ROOT),
+        preexec_fn=own_group_dying_with_parent(signal.SIGKILL),
+    )
+    name, last, results = f"{role}-{index}", [], []
+    pump = threading.Thread(target=_forward, args=(name, proc.stdout, last, results), daemon=True)
+    pump.start()
+    return Started(RoleProcess(name, proc, pump, last), results)
+
+
+def finish(started: Started, run_uri: str) -> object:
+    """The role's result once its process exited; RoleFailed (and a `crash` event in the store,
+    with its last output line) when it exited with an error."""
+    p = started.process
+    rc = p.proc.wait()
+    p.pump.join(timeout=5)
+    if rc != 0:
+        record_exit(Store(run_uri), p, rc)
+        raise RoleFailed(f"role {p.name} exited with code {rc}")
+    return started.results[-1]["result"] if started.results else None
+
+
+async def run_role(role: str, run_uri: str, index: int) -> object:
+    """Start the role's process and await its exit without holding the event loop; when this is
+    cancelled (another role failed, the run was aborted), stop the process and its children."""
+    started = start(role, run_uri, index)
+    try:
+        while started.process.proc.poll() is None:
+            await asyncio.sleep(POLL_S)
+    except BaseException:
+        await asyncio.to_thread(stop_all, [started.process])
+        raise
+    return finish(started, run_uri)
+
+
+def run_role_blocking(role: str, run_uri: str, nproc: int, stop: threading.Event) -> object:
+    """`run_role` for a sync task: wait in this thread; stop the process when `stop` is set."""
+    started = start(role, run_uri, 0, nproc)
+    try:
+        while started.process.proc.poll() is None:
+            if stop.wait(POLL_S):
+                raise RoleFailed(f"role {started.process.name} stopped: another role of the run failed")
+    finally:
+        if started.process.proc.poll() is None:
+            stop_all([started.process])
+    return finish(started, run_uri)
+
+
+@ROLLOUT.task(**task_settings(CLUSTER.rollout))
+async def rollout_worker(run_uri: str, index: int = 0) -> int:
+    """Rollout worker `index` (its own process); returns the groups it started."""
+    return int(await run_role("rollout", run_uri, index))
+
+
+@REWARD.task(**task_settings(CLUSTER.reward))
+async def reward_worker(run_uri: str, index: int = 0) -> int:
+    """Reward worker `index` (its own process); returns the samples it graded."""
+    return int(await run_role("reward", run_uri, index))
+
+
+@TRAINER.task(**task_settings(CLUSTER.trainer))
+def trainer(run_uri: str) -> str:
+    """The trainer; returns the final model's URI. In a pod: every torchrun rank of the Elastic task
+    runs it here. In a local run: its own process (torchrun ranks when train.nproc_per_node > 1)."""
+    from areal_core.run import roles
+
+    if flyte.ctx().mode != "local":
+        return roles.trainer_task(run_uri)
+    from areal_core.context import load_run_config
+
+    nproc = load_run_config(Store(run_uri)).train.nproc_per_node
+    stop = _LOCAL_STOPS.get(Store(run_uri).uri) or threading.Event()  # set by run_roles when another role fails
+    return str(run_role_blocking("trainer", run_uri, nproc, stop))
+
+
+async def _progress(run_uri: str, enabled: bool) -> None:
+    """The launcher's one-line progress of the trainer's heartbeat (areal_core/run/launcher.py)."""
+    bar = Progress(Store(run_uri), enabled)
+    while enabled:
+        await asyncio.to_thread(bar.update)
+        await asyncio.sleep(1.0)
+
+
+async def run_roles(run_uri: str, num_rollout: int, num_reward: int, timeout_s: float = 0, progress: bool = False):
+    """Every role of the run at once, as Flyte tasks, until the trainer writes DONE; returns the
+    final model's URI. The first role to fail (or `timeout_s`, when > 0) stops the others."""
+    uri = Store(run_uri).uri
+    stop = _LOCAL_STOPS.setdefault(uri, threading.Event())
+    roles: list[Awaitable] = [trainer.aio(run_uri)]
+    roles += [rollout_worker(run_uri, i) for i in range(num_rollout)]
+    roles += [reward_worker(run_uri, i) for i in range(num_reward)]
+    tasks = [asyncio.ensure_future(r) for r in roles]
+    shown = asyncio.ensure_future(_progress(uri, progress))
+    try:
+        async with asyncio.timeout(timeout_s or None):
+            results = await asyncio.gather(*tasks)
+    except TimeoutError:
+        raise RoleFailed(f"run did not finish within {timeout_s:.0f}s") from None
+    finally:
+        if not all(t.done() for t in tasks):
+            stop.set()
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        shown.cancel()
+        _LOCAL_STOPS.pop(uri, None)
+    if not Store(uri).done():
+        raise RoleFailed("all roles finished but the trainer wrote no DONE")
+    return results[0]
