@@ -1,48 +1,61 @@
-"""AReaL's staleness ablation on our cores: naive PPO against decoupled PPO as the staleness bound η grows (issue 27).
+"""AReaL's staleness ablation on our cores: PPO rules against the staleness bound η (issues 27 and 47).
 
-    PYTHONPATH=. .venv/bin/python benchmarks/staleness_ablation.py [--etas 0 1 2 4 8 16 inf] \\
-        [--losses ppo decoupled_ppo] [--seeds 1 2 3] [--steps 800] [--eval-every 100] [--threshold 0.5] \\
-        [--lr 3e-4] [--rollout-workers 1] [--root runs/staleness-ablation] [--init URI] [overrides...]
+    PYTHONPATH=. .venv/bin/python benchmarks/staleness_ablation.py [--setting faithful|job] \\
+        [--rules naive mask5 uncapped trunc5] [--etas 0 2 8 inf] [--seeds 1 2 3] [--steps 800] \\
+        [--eval-every 100] [--threshold 0.5] [--lr 1e-4] [--adv batch_norm|group_batch_norm] \\
+        [--rollout-workers 1] [--root runs/staleness-faithful] [--init URI] [--quick] [overrides...]
 
-Every cell (loss, η, seed) starts from one SFT checkpoint of the default job (`vs_trl.sft_checkpoint`,
+Every cell (rule, η, seed) starts from one SFT checkpoint of the default job (`vs_trl.sft_checkpoint`,
 trained once under ROOT/sft, or `--init`), runs the asynchronous pipeline (`--rollout-workers`
-rollout, one reward and one trainer process, one thread each) on configs/default.yaml with
-`algo.loss=<loss>`, `train.eta=<η>`, `train.lr=<lr>` and `seed=<seed>` for `--steps` steps, the
-trainer evaluating greedy held-out accuracy every `--eval-every` steps. `ppo` is naive PPO (ratio
-to π_behav, no proximal policy: configs/algorithms/naive_ppo.yaml), `decoupled_ppo` the default
-(ratio to π_prox, π_prox/π_behav truncated at 5). Per cell, from trainer/metrics.jsonl and the
-trainer's events:
+rollout, one reward and one trainer process, one thread each) on configs/default.yaml with the
+setting's and the rule's overrides, `train.eta=<η>`, `train.lr=<lr>` and `seed=<seed>` for
+`--steps` steps, the trainer evaluating greedy held-out accuracy every `--eval-every` steps.
+
+The rules (`RULES`; the correction w = π_prox/π_behav is `algo.behav_correction`, docs/algorithms.md):
+
+  naive     naive PPO: ratio to π_behav, no π_prox, no weight (`algo.loss=ppo`)
+  mask5     decoupled PPO with AReaL's rule: tokens with w > 5 dropped, the rest weighted by w
+            (AReaL's `behave_imp_weight_mode: token_mask` default until April 2026, and its
+            examples' `rejection_sampling: {metric: ratio, upper: 5}`; tests/test_areal_reference.py)
+  uncapped  decoupled PPO, w uncapped (AReaL's paper config)
+  trunc5    decoupled PPO, w truncated at 5 (our default; AReaL's opt-in `action: clamp`)
+  ppo, decoupled_ppo   the issue-27 cells: the default job's two losses as configured (ε 0.2 / 0.28)
+
+At η = 0 every rule is the same update up to the engine's and the trainer's log-prob rounding
+(π_behav = π_prox, w = 1), so η = 0 runs once per seed, under the first rule, and stands for all.
+
+The settings (`SETTINGS`):
+
+  faithful  issue 47's: B = 32 groups × 8 a step, `train.ppo_minibatches=4` (each minibatch 8 groups,
+            today's whole batch), ε = 0.2 both sides, token-mean, π_prox recomputed before the
+            minibatches, advantages as AReaL normalises them (`--adv`: `batch_norm`, its paper:
+            the reward over the batch, no group baseline; `group_batch_norm`, its GSM8K example).
+            The learning rate is `--lr` (1e-4 by default, a placeholder: the issue asks for the
+            rate at which sync with 4 minibatches learns no worse than with 1, found by a sweep,
+            docs/benchmarks.md gives its commands).
+  job       issue 27's: the default job (B = 8 × 8, one minibatch, GRPO advantages), lr 3e-4 there.
+
+Per cell, from trainer/metrics.jsonl and the trainer's events:
 
 - final held-out accuracy (the evaluation at the last step) and the curve;
 - time to accuracy: the first evaluation step reaching `--threshold`, and the trainer's wall time
   to it (its "trained" event, minus the time spent in the earlier evaluations);
-- KL(behaviour‖proximal), the mean over steps of mean_t (log π_behav − log π_prox), and the
-  staleness actually trained (versions behind, mean and max);
-- the importance-weight range: the median over steps of the per-step smallest and largest
-  w = π_prox/π_behav and its extremes (decoupled cells; naive PPO has no weight, w = 1: its
-  off-policy signal is the clip fraction of r = π_θ/π_behav, also reported).
+- the staleness actually trained (versions behind, mean and max), KL(behaviour‖proximal) (the mean
+  over steps of mean_t (log π_behav − log π_prox));
+- the share of policy tokens the correction masked (`behav_masked_frac` − `behav_nonfinite_frac`)
+  or truncated (`behav_truncated_frac`), means over steps; the importance-weight range (median
+  over steps of the per-step smallest and largest w and its extremes); the clip fraction.
 
-η = ∞ is `train.eta=1000000` (`INF`): `train.eta` is a non-negative int with no upper bound; at
-that value admission, (v + η + 1)·B groups, never binds and no sample is ever too stale, so the
-rollout runs as far ahead as its speed allows.
+η = ∞ is `train.eta=1000000` (`INF`): at that value admission, (v + η + 1)·B groups, never binds.
+Staleness is real only where the rollout is ahead: with the trainer the bottleneck (this tiny job
+on 2 cores) samples are η versions old; on a machine where it is not, raise `--rollout-workers`.
 
-The setting, and why: the default job, whose trainer is the bottleneck, so the rollout always
-reaches the admission limit and every sample is η versions old (docs/benchmarks.md, issue 27);
-more rollout workers would not make samples staler, only take the trainer's CPU on a 2-core
-machine (`--rollout-workers` is there for a bigger one). The lever is the learning rate: at the
-default 2e-4, KL(behav‖prox) is ~1e-4 at η = 2 (issue 27) and ~1e-2 at η = 8 (the algorithm
-matrix), too little for the two losses to differ within seed noise; at 3e-4 the default job (η = 2,
-decoupled) collapsed from 0.36 to 0.18 by step 150 and recovered slowly (docs/benchmarks.md), so
-the policy moves far per version there, and the η = 0 cells say whether that collapse is
-staleness. The threshold defaults to 0.5, not 0.6: at 3e-4 a 500-step run ended at 0.41, and a
-time-to-accuracy no cell reaches says nothing. The tiny model, not SmolLM2-135M: 14 cells × 3
-seeds of 800 steps are a few CPU-hours for it (about 0.2–0.45 s a step, plus the evaluations) and
-days for SmolLM2 on this machine.
-
-Cells run seed by seed (the first seed's whole sweep first), each result appended to
-ROOT/results.jsonl at once; a rerun skips finished cells and restarts unfinished ones. The
-Markdown table goes to ROOT/staleness_ablation.md and stdout, the plot (accuracy against η for
-both losses, mean ± sd over seeds) to ROOT/staleness_ablation.png.
+Cells run seed by seed, each result appended to ROOT/results.jsonl at once; a rerun skips finished
+cells and restarts unfinished ones; `--rescan` recomputes the figures from the run roots. The
+Markdown tables go to ROOT/staleness_ablation.md and stdout, the plot (accuracy against η per rule,
+and against the measured KL per cell) to ROOT/staleness_ablation.png. `--quick` is a smoke run of
+the whole path (every rule at η ∈ {0, 4}, one seed, a few steps of a small batch, a short SFT):
+it shows the script works, not a result.
 """
 
 from __future__ import annotations
@@ -61,8 +74,31 @@ from benchmarks.vs_trl import sft_checkpoint
 
 INF = 1_000_000  # train.eta standing for η = ∞ (see the module docstring)
 ETAS = ["0", "1", "2", "4", "8", "16", "inf"]
-LOSSES = ["ppo", "decoupled_ppo"]
-LABEL = {"ppo": "naive PPO", "decoupled_ppo": "decoupled PPO"}
+DECOUPLED = "algo.loss=decoupled_ppo"
+FAITHFUL_RULES = ["mask5", "naive", "uncapped", "trunc5"]
+RULES: dict[str, tuple[str, list[str]]] = {
+    "naive": ("naive PPO", ["algo.loss=ppo"]),
+    "mask5": ("decoupled, AReaL's mask w > 5", [DECOUPLED, "algo.behav_correction=mask", "algo.behav_high=5.0"]),
+    "uncapped": ("decoupled, w uncapped", [DECOUPLED, "algo.behav_correction=truncate", "algo.behav_high=0"]),
+    "trunc5": ("decoupled, w truncated at 5", [DECOUPLED, "algo.behav_correction=truncate", "algo.behav_high=5.0"]),
+    "ppo": ("naive PPO", ["algo.loss=ppo"]),
+    "decoupled_ppo": ("decoupled PPO", [DECOUPLED]),
+}
+LABEL = {name: label for name, (label, _) in RULES.items()}
+SETTINGS: dict[str, list[str]] = {
+    "faithful": [
+        "train.batch_groups=32",
+        "rollout.group_size=8",
+        "train.ppo_minibatches=4",
+        "algo.eps_low=0.2",
+        "algo.eps_high=0.2",
+        "algo.aggregation=token_mean",
+        "algo.behav_low=0",
+    ],
+    "job": [],
+}
+QUICK = {"steps": 4, "eval_every": 2, "eval": 20, "etas": ["0", "4"], "seeds": [1]}
+QUICK_OVERRIDES = ["train.batch_groups=8", "sft.steps=20", "train.lr_warmup_steps=1", "eval.num_samples=20"]
 
 
 def eta_value(eta: str) -> int:
@@ -105,6 +141,7 @@ def cell_result(store, loss: str, eta: int, seed: int, wall_s: float) -> dict:
     curve = {int(r["step"]): r["eval_accuracy"] for r in rows if "eval_accuracy" in r}
     clock = trainer_clock(store)
     pick = lambda key: [r[key] for r in rows if key in r]  # noqa: E731
+    mean = lambda key: statistics.fmean(pick(key)) if pick(key) else float("nan")  # noqa: E731
     return {
         "loss": loss,
         "eta": eta,
@@ -114,12 +151,14 @@ def cell_result(store, loss: str, eta: int, seed: int, wall_s: float) -> dict:
         "clock": {s: clock.get(s) for s in curve},
         "train_s": clock.get(max(clock)) if clock else None,
         "wall_s": wall_s,
-        "kl_behav_prox": statistics.fmean(pick("kl_behav_prox")) if pick("kl_behav_prox") else float("nan"),
+        "kl_behav_prox": mean("kl_behav_prox"),
         "w_min_median": median(pick("importance_weight_min")),
         "w_max_median": median(pick("importance_weight_max")),
         "w_min": min(pick("importance_weight_min"), default=float("nan")),
         "w_max": max(pick("importance_weight_max"), default=float("nan")),
-        "clip_frac": statistics.fmean(pick("clip_frac")) if pick("clip_frac") else float("nan"),
+        "clip_frac": mean("clip_frac"),
+        "masked_frac": max(0.0, mean("behav_masked_frac") - mean("behav_nonfinite_frac")),
+        "truncated_frac": mean("behav_truncated_frac"),
         "staleness_max": max(pick("staleness_max"), default=0),
         **summarise_metrics(store),
     }
@@ -133,7 +172,7 @@ def run_cell(loss: str, eta: int, seed: int, args: argparse.Namespace, base: lis
     root = Path(args.root) / cell_name(loss, eta, seed)
     if root.exists():  # an unfinished cell of an interrupted invocation: start it again
         shutil.rmtree(root)
-    overrides = [*base, f"algo.loss={loss}", f"train.eta={eta}", f"seed={seed}", f"store={root}"]
+    overrides = [*base, *RULES[loss][1], f"train.eta={eta}", f"seed={seed}", f"store={root}"]
     uri, _ = pipeline.prepare("configs/default.yaml", overrides)
     store = Store(uri)
     pipeline.ensure_init_model(store, init)
@@ -173,31 +212,49 @@ def _mean_sd(xs: list[float]) -> str:
     return f"{statistics.fmean(xs):.3f} ± {statistics.stdev(xs):.3f}" if len(xs) > 1 else f"{xs[0]:.3f}"
 
 
+def cells_of(by: dict[tuple[str, int], list[dict]], rule: str, eta: int, rules: list[str]) -> list[dict]:
+    """The results of (rule, η); at η = 0 the first rule's when this rule has none of its own (η = 0 runs once)."""
+    return by.get((rule, eta)) or (by.get((rules[0], 0), []) if eta == 0 else [])
+
+
+def setting_line(args: argparse.Namespace) -> str:
+    what = {
+        "faithful": f"B = 32 groups × 8, 4 minibatches, ε = 0.2 both sides, token-mean, advantages `{args.adv}`",
+        "job": "the default job (B = 8 × 8, one minibatch, GRPO advantages, ε = 0.2 / 0.28)",
+    }[args.setting]
+    extra = f"; then the overrides {' '.join(args.overrides)} (they win)" if args.overrides else ""
+    return (
+        f"Setting `{args.setting}`: {what}{extra}. {args.steps} RL steps per cell, lr {args.lr}, "
+        f"{args.rollout_workers} rollout worker(s), held-out accuracy on {args.eval} problems every "
+        f"{args.eval_every} steps; mean ± sd over the seeds run. η = 0 ran once, under "
+        f"{LABEL.get(args.rules[0], args.rules[0])}: every rule is the same update there."
+    )
+
+
 def markdown(results: list[dict], args: argparse.Namespace) -> str:
     by: dict[tuple[str, int], list[dict]] = {}
     for r in results:
         by.setdefault((r["loss"], r["eta"]), []).append(r)
     etas = sorted({r["eta"] for r in results})
-    thr = args.threshold
+    thr, rules = args.threshold, args.rules
     lines = [
-        f"{args.steps} RL steps per cell, lr {args.lr}, {args.rollout_workers} rollout worker(s), held-out accuracy on "
-        f"{args.eval} problems every {args.eval_every} steps; mean ± sd over the seeds run.",
+        setting_line(args),
         "",
-        "| η | " + " | ".join(f"{LABEL.get(loss, loss)} (final)" for loss in args.losses) + " |",
-        "|---|" + "---|" * len(args.losses),
+        "| η | " + " | ".join(f"{LABEL.get(rule, rule)} (final)" for rule in rules) + " |",
+        "|---|" + "---|" * len(rules),
     ]
     for e in etas:
-        cells = [_mean_sd([r["final"] for r in by.get((loss, e), [])]) for loss in args.losses]
+        cells = [_mean_sd([r["final"] for r in cells_of(by, rule, e, rules)]) for rule in rules]
         lines.append(f"| {eta_label(e)} | " + " | ".join(cells) + " |")
     lines += [
         "",
-        f"| loss | η | seeds | final held-out | steps to ≥ {thr} | trainer s to ≥ {thr} | staleness mean / max "
-        "| KL(behav‖prox) | w median min–max (extremes) | clip frac |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"| rule | η | seeds | final held-out | steps to ≥ {thr} | trainer s to ≥ {thr} | staleness mean / max "
+        "| KL(behav‖prox) | masked / truncated tokens | w median min–max (extremes) | clip frac |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for loss in args.losses:
+    for rule in rules:
         for e in etas:
-            rs = by.get((loss, e), [])
+            rs = by.get((rule, e), [])
             if not rs:
                 continue
             hits = [h for h in (reached(r, thr) for r in rs) if h is not None]
@@ -208,43 +265,57 @@ def markdown(results: list[dict], args: argparse.Namespace) -> str:
                 f"{median([r['w_min_median'] for r in rs]):.3g}–{median([r['w_max_median'] for r in rs]):.3g} "
                 f"({min(r['w_min'] for r in rs):.3g}–{max(r['w_max'] for r in rs):.3g})"
             )
-            if loss == "ppo":
+            if rule in ("ppo", "naive"):
                 w = "– (no weight)"
+            masked = statistics.fmean(r.get("masked_frac", float("nan")) for r in rs)
+            truncated = statistics.fmean(r.get("truncated_frac", float("nan")) for r in rs)
             nan = " NaN" if any(r["non_finite"] for r in rs) else ""
+            label = LABEL.get(rule, rule) + (" (η = 0: every rule)" if e == 0 else "")
             lines.append(
-                f"| {LABEL.get(loss, loss)} | {eta_label(e)} | {len(rs)} | {_mean_sd([r['final'] for r in rs])}{nan} | "
+                f"| {label} | {eta_label(e)} | {len(rs)} | {_mean_sd([r['final'] for r in rs])}{nan} | "
                 f"{steps} ({len(hits)}/{len(rs)} reached) | {secs_s} | "
                 f"{statistics.fmean(r['staleness_mean'] for r in rs):.2f} / {max(r['staleness_max'] for r in rs)} | "
-                f"{statistics.fmean(r['kl_behav_prox'] for r in rs):.2e} | {w} | "
-                f"{statistics.fmean(r['clip_frac'] for r in rs):.4f} |"
+                f"{statistics.fmean(r['kl_behav_prox'] for r in rs):.2e} | "
+                f"{masked:.2%} / {truncated:.2%} | {w} | {statistics.fmean(r['clip_frac'] for r in rs):.4f} |"
             )
     return "\n".join(lines) + "\n"
 
 
 def plot(results: list[dict], args: argparse.Namespace, path: Path) -> None:
-    """Final held-out accuracy against η (∞ at the right end), mean ± sd over seeds, one line per loss."""
+    """Final held-out accuracy against η (∞ at the right end), mean ± sd over seeds, one line per rule;
+    and every cell's final accuracy against its measured KL(behav‖prox)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    by: dict[tuple[str, int], list[dict]] = {}
+    for r in results:
+        by.setdefault((r["loss"], r["eta"]), []).append(r)
     etas = sorted({r["eta"] for r in results})
     xs = list(range(len(etas)))
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for loss in args.losses:
-        pts = [(x, [r["final"] for r in results if r["loss"] == loss and r["eta"] == e]) for x, e in zip(xs, etas)]
+    fig, (ax, kx) = plt.subplots(1, 2, figsize=(11, 4))
+    for rule in args.rules:
+        pts = [(x, [r["final"] for r in cells_of(by, rule, e, args.rules)]) for x, e in zip(xs, etas)]
         pts = [(x, v) for x, v in pts if v]
         if not pts:
             continue
         mean = [statistics.fmean(v) for _, v in pts]
         sd = [statistics.stdev(v) if len(v) > 1 else 0.0 for _, v in pts]
-        ax.errorbar([x for x, _ in pts], mean, yerr=sd, marker="o", capsize=3, label=LABEL.get(loss, loss))
+        ax.errorbar([x for x, _ in pts], mean, yerr=sd, marker="o", capsize=3, label=LABEL.get(rule, rule))
+        cells = [r for e in etas if e > 0 for r in by.get((rule, e), [])]
+        kx.scatter([max(r["kl_behav_prox"], 1e-6) for r in cells], [r["final"] for r in cells], label=LABEL[rule])
     ax.set_xticks(xs, [eta_label(e) for e in etas])
     ax.set_xlabel("staleness bound η")
     ax.set_ylabel(f"final held-out accuracy ({args.steps} steps)")
-    ax.set_title("Staleness ablation: naive vs decoupled PPO")
-    ax.grid(alpha=0.3)
-    ax.legend()
+    ax.set_title(f"accuracy against η ({args.setting} setting)")
+    if any(r["eta"] > 0 for r in results):
+        kx.set_xscale("log")
+    kx.set_xlabel("measured KL(behav‖prox) per token (cell mean)")
+    kx.set_title("accuracy against the measured staleness, per cell")
+    for a in (ax, kx):
+        a.grid(alpha=0.3)
+        a.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -263,32 +334,44 @@ def write_outputs(root: Path, results: list[dict], args: argparse.Namespace) -> 
     return text
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--setting", choices=sorted(SETTINGS), default="faithful")
+    parser.add_argument("--rules", "--losses", dest="rules", nargs="+", choices=sorted(RULES), default=None)
     parser.add_argument("--etas", nargs="+", default=ETAS, help="staleness bounds; 'inf' is η = ∞")
-    parser.add_argument("--losses", nargs="+", default=LOSSES)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--steps", type=int, default=800)
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--eval", type=int, default=500, help="held-out problems per evaluation")
     parser.add_argument("--threshold", type=float, default=0.5, help="held-out accuracy for time-to-accuracy")
-    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--lr", type=float, default=None, help="faithful: 1e-4 (a placeholder), job: 3e-4")
+    parser.add_argument("--adv", choices=["batch_norm", "group_batch_norm"], default="batch_norm")
     parser.add_argument("--rollout-workers", type=int, default=1)
-    parser.add_argument("--root", default="runs/staleness-ablation")
+    parser.add_argument("--root", default=None, help="default runs/staleness-<setting> (runs/staleness-quick)")
     parser.add_argument("--init", default="", help="an SFT checkpoint URI (default: train one under ROOT/sft)")
     parser.add_argument("--cell-timeout", type=float, default=4 * 3600)
+    parser.add_argument("--quick", action="store_true", help="a smoke run of every rule (module docstring)")
     parser.add_argument(
         "--rescan", action="store_true", help="recompute the finished cells' figures from their run roots; run nothing"
     )
     parser.add_argument("overrides", nargs="*", help="more config overrides for every cell")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.steps, args.eval_every, args.eval = QUICK["steps"], QUICK["eval_every"], QUICK["eval"]
+        args.etas, args.seeds = QUICK["etas"], QUICK["seeds"]
+        args.overrides = [*QUICK_OVERRIDES, *args.overrides]
+    args.rules = args.rules or (["ppo", "decoupled_ppo"] if args.setting == "job" else FAITHFUL_RULES)
+    args.lr = args.lr if args.lr is not None else (3e-4 if args.setting == "job" else 1e-4)
+    args.root = args.root or ("runs/staleness-quick" if args.quick else f"runs/staleness-{args.setting}")
     if args.steps % args.eval_every:
         parser.error("--steps must be a multiple of --eval-every (the final accuracy is the last evaluation)")
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from areal_core.logs import setup_logging
+    return args
 
-    setup_logging()
-    base = [
+
+def overrides_of(args: argparse.Namespace) -> list[str]:
+    """Every cell's overrides: the run's cadence, the setting's, then `overrides` (the last one wins)."""
+    adv = [f"algo.adv_estimator={args.adv}"] if args.setting == "faithful" else []
+    return [
         f"train.steps={args.steps}",
         f"train.eval_every={args.eval_every}",
         f"eval.num_samples={args.eval}",
@@ -297,20 +380,42 @@ def main() -> None:
         "threads_per_role=1",
         "tracking.enabled=false",
         "launcher.progress=false",
+        *SETTINGS[args.setting],
+        *adv,
         *args.overrides,
     ]
+
+
+def plan(args: argparse.Namespace) -> list[tuple[str, int, int]]:
+    """(rule, η, seed) of every cell, seed by seed; η = 0 under the first rule only."""
+    return [
+        (rule, eta, seed)
+        for seed in args.seeds
+        for eta in map(eta_value, args.etas)
+        for rule in (args.rules[:1] if eta == 0 else args.rules)
+    ]
+
+
+def main() -> None:
+    args = parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    from areal_core.logs import setup_logging
+
+    setup_logging()
+    base = overrides_of(args)
     root = Path(args.root)
     root.mkdir(parents=True, exist_ok=True)
     results_path = root / "results.jsonl"
     lines = results_path.read_text().splitlines() if results_path.exists() else []
     results = [r for r in map(json.loads, filter(None, lines)) if "error" not in r]
-    cells = [(loss, eta, seed) for seed in args.seeds for eta in map(eta_value, args.etas) for loss in args.losses]
+    cells = plan(args)
     if args.rescan:
         results = rescan(root, cells, results)
         results_path.write_text("".join(json.dumps(r) + "\n" for r in results))
         print(write_outputs(root, results, args))
         return
-    init = args.init or sft_checkpoint(str(root), ["tracking.enabled=false", "launcher.progress=false"])
+    sft_overrides = ["tracking.enabled=false", "launcher.progress=false", *(QUICK_OVERRIDES if args.quick else [])]
+    init = args.init or sft_checkpoint(str(root), sft_overrides)
     done = {(r["loss"], r["eta"], r["seed"]) for r in results}
     for loss, eta, seed in cells:
         if (loss, eta, seed) in done:
