@@ -13,7 +13,9 @@ AReaL's `ppo_actor_loss_fn` (github.com/inclusionAI/AReaL, Apache-2.0):
            behaviour weight at all.
   paper    commit ea12141f2b18fbcd130c6460e8a141c1913354de (July 2025), arealite/utils/functional.py:
            `ppo_actor_loss_fn(..., behav_imp_weight_cap)`: w = π_prox/π_behav, tokens with
-           w > cap dropped (w = 0), cap None: w uncapped.
+           w > cap dropped (w = 0), cap None (the default, and its benchmark config
+           benchmark/verl_v0_3_0_post1_76084d3/areal_config.yaml): w uncapped; its example
+           configs set the cap to 5.
 
 What is left out of the restatement: the 1D packed layout (cu_seqlens), sequence-level rejection
 sampling and the KL metrics (`kl_k1..3`), GSPO's sequence ratio, and the logging dict. One
