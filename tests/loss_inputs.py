@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -36,7 +37,7 @@ def loss_inputs(
 
 
 def call(
-    loss: Any,
+    loss: Callable[..., tuple[torch.Tensor, dict[str, float]]],
     logp: torch.Tensor,
     prox_logp: torch.Tensor,
     behav_logp: torch.Tensor,

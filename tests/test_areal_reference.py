@@ -26,7 +26,9 @@ token (w = 0), so the inputs here are finite.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import torch
@@ -129,7 +131,10 @@ def batch(seed: int, spread: float = 1.3) -> dict[str, torch.Tensor]:
     return {"logp": logp, "prox": prox, "behav": behav, "adv": adv * mask, "mask": mask}
 
 
-def ours(b: dict[str, torch.Tensor], loss: str = "decoupled_ppo", **algo) -> tuple[torch.Tensor, torch.Tensor, dict]:
+Batch = dict[str, torch.Tensor]
+
+
+def ours(b: Batch, loss: str = "decoupled_ppo", **algo: Any) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """(loss, d loss / d log π_θ, metrics) of our registered loss, token-mean."""
     logp = b["logp"].clone().requires_grad_(True)
     cfg = AlgorithmConfig(loss=loss, aggregation="token_mean", **algo)
@@ -138,7 +143,7 @@ def ours(b: dict[str, torch.Tensor], loss: str = "decoupled_ppo", **algo) -> tup
     return value.detach(), grad, metrics
 
 
-def theirs(b: dict[str, torch.Tensor], fn, eps_clip: float, **kw) -> tuple[torch.Tensor, torch.Tensor]:
+def theirs(b: Batch, fn: Callable[..., torch.Tensor], eps_clip: float, **kw: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, d loss / d log π_θ) of a reference function above."""
     logp = b["logp"].clone().requires_grad_(True)
     value = fn(logp, b["prox"], b["behav"], b["adv"], eps_clip, b["mask"].bool(), **kw)
@@ -146,7 +151,7 @@ def theirs(b: dict[str, torch.Tensor], fn, eps_clip: float, **kw) -> tuple[torch
     return value.detach(), grad
 
 
-def assert_agree(a: tuple, b: tuple) -> None:
+def assert_agree(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]) -> None:
     assert abs(a[0].item() - b[0].item()) <= 1e-6, (a[0].item(), b[0].item())
     assert torch.allclose(a[1], b[1], rtol=0, atol=1e-6), (a[1] - b[1]).abs().max().item()
 
