@@ -29,6 +29,7 @@ from areal_core.weights.faults import (
     RepairPolicy,
     Report,
     Reporter,
+    VersionCheck,
     VersionUnloadable,
     report_due,
     reports,
@@ -74,6 +75,81 @@ def test_the_policy_repairs_a_failing_version_then_stops_with_the_reason():
     assert policy.decide(9, [Report("rollout-1", 9, STOP_AFTER - 1, "engine")], lambda v: None) == "wait"
     with pytest.raises(VersionUnloadable, match=r"v9 passes its check in the store but rollout-1 failed.*engine"):
         policy.decide(9, [Report("rollout-1", 9, STOP_AFTER, "engine")], lambda v: None)
+    # a report at the stop count from before this trainer started (a reader of an earlier attempt, a file
+    # written once by hand) stops nothing until it grows while this trainer watches
+    fresh = RepairPolicy()
+    assert fresh.decide(9, [Report("rollout-2", 9, 2 * STOP_AFTER, "old")], lambda v: None) == "wait"
+    assert fresh.decide(9, [Report("rollout-2", 9, 2 * STOP_AFTER, "old")], lambda v: None) == "wait"
+    with pytest.raises(VersionUnloadable, match="rollout-2 failed to load it 96 times"):
+        fresh.decide(9, [Report("rollout-2", 9, 4 * STOP_AFTER, "now")], lambda v: None)
+
+
+def test_a_new_reader_deletes_the_report_its_ids_earlier_process_left(tmp_path):
+    store = Store(str(tmp_path))
+    store.write_json(LAYOUT.weights_fault("rollout-0"), {"worker": "rollout-0", "version": 5, "failures": 24})
+    Reporter(store, "rollout-0")
+    assert reports(store) == []
+
+
+def test_a_store_that_fails_the_report_never_fails_the_reader(tmp_path):
+    class Broken(Store):
+        def write_json(self, rel, obj):
+            raise OSError("store down")
+
+        def delete(self, rel, recursive=False):
+            raise OSError("store down")
+
+    reporter = Reporter(Broken(str(tmp_path)), "rollout-0")  # the start's delete fails: logged
+    reporter.failed(3, REPORT_AFTER, RuntimeError("bad"))
+    reporter.loaded()
+    assert reporter.reported  # deleted at the next load
+
+
+def test_the_check_of_a_version_is_remembered_until_its_manifest_changes(tmp_path, monkeypatch):
+    from areal_core.weights import faults
+
+    store = Store(str(tmp_path))
+    pub = WeightPublisher(store, {})
+    pub.publish(0, weights(0))
+    flip(store, 0)
+    calls = []
+    real = faults.verify_version
+    monkeypatch.setattr(faults, "verify_version", lambda s, v: calls.append(v) or real(s, v))
+    check = VersionCheck(store)
+    assert "sha256" in check(0) and "sha256" in check(0) and calls == [0]  # hashed once
+    pub.republish(0, weights(0))
+    assert check(0) is None and check(0) is None and calls == [0, 0]  # a new manifest: checked once more
+    assert sorted(store.listdir(LAYOUT.weights_dir(0))) == sorted([LAYOUT.manifest_name, WEIGHTS_FILE])
+
+
+def test_an_unreadable_latest_is_not_a_load_failure(tmp_path):
+    """A proxy's source may be unreachable (a registry outage): the watcher logs it and asks again,
+    it does not count it against the version it serves, nor die."""
+    from areal_core.weights import WeightsError
+
+    class Source:
+        store = None
+        down, polls = True, 0
+
+        def latest_version(self):
+            self.polls += 1
+            if self.down:
+                raise WeightsError("the registry cannot be read")
+            return 1
+
+    source, got = Source(), []
+    w = WeightWatcher(source, got.append, 0.001, version=0, on_failure=lambda *a: got.append(("failed", a))).start()
+    try:
+        deadline = time.monotonic() + 120
+        while source.polls < 20 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert w.alive() and w.error is None and w.failing is None and got == []  # 20 polls of an outage
+        source.down = False
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        w.stop()
+    assert got == [1]
 
 
 def test_forged_reports_are_ignored_and_bounded(tmp_path):

@@ -9,6 +9,8 @@ the architecture, else torch), over the model loaded here. Remote:
 
 from __future__ import annotations
 
+import logging
+import os
 from typing import Any
 
 import torch
@@ -21,6 +23,8 @@ from areal_core.store import Store
 from areal_core.weights.reader import load_state_dict
 
 REMOTE_ENGINES = ("vllm", "sglang")
+
+log = logging.getLogger("areal.rollout")
 
 
 def load_tokenizer(path: str) -> Any:
@@ -99,6 +103,8 @@ def vllm_native_lora(cfg: RunConfig) -> bool:
     held-out, docs/benchmarks.md) while at a fixed adapter in float32 both sample the same policy,
     and native elsewhere (vLLM's GPU LoRA kernels; an adapter swap costs 0.27 s, a merged reload 2.9 s)."""
     mode = cfg.rollout.server.lora
+    if "AREAL_VLLM_LORA" in os.environ:  # the variable this setting replaced
+        log.warning("AREAL_VLLM_LORA is ignored: set rollout.server.lora (native | merged | auto) instead")
     if mode == "auto":
         mode = "merged" if cfg.device == "cpu" else "native"
     return cfg.train.lora_rank > 0 and mode == "native"

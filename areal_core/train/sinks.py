@@ -23,7 +23,7 @@ from areal_core.events import EventLog
 from areal_core.store import Store
 from areal_core.train.checkpoint import TrainerState
 from areal_core.train.lineage import newest_published, resume_version
-from areal_core.weights.faults import RepairPolicy, VersionUnloadable, reports, verify_version
+from areal_core.weights.faults import RepairPolicy, VersionCheck, VersionUnloadable, reports
 from areal_core.weights.publisher import WeightPublisher, prune
 
 log = logging.getLogger("areal.trainer")
@@ -84,25 +84,32 @@ class PublishingSink(CheckpointSink):
     def __init__(self, publisher: WeightPublisher):
         self.publisher = publisher
         self.repair_policy = RepairPolicy()
+        self._check: VersionCheck | None = None
         self._next_fault_check = 0.0
 
     def while_waiting(self, trainer: Trainer) -> None:
         """The readers' reports of the newest version (weights/faults.py), read at most every
-        max(1 s, 10 rollout polls): a version that fails its check is republished whole; one that
-        cannot be repaired stops the run with the reason (VersionUnloadable on every rank)."""
+        max(1 s, 10 rollout polls) after the last check ended: a version that fails its check is
+        republished whole; one that cannot be repaired stops the run with the reason
+        (VersionUnloadable on every rank). The check is advice: a store error in it is logged and
+        the trainer goes on waiting."""
         decision: tuple[str, str] | None = None
         if trainer.dist.is_main and time.monotonic() >= self._next_fault_check:
-            self._next_fault_check = time.monotonic() + max(1.0, 10 * trainer.cfg.rollout.poll_interval_s)
             version, store = trainer.state.version, trainer.store
+            if self._check is None:
+                self._check = VersionCheck(store)
             try:
-                decision = (self.repair_policy.decide(version, reports(store), lambda v: verify_version(store, v)), "")
+                decision = (self.repair_policy.decide(version, reports(store), self._check), "")
             except VersionUnloadable as exc:
                 decision = ("stop", str(exc))
+                trainer.ev.emit("version_unloadable", version=version, reason=str(exc))
+            except Exception as exc:  # noqa: BLE001 - an unreadable store: checked again later
+                log.warning("checking the readers' reports of weights v%d failed: %s", version, exc)
+            self._next_fault_check = time.monotonic() + max(1.0, 10 * trainer.cfg.rollout.poll_interval_s)
         decision = trainer.dist.broadcast_object(decision)
         if decision is None or decision[0] == "wait":
             return
         if decision[0] == "stop":
-            trainer.ev.emit("version_unloadable", version=trainer.state.version, reason=decision[1])
             raise VersionUnloadable(decision[1])
         blob = None if trainer.lora else trainer.weights_bytes()  # collective: every rank
         if trainer.dist.is_main:

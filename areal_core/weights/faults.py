@@ -22,19 +22,22 @@ Now:
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from areal_core.layout import LAYOUT, BadName
-from areal_core.store import SMALL_JSON_BYTES, Store
+from areal_core.store import SMALL_JSON_BYTES, Store, UnreadableObject
 from areal_core.weights import DELTA_FILE, WEIGHTS_FILE, WeightsError
-from areal_core.weights.reader import load_weights_bytes, read_manifest, read_version_file
+from areal_core.weights.reader import MAX_MANIFEST_BYTES, load_weights_bytes, read_manifest, read_version_file
 
 REPORT_AFTER = 3  # failures in a row of one version before a reader reports it
-STOP_AFTER = 20  # failures in a row of a version that verifies in the store: the readers' problem, stop
+STOP_AFTER = 24  # failures in a row (a report is due then) of a version that verifies in the store: stop
 MAX_REPAIRS = 2  # republications of one version that may still fail their check before the run stops
 MAX_REPORTS = 256  # reports read per check: a flood of files cannot make a check unbounded
+
+log = logging.getLogger("areal.weights")
 
 
 class VersionUnloadable(RuntimeError):
@@ -57,6 +60,30 @@ def report(store: Store, worker: str, version: int, failures: int, error: str) -
 
 def clear(store: Store, worker: str) -> None:
     store.delete(LAYOUT.weights_fault(worker))
+
+
+class VersionCheck:
+    """`verify_version`, remembered per version and manifest: a version whose manifest has not
+    changed since it was checked is not read and hashed again (a 7B version is ~14 GB), so a report
+    that persists costs one manifest read a check; a republished version (new manifest) is checked
+    once more."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        self._done: dict[int, tuple[bytes, str | None]] = {}
+
+    def __call__(self, version: int) -> str | None:
+        try:
+            key = self.store.read_bytes(LAYOUT.manifest(version), MAX_MANIFEST_BYTES)
+        except FileNotFoundError:
+            return f"weights v{version} incomplete: no {LAYOUT.manifest_name}"
+        except UnreadableObject as exc:
+            return f"weights v{version}: {exc}"
+        if version in self._done and self._done[version][0] == key:
+            return self._done[version][1]
+        error = verify_version(self.store, version)
+        self._done = {version: (key, error)}  # the newest only
+        return error
 
 
 @dataclass(frozen=True)
@@ -101,11 +128,16 @@ def verify_version(store: Store, version: int) -> str | None:
 @dataclass
 class RepairPolicy:
     """The trainer's side (module docstring). `decide(version, reports, verify)` returns "repair",
-    "wait" or raises VersionUnloadable; `repaired(version)` counts a republication."""
+    "wait" or raises VersionUnloadable; `repaired(version)` counts a republication. A report only
+    stops the run once it has grown while this trainer watched (`first_seen`): one left by a reader
+    of an earlier attempt, or a file written once by hand, never does."""
 
     repairs: dict[int, int] = field(default_factory=dict)
+    first_seen: dict[str, tuple[int, int]] = field(default_factory=dict)  # worker -> (version, failures)
 
     def decide(self, version: int, found: list[Report], verify: Any) -> str:
+        for r in found:
+            self.first_seen.setdefault(r.worker, (r.version, r.failures))
         # a report of an older version counts too: the reader tries the newest next, and a delta
         # chain broken below it fails that one as well (verify says whether it does)
         failing = [r for r in found if r.version <= version and r.failures >= REPORT_AFTER]
@@ -120,10 +152,13 @@ class RepairPolicy:
                     f"({error}); {worst.worker} reports {worst.failures} failures: {worst.error}"
                 )
             return "repair"
-        if worst.version == version and worst.failures >= STOP_AFTER:
+        live = [r for r in failing if r.version == version and self.first_seen[r.worker] != (r.version, r.failures)]
+        stuck = [r for r in live if r.failures >= STOP_AFTER]
+        if stuck:
+            r = stuck[0]
             raise VersionUnloadable(
-                f"weights v{version} passes its check in the store but {worst.worker} failed to load it "
-                f"{worst.failures} times in a row: {worst.error}"
+                f"weights v{version} passes its check in the store but {r.worker} failed to load it "
+                f"{r.failures} times in a row: {r.error}"
             )
         return "wait"
 
@@ -133,17 +168,27 @@ class RepairPolicy:
 
 class Reporter:
     """A reader's side: `failed(version, failures, error)` writes the report when due (report_due);
-    `loaded()` deletes it once a version loads."""
+    `loaded()` deletes it once a version loads. A new reader deletes what its id's earlier process
+    left. Store errors here are logged, never raised: the report is advice, the load is the work."""
 
     def __init__(self, store: Store, worker: str):
-        self.store, self.worker, self.reported = store, worker, False
+        self.store, self.worker, self.reported = store, worker, True
+        self.loaded()  # a report left by this id's earlier process (a restart) is stale now
 
     def failed(self, version: int, failures: int, error: BaseException) -> None:
-        if report_due(failures):
+        if not report_due(failures):
+            return
+        try:
             report(self.store, self.worker, version, failures, str(error))
             self.reported = True
+        except Exception as exc:  # noqa: BLE001 - written again when next due
+            log.warning("%s: reporting weights v%d failed: %s", self.worker, version, exc)
 
     def loaded(self) -> None:
-        if self.reported:
+        if not self.reported:
+            return
+        try:
             clear(self.store, self.worker)
             self.reported = False
+        except Exception as exc:  # noqa: BLE001 - deleted at the next load
+            log.warning("%s: deleting its weights report failed: %s", self.worker, exc)

@@ -153,7 +153,12 @@ class WeightPublisher:
         """Publish `version` again, whole (no delta base): a repair of a version readers cannot load
         (weights/faults.py). The next version may be a delta against it."""
         self._prev = None
-        return self.publish(version, weights)
+        seconds = self.publish(version, weights)
+        listed = set(self.store.read_json(LAYOUT.manifest(version))["files"])
+        for name in self.store.listdir(LAYOUT.weights_dir(version)):  # e.g. the delta it replaced
+            if name not in listed and name != LAYOUT.manifest_name:
+                self.store.delete(LAYOUT.weights_file(version, name))
+        return seconds
 
     def publish_adapter(self, version: int, files: dict[str, bytes]) -> float:
         """Publish a LoRA adapter (`adapter.ADAPTER_WEIGHTS`, `ADAPTER_CONFIG`) as `version`. Returns seconds taken."""

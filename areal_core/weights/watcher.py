@@ -70,23 +70,32 @@ class WeightWatcher:
         return came
 
     def _run(self) -> None:
+        unreadable = 0  # LATEST (or a proxy's source) unreadable, in a row: logged, never a load failure
         while not self._stop.is_set():
             try:  # the store retries transient errors itself; what still fails stops the owner
-                latest = self.store.latest_version()
+                try:
+                    latest = self.store.latest_version()
+                    unreadable = 0
+                except WeightsError as exc:  # e.g. a registry outage (proxy/versions.py: SourceUnavailable)
+                    unreadable += 1
+                    if unreadable & (unreadable - 1) == 0:
+                        log.warning("the newest version cannot be read (%d in a row): %s", unreadable, exc)
+                    latest = None
                 if latest is not None and latest > self.version:
-                    self.on_version(latest)
-                    self.version, self.failing = latest, None
-                    self._new.set()
-            except WeightsError as exc:
-                self._failed(latest, exc)
+                    try:
+                        self.on_version(latest)
+                    except WeightsError as exc:
+                        self._failed(latest, exc)
+                    else:
+                        self.version, self.failing = latest, None
+                        self._new.set()
             except Exception as exc:  # noqa: BLE001 - handed to the owner's thread
                 self.error = exc
                 self._new.set()
                 return
             self._stop.wait(self.poll_interval_s)
 
-    def _failed(self, version: int | None, exc: WeightsError) -> None:
-        v = -1 if version is None else version
+    def _failed(self, v: int, exc: WeightsError) -> None:
         n = self.failing[1] + 1 if self.failing is not None else 1  # in a row, across versions: a broken
         # delta chain fails every newer version too
         self.failing = (v, n)
@@ -95,5 +104,5 @@ class WeightWatcher:
         if self.on_failure is not None:
             try:
                 self.on_failure(v, n, exc)
-            except Exception as report_exc:  # noqa: BLE001 - a report that fails is retried at the next failure
+            except Exception as report_exc:  # noqa: BLE001 - a report that fails is retried when next due
                 log.warning("reporting weights v%d failed: %s", v, report_exc)
