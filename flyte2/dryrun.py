@@ -5,7 +5,7 @@ configured endpoint; this does not). tests/test_flyte2.py inspects it.
     python -m flyte2.dryrun                 # the tasks of flyte2/grpo.py, online.py and derived.py
     python -m flyte2.dryrun flyte2.grpo     # one module's
 
-Each task as {"env", "type", "image", "requests", "limits", "shm", "retries", "timeout_s",
+Each task as {"env", "type", "image", "requests", "limits", "shm", "accelerator", "retries", "timeout_s",
 "interruptible", "cache", "reuse", "plugin", "env_vars", "secrets"}, each trigger as {"task",
 "name", "cron", "kickoff_input", "inputs", "notify"}, each device's image as {"uri", "base_image",
 "python", "apt", "packages", "extra_index_urls", "commands", "env"}.
@@ -42,12 +42,13 @@ def task_summary(task: Any, spec: Any) -> dict[str, Any]:
         "requests": _resources(resources.get("requests", [])),
         "limits": _resources(resources.get("limits", [])),
         "shm": tt.get("extendedResources", {}).get("sharedMemory", {}).get("sizeLimit", ""),
+        "accelerator": tt.get("extendedResources", {}).get("gpuAccelerator", {}).get("device", ""),
         "retries": int(meta.get("retries", {}).get("retries", 0)),
         "timeout_s": float(timeout.rstrip("s") or 0),
         "interruptible": bool(meta.get("interruptible", False)),
         "cache": {"enabled": bool(meta.get("discoverable")), "ignored": meta.get("cacheIgnoreInputVars", [])},
         "reuse": custom.get("spec") if tt.get("type") == "actor" else None,
-        "plugin": custom if tt.get("type") == "pytorch" else None,
+        "plugin": custom if "elasticConfig" in custom else None,
         "env_vars": {e["key"]: e["value"] for e in container.get("env", [])},
         "secrets": sorted(
             (s["group"], s["key"], s.get("envVar", "")) for s in tt.get("securityContext", {}).get("secrets", [])

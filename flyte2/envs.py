@@ -60,7 +60,7 @@ def one_machine_resources() -> flyte.Resources:
 
 def resources(spec: PodSpec, device: str, shm: str | None = None) -> flyte.Resources | None:
     """A pod of the cluster config as Flyte 2 Resources: requests (limits where given, as a
-    (request, limit) pair), the GPUs of a cuda pod (the pod's accelerator_type as the device name),
+    (request, limit) pair), the GPUs of a cuda pod (of its accelerator_type, when given),
     `shm` for /dev/shm. None on npu, whose resources are all in the pod template (`pod_template`)."""
     if device == "npu" and spec.accelerators:
         return None
@@ -69,10 +69,9 @@ def resources(spec: PodSpec, device: str, shm: str | None = None) -> flyte.Resou
         request, limit = spec.requests.get(key), spec.limits.get(key)
         if request or limit:
             values[name] = (request or limit, limit) if limit else request
-    if device == "cuda" and spec.accelerators:
-        values["gpu"] = flyte.Device(
-            quantity=spec.accelerators, device_class="GPU", device=spec.accelerator_type or None
-        )
+    if device == "cuda" and spec.accelerators:  # a named type: the GPU accelerator (a node selector) of that name
+        named = flyte.Device(quantity=spec.accelerators, device_class="GPU", device=spec.accelerator_type)
+        values["gpu"] = named if spec.accelerator_type else spec.accelerators
     return flyte.Resources(**values, shm=shm)
 
 
