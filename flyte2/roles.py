@@ -42,7 +42,23 @@ from flyte2.role import RESULT_PREFIX
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 POLL_S = 0.5
-_LOCAL_STOPS: dict[str, threading.Event] = {}  # run URI -> set when a local run's roles must stop
+STOP_WAIT_S = 60.0  # how long a failing local run waits for its trainer process to be stopped
+
+
+@dataclass
+class LocalTrainer:
+    """How `run_roles` stops a local trainer, which the Elastic plugin runs synchronously on a loop
+    thread (a cancelled await cannot interrupt it): `stop` asks it to stop its process; `idle` is
+    set while no trainer process of the run is alive."""
+
+    stop: threading.Event = field(default_factory=threading.Event)
+    idle: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        self.idle.set()
+
+
+_LOCAL_TRAINERS: dict[str, LocalTrainer] = {}  # run URI -> its local trainer's controls
 
 
 @dataclass
@@ -112,16 +128,22 @@ async def run_role(role: str, run_uri: str, index: int) -> object:
     return finish(started, run_uri)
 
 
-def run_role_blocking(role: str, run_uri: str, nproc: int, stop: threading.Event) -> object:
-    """`run_role` for a sync task: wait in this thread; stop the process when `stop` is set."""
-    started = start(role, run_uri, 0, nproc)
+def run_role_blocking(role: str, run_uri: str, nproc: int, local: LocalTrainer) -> object:
+    """`run_role` for a sync task: wait in this thread; stop the process when `local.stop` is set."""
+    local.idle.clear()  # before the check: run_roles, once it set `stop`, waits for this to be set again
     try:
-        while started.process.proc.poll() is None:
-            if stop.wait(POLL_S):
-                raise RoleFailed(f"role {started.process.name} stopped: another role of the run failed")
+        if local.stop.is_set():
+            raise RoleFailed(f"role {role}-0 not started: another role of the run failed")
+        started = start(role, run_uri, 0, nproc)
+        try:
+            while started.process.proc.poll() is None:
+                if local.stop.wait(POLL_S):
+                    raise RoleFailed(f"role {started.process.name} stopped: another role of the run failed")
+        finally:
+            if started.process.proc.poll() is None:
+                stop_all([started.process])
     finally:
-        if started.process.proc.poll() is None:
-            stop_all([started.process])
+        local.idle.set()
     return finish(started, run_uri)
 
 
@@ -148,8 +170,8 @@ def trainer(run_uri: str) -> str:
     from areal_core.context import load_run_config
 
     nproc = load_run_config(Store(run_uri)).train.nproc_per_node
-    stop = _LOCAL_STOPS.get(Store(run_uri).uri) or threading.Event()  # set by run_roles when another role fails
-    return str(run_role_blocking("trainer", run_uri, nproc, stop))
+    local = _LOCAL_TRAINERS.get(Store(run_uri).uri) or LocalTrainer()  # run_roles's, when it started it
+    return str(run_role_blocking("trainer", run_uri, nproc, local))
 
 
 async def _progress(run_uri: str, enabled: bool) -> None:
@@ -164,7 +186,7 @@ async def run_roles(run_uri: str, num_rollout: int, num_reward: int, timeout_s: 
     """Every role of the run at once, as Flyte tasks, until the trainer writes DONE; returns the
     final model's URI. The first role to fail (or `timeout_s`, when > 0) stops the others."""
     uri = Store(run_uri).uri
-    stop = _LOCAL_STOPS.setdefault(uri, threading.Event())
+    local = _LOCAL_TRAINERS.setdefault(uri, LocalTrainer())
     roles: list[Awaitable] = [trainer.aio(run_uri)]
     roles += [rollout_worker(run_uri, i) for i in range(num_rollout)]
     roles += [reward_worker(run_uri, i) for i in range(num_reward)]
@@ -176,13 +198,14 @@ async def run_roles(run_uri: str, num_rollout: int, num_reward: int, timeout_s: 
     except TimeoutError:
         raise RoleFailed(f"run did not finish within {timeout_s:.0f}s") from None
     finally:
+        shown.cancel()
         if not all(t.done() for t in tasks):
-            stop.set()
+            local.stop.set()  # kept set: a local retry of the trainer, already queued, stops at once too
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-        shown.cancel()
-        _LOCAL_STOPS.pop(uri, None)
+            await asyncio.to_thread(local.idle.wait, STOP_WAIT_S)  # no role process outlives the run
+    _LOCAL_TRAINERS.pop(uri, None)
     if not Store(uri).done():
         raise RoleFailed("all roles finished but the trainer wrote no DONE")
     return results[0]

@@ -140,6 +140,43 @@ def test_the_cluster_job_runs_on_this_machine(tmp_path):
     assert want <= workers, workers
 
 
+@needs_venv
+@pytest.mark.slow
+def test_a_role_that_fails_stops_the_others_and_fails_the_run(tmp_path):
+    """A rollout worker whose vLLM server cannot start fails (after its retries); the trainer task
+    stops its process, the job fails naming the role, the run's MLflow run is FAILED, and no role
+    process is left."""
+    import mlflow
+
+    from areal_core.run.tracking import Tracker
+    from areal_core.store import Store
+
+    store, db = tmp_path / "run", tmp_path / "mlflow.db"
+    overrides = [o for o in TINY if not o.startswith("tracking.")] + [
+        f"store={store}",
+        "tracking.enabled=true",
+        f"tracking.uri=sqlite:///{db}",
+        "rollout.engine=vllm",
+        "rollout.server.python=/bin/false",  # exists, so the config passes; the server exits at once
+    ]
+    out = run_flyte("run", "--local", "flyte2/grpo.py", "grpo", "--overrides", " ".join(overrides))
+    both = out.stdout + out.stderr
+    assert out.returncode != 0 and "role rollout-0 exited with code 1" in both, both[-4000:]
+    assert "role trainer-0 stopped: another role of the run failed" in both
+    assert not (store / "DONE").exists()
+    run_id = Tracker.attach(Store(str(store))).run_id
+    assert run_id and mlflow.MlflowClient(f"sqlite:///{db}").get_run(run_id).info.status == "FAILED"
+    left = [p for p in Path("/proc").glob("[0-9]*") if str(store).encode() in _cmdline(p)]
+    assert left == []
+
+
+def _cmdline(proc: Path) -> bytes:
+    try:
+        return (proc / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 # -- (b) what `flyte deploy` would send ------------------------------------------------------------
 def dry_run(cluster_config: Path | None = None) -> dict:
     extra = {"AREAL_CLUSTER_CONFIG": str(cluster_config)} if cluster_config else {}
