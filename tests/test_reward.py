@@ -6,7 +6,9 @@ import pytest
 from areal_core.config import ConfigError
 from areal_core.reward.math import extract_answer, gsm8k_reward
 from areal_core.reward.pool import RewardPool
-from tests.conftest import gsm8k_file
+from tests.conftest import baseline_s, gsm8k_file, scaled
+
+HANG_S = 600  # the hung call: far longer than any timeout here, so only the timeout can end it
 
 
 def gsm8k_test_rows():
@@ -50,7 +52,7 @@ def test_wrong_or_missing_answers_score_zero():
 
 def sleepy(completion: str, reference: str) -> float:
     if completion == "hang":
-        time.sleep(60)
+        time.sleep(HANG_S)
     if completion == "crash":
         import os
 
@@ -60,12 +62,20 @@ def sleepy(completion: str, reference: str) -> float:
     return 1.0
 
 
+def _fresh_pool_grades_ok() -> None:
+    with RewardPool("tests.test_reward:sleepy", size=1, timeout_s=60) as pool:
+        assert pool.grade([{"completion": "ok", "reference": ""}])[0].reward == 1.0
+
+
 def test_pool_kills_hung_and_crashed_calls_and_keeps_serving():
-    with RewardPool("tests.test_reward:sleepy", size=2, timeout_s=1.0, retries=1) as pool:
+    # the "ok" calls go to graders forked just before (after a kill too): the timeout, short so
+    # that the hang costs little, is scaled to what a fresh grader's first call takes here now
+    timeout_s = scaled(1.0, baseline_s(_fresh_pool_grades_ok))
+    with RewardPool("tests.test_reward:sleepy", size=2, timeout_s=timeout_s, retries=1) as pool:
         t0 = time.time()
         jobs = [{"completion": c, "reference": ""} for c in ["ok", "hang", "crash", "raise", "ok"]]
         results = pool.grade(jobs)
-        assert time.time() - t0 < 55  # the hang (60 s) was cut by the 1 s timeout, not waited for
+        assert time.time() - t0 < HANG_S / 2  # the hang was cut by the timeout, not waited for
         assert [r.reward for r in results] == [1.0, 0.0, 0.0, 0.0, 1.0]
         assert "timeout" in results[1].info["error"]
         assert "died" in results[2].info["error"]
@@ -80,7 +90,7 @@ def unbounded(completion: str) -> object:
 
 def test_a_non_finite_reward_is_an_error_of_the_function_and_scores_zero():
     """NaN, ±inf and 1e39 (inf once stored as float32) never leave the pool as a reward."""
-    with RewardPool("tests.test_reward:unbounded", size=1, timeout_s=5.0, retries=0) as pool:
+    with RewardPool("tests.test_reward:unbounded", size=1, timeout_s=60, retries=0) as pool:
         results = pool.grade([{"completion": c} for c in ["nan", "inf", "1e39", "-1e39", "fine"]])
     assert [r.reward for r in results] == [0.0, 0.0, 0.0, 0.0, 2.5]
     assert all("non-finite reward" in r.info["error"] for r in results[:4])
