@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from tests import test_run_cluster
-from tests.conftest import ROOT, TINY
+from tests.conftest import ROOT, TINY, wait_until
 from tests.test_flyte import serialize
 
 env_cluster = test_run_cluster.env_cluster  # the fixture
@@ -606,8 +606,6 @@ def test_tasks_bind_the_flyte_execution_for_areal_core(monkeypatch):
 
 
 def test_a_role_logs_its_machines_system_metrics_to_the_run(tmp_path, monkeypatch):
-    import time
-
     import mlflow
 
     from areal_core.run.tracking import Tracker, new_run
@@ -615,10 +613,8 @@ def test_a_role_logs_its_machines_system_metrics_to_the_run(tmp_path, monkeypatc
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     run_id = new_run(mlflow.MlflowClient(uri), "exp", "sys")
     monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.5")
-    with Tracker(run_id, uri).system_metrics("rollout-1"):
-        time.sleep(2.0)
-    metrics = mlflow.MlflowClient(uri).get_run(run_id).data.metrics
-    assert "system/rollout-1/cpu_utilization_percentage" in metrics
-    assert "system/rollout-1/system_memory_usage_megabytes" in metrics
+    wanted = {"system/rollout-1/cpu_utilization_percentage", "system/rollout-1/system_memory_usage_megabytes"}
+    with Tracker(run_id, uri).system_metrics("rollout-1"):  # until logged (every 0.5 s): no fixed wait
+        wait_until(lambda: wanted <= set(mlflow.MlflowClient(uri).get_run(run_id).data.metrics), 120, str(wanted))
     with Tracker(None, "").system_metrics("x"):  # tracking disabled: nothing to do
         pass

@@ -20,6 +20,7 @@ from areal_core.events import EventLog, read_events
 from areal_core.layout import LAYOUT
 from areal_core.protocol import read_shard_or_quarantine
 from areal_core.store import Store
+from tests.conftest import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,15 +42,16 @@ def test_emits_within_the_flush_interval_are_one_part(tmp_path):
     assert [r["n"] for r in recs if r["kind"] == "drop"] == list(range(500))
     assert {(r["role"], r["worker"]) for r in recs} == {("trainer", "0")}
     (overhead,) = [r for r in recs if r["kind"] == "overhead"]
-    assert 0 < overhead["seconds"] < 1.0
+    assert 0 < overhead["seconds"] <= overhead["wall_s"]  # its own time, a part of its life (no flusher ran)
 
 
 def test_the_flusher_writes_a_part_per_interval_only_when_there_is_something_new(tmp_path):
     store = Store(str(tmp_path))
     ev = EventLog(store, "reward", "1", flush_every_s=0.1)
     ev.emit("sandbox", reason="timeout", n=1)
-    time.sleep(1.0)
-    assert len(parts(store, "reward-1")) == 1  # written without close(), once: idle flushes write nothing
+    wait_until(lambda: parts(store, "reward-1"), 60, "the flusher's part")  # written without close()
+    time.sleep(0.5)  # five more intervals, idle
+    assert len(parts(store, "reward-1")) == 1  # once: idle flushes write nothing
     ev.emit("sandbox", reason="timeout", n=2)
     ev.close()
     assert len(parts(store, "reward-1")) == 2
@@ -115,17 +117,16 @@ def test_spans_phases_and_switch(tmp_path):
 
 
 def test_a_long_stretch_is_recorded_in_pieces(tmp_path):
+    """A 1.3 s wait polled every 10 ms, on the log's own clock argument (`at`): pieces of 0.5 s."""
     store = Store(str(tmp_path))
     ev = EventLog(store, "reward", "0", flush_every_s=0.5)
-    t_end = time.time() + 1.3
-    while time.time() < t_end:
-        ev.switch("shards", "wait")
-        time.sleep(0.01)
+    for i in range(130):
+        ev.switch("shards", "wait", at=1000 + i / 100)
+    ev.switch(None, at=1001.3)
     ev.close()
     spans = [r for r in read_events(store) if r["kind"] == "span"]
-    assert len(spans) >= 2 and all(r["on"] == "shards" for r in spans)
-    assert all(b["t0"] == a["t1"] for a, b in zip(spans, spans[1:]))  # contiguous, no gap
-    assert 1.2 < spans[-1]["t1"] - spans[0]["t0"] < 2.5
+    assert all(r["on"] == "shards" and r["state"] == "wait" for r in spans)
+    assert [(r["t0"], r["t1"]) for r in spans] == [(1000, 1000.5), (1000.5, 1001), (1001, 1001.3)]
 
 
 def test_store_none_keeps_records_and_writes_nothing(tmp_path):
@@ -174,6 +175,8 @@ def test_threads_record_into_one_log_without_losing_records(tmp_path):
             ev.count(completions=1)
             if i % 100 == 0:
                 time.sleep(0.02)  # let the flusher run meanwhile
+            if i == 200:  # half way, until it has: a part written while the threads record
+                wait_until(lambda: parts(store, "rollout-0"), 60, "a part written by the flusher")
 
     threads = [threading.Thread(target=load, args=(k,)) for k in range(4)]
     for t in threads:
@@ -204,17 +207,26 @@ CRASHING_ROLE = textwrap.dedent(
 
 
 def test_a_killed_role_loses_at_most_the_last_flush_interval(tmp_path):
+    """The flusher writes every 0.3 s while the role lives, so a SIGKILL loses only what came
+    after the last part. Counted, not timed: the role records at most one step per 10 ms (it
+    sleeps that long), so a part of more than 300 steps would mean a flush 10x late."""
     proc = subprocess.Popen(
         [sys.executable, "-c", CRASHING_ROLE, str(tmp_path)], env={**os.environ, "PYTHONPATH": str(ROOT)}
     )
-    time.sleep(2.5)
-    proc.send_signal(signal.SIGKILL)
-    killed_at = time.time()
-    proc.wait()
-    steps = [r["step"] for r in read_events(Store(str(tmp_path))) if r["kind"] == "trained"]
-    assert steps == list(range(len(steps))) and len(steps) > 50  # a prefix, nothing torn
-    last = max(r["t"] for r in read_events(Store(str(tmp_path))))
-    assert killed_at - last < 0.3 + 0.7  # the flush interval plus scheduling delay on a busy machine
+    try:
+        first = wait_until(lambda: parts(Store(str(tmp_path)), "trainer-0"), 120, "the role's first part")
+        wait_until(lambda: len(parts(Store(str(tmp_path)), "trainer-0")) >= len(first) + 4, 120, "four more parts")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    store = Store(str(tmp_path))
+    steps = [r["step"] for r in read_events(store) if r["kind"] == "trained"]
+    assert steps == list(range(len(steps))) and len(steps) > 5  # a prefix, nothing torn
+    per_part = [
+        sum('"kind":"trained"' in line for line in store.read_text(rel).splitlines())
+        for rel in parts(store, "trainer-0")
+    ]
+    assert len(per_part) >= 5 and max(per_part) < 10 * 30, per_part  # 0.3 s of steps is at most 30
 
 
 def test_quarantine_is_recorded_where_it_happens(tmp_path):
@@ -300,7 +312,9 @@ def test_a_pipeline_runs_events_agree_with_the_trainers_own_records(tiny_overrid
     for key, rec in overhead.items():
         mine = [r["t"] for r in events if (r["role"], r["worker"]) == key]
         assert rec["wall_s"] >= max(mine) - min(mine) - 0.01
-        assert rec["seconds"] < 0.01 * rec["wall_s"], key
+        # a share of the role, not its figure (benchmarks/event_overhead.py: well under 1%): measured
+        # 0.1-0.4% here, quiet or loaded; 5% keeps a 10x margin and still catches per-token records
+        assert rec["seconds"] < 0.05 * rec["wall_s"], key
 
 
 AGENT_RUN = textwrap.dedent(

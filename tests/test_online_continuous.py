@@ -15,6 +15,7 @@ from areal_core.proxy.runner import ProxyServer
 from areal_core.proxy.sessions import session_id_for_key
 from areal_core.store import Store
 from task_data.arithmetic import generate
+from tests.conftest import wait_until
 from tests.test_flyte import serialize
 from tests.test_online import MODEL, one_torch_thread  # noqa: F401 - the autouse fixture: one torch thread
 
@@ -146,7 +147,12 @@ def test_continuous_online_rl_trains_on_the_sessions_of_a_proxy_that_follows_the
 
         asyncio.run(users())
         trainer.join(timeout=300)
-        final = httpx.get(f"{server.url}/health").json()
+
+        def serving_last() -> dict | None:  # the proxy follows at its next poll: waited for, not assumed
+            health = httpx.get(f"{server.url}/health", timeout=60).json()
+            return health if health["policy_version"] == run.latest_version() else None
+
+        final = wait_until(serving_last, 120, "the proxy to serve the last version", poll_s=0.1)
     assert result["step"] == 4 and run.done()
     assert run.latest_version() == 4 and final["policy_version"] == 4  # the proxy serves the last version
     assert len(set(served)) >= 2  # sessions were served by more than one trainer version

@@ -21,6 +21,7 @@ from areal_core.proxy.versions import Folder, MlflowAlias, RunWeights, make_sour
 from areal_core.store import Store
 from areal_core.weights.publisher import hf_side_files, publish, state_dict_bytes
 from task_data.arithmetic import generate
+from tests.conftest import wait_until
 
 MODEL = [
     "model.hidden_size=32",
@@ -109,7 +110,7 @@ def probe(base_url: str) -> dict:
     return r.model_extra["areal"]
 
 
-def wait_serving(url: str, model_version: str, timeout_s: float = 60.0) -> tuple[float, dict]:
+def wait_serving(url: str, model_version: str, timeout_s: float = 180.0) -> tuple[float, dict]:
     """(the time /health first reports `model_version` as served, that health) ."""
     deadline = time.time() + timeout_s
     while time.time() < deadline:
@@ -118,6 +119,12 @@ def wait_serving(url: str, model_version: str, timeout_s: float = 60.0) -> tuple
             return time.time(), health
         time.sleep(0.05)
     raise AssertionError(f"/health never reported {model_version}: {health}")
+
+
+def wait_traffic(traffic: Traffic, version: int) -> None:
+    """Until some client's response was served by serving version `version` (every phase must
+    serve traffic): polled, never a fixed sleep that a loaded machine can outlast."""
+    wait_until(lambda: any(version in r["versions"] for r in list(traffic.responses)), 180, f"traffic on v{version}")
 
 
 def check_traffic(traffic: Traffic, phases: list[tuple[float, int, str]]) -> None:
@@ -166,13 +173,13 @@ def test_the_proxy_follows_a_run_s_weights_with_no_failed_request(tmp_path, mode
         phases = [(wait_serving(server.url, run.url(LAYOUT.weights_dir(0)))[0], 0, run.url(LAYOUT.weights_dir(0)))]
         first = probe(server.base_url)
         for v in (1, 2):
-            time.sleep(1.0)
+            wait_traffic(traffic, v - 1)
             publish(run, v, state_dict_bytes(models[v][0]), side)
             label = run.url(LAYOUT.weights_dir(v))
             at, health = wait_serving(server.url, label)
             phases.append((at, v, label))
             assert health["ok"] and health["policy_version"] == v and health["serving"]["following"]
-        time.sleep(1.0)
+        wait_traffic(traffic, 2)
         last = probe(server.base_url)
     check_traffic(traffic, phases)
     mixed = sum(len(set(r["versions"])) > 1 for r in traffic.responses)  # in flight across a swap: re-prefilled
@@ -190,11 +197,16 @@ def _register(uri: str, name: str, folder: str, score: float, current: float | N
 
 
 @pytest.mark.slow
-def test_rollback_the_alias_moves_v1_v2_v1_and_no_request_fails(tmp_path, mlflow_server, models):
+def test_rollback_the_alias_moves_v1_v2_v1_and_no_request_fails(tmp_path, mlflow_server, models, monkeypatch):
     """champion: v1, then v2 (registered as better: promoted), then moved back to v1 by hand, while
     clients keep sending requests. No request fails; /health and every response name the version
-    that served it, switching within a poll (plus a download for a version not held yet)."""
+    that served it; the rollback copies the version held here (no download). The lags are printed,
+    not bounded: a registry behind a loaded machine's MLflow server answers when it can."""
     import mlflow
+
+    downloads: list[str] = []
+    download = MlflowAlias._download
+    monkeypatch.setattr(MlflowAlias, "_download", lambda self, uri: downloads.append(uri) or download(self, uri))
 
     name = f"follow-{tmp_path.name}"
     poll = 0.25
@@ -211,7 +223,7 @@ def test_rollback_the_alias_moves_v1_v2_v1_and_no_request_fails(tmp_path, mlflow
         at, health = wait_serving(server.url, v1)
         phases = [(at, 1, v1)]
         first = probe(server.base_url)
-        time.sleep(1.0)
+        wait_traffic(traffic, 1)
         t0 = time.time()
         v2 = _register(mlflow_server, name, models[1][2], 0.6, 0.3)  # register_if_better moves champion
         assert v2 == f"models:/{name}/2"
@@ -219,7 +231,7 @@ def test_rollback_the_alias_moves_v1_v2_v1_and_no_request_fails(tmp_path, mlflow
         lags["v1->v2 (from registering, downloaded)"] = at - t0
         phases.append((at, 2, v2))
         second = probe(server.base_url)
-        time.sleep(1.0)
+        wait_traffic(traffic, 2)
         t0 = time.time()
         mlflow.MlflowClient(mlflow_server).set_registered_model_alias(name, "champion", "1")  # rollback
         at, health = wait_serving(server.url, v1)
@@ -227,14 +239,13 @@ def test_rollback_the_alias_moves_v1_v2_v1_and_no_request_fails(tmp_path, mlflow
         phases.append((at, 3, v1))
         assert health["ok"] and health["policy_version"] == 3
         assert [d["model_version"] for d in health["serving"]["delivered"]] == [v2, v1]
-        time.sleep(1.0)
+        wait_traffic(traffic, 3)
         third = probe(server.base_url)
     check_traffic(traffic, phases)
     assert (first["versions"][0], second["versions"][0], third["versions"][0]) == (1, 2, 3)
     assert third["model_version"] == first["model_version"] == v1 and second["model_version"] == v2
     assert third["logprobs"] == first["logprobs"] != second["logprobs"]  # v1's weights again
-    assert lags["v2->v1 (rollback, held here)"] < poll + 5.0, lags
-    assert lags["v1->v2 (from registering, downloaded)"] < 30.0, lags
+    assert downloads == [v1, v2], downloads  # each registered version downloaded once: the rollback was held here
     mixed = sum(len(set(r["versions"])) > 1 for r in traffic.responses)  # in flight across a swap
     print(f"{len(traffic.responses)} requests ({mixed} across a swap), {len(traffic.failures)} failed; lags {lags}")
 

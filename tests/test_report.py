@@ -23,7 +23,7 @@ from areal_core.run import pipeline
 from areal_core.run.launcher import launch, start_role, stop_all
 from areal_core.run.tracking import Tracker
 from areal_core.store import Store
-from tests.conftest import ROOT, TINY, free_port
+from tests.conftest import ROOT, TINY, free_port, wait_until
 
 
 def spans(role: str, worker: str, pattern: list[tuple[str, str, float]], steps: int = 20, t0: float = 1000.0):
@@ -345,15 +345,18 @@ def test_a_killed_rollout_worker_is_named_stalled_while_the_run_goes_on(tmp_path
             time.sleep(0.5)
         kill_group(procs[3].proc.pid, signal.SIGKILL)
         killed_at = time.time()
-        time.sleep(12)  # the others go on recording
+
+        def stalled_now() -> list | None:  # the others go on recording until it is 5 s behind them
+            assert all(p.proc.poll() is None for p in procs[:3])
+            records = load_run(store).records
+            return records if [name for name, _ in stalled_workers(records, stall_s=5)] == ["rollout-1"] else None
+
+        records = wait_until(stalled_now, 300, "rollout-1, and only it, named stalled", poll_s=0.5)
         assert all(p.proc.poll() is None for p in procs[:3])
-        records = load_run(store).records
     finally:
         stop_all(procs)
     last = max(r["t"] for r in records if r["role"] == "rollout" and r["worker"] == "1")
     assert last <= killed_at
-    stalled = stalled_workers(records, stall_s=5)
-    assert [name for name, _ in stalled] == ["rollout-1"]
     flags = [f for f in diagnose(records, stall_s=5) if f.kind == "health"]
     assert flags and flags[0].title == "stalled worker rollout-1"
 

@@ -20,7 +20,7 @@ from areal_core.reward.labels import read_graded
 from areal_core.run import pipeline
 from areal_core.run.ownership import Holder, Lease, RootInUse, claim, read_lease, renew
 from areal_core.store import RootLost, Store
-from tests.conftest import TINY
+from tests.conftest import TINY, wait_until
 
 
 def sample(worker: str, sid: str, reward: float | None = 1.0, prompt: str = "p") -> Sample:
@@ -200,7 +200,7 @@ def owned(root):
     Store.fence(store.uri, None)
 
 
-def wait_fenced(store: Store, holder: Holder, timeout_s: float = 10.0) -> str:
+def wait_fenced(store: Store, holder: Holder, timeout_s: float = 120.0) -> str:  # checks every 0.1 s
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         try:
@@ -353,14 +353,14 @@ def test_a_live_run_refuses_a_second_run_and_trains_a_copied_shard_once(tiny_ove
 
     def intrude() -> None:
         try:
-            while not store.exists(LAYOUT.status("trainer", "0")):
-                time.sleep(0.1)
+            # the copy first, as soon as there is a graded shard: the run has all its steps left to
+            # read it (waited for, not assumed to exist once the trainer is up); then the two starts
+            first = wait_until(lambda: store.find(LAYOUT.graded_dir, ".arrow"), 300, "a graded shard")[0]
+            store.write_bytes(LAYOUT.graded_shard("copied", 0), store.read_bytes(first))
             with pytest.raises(RootInUse):
                 pipeline.prepare("", overrides)
             with pytest.raises(RootInUse):
                 pipeline.prepare("", [*overrides, "lease.takeover=true"])
-            first = store.find(LAYOUT.graded_dir, ".arrow")[0]
-            store.write_bytes(LAYOUT.graded_shard("copied", 0), store.read_bytes(first))
         except BaseException as exc:  # noqa: BLE001 - reported by the main thread
             failures.append(exc)
 

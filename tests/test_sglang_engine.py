@@ -51,6 +51,10 @@ class StandIn:
         self.abort_gen = 0
         self.tokens_out = 0
         self.loaded_paths: list[str] = []
+        # (tokens, updates): once `tokens` are out, requests wait until the weights are updated past
+        # `updates` or they are aborted, so a test's mid-flight action never races their end (issue 46)
+        self.hold: tuple[int, int] | None = None
+        self.updates = 0
         self.calls: list[str] = []
         app = FastAPI()
 
@@ -83,6 +87,8 @@ class StandIn:
             out: list[list] = []
             finish = {"type": "length", "length": sp["max_new_tokens"]}
             for _ in range(sp["max_new_tokens"]):
+                while self.held(gen):
+                    await asyncio.sleep(0.002)
                 await asyncio.sleep(STEP_S)
                 if gen != self.abort_gen:
                     finish = {"type": "abort", "message": "Abort in running batch."}
@@ -136,6 +142,7 @@ class StandIn:
                 return JSONResponse(content, status_code=400)
             self.weights_key = self._key(path)
             self.loaded_paths.append(str(path))
+            self.updates += 1
             if body.get("weight_version") is not None:
                 self.weight_version = body["weight_version"]
             return {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0}
@@ -145,13 +152,20 @@ class StandIn:
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
+    def held(self, gen: int) -> bool:
+        """A request of abort generation `gen` waits here (see `hold`)."""
+        if self.hold is None or gen != self.abort_gen:
+            return False
+        tokens, updates = self.hold
+        return self.tokens_out >= tokens and self.updates == updates
+
     @staticmethod
     def _key(model_dir: Path) -> str:
         return hashlib.sha256((Path(model_dir) / WEIGHTS_FILE).read_bytes()).hexdigest()
 
     def __enter__(self) -> StandIn:
         self.thread.start()
-        deadline = time.time() + 30
+        deadline = time.time() + 120  # the server's start: only a hang reaches this
         while not self.server.started:
             assert time.time() < deadline
             time.sleep(0.02)
@@ -214,13 +228,14 @@ def test_update_midflight_continues_under_new_weights(setup):
     store, side, server, engine = setup
     publish(store, 1, weights("B"), side)
     box: dict = {}
+    server.hold = (4 * 5, server.updates)  # the requests wait there for the update: it lands mid-flight
     t = threading.Thread(
         target=lambda: box.update(g=engine.generate([[1, 2, 3]] * 4, SamplingParams(max_new_tokens=60)))
     )
     t.start()
     wait_tokens(server, 4 * 5)
     assert engine.receive(store, 1) is True
-    t.join(timeout=60)
+    t.join(timeout=120)
     keys = {0: hashlib.sha256(weights("A")).hexdigest(), 1: hashlib.sha256(weights("B")).hexdigest()}
     for g in box["g"]:
         assert len(g.token_ids) == 60 and g.finish_reason == "length"
@@ -236,11 +251,12 @@ def test_update_midflight_continues_under_new_weights(setup):
 def test_user_abort_returns_partial(setup):
     store, side, server, engine = setup
     box: dict = {}
+    server.hold = (3 * 3, server.updates)  # the requests wait there for the abort: never done before it
     t = threading.Thread(target=lambda: box.update(g=engine.generate([[7, 8]] * 3, SamplingParams(max_new_tokens=200))))
     t.start()
     wait_tokens(server, 3 * 3)
     engine.abort()
-    t.join(timeout=30)
+    t.join(timeout=120)
     for g in box["g"]:
         assert g.finish_reason == "abort" and 0 < len(g.token_ids) < 200
 
