@@ -200,7 +200,7 @@ def test_process_reward_through_the_pool():
                 "prompt_len": 2,
             }
         )
-    with RewardPool("tests.test_process_reward:sample_process_reward", size=2, timeout_s=10) as pool:
+    with RewardPool("tests.test_process_reward:sample_process_reward", size=2, timeout_s=60) as pool:
         results = pool.grade(jobs)
     assert len(results) == 20
     assert 0 < sum(broken) < 20
@@ -259,7 +259,7 @@ def test_worker_style_grading_with_the_project_tokenizer(tmp_path):
         jobs.append(
             {"completion": completion, "reference": rec["answer"], "token_offsets": offsets, "prompt_len": s.prompt_len}
         )
-    with RewardPool("areal_core.reward.process:process_reward", size=1, timeout_s=10) as pool:
+    with RewardPool("areal_core.reward.process:process_reward", size=1, timeout_s=60) as pool:
         results = pool.grade(jobs)
     for s, r in zip(samples, results):
         s.reward, s.token_rewards, s.reward_info = r.reward, r.token_rewards, r.info

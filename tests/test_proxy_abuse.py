@@ -34,11 +34,14 @@ from areal_core.rollout.continuous_engine import ContinuousEngine
 from areal_core.rollout.engine import SamplingParams
 from areal_core.rollout.torch_engine import TorchEngine
 from areal_core.store import Store
+from tests.conftest import baseline_s, scaled
 
 KEY_A, KEY_B = "sk-tenant-a", "sk-tenant-b"
 USER = [{"role": "user", "content": "Ann has 3 pens"}]
 GOOD = json.dumps({"model": "m", "messages": USER}).encode()
 LIMITS = dict(max_request_bytes=8192, max_new_tokens=16, default_max_tokens=8, max_messages=8)
+HEADER_TIMEOUT_S = 1.0  # the module server's header and body timeouts
+READ_LIMIT_S = 60.0  # the test's own wait for a close: only a server that never closes reaches it
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +51,7 @@ def tok():
 
 @pytest.fixture(scope="module")
 def server(tok):
-    limits = ProxyLimits(**LIMITS, header_timeout_s=1.0, body_timeout_s=1.0)
+    limits = ProxyLimits(**LIMITS, header_timeout_s=HEADER_TIMEOUT_S, body_timeout_s=HEADER_TIMEOUT_S)
     app = create_app(ScriptedEngine(tok, lambda _: "ok"), tok, api_keys=[KEY_A, KEY_B], limits=limits)
     with ProxyServer(app) as s:
         yield s
@@ -117,7 +120,7 @@ ABUSE = [
 @pytest.mark.parametrize("case", ABUSE, ids=[c[0] for c in ABUSE])
 def test_abusive_request_gets_its_4xx_and_the_connection_stays_usable(server, case):
     _, method, path, headers, body, status, code = case
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
     conn.request("GET", "/health")
     assert conn.getresponse().read() and conn.sock is not None
     sock = conn.sock
@@ -153,7 +156,7 @@ def test_two_tenants_are_isolated_and_quotas_are_per_key(tok):
 
     def reply(prompt: str) -> str:
         if "How many" in prompt:  # words the tiny tokenizer knows
-            gate.wait(30)
+            gate.wait(300)  # until the test sets it: only a hung test reaches this
         return "ok"
 
     limits = ProxyLimits(max_sessions=5, max_sessions_per_key=3, max_concurrent_per_key=2)
@@ -209,7 +212,7 @@ def test_two_tenants_are_isolated_and_quotas_are_per_key(tok):
         guard = app.middleware_stack
         while not isinstance(guard, GuardMiddleware):
             guard = guard.app
-        deadline = time.time() + 10
+        deadline = time.time() + 120
         while guard.in_flight.get(key_digest(KEY_A), 0) < 2 and time.time() < deadline:
             time.sleep(0.02)
         r = a.get("/models")
@@ -222,6 +225,17 @@ def test_two_tenants_are_isolated_and_quotas_are_per_key(tok):
 
 
 # -- slow connections -----------------------------------------------------------------------------
+def _health_s(url: str) -> float:
+    """What a /health request on a fresh connection takes here now (the slowest of three): the
+    bounds on how late a close may come and how slow the other clients may be are scaled by it."""
+
+    def one() -> None:
+        with httpx.Client(base_url=url, timeout=60) as c:
+            assert c.get("/health").status_code == 200
+
+    return baseline_s(one)
+
+
 def _read_until_closed(sock: socket.socket, limit_s: float) -> tuple[bytes, float]:
     t0, data = time.perf_counter(), b""
     sock.settimeout(limit_s)
@@ -244,20 +258,22 @@ def _read_until_closed(sock: socket.socket, limit_s: float) -> tuple[bytes, floa
     ids=["silent", "partial-headers", "one-byte", "partial-body"],
 )
 def test_slow_connections_are_closed_in_time_while_others_are_served(server, partial):
-    """The server closes a stalled connection within its 1 s timeout (generous margin), answering 408
-    once the client has started a request; other clients are served meanwhile."""
+    """The server closes a stalled connection at its 1 s timeout, answering 408 once the client
+    has started a request; other clients are served meanwhile, each far faster than the stall.
+    Both bounds are scaled to what a /health request takes here now (issue 46)."""
+    slack = scaled(0.5, _health_s(server.url))
     with socket.create_connection(("127.0.0.1", server.port)) as sock:
         sock.sendall(partial)
         served = []
-        with httpx.Client(base_url=server.url, timeout=5) as other:
+        with httpx.Client(base_url=server.url, timeout=60) as other:
             for _ in range(5):
                 t0 = time.perf_counter()
                 assert other.get("/health").status_code == 200
                 served.append(time.perf_counter() - t0)
                 time.sleep(0.05)
-        data, waited = _read_until_closed(sock, 8.0)
-    assert max(served) < 0.5
-    assert waited < 4.0  # closed: 1 s timeout, with margin for a loaded machine
+        data, waited = _read_until_closed(sock, READ_LIMIT_S)
+    assert max(served) < slack, (served, slack)
+    assert waited < HEADER_TIMEOUT_S + 6 * slack, (waited, slack)  # closed at the timeout, not held open
     if partial:
         assert data.startswith(b"HTTP/1.1 408") and b'"code": "request_timeout"' in data
     else:
@@ -278,17 +294,19 @@ def test_bytes_that_are_not_http_get_a_400_in_the_error_shape_and_a_close(server
     """uvicorn answers these below the app, in plain text; the proxy answers them in OpenAI's shape."""
     with socket.create_connection(("127.0.0.1", server.port)) as sock:
         sock.sendall(raw)
-        data, waited = _read_until_closed(sock, 8.0)
+        data, waited = _read_until_closed(sock, READ_LIMIT_S)
     head, _, body = data.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400") and b"content-type: application/json" in head.lower()
     error = json.loads(body)["error"]
     assert error["code"] == "invalid_http_request" and error["type"] == "invalid_request_error"
-    with httpx.Client(base_url=server.url, timeout=5) as other:  # the server goes on
+    with httpx.Client(base_url=server.url, timeout=60) as other:  # the server goes on
         assert other.get("/health").status_code == 200
 
 
 def test_dripping_bytes_does_not_extend_the_header_deadline(server):
-    """A byte every 0.1 s keeps the connection busy but not alive: the header deadline is a total."""
+    """A byte every 0.1 s keeps the connection busy but not alive: the header deadline is a total
+    (a per-byte deadline would hold it open the ~22 s the drip lasts)."""
+    slack = scaled(0.5, _health_s(server.url))
     with socket.create_connection(("127.0.0.1", server.port)) as sock:
 
         def drip() -> None:
@@ -300,8 +318,8 @@ def test_dripping_bytes_does_not_extend_the_header_deadline(server):
                 pass
 
         threading.Thread(target=drip, daemon=True).start()
-        data, waited = _read_until_closed(sock, 8.0)
-    assert waited < 4.0 and data.startswith(b"HTTP/1.1 408")
+        data, waited = _read_until_closed(sock, READ_LIMIT_S)
+    assert waited < HEADER_TIMEOUT_S + 6 * slack and data.startswith(b"HTTP/1.1 408"), (waited, slack)
 
 
 # -- tokenising off the event loop ----------------------------------------------------------------
@@ -326,7 +344,9 @@ def test_health_stays_responsive_while_a_1mib_prompt_is_tokenised(tok):
         busy = time.perf_counter() - t0
     assert done[0].status_code == 400 and done[0].json()["error"]["code"] == "context_length_exceeded"
     assert len(latencies) >= 3, (busy, latencies)  # /health was answered while the prompt was tokenised
-    assert sorted(latencies)[-2] < 0.2, latencies  # relative to ~0.8 s of tokenising; one outlier allowed
+    # each far faster than the tokenising (~0.8 s on a quiet machine, measured here: it scales with
+    # the load, as /health does), which a blocked event loop would make it wait out; one outlier allowed
+    assert sorted(latencies)[-2] < max(0.2, busy / 4), (busy, latencies)
 
 
 # -- rewards never poison training ----------------------------------------------------------------

@@ -352,7 +352,7 @@ def publish_init_model(store: Store, version: int) -> None:
     publish(store, version, state_dict_bytes(model), hf_side_files(model, tok))
 
 
-def follow_weights_until_done(store: Store, run_uri: str, timeout_s: float = 60.0) -> dict:
+def follow_weights_until_done(store: Store, run_uri: str, timeout_s: float = 600.0) -> dict:
     """The rollout role on a prepared agent run: (0 + η + 1)·B = 2 groups under v0, then 2 more
     under v1, then DONE."""
     from areal_core.rollout.worker import run_rollout_worker

@@ -124,15 +124,15 @@ def test_watcher_delivers_new_versions_and_reports_failures(store):
     w = WeightWatcher(store, lambda v: engine.receive(store, v), 0.01, version=engine.version)
     w.start()
     publish(store, 2, b"w2", {})
-    deadline = time.time() + 10
+    deadline = time.time() + 120  # polls every 10 ms: only a hang reaches this
     while engine.version != 2 and time.time() < deadline:
         time.sleep(0.01)
     assert engine.loaded == [2] and w.wait(0) and w.version == 2
-    w.stop(timeout=5)
+    w.stop()
     broken = FakeEngine(fail_on=2)
     w = WeightWatcher(store, lambda v: broken.receive(store, v), 0.01, version=broken.version)
     w.start()
-    deadline = time.time() + 10
+    deadline = time.time() + 120
     while w.alive() and time.time() < deadline:
         time.sleep(0.01)
     assert not w.alive() and "server died" in str(w.error)
@@ -148,10 +148,10 @@ def test_watcher_retries_a_version_that_fails_its_checks(store):
             raise WeightsError(f"weights v{v}: model.safetensors fails its sha256 check")
 
     w = WeightWatcher(store, on_version, 0.01, version=0).start()
-    deadline = time.time() + 10
+    deadline = time.time() + 120
     while w.version != 1 and time.time() < deadline:
         time.sleep(0.01)
-    w.stop(timeout=5)
+    w.stop()
     assert seen == [1, 1, 1] and w.version == 1 and w.error is None
 
 

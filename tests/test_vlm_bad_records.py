@@ -78,7 +78,7 @@ def run_loop(
     )
     loop.max_bad_in_a_row = max_bad
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 600  # a backstop: the loop ends at num_groups
         return asyncio.run(loop.run(stop=lambda: time.monotonic() > deadline, num_groups=num_groups))
     finally:
         engine.close()
