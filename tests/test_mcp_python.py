@@ -178,7 +178,7 @@ def test_an_http_command_that_never_listens_or_exits_costs_a_counted_episode_and
 
     (timed_out, again), outcomes, starts, waited = asyncio.run(twice(never))
     assert timed_out.startswith("ServerFailure: MCP server 'never': connect_timeout: not listening on port")
-    assert again == timed_out and starts == 1 and waited < 0.5
+    assert again == timed_out and starts == 1  # the same failure again, no new process (within RETRY_AFTER_S)
     assert outcomes == {"connect_timeout:never": 2}
     (failed, _), outcomes, _, _ = asyncio.run(twice(dies))
     assert "connect_failed: exited with status 1 (stderr: bad flag " in failed
@@ -259,8 +259,8 @@ def test_the_http_server_dies_with_the_worker_that_started_it(tmp_path):
         server_pid = int(worker.stdout.readline())
         assert os.path.exists(f"/proc/{server_pid}")
         worker.kill()
-        worker.wait(10)
-        deadline = time.monotonic() + 10
+        worker.wait(120)
+        deadline = time.monotonic() + 120
         while os.path.exists(f"/proc/{server_pid}") and time.monotonic() < deadline:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(server_pid, os.WNOHANG)

@@ -195,7 +195,7 @@ def test_the_background_thread_follows_the_trainer(tmp_path):
     store.write_json(LAYOUT.live_settled, {"rows": {"proxy-0": 0}})
     adm = SessionAdmission(store, "proxy-0", bound=2, poll_s=0.02, written=2)
     try:
-        deadline = time.time() + 10
+        deadline = time.time() + 120
         while not adm.active and time.time() < deadline:
             time.sleep(0.02)
         with pytest.raises(TrainerBehind):
@@ -272,7 +272,9 @@ def test_the_proxy_answers_429_to_a_new_session_while_the_trainer_is_behind_and_
         held = {"held_rows": 2}  # "long", whose two turns are two conversations: two rows
         assert health["admission"] == {"active": True, "waiting_rows": 2, "bound": 3, "refused_sessions": 1, **held}
         run.write_json(LAYOUT.live_settled, {"rows": {"proxy-0": 2}})  # the trainer caught up
-        time.sleep(0.2)
+        deadline = time.monotonic() + 120  # the admission thread reads it at its next poll
+        while http.get("/health").json()["admission"]["waiting_rows"] > 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
         turn("c")
         assert http.post("/v1/sessions/long/end", json={"reward": 0.0}).status_code == 200
         health = http.get("/health").json()
