@@ -423,7 +423,8 @@ def test_lora_corrupt_adapter_is_refused_and_previous_keeps_serving(ls):
 
 
 def test_lora_merged_fallback_reloads_whole_checkpoint(vs, ls):
-    """The fallback (rollout.server.lora=merged, the CPU default): the full-model server loads a LoRA version merged into init_model."""
+    """rollout.server.lora=merged (the CPU default): the full-model server loads a LoRA version merged
+    into init_model."""
     v = vs.engine.version + 10
     ls.publish(v, "up")
     assert vs.engine.receive(ls.store, v) is True
