@@ -74,8 +74,10 @@ async def train(run_uri: str, num_rollout: int, num_reward: int, local: bool) ->
         final = await run_roles(run_uri, num_rollout, num_reward, timeout, local and cfg.launcher.progress)
     finally:
         await asyncio.to_thread(live.__exit__, None, None, None)  # its last publish needs this loop
+    wall_s = time.time() - t0
     tracker = Tracker.attach(store)
-    tracker.log_metrics({"wall_s": time.time() - t0}, int(store.read_json(LAYOUT.done).get("step", 0)))
+    tracker.log_metrics({"wall_s": wall_s}, int(store.read_json(LAYOUT.done).get("step", 0)))
+    print(f"async RL finished in {wall_s:.1f}s")
     html = await asyncio.to_thread(pipeline.log_report, store, tracker)
     if html:
         await flyte.report.replace.aio(html, do_flush=True)
