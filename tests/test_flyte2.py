@@ -177,6 +177,38 @@ def _cmdline(proc: Path) -> bytes:
         return b""
 
 
+@needs_venv
+@pytest.mark.slow
+def test_replay_and_fork_of_a_run_through_flyte2(tmp_path):
+    """flyte2/derived.py on a finished run (made here by areal_core, as `make run` does): the replay
+    reproduces its steps exactly; the fork continues from step 2 to DONE with its roles as Flyte
+    tasks, and the parent gains only its lineage record."""
+    from areal_core.run import pipeline
+
+    parent = tmp_path / "parent"
+    run_uri, _ = pipeline.prepare("", [*TINY, f"store={parent}"])
+    pipeline.run_async_rl(run_uri, pipeline.sft(run_uri))
+    parent_config = (parent / "config.yaml").read_text()
+    script = (
+        "import dataclasses, json, sys, flyte\n"
+        "from flyte2 import derived\n"
+        "flyte.init()\n"
+        f"replayed = flyte.run(derived.replay, run={str(parent)!r}, into={str(tmp_path / 'replay')!r}).outputs()[0]\n"
+        f"forked = flyte.run(derived.fork, run={str(parent)!r}, step=2, into={str(tmp_path / 'fork')!r},\n"
+        "                   overrides='train.lr=1e-4').outputs()\n"
+        "print('RESULT' + json.dumps({'replay': dataclasses.asdict(replayed), 'fork': list(forked)}))\n"
+    )
+    out = run_py("-c", script, timeout=900)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    got = json.loads(out.stdout.split("RESULT", 1)[1])
+    assert got["replay"]["steps"] == 4
+    assert got["replay"]["max_loss_rel_diff"] == 0.0 and got["replay"]["max_grad_norm_rel_diff"] == 0.0
+    assert len(got["fork"]) == 2  # held-out accuracy before and after
+    assert (tmp_path / "fork" / "DONE").is_file() and (tmp_path / "fork" / "final_model").is_dir()
+    assert (parent / "config.yaml").read_text() == parent_config and list((parent / "lineage").rglob("*.json"))
+    assert '[rollout-0] {"role": "rollout"' in out.stderr  # the fork's roles ran as Flyte tasks
+
+
 # -- (b) what `flyte deploy` would send ------------------------------------------------------------
 def dry_run(cluster_config: Path | None = None) -> dict:
     extra = {"AREAL_CLUSTER_CONFIG": str(cluster_config)} if cluster_config else {}
