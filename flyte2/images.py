@@ -18,7 +18,12 @@ ends never push over each other's tags. Nothing here builds an image: `flyte dep
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import flyte
+
+if TYPE_CHECKING:
+    from flytekit import ImageSpec
 
 # The SDK and plugins the Flyte 2 front end imports in a pod (flyte2/*.py): pinned as in
 # scripts/setup_flyte2_venv.sh.
@@ -32,7 +37,7 @@ def _python(version: str | None) -> tuple[int, int]:
     return int(major), int(minor)
 
 
-def from_image_spec(spec) -> flyte.Image:
+def from_image_spec(spec: ImageSpec) -> flyte.Image:
     """`spec` (a flytekit ImageSpec of images/specs.py) as a `flyte.Image` with the Flyte 2 SDK added."""
     name = spec.name.replace(*NAME_PREFIX, 1)
     python = _python(spec.python_version)

@@ -31,6 +31,7 @@ import threading
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import flyte
 
@@ -69,7 +70,7 @@ class Started:
     results: list[dict] = field(default_factory=list)
 
 
-def _forward(name: str, stream, last: list[str], results: list[dict]) -> None:
+def _forward(name: str, stream: IO[str], last: list[str], results: list[dict]) -> None:
     """Copy the role's output to stderr as `[role-i] line`; keep its last line and its result."""
     for line in iter(stream.readline, ""):
         if line.startswith(RESULT_PREFIX):
@@ -182,7 +183,9 @@ async def _progress(run_uri: str, enabled: bool) -> None:
         await asyncio.sleep(1.0)
 
 
-async def run_roles(run_uri: str, num_rollout: int, num_reward: int, timeout_s: float = 0, progress: bool = False):
+async def run_roles(
+    run_uri: str, num_rollout: int, num_reward: int, timeout_s: float = 0, progress: bool = False
+) -> str:
     """Every role of the run at once, as Flyte tasks, until the trainer writes DONE; returns the
     final model's URI. The first role to fail (or `timeout_s`, when > 0) stops the others."""
     uri = Store(run_uri).uri
