@@ -67,9 +67,9 @@ def main(argv: list[str] | None = None) -> int:
         flyte.init_from_config()
     else:
         flyte.init()
-    run = flyte.with_runcontext(mode="remote" if args.remote else "local", name=args.name).run(
-        getattr(grpo, args.job), **inputs
-    )
+    # remote: ship the whole tree (configs/*.yaml, the modules areal_core imports inside functions)
+    context = {"mode": "remote", "copy_style": "all"} if args.remote else {"mode": "local"}
+    run = flyte.with_runcontext(name=args.name, **context).run(getattr(grpo, args.job), **inputs)
     print(f"run: {run.url}")
     if not args.remote:
         print(f"outputs: {run.outputs()}")
