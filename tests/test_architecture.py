@@ -203,6 +203,7 @@ SKIP_DIRS = {
     ".venv-vllm",
     ".venv-trl",
     ".venv-megatron",
+    ".venv-flyte2",
     "runs",
     "mlruns",
     "node_modules",
