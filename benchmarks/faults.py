@@ -78,32 +78,28 @@ def duplicate_writer_refused(run_uri: str) -> bool:
     return out.returncode != 0 and "WriterInUse" in out.stdout + out.stderr
 
 
-def accounting(run, cfg) -> dict:
+def accounting(run) -> dict:
     """Every row the proxies wrote: trained once, dropped with a reason, or untrained at the end."""
     from areal_core.layout import LAYOUT
     from areal_core.protocol import decode_shard
     from areal_core.train import checkpoint
 
-    written = set()
-    for stage in ("graded", "ungraded"):
-        for rel in run.find(f"{LAYOUT.trajectories_dir}/{stage}", ".arrow"):
-            written |= {s.identity() for s in decode_shard(run.read_bytes(rel))}
-    records = [run.read_json(p) for p in run.find(f"{LAYOUT.trainer_dir}/trained", ".json")]
+    def ids(rel: str) -> set[str]:
+        return {s.identity() for s in decode_shard(run.read_bytes(rel))}
+
+    graded = {rel: ids(rel) for rel in run.find(LAYOUT.graded_dir, ".arrow")}
+    graded_ids = set().union(*graded.values())
+    written = graded_ids.union(*(ids(rel) for rel in run.find(LAYOUT.ungraded_dir, ".arrow")))
+    records = [run.read_json(p) for p in run.find(LAYOUT.trained_dir, ".json")]
     trained = [f"{w}/{sid}" for r in records for w, (sid, _) in zip(r["sample_workers"], r["samples"])]
     dropped = {f"{w}/{sid}" for r in records for w, (sid, _) in zip(r["dropped_workers"], r["dropped"])}
     final = checkpoint.committed_steps(run)[-1]
-    base = LAYOUT.checkpoint_dir(final)
-    state = run.read_json(f"{base}/state.json")
-    raw = run.read_bytes(f"{base}/pending.arrow")
+    state = run.read_json(LAYOUT.checkpoint_file(final, checkpoint.STATE_FILE))
+    raw = run.read_bytes(LAYOUT.checkpoint_file(final, checkpoint.PENDING_FILE))
     pending = {s.identity() for s in decode_shard(raw)} if raw else set()
     consumed = set(state.get("consumed", []))
-    unconsumed = set()
-    for rel in run.find(f"{LAYOUT.trajectories_dir}/graded", ".arrow"):
-        if rel not in consumed:
-            unconsumed |= {s.identity() for s in decode_shard(run.read_bytes(rel))}
-    ungraded_only = written - {
-        s.identity() for rel in run.find(LAYOUT.graded_dir, ".arrow") for s in decode_shard(run.read_bytes(rel))
-    }
+    unconsumed = set().union(*(v for rel, v in graded.items() if rel not in consumed))
+    ungraded_only = written - graded_ids
     counters = run.read_json(LAYOUT.done)["counters"]
     idle_drops = counters.get("dropped_samples", 0) - len(dropped)  # drops while waiting: counted only
     left_out = counters.get("left_out", 0)
@@ -156,6 +152,7 @@ def main() -> None:
     import httpx
     import openai
 
+    from areal_core.events import read_events
     from areal_core.layout import LAYOUT
     from areal_core.online.continuous import run_continuous
     from areal_core.online.registry import aliased, register_if_better
@@ -274,10 +271,10 @@ def main() -> None:
     champion = aliased(mlflow_client(registry.endpoint), name)
     out["done"] = run.done()
     out["error"] = repr(err[0]) if err else None
-    out["rows"] = accounting(run, None) if run.done() else {}
+    out["rows"] = accounting(run) if run.done() else {}
     out["failed_requests"] = len(failed_requests)
     out["wrong_promotions"] = int(champion is None or champion.version != faults.get("hand_moved_champion"))
-    events = [json.loads(line) for p in run.find(LAYOUT.events_dir, ".jsonl") for line in run.read_text(p).splitlines()]
+    events = read_events(run)
     out["republished"] = [e["version"] for e in events if e.get("kind") == "republish"]
     out["offers"] = run.read_json(LAYOUT.promotions)["offers"] if run.exists(LAYOUT.promotions) else []
     out["mcp"] = mcp_phase()

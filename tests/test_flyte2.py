@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from areal_core.layout import LAYOUT
+from areal_core.weights import WEIGHTS_FILE
 from tests.conftest import ROOT, TINY
 
 VENV = ROOT / ".venv-flyte2"
@@ -97,10 +99,10 @@ def test_local_run_of_the_default_job_reaches_done_with_the_roles_running_at_onc
     both = out.stdout + out.stderr
     assert out.returncode == 0, both[-4000:]
     assert "held-out greedy accuracy: before RL" in both
-    for rel in ("config.yaml", "DONE", "final_model/model.safetensors", "weights/LATEST"):
+    for rel in (LAYOUT.config, LAYOUT.done, f"{LAYOUT.final_model}/{WEIGHTS_FILE}", LAYOUT.latest):
         assert (store / rel).is_file(), rel
-    assert list((store / "trainer" / "trained").glob("step-*.json"))
-    assert "eta: 1" in (store / "config.yaml").read_text()  # the typed config, over the YAML
+    assert list((store / LAYOUT.trained_dir).glob("step-*.json"))
+    assert "eta: 1" in (store / LAYOUT.config).read_text()  # the typed config, over the YAML
     for role in ROLES:  # every role ran through its task (flyte2/roles.py), its output forwarded
         assert f'[{role}-0] {{"role": "{role}"' in both, role
     times = role_times(store)

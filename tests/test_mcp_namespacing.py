@@ -16,28 +16,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-import torch
 
 from areal_core.agents.mcp import ServerSpec
 from areal_core.agents.mcp_names import ToolNameCollision, tool_routes
 from areal_core.agents.tools import MCPEnvironment
-from areal_core.models import build_tokenizer
+from tests import test_mcp
 from tests.test_mcp import SEEN, run, task, told
 
+one_torch_thread, tok = test_mcp.one_torch_thread, test_mcp.tok  # the same fixtures
+
 SERVERS = "tests/test_mcp_servers.py"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return build_tokenizer(['<tool_call>{"name": "add", "arguments": {"a": 2, "b": 40}}</tool_call> #### 42'], 300)
 
 
 def search_server(label: str, banner: int = 0, name: str = "") -> ServerSpec:
