@@ -19,6 +19,10 @@ The rules (`RULES`; the correction w = π_prox/π_behav is `algo.behav_correctio
             examples' `rejection_sampling: {metric: ratio, upper: 5}`; tests/test_areal_reference.py)
   uncapped  decoupled PPO, w uncapped (AReaL's paper config)
   trunc5    decoupled PPO, w truncated at 5 (our default; AReaL's opt-in `action: clamp`)
+  drop_pos  the mechanism control: uncapped, and the tokens with A > 0 and w > 1 + ε_high dropped
+            (`algo.behav_clip_drop=positive`: the half of naive PPO's clip that acts on stale gains)
+  drop_both uncapped, and both halves dropped (A < 0 with w < 1 − ε_low too): with one minibatch
+            naive PPO's gradient exactly (tests/test_clip_drop.py)
   ppo, decoupled_ppo   the issue-27 cells: the default job's two losses as configured (ε 0.2 / 0.28)
 
 At η = 0 every rule is the same update up to the engine's and the trainer's log-prob rounding
@@ -43,8 +47,10 @@ Per cell, from trainer/metrics.jsonl and the trainer's events:
 - the staleness actually trained (versions behind, mean and max), KL(behaviour‖proximal) (the mean
   over steps of mean_t (log π_behav − log π_prox));
 - the share of policy tokens the correction masked (`behav_masked_frac` − `behav_nonfinite_frac`)
-  or truncated (`behav_truncated_frac`), means over steps; the importance-weight range (median
-  over steps of the per-step smallest and largest w and its extremes); the clip fraction.
+  or truncated (`behav_truncated_frac`), or dropped by `algo.behav_clip_drop`, means over steps; the
+  importance-weight range (median over steps of the per-step smallest and largest w and its
+  extremes); the clip fraction, all and split by the sign of A; the sampled tokens' entropy
+  (mean −log π_behav, `sampled_entropy`) over the first and the last 10 steps.
 
 η = ∞ is `train.eta=1000000` (`INF`): at that value admission, (v + η + 1)·B groups, never binds.
 Staleness is real only where the rollout is ahead: with the trainer the bottleneck (this tiny job
@@ -81,6 +87,14 @@ RULES: dict[str, tuple[str, list[str]]] = {
     "mask5": ("decoupled, AReaL's mask w > 5", [DECOUPLED, "algo.behav_correction=mask", "algo.behav_high=5.0"]),
     "uncapped": ("decoupled, w uncapped", [DECOUPLED, "algo.behav_correction=truncate", "algo.behav_high=0"]),
     "trunc5": ("decoupled, w truncated at 5", [DECOUPLED, "algo.behav_correction=truncate", "algo.behav_high=5.0"]),
+    "drop_pos": (
+        "decoupled uncapped, drop A > 0 with w > 1 + ε",
+        [DECOUPLED, "algo.behav_correction=truncate", "algo.behav_high=0", "algo.behav_clip_drop=positive"],
+    ),
+    "drop_both": (
+        "decoupled uncapped, drop what naive PPO clips",
+        [DECOUPLED, "algo.behav_correction=truncate", "algo.behav_high=0", "algo.behav_clip_drop=both"],
+    ),
     "ppo": ("naive PPO", ["algo.loss=ppo"]),
     "decoupled_ppo": ("decoupled PPO", [DECOUPLED]),
 }
@@ -160,6 +174,11 @@ def cell_result(store, loss: str, eta: int, seed: int, wall_s: float) -> dict:
         "masked_frac": max(0.0, mean("behav_masked_frac") - mean("behav_nonfinite_frac")),
         "truncated_frac": mean("behav_truncated_frac"),
         "staleness_max": max(pick("staleness_max"), default=0),
+        "clip_frac_adv_pos": mean("clip_frac_adv_pos"),
+        "clip_frac_adv_neg": mean("clip_frac_adv_neg"),
+        "dropped_frac": mean("behav_clip_dropped_frac"),
+        "entropy_first": statistics.fmean(pick("sampled_entropy")[:10]) if pick("sampled_entropy") else float("nan"),
+        "entropy_last": statistics.fmean(pick("sampled_entropy")[-10:]) if pick("sampled_entropy") else float("nan"),
         **summarise_metrics(store),
     }
 
@@ -249,8 +268,9 @@ def markdown(results: list[dict], args: argparse.Namespace) -> str:
     lines += [
         "",
         f"| rule | η | seeds | final held-out | steps to ≥ {thr} | trainer s to ≥ {thr} | staleness mean / max "
-        "| KL(behav‖prox) | masked / truncated tokens | w median min–max (extremes) | clip frac |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| KL(behav‖prox) | masked / truncated / dropped tokens | w median min–max (extremes) "
+        "| clip frac (A > 0 / A < 0) | entropy first → last 10 steps |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for rule in rules:
         for e in etas:
@@ -269,6 +289,9 @@ def markdown(results: list[dict], args: argparse.Namespace) -> str:
                 w = "– (no weight)"
             masked = statistics.fmean(r.get("masked_frac", float("nan")) for r in rs)
             truncated = statistics.fmean(r.get("truncated_frac", float("nan")) for r in rs)
+            dropped = statistics.fmean(r.get("dropped_frac", float("nan")) for r in rs)
+            dropped = 0.0 if dropped != dropped else dropped  # cells run before the control existed
+            f = lambda key, rs=rs: statistics.fmean(r.get(key, float("nan")) for r in rs)  # noqa: E731
             nan = " NaN" if any(r["non_finite"] for r in rs) else ""
             label = LABEL.get(rule, rule) + (" (η = 0: every rule)" if e == 0 else "")
             lines.append(
@@ -276,7 +299,9 @@ def markdown(results: list[dict], args: argparse.Namespace) -> str:
                 f"{steps} ({len(hits)}/{len(rs)} reached) | {secs_s} | "
                 f"{statistics.fmean(r['staleness_mean'] for r in rs):.2f} / {max(r['staleness_max'] for r in rs)} | "
                 f"{statistics.fmean(r['kl_behav_prox'] for r in rs):.2e} | "
-                f"{masked:.2%} / {truncated:.2%} | {w} | {statistics.fmean(r['clip_frac'] for r in rs):.4f} |"
+                f"{masked:.2%} / {truncated:.2%} / {dropped:.2%} | {w} | "
+                f"{f('clip_frac'):.4f} ({f('clip_frac_adv_pos'):.4f} / {f('clip_frac_adv_neg'):.4f}) | "
+                f"{f('entropy_first'):.3f} → {f('entropy_last'):.3f} |"
             )
     return "\n".join(lines) + "\n"
 

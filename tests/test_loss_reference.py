@@ -5,7 +5,9 @@ tests/data/loss_reference.json holds the inputs (small float32 tensors) and, per
 its gradient with respect to log π_θ (and the critic's values) and the metrics, as the loss code
 of commit 8ac0641 computed them (`python tests/test_loss_reference.py --write` wrote the file with
 that code; rerunning it rewrites the reference with whatever code is checked out, so do not,
-unless a change of numerics is intended and said so in the commit).
+unless a change of numerics is intended and said so in the commit). Metrics added since
+(clip_frac_adv_pos/neg, sampled_entropy) were appended to it with every value and gradient of
+that code checked unchanged first.
 """
 
 from __future__ import annotations

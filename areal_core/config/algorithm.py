@@ -44,12 +44,14 @@ AdvEstimator = Literal[
 Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
 BehavCorrection = Literal["none", "truncate", "mask"]
 BehavLevel = Literal["token", "sequence", "geometric"]
+BehavClipDrop = Literal["none", "positive", "both"]
 KlEstimator = Literal["k1", "k2", "k3"]
 
 ADV_ESTIMATORS: tuple[str, ...] = get_args(AdvEstimator)
 AGGREGATIONS: tuple[str, ...] = get_args(Aggregation)
 BEHAV_CORRECTIONS: tuple[str, ...] = get_args(BehavCorrection)
 BEHAV_LEVELS: tuple[str, ...] = get_args(BehavLevel)
+BEHAV_CLIP_DROPS: tuple[str, ...] = get_args(BehavClipDrop)
 KL_ESTIMATORS: tuple[str, ...] = get_args(KlEstimator)
 
 
@@ -72,6 +74,9 @@ class AlgorithmConfig(ConfigModel):
     behav_low: Float = Field(0.0, ge=0)  # mask: lower bound on w (0: none)
     behav_high: Float = Field(5.0, ge=0)  # truncate: cap on w; mask: upper bound (0: none)
     behav_level: BehavLevel = "token"
+    # decoupled_ppo only (check_algorithm), a control of the staleness study: drop the tokens naive PPO's clip against
+    # π_behav removes, A > 0 with w > 1 + ε_high (positive), and A < 0 with w < 1 − ε_low (both)
+    behav_clip_drop: BehavClipDrop = "none"
     # regularisers
     kl_coef: Float = Field(0.0, ge=0)  # β for KL(π_θ‖π_ref); needs reference log-probs when > 0
     kl_estimator: KlEstimator = "k3"
@@ -115,6 +120,8 @@ class AlgorithmConfig(ConfigModel):
     def _cross_checks(self) -> Self:
         if self.behav_correction == "mask" and self.behav_high and self.behav_low >= self.behav_high:
             raise Invalid("behav_low", "must be < behav_high for masking")
+        if self.behav_clip_drop != "none" and self.behav_level != "token":
+            raise Invalid("behav_clip_drop", "applies to a token-level correction only (behav_level=token)")
         if self.overlong_buffer > self.overlong_max_len:
             raise Invalid("overlong_buffer", "must be <= overlong_max_len")
         return self

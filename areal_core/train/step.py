@@ -220,6 +220,7 @@ def train_step(
         old_values=old_v,
     )
 
+    averaged: dict[str, float] = {}
     sync = getattr(model, "set_requires_gradient_sync", None)  # FSDP2: reduce gradients after the last micro-batch
     for mb in plan:
         optimizer.zero_grad(set_to_none=True)
@@ -283,8 +284,9 @@ def train_step(
         mb_stats["grad_norm"] = grad_norm
         mb_stats["micro_batches"] = float(len(micro))
         for k, v in mb_stats.items():
-            stats[k] = stats.get(k, 0.0) + v / n_mb
+            averaged[k] = averaged.get(k, 0.0) + v / n_mb
         lap("optimizer")
+    stats = {**averaged, **stats}  # the whole batch's advantage metrics, not a minibatch's added to them
     stats["reward_mean"] = batch.rewards.mean().item()
     if mm is not None:  # the rows trained with their images in the forward passes
         stats["image_rows"] = float(sum(m is not None for m in mm.per_row))

@@ -19,7 +19,13 @@ from dataclasses import dataclass
 
 import torch
 
-from areal_core.config.algorithm import AGGREGATIONS, BEHAV_CORRECTIONS, BEHAV_LEVELS, KL_ESTIMATORS
+from areal_core.config.algorithm import (
+    AGGREGATIONS,
+    BEHAV_CLIP_DROPS,
+    BEHAV_CORRECTIONS,
+    BEHAV_LEVELS,
+    KL_ESTIMATORS,
+)
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -95,7 +101,9 @@ class Behaviour:
     keep    1 on the tokens that carry weight (not masked, log-probs finite)
     usable  1 where log π_behav and log π_prox are finite
     stats   importance_weight_mean/max/min over the kept policy tokens; behav_truncated_frac,
-            behav_masked_frac, behav_nonfinite_frac over the policy tokens
+            behav_masked_frac, behav_nonfinite_frac over the policy tokens; sampled_entropy, the
+            mean −log π_behav of the sampled tokens (a Monte Carlo estimate of the sampling
+            policy's per-token entropy)
     kl      KL(behaviour‖proximal), `behaviour_kl` (the metric `kl_behav_prox`)
     """
 
@@ -166,8 +174,43 @@ def behaviour_correction(
         "behav_truncated_frac": masked_mean(truncated, m).item(),
         "behav_masked_frac": masked_mean(1 - keep, m).item(),
         "behav_nonfinite_frac": masked_mean(1 - usable, m).item(),
+        "sampled_entropy": masked_mean(torch.where(usable > 0, -behav_logp.detach().float(), 0.0), m * usable).item(),
     }
     return Behaviour(w, keep, usable, stats, behaviour_kl(prox_logp, behav_logp, m))
+
+
+def drop_clipped(
+    b: Behaviour,
+    prox_logp: torch.Tensor,
+    behav_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str,
+    eps_low: float,
+    eps_high: float,
+) -> Behaviour:
+    """`b` with the tokens naive PPO's clip against π_behav would remove also dropped (w = 0, keep = 0),
+    with the token ratio ρ = π_prox/π_behav (uncapped):
+
+        positive  drop A > 0 with ρ > 1 + ε_high
+        both      also A < 0 with ρ < 1 − ε_low
+
+    With one minibatch (π_θ = π_prox at the update) decoupled PPO with w uncapped and `both` has naive
+    PPO's gradient (tests/test_clip_drop.py): the control that tells whether naive PPO's clip, acting
+    as a one-sided filter on stale tokens, is what separates the two (`algo.behav_clip_drop`).
+    The dropped share is `behav_clip_dropped_frac`; dropped tokens stay in the denominator."""
+    if mode == "none":
+        return b
+    rho = torch.exp(torch.where(b.usable > 0, (prox_logp - behav_logp).detach().float(), 0.0))
+    drop = (advantages > 0) & (rho > 1 + eps_high)
+    if mode == "both":
+        drop = drop | ((advantages < 0) & (rho < 1 - eps_low))
+    elif mode != "positive":
+        raise ValueError(f"unknown behav_clip_drop {mode!r}; expected one of {BEHAV_CLIP_DROPS}")
+    drop = drop.float() * b.keep
+    keep = b.keep * (1 - drop)
+    stats = {**b.stats, "behav_clip_dropped_frac": masked_mean(drop, mask.float()).item()}
+    return Behaviour(torch.where(keep > 0, b.w, 0.0), keep, b.usable, stats, b.kl)
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3", clamp: float = 10.0) -> torch.Tensor:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from areal_core.train.loss.common import Behaviour, masked_mean, per_row
+from areal_core.train.loss.common import Behaviour, drop_clipped, masked_mean, per_row
 from areal_core.train.loss.registry import Loss, LossInputs, register
 
 if TYPE_CHECKING:
@@ -61,12 +61,17 @@ def decoupled_ppo_loss(
     the GSPO paper's GSPO-token).
     A token with a non-finite log π_behav or log π_prox is masked (w = 0, no gradient, NaN-free)
     and stays in the denominator, as IcePop-masked tokens do.
-    Returns (loss, stats): clip fractions (all, low side, high side, dual) and the ratio mean over
-    the kept tokens (`Behaviour.keep`: not masked by the correction nor non-finite),
-    importance-weight statistics and KL(behaviour‖proximal) = mean(log π_behav − log π_prox).
+    `algo.behav_clip_drop` also drops the tokens naive PPO's clip would remove (`drop_clipped`).
+    Returns (loss, stats): clip fractions (all, low side, high side, among A > 0, among A < 0, dual)
+    and the ratio mean over the kept tokens (`Behaviour.keep`: not masked by the correction, dropped
+    nor non-finite), importance-weight statistics and KL(behaviour‖proximal) = mean(log π_behav − log π_prox).
     """
-    b = behaviour if behaviour is not None else x.behaviour(cfg)
     m = x.mask.float()
+    if behaviour is None:
+        b = x.behaviour(cfg)
+        b = drop_clipped(b, x.prox_logp, x.behav_logp, x.advantages, m, cfg.behav_clip_drop, cfg.eps_low, cfg.eps_high)
+    else:
+        b = behaviour
     log_ratio = x.logp - b.anchor(x.prox_logp, x.logp)
     advantages = x.advantages
     if level == "sequence":
@@ -85,6 +90,8 @@ def decoupled_ppo_loss(
         "clip_frac": masked_mean(clip_hit, kept).item(),
         "clip_low_frac": masked_mean(clip_hit * (r < 1).float(), kept).item(),
         "clip_high_frac": masked_mean(clip_hit * (r > 1).float(), kept).item(),
+        "clip_frac_adv_pos": masked_mean(clip_hit, kept * (advantages > 0).float()).item(),
+        "clip_frac_adv_neg": masked_mean(clip_hit, kept * (advantages < 0).float()).item(),
         "dual_clip_frac": masked_mean(dual_hit, kept).item(),
         "ratio_mean": masked_mean(r, kept).item(),
         **b.metrics(),
@@ -102,6 +109,7 @@ class DecoupledPPO(Loss):
     name = "decoupled_ppo"
     needs = frozenset({"advantages"})
     level = "token"
+    clip_drop = True  # `algo.behav_clip_drop` (`drop_clipped`); its subclasses do not apply it
     seq_advantage = False  # with level "sequence": each row's mean advantage Ā_i instead of A_t
 
     def __call__(self, cfg: AlgorithmConfig, x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:

@@ -20,5 +20,6 @@ class GSPO(DecoupledPPO):
     L_t = w · max(−Ā_i·r_i, −Ā_i·clip(r_i, 1−ε_low, 1+ε_high))."""
 
     name = "gspo"
+    clip_drop = False
     level = "sequence"
     seq_advantage = True

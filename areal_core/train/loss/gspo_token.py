@@ -18,5 +18,6 @@ class GSPOToken(DecoupledPPO):
     token's own A_t: L_t = w · max(−A_t·s_{i,t}, −A_t·clip(s_{i,t}, 1−ε_low, 1+ε_high))."""
 
     name = "gspo_token"
+    clip_drop = False
     level = "sequence"
     seq_advantage = False

@@ -27,6 +27,7 @@ class NaivePPO(DecoupledPPO):
     r = π_θ/π_behav, w = 1 (`behav_correction` ignored): decoupled PPO with π_prox := π_behav."""
 
     name = "ppo"
+    clip_drop = False
 
     def __call__(self, cfg: AlgorithmConfig, x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
         coupled = dataclasses.replace(x, prox_logp=x.behav_logp)

@@ -25,6 +25,7 @@ What a loss declares (checked at registration):
   level        'token' or 'sequence': the unit its ratio (or log-probability) is formed over
   distributed  False: refused with more than one FSDP rank (its reduction has no global denominator)
   kl_term      False: `algo.kl_coef` adds no KL loss term (the loss holds its own β towards π_ref)
+  clip_drop    True: it applies `algo.behav_clip_drop` (else a ConfigError when that is set)
 """
 
 from __future__ import annotations
@@ -97,6 +98,7 @@ class Loss:
     level: ClassVar[str] = "token"
     distributed: ClassVar[bool] = True
     kl_term: ClassVar[bool] = True
+    clip_drop: ClassVar[bool] = False
 
     def __call__(self, cfg: AlgorithmConfig, x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
         raise NotImplementedError
@@ -192,5 +194,11 @@ def check_algorithm(cfg: AlgorithmConfig, distributed: bool = False, micro_batch
         raise ConfigError(
             f"config key 'algo.loss': {', '.join(refused)} cannot run {where}: it needs all of a minibatch's rows "
             f"at once (algo.loss={cfg.loss}, algo.adv_estimator={cfg.adv_estimator})"
+        )
+    policy = get_loss(cfg.loss)
+    if cfg.behav_clip_drop != "none" and not policy.clip_drop:
+        raise ConfigError(
+            f"config key 'algo.behav_clip_drop': algo.loss={cfg.loss} does not apply it; the losses that do: "
+            f"{sorted(name for name in known_losses() if get_loss(name).clip_drop)}"
         )
     return active
