@@ -79,7 +79,8 @@ def test_the_mechanism_summary_reads_every_control(tmp_path):
             f.writelines(json.dumps(r) + "\n" for r in rows)
     text = mechanism.summary(tmp_path, [1, 2])
     body = [line for line in text.splitlines()[2:] if line]
-    # control 1: η = 0 once and 3 η × 2 rules, at two rates; controls 2-3: 4 rules; control 4: 2 × 2
-    assert len(body) == 2 * 7 + 4 + 4
+    # control 1: η = 0 once and 3 η × 2 rules, at two rates; controls 2-3: 4 rules at 2e-4, and 6 at
+    # 3e-4 at two η; control 4: 2 × 2 at each of two rates
+    assert len(body) == 2 * 7 + 4 + 4 + 2 * 6 + 4
     assert all("| 2 | 0.500 ± 0.000 |" in line for line in body)
-    assert sum("lite_ppo" in line for line in body) == 2 and sum("dr_grpo" in line for line in body) == 2
+    assert sum("lite_ppo" in line for line in body) == 4 and sum("dr_grpo" in line for line in body) == 4
