@@ -23,7 +23,8 @@ The rules (`RULES`; the correction w = π_prox/π_behav is `algo.behav_correctio
             (`algo.behav_clip_drop=positive`: the half of naive PPO's clip that acts on stale gains)
   drop_both uncapped, and both halves dropped (A < 0 with w < 1 − ε_low too): with one minibatch
             naive PPO's gradient exactly (tests/test_clip_drop.py)
-  ppo, decoupled_ppo   the issue-27 cells: the default job's two losses as configured (ε 0.2 / 0.28)
+  ppo, decoupled_ppo   the issue-27 cells: naive PPO and decoupled PPO with w truncated at 5 (the default
+            until issue 47), ε as the setting has it (0.2 / 0.28 in the job setting)
 
 At η = 0 every rule is the same update up to the engine's and the trainer's log-prob rounding
 (π_behav = π_prox, w = 1), so η = 0 runs once per seed, under the first rule, and stands for all.
@@ -96,7 +97,7 @@ RULES: dict[str, tuple[str, list[str]]] = {
         [DECOUPLED, "algo.behav_correction=truncate", "algo.behav_high=0", "algo.behav_clip_drop=both"],
     ),
     "ppo": ("naive PPO", ["algo.loss=ppo"]),
-    "decoupled_ppo": ("decoupled PPO", [DECOUPLED]),
+    "decoupled_ppo": ("decoupled PPO", [DECOUPLED, "algo.behav_correction=truncate", "algo.behav_high=5.0"]),
 }
 LABEL = {name: label for name, (label, _) in RULES.items()}
 SETTINGS: dict[str, list[str]] = {
