@@ -53,17 +53,25 @@ CONTROLS: list[tuple[str, str, list[str], list[str], list[str], str]] = [
 ]
 
 
-def run(args: argparse.Namespace) -> None:
-    from benchmarks.vs_trl import sft_checkpoint
-
-    init = args.init or sft_checkpoint(args.root, ["tracking.enabled=false", "launcher.progress=false"])
+def commands(args: argparse.Namespace, init: str) -> list[list[str]]:
+    """The staleness_ablation.py command line of every control `args.only` selects (all by default)."""
+    out = []
     for name, lr, etas, rules, extra, _ in CONTROLS:
         if args.only and name not in args.only:
             continue
         cmd = [sys.executable, "benchmarks/staleness_ablation.py", "--setting", "job", "--steps", str(args.steps)]
         cmd += ["--eval-every", "50", "--threshold", "0.5", "--lr", lr, "--root", f"{args.root}/{name}"]
-        cmd += ["--seeds", *map(str, args.seeds), "--etas", *etas, "--rules", *rules, *extra]
-        cmd += ["--init", init]
+        cmd += ["--seeds", *map(str, args.seeds), "--etas", *etas, "--rules", *rules]
+        cmd += ["--init", init, *extra]  # the overrides last: `--rules` would take them as rules
+        out.append(cmd)
+    return out
+
+
+def run(args: argparse.Namespace) -> None:
+    from benchmarks.vs_trl import sft_checkpoint
+
+    init = args.init or sft_checkpoint(args.root, ["tracking.enabled=false", "launcher.progress=false"])
+    for cmd in commands(args, init):
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
 
 
@@ -104,7 +112,7 @@ def summary(root: Path, seeds: list[int]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--steps", type=int, default=200)
@@ -112,7 +120,11 @@ def main() -> None:
     parser.add_argument("--init", default="", help="an SFT checkpoint URI (default: one trained under ROOT/sft)")
     parser.add_argument("--only", nargs="+", default=None, help="run only the controls with these root names")
     parser.add_argument("--summary", action="store_true", help="print the table of the finished cells; run nothing")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main() -> None:
+    args = parse_args()
     if not args.summary:
         run(args)
     print(summary(Path(args.root), args.seeds))

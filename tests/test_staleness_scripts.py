@@ -84,3 +84,18 @@ def test_the_mechanism_summary_reads_every_control(tmp_path):
     assert len(body) == 2 * 7 + 4 + 4 + 2 * 6 + 4
     assert all("| 2 | 0.500 ± 0.000 |" in line for line in body)
     assert sum("lite_ppo" in line for line in body) == 4 and sum("dr_grpo" in line for line in body) == 4
+
+
+def test_every_mechanism_command_parses_into_its_controls_cells():
+    """Each control's command line, as staleness_ablation parses it: its rules, η values, rate and overrides
+    (an override placed after `--rules` was once taken for a rule and the control never ran)."""
+    args = mechanism.parse_args(["--seeds", "1", "2"])
+    cmds = mechanism.commands(args, "file:///sft")
+    assert len(cmds) == len(mechanism.CONTROLS)
+    for cmd, (name, lr, etas, rules, extra, _) in zip(cmds, mechanism.CONTROLS):
+        parsed = ablation.parse_args(cmd[2:])
+        assert (parsed.setting, parsed.rules, parsed.etas, parsed.seeds) == ("job", rules, etas, [1, 2])
+        assert (parsed.lr, parsed.overrides, parsed.init) == (float(lr), extra, "file:///sft")
+        assert parsed.root == f"runs/mechanism/{name}"
+    only = mechanism.commands(mechanism.parse_args(["--only", "lr3e-4-dr_grpo"]), "x")
+    assert len(only) == 1 and only[0][-1] == "algo.adv_estimator=dr_grpo"
