@@ -122,8 +122,7 @@ def run_case(data: dict[str, list], loss: str, overrides: dict[str, Any], extra:
         global_tokens=float(mask.sum()) + 3.0 if extra.get("global") else None,
         global_seqs=float(N) + 1.0 if extra.get("global") else None,
     )
-    # the reference was computed when w was truncated at 5 by default; the default is uncapped since issue 47
-    cfg = AlgorithmConfig(**({"loss": loss} if loss != "total" else {}), **{"behav_high": 5.0, **overrides})
+    cfg = AlgorithmConfig(**({"loss": loss} if loss != "total" else {}), **overrides)
     value, metrics = total_loss(cfg, x) if loss == "total" else get_loss(loss)(cfg, x)
     value.backward()
     zero = torch.zeros(N, T)

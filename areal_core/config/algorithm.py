@@ -72,9 +72,7 @@ class AlgorithmConfig(ConfigModel):
     # behaviour-policy correction w = π_prox/π_behav
     behav_correction: BehavCorrection = "truncate"  # mask: IcePop
     behav_low: Float = Field(0.0, ge=0)  # mask: lower bound on w (0: none)
-    # truncate: cap on w; mask: upper bound (0: none). Default 0: w uncapped, AReaL's paper rule, which the
-    # staleness ablation favours (docs/benchmarks.md, issue 47); the cispo/sapo/m2po/kpop/distill/gspo presets keep 5
-    behav_high: Float = Field(0.0, ge=0)
+    behav_high: Float = Field(5.0, ge=0)  # truncate: cap on w; mask: upper bound (0: none)
     behav_level: BehavLevel = "token"
     # decoupled_ppo only (check_algorithm), a control of the staleness study: drop the tokens naive PPO's clip against
     # π_behav removes, A > 0 with w > 1 + ε_high (positive), and A < 0 with w < 1 − ε_low (both)
