@@ -225,11 +225,19 @@ def rescan(root: Path, cells: list[tuple[str, int, int]], old: list[dict]) -> li
     return out
 
 
-def _mean_sd(xs: list[float]) -> str:
+def mean_sd(xs: list[float], digits: int = 3) -> str:
+    """ "mean ± sd" of the finite values ("–" when none; the value alone when one)."""
     xs = [x for x in xs if x == x]
     if not xs:
         return "–"
-    return f"{statistics.fmean(xs):.3f} ± {statistics.stdev(xs):.3f}" if len(xs) > 1 else f"{xs[0]:.3f}"
+    sd = f" ± {statistics.stdev(xs):.{digits}f}" if len(xs) > 1 else ""
+    return f"{statistics.fmean(xs):.{digits}f}{sd}"
+
+
+def read_results(path: Path) -> list[dict]:
+    """The finished cells recorded in a results.jsonl (the failed ones, with "error", left out)."""
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [r for r in map(json.loads, filter(None, lines)) if "error" not in r]
 
 
 def cells_of(by: dict[tuple[str, int], list[dict]], rule: str, eta: int, rules: list[str]) -> list[dict]:
@@ -264,7 +272,7 @@ def markdown(results: list[dict], args: argparse.Namespace) -> str:
         "|---|" + "---|" * len(rules),
     ]
     for e in etas:
-        cells = [_mean_sd([r["final"] for r in cells_of(by, rule, e, rules)]) for rule in rules]
+        cells = [mean_sd([r["final"] for r in cells_of(by, rule, e, rules)]) for rule in rules]
         lines.append(f"| {eta_label(e)} | " + " | ".join(cells) + " |")
     lines += [
         "",
@@ -296,7 +304,7 @@ def markdown(results: list[dict], args: argparse.Namespace) -> str:
             nan = " NaN" if any(r["non_finite"] for r in rs) else ""
             label = LABEL.get(rule, rule) + (" (η = 0: every rule)" if e == 0 else "")
             lines.append(
-                f"| {label} | {eta_label(e)} | {len(rs)} | {_mean_sd([r['final'] for r in rs])}{nan} | "
+                f"| {label} | {eta_label(e)} | {len(rs)} | {mean_sd([r['final'] for r in rs])}{nan} | "
                 f"{steps} ({len(hits)}/{len(rs)} reached) | {secs_s} | "
                 f"{statistics.fmean(r['staleness_mean'] for r in rs):.2f} / {max(r['staleness_max'] for r in rs)} | "
                 f"{statistics.fmean(r['kl_behav_prox'] for r in rs):.2e} | "
@@ -432,8 +440,7 @@ def main() -> None:
     root = Path(args.root)
     root.mkdir(parents=True, exist_ok=True)
     results_path = root / "results.jsonl"
-    lines = results_path.read_text().splitlines() if results_path.exists() else []
-    results = [r for r in map(json.loads, filter(None, lines)) if "error" not in r]
+    results = read_results(results_path)
     cells = plan(args)
     if args.rescan:
         results = rescan(root, cells, results)

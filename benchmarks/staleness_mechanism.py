@@ -29,13 +29,11 @@ entropy over the first and last 10 steps.
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.staleness_ablation import LABEL, eta_label, eta_value
+from benchmarks.staleness_ablation import LABEL, eta_label, eta_value, mean_sd, read_results
 
 # (root name, lr, η values, rules, extra overrides, the control it serves); at lr 3e-4, where the issue-27
 # gap appeared, the controls run beside their naive and decoupled references
@@ -75,14 +73,6 @@ def run(args: argparse.Namespace) -> None:
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
 
 
-def _ms(xs: list[float], digits: int = 3) -> str:
-    xs = [x for x in xs if x == x]
-    if not xs:
-        return "–"
-    sd = f" ± {statistics.stdev(xs):.{digits}f}" if len(xs) > 1 else ""
-    return f"{statistics.fmean(xs):.{digits}f}{sd}"
-
-
 def summary(root: Path, seeds: list[int]) -> str:
     lines = [
         "| control | lr | advantages | rule | η | seeds | final held-out | staleness mean | KL(behav‖prox) "
@@ -90,9 +80,7 @@ def summary(root: Path, seeds: list[int]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, lr, etas, rules, extra, control in CONTROLS:
-        path = root / name / "results.jsonl"
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
-        rows = [r for r in rows if "error" not in r and r["seed"] in seeds]
+        rows = [r for r in read_results(root / name / "results.jsonl") if r["seed"] in seeds]
         adv = extra[0].split("=")[1] if extra else "grpo"
         for rule in rules:
             for eta in map(eta_value, etas):
@@ -104,10 +92,10 @@ def summary(root: Path, seeds: list[int]) -> str:
                 f = lambda key, rs=rs: [r.get(key, float("nan")) for r in rs]  # noqa: E731
                 label = LABEL[rule] + (" (η = 0: both)" if eta == 0 else "")
                 lines.append(
-                    f"| {control} | {lr} | {adv} | {label} | {eta_label(eta)} | {len(rs)} | {_ms(f('final'))} | "
-                    f"{_ms(f('staleness_mean'), 1)} | {_ms(f('kl_behav_prox'), 4)} | "
-                    f"{_ms(f('clip_frac_adv_pos'), 4)} / {_ms(f('clip_frac_adv_neg'), 4)} | "
-                    f"{_ms(f('dropped_frac'), 4)} | {_ms(f('entropy_first'))} → {_ms(f('entropy_last'))} |"
+                    f"| {control} | {lr} | {adv} | {label} | {eta_label(eta)} | {len(rs)} | {mean_sd(f('final'))} | "
+                    f"{mean_sd(f('staleness_mean'), 1)} | {mean_sd(f('kl_behav_prox'), 4)} | "
+                    f"{mean_sd(f('clip_frac_adv_pos'), 4)} / {mean_sd(f('clip_frac_adv_neg'), 4)} | "
+                    f"{mean_sd(f('dropped_frac'), 4)} | {mean_sd(f('entropy_first'))} → {mean_sd(f('entropy_last'))} |"
                 )
     return "\n".join(lines) + "\n"
 

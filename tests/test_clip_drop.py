@@ -158,3 +158,17 @@ def test_the_step_reports_the_whole_batchs_advantage_metrics():
         for key in ("adv_mean", "adv_std", "adv_min", "adv_max"):
             assert stats[key] == pytest.approx(want[key], abs=1e-5), (mb, key)
         assert stats["adv_std"] == pytest.approx(1.0, abs=1e-4)
+
+
+def test_prepare_refuses_the_drop_for_a_loss_that_ignores_it_before_writing_the_run(tmp_path):
+    """A clumsy `algo.loss=ppo algo.behav_clip_drop=positive` is one ConfigError at prepare, before SFT
+    and before the run's store exists, not a run that silently trains without the drop."""
+    from areal_core.run import pipeline
+
+    store = tmp_path / "run"
+    with pytest.raises(ConfigError, match=r"^config key 'algo.behav_clip_drop': algo.loss=ppo does not apply it"):
+        pipeline.prepare(
+            "configs/default.yaml",
+            ["algo.loss=ppo", "algo.behav_clip_drop=positive", f"store={store}", "tracking.enabled=false"],
+        )
+    assert not store.exists()
