@@ -8,6 +8,6 @@ Named task_data, not datasets, so that Hugging Face's `datasets` stays importabl
 (a `task.loader` plug-in may build its records with that library).
 """
 
-from task_data.registry import load_task
+from task_data.registry import load_run_task, load_task
 
-__all__ = ["load_task"]
+__all__ = ["load_run_task", "load_task"]

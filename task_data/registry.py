@@ -32,28 +32,40 @@ TASKS: dict[str, Loader] = {
 }
 
 
+def load_run_task(cfg: Any, seed: int | None = None) -> tuple[Records, Records]:
+    """The run's (train, eval) records: its environment's (`rollout.environment`), else its task's."""
+    seed = cfg.seed if seed is None else seed
+    if cfg.rollout.environment:
+        from areal_core.environments import load_records
+
+        train, held_out = load_records(cfg.rollout.environment, cfg.task, seed)
+        return checked(cfg.task, (train, held_out), f"rollout.environment {cfg.rollout.environment}")
+    return load_task(cfg.task, seed)
+
+
 def load_task(task: Any, seed: int) -> tuple[Records, Records]:
     """`task` is an areal_core.config.TaskConfig: its loader plug-in, else the registered task."""
     if task.loader:
         from areal_core.config.hooks import import_object
 
         fn = import_object(task.loader, key="task.loader")
-        return checked(task, fn(task, seed))
+        return checked(task, fn(task, seed), f"task.loader {task.loader}")
     if task.name not in TASKS:
         raise ValueError(f"unknown task {task.name!r}; registered: {sorted(TASKS)}")
     return TASKS[task.name](task, seed)
 
 
-def checked(task: Any, result: Any) -> tuple[Records, Records]:
-    """A loader plug-in's (train, eval), each record checked and given its prompt_id and meta."""
+def checked(task: Any, result: Any, source: str) -> tuple[Records, Records]:
+    """A loader plug-in's (train, eval), each record checked and given its prompt_id and meta;
+    `source` names the loader in errors."""
     if not (isinstance(result, (tuple, list)) and len(result) == 2):
-        raise DatasetError(f"task.loader {task.loader} must return (train, eval) lists, got {type(result).__name__}")
+        raise DatasetError(f"{source} must return (train, eval) lists, got {type(result).__name__}")
     splits = []
     seen: set[str] = set()
     for split, rows in zip(("train", "test"), result):
         out = []
         for i, r in enumerate(list(rows)):
-            where = f"task.loader {task.loader}: {split} record {i}"
+            where = f"{source}: {split} record {i}"
             if not isinstance(r, dict) or not isinstance(r.get("prompt"), str) or not r["prompt"].strip():
                 raise DatasetError(f"{where}: needs a non-empty string 'prompt'")
             if r.get("answer") is None or r.get("answer") == "":

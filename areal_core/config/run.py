@@ -180,6 +180,13 @@ class RolloutConfig(ConfigModel):
             "'pkg.module:Name' (ctx) -> RolloutWorkflow; empty: single-turn, or the agent's when rollout.agent is set"
         ),
     )
+    environment: Str = Field(
+        "",
+        description=(
+            "an environment another framework wrote, run as it is (docs/coming_from.md): 'verifiers:<taskset id or "
+            "pkg.module:fn>' or 'openenv:<url>'; it gives the prompts and the episodes (rollout.agent is its agent)"
+        ),
+    )
     server: ServerConfig = Field(default_factory=ServerConfig, description="the inference server of a remote engine")
 
     @model_validator(mode="after")
@@ -309,6 +316,10 @@ def server_name(server: MCPServerConfig) -> str:
         return args[args.index("-m") + 1]
     script = next((a for a in args if a.endswith(".py")), server.command)
     return script.rstrip("/").rsplit("/", 1)[-1].removesuffix(".py") or "server"
+
+
+ENVIRONMENT_KINDS = ("verifiers", "openenv")  # areal_core/environments/
+ENVIRONMENT_AGENT = "areal_core.environments:run_episode"
 
 
 class RewardConfig(ConfigModel):
@@ -455,6 +466,24 @@ class RunConfig(ConfigModel):
     )
     lease: LeaseConfig = Field(default_factory=LeaseConfig, description="the run root's ownership lease")
     online: OnlineConfig = Field(default_factory=OnlineConfig, description="continuous online RL's promotion gate")
+
+    @model_validator(mode="after")
+    def _environment_runs(self) -> Self:
+        """rollout.environment: its agent runs the episodes and its records are the prompts."""
+        env = self.rollout.environment
+        if not env:
+            return self
+        kind, sep, rest = env.partition(":")
+        if not sep or kind not in ENVIRONMENT_KINDS or not rest.strip():
+            raise Invalid(
+                "rollout.environment", f"must look like '<kind>:<spec>', kind one of {list(ENVIRONMENT_KINDS)}: {env!r}"
+            )
+        if self.rollout.agent not in ("", ENVIRONMENT_AGENT):
+            raise Invalid("rollout.agent", "must be empty with rollout.environment (the environment runs the episodes)")
+        if self.task.loader:
+            raise Invalid("task.loader", "must be empty with rollout.environment (the environment gives the prompts)")
+        self.rollout.agent = ENVIRONMENT_AGENT
+        return self
 
     @model_validator(mode="after")
     def _agent_runs(self) -> Self:

@@ -175,9 +175,9 @@ def retrain_candidate(
         run.write_json(LAYOUT.online_plan, plan)
         return run.uri
     start_path, start_label = _start_model(cfg, model_name, uri)
-    from task_data import load_task
+    from task_data import load_run_task
 
-    _, held_out = load_task(cfg.task, cfg.seed)
+    _, held_out = load_run_task(cfg)
     records = held_out[: cfg.eval.num_samples]
     trained = train_candidate(start_path, samples, cfg, run, lambda model, tok: heldout_score(model, tok, cfg, records))
     plan.update(

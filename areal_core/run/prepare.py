@@ -20,10 +20,10 @@ def prepare_run(cfg: RunConfig, resume: bool = False) -> str:
     Raises (before writing anything) when the task's data cannot be loaded, holds images for a
     text model, the preflight refuses the model (run/preflight.py), or another run owns the root.
     """
-    from task_data import load_task
+    from task_data import load_run_task
 
     try:
-        train, held_out = load_task(cfg.task, cfg.seed)
+        train, held_out = load_run_task(cfg)
     except (ValueError, OSError) as exc:  # the task's data: a missing file, a bad record, a bad choice
         raise ConfigError(f"config section 'task' ({cfg.task.name}): {str(exc)[:300]}") from None
     if not train or not held_out:
