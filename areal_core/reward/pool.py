@@ -27,7 +27,11 @@ from areal_core.protocol import finite_reward
 
 DEFAULT_REWARD = "areal_core.reward.math:gsm8k_reward"
 # a task's own verifier, when reward.function is empty (every other task: DEFAULT_REWARD)
-TASK_REWARDS = {"math": "areal_core.reward.math:math_reward", "dataset": "areal_core.reward.math:math_reward"}
+TASK_REWARDS = {
+    "math": "areal_core.reward.math:math_reward",
+    "dataset": "areal_core.reward.math:math_reward",
+    "reasoning_gym": "task_data.reasoning_gym:gym_reward",
+}
 
 
 def reward_function(cfg: Any) -> str:
