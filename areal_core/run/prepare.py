@@ -24,6 +24,8 @@ def prepare_run(cfg: RunConfig, resume: bool = False) -> str:
 
     try:
         train, held_out = load_run_task(cfg)
+    except ConfigError:  # already one line naming its key (rollout.environment's server, a hook)
+        raise
     except (ValueError, OSError) as exc:  # the task's data: a missing file, a bad record, a bad choice
         raise ConfigError(f"config section 'task' ({cfg.task.name}): {str(exc)[:300]}") from None
     if not train or not held_out:
