@@ -9,8 +9,9 @@ from typing import Any
 
 import torch
 
-from areal_core.models import task_prompt
+from areal_core.models import record_prompt
 from areal_core.reward.pool import DEFAULT_REWARD, RewardPool, reward_function
+from areal_core.reward.signatures import reward_job
 from areal_core.rollout.engine import SamplingParams
 from areal_core.rollout.torch_engine import TorchEngine
 from areal_core.vlm.images import ImageCache
@@ -53,16 +54,7 @@ def greedy_answers(
             else:
                 gens = engine.generate(list(prompts), params)
             texts = [tokenizer.decode(g.token_ids, skip_special_tokens=True) for g in gens]
-            jobs = [
-                {
-                    "completion": text,
-                    "reference": r["answer"],
-                    "prompt": r.get("prompt", ""),
-                    "prompt_id": r.get("prompt_id", ""),
-                    "meta": r.get("meta", {}),
-                }
-                for r, text in zip(chunk, texts)
-            ]
+            jobs = [reward_job(text, r) for r, text in zip(chunk, texts)]
             out += [(text, res.reward) for text, res in zip(texts, pool.grade(jobs))]
     model.train(was_training)
     return out
@@ -97,7 +89,7 @@ def encode(
     """The record's prompt ids (task.prompt_format) and its images as MMInputs (None: a text prompt)."""
     ids = record_image_ids(record)
     if not ids:
-        return task_prompt(tokenizer, record["prompt"], system, prompt_format), None
+        return record_prompt(tokenizer, record, system, prompt_format), None
     if not isinstance(tokenizer, VisionProcessor) or images is None:
         raise ValueError(f"held-out prompt {record.get('prompt_id')!r} has images: evaluate a VLM with its images")
     return tokenizer.encode(record["prompt"], images.load(ids), system)

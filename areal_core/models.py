@@ -75,27 +75,48 @@ def build_tiny_model(cfg: Any, vocab_size: int, seed: int) -> Qwen2ForCausalLM:
     return model.float()
 
 
-def chat_prompt(tokenizer: Any, question: str, system: str = "") -> list[int]:
+def chat_prompt(tokenizer: Any, question: str, system: str = "", chat: list[dict[str, str]] | None = None) -> list[int]:
     """Token ids of the question (after a `system` message when one is given) in the tokenizer's
-    chat template, ending with the assistant header."""
-    messages = [{"role": "system", "content": system}] if system else []
-    messages.append({"role": "user", "content": question})
+    chat template, ending with the assistant header. `chat`: a record's whole conversation
+    (`meta.chat`), rendered as it is; `system` goes first only when it has no system message."""
+    messages = prompt_messages(question, system, chat)
     ids = tokenizer.apply_chat_template(
         messages, add_generation_prompt=True, tokenize=True, return_dict=False, sanitize_control_tokens=True
     )
     return list(ids)
 
 
-def task_prompt(tokenizer: Any, question: str, system: str = "", prompt_format: str = "chat") -> list[int]:
+def prompt_messages(question: str, system: str = "", chat: list[dict[str, str]] | None = None) -> list[dict[str, str]]:
+    """The messages a prompt is rendered from: the record's chat, else the question as the user's
+    message; `system` (task.system_prompt) first unless the chat brings its own system message."""
+    messages = [dict(m) for m in chat] if chat else [{"role": "user", "content": question}]
+    if system and not any(m["role"] in ("system", "developer") for m in messages):
+        messages.insert(0, {"role": "system", "content": system})
+    return messages
+
+
+def task_prompt(
+    tokenizer: Any,
+    question: str,
+    system: str = "",
+    prompt_format: str = "chat",
+    chat: list[dict[str, str]] | None = None,
+) -> list[int]:
     """Token ids of a task's question as `task.prompt_format` asks: "chat" (`chat_prompt`) or
-    "plain", the text `{system}\\n\\n{question}\\n` (`{question}\\n` without a system prompt) with the
-    tokenizer's own special tokens (a BOS where it adds one), for base models without a template."""
+    "plain", the text `{system}\n\n{question}\n` (`{question}\n` without a system prompt; a
+    chat's messages joined by blank lines) with the tokenizer's own special tokens (a BOS where it
+    adds one), for base models without a template."""
     if prompt_format == "chat":
-        return chat_prompt(tokenizer, question, system)
+        return chat_prompt(tokenizer, question, system, chat)
     if prompt_format != "plain":
         raise ValueError(f"task.prompt_format must be chat or plain, got {prompt_format!r}")
-    text = f"{system}\n\n{question}\n" if system else f"{question}\n"
+    text = "\n\n".join(m["content"] for m in prompt_messages(question, system, chat)) + "\n"
     return list(tokenizer(text, add_special_tokens=True)["input_ids"])
+
+
+def record_prompt(tokenizer: Any, record: dict[str, Any], system: str = "", prompt_format: str = "chat") -> list[int]:
+    """`task_prompt` of a prompt record: its whole chat (`meta.chat`) when it has one."""
+    return task_prompt(tokenizer, record["prompt"], system, prompt_format, (record.get("meta") or {}).get("chat"))
 
 
 def load_pretrained(path: str, device: str = "cpu") -> tuple[Any, Any]:

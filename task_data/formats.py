@@ -7,7 +7,12 @@
     dataset  any table: task.prompt_field (default prompt) and task.reference_field (default
              answer); reward: reward.function, else math_reward
 
-A prompt field holding a chat (a list of {role, content}) gives its last user message. The eval
+Field names may be dotted paths into nested structs (`reward_model.ground_truth`, verl's layout).
+A prompt field holding a chat (a list of {role, content}: OpenAI `messages`, TRL's conversational
+`prompt`) is kept whole in `meta.chat` and rendered whole through the chat template, system
+message included; its last user message is the record's `prompt` text. Every other column
+travels with the record in `meta.columns` (task_data/fields.py): stored with each sample and
+passed to the reward function by name (docs/reward.md). The eval
 split is task.eval_split; when the data has none (or task.path is one file) and eval_split is
 the default `test`, the last task.num_eval rows (at most half) are held out and not trained on,
 with a warning.
@@ -20,6 +25,7 @@ import logging
 from typing import Any
 
 from areal_core.reward.math import boxed_contents
+from task_data.fields import MISSING, field_value, has_field, missing_field, other_columns, prompt_of
 from task_data.tables import DatasetError, MissingSplit, read_split, split_files
 
 log = logging.getLogger("areal.datasets")
@@ -32,39 +38,44 @@ def _fields(task: Any, fmt: str) -> tuple[str, str]:
     return task.prompt_field or prompt, task.reference_field or reference
 
 
-def _prompt(value: Any, where: str, field: str) -> str:
-    if isinstance(value, list):  # a chat: its last user message
-        users = [m.get("content") for m in value if isinstance(m, dict) and m.get("role") == "user"]
-        value = users[-1] if users else None
-    if not isinstance(value, str) or not value.strip():
-        raise DatasetError(f"{where}: field '{field}' must be a non-empty string or a chat with a user message")
-    return value
-
-
 def _where(uri: str, i: int) -> str:
     return f"dataset file '{uri}' row {i}"
 
 
-def _missing(row: dict, field: str, where: str, setting: str) -> DatasetError:
-    return DatasetError(f"{where}: no field '{field}' (set {setting}); its fields are {sorted(row)[:12]}")
+def _prompt(row: dict, where: str, field: str) -> dict[str, Any]:
+    """The record's `prompt` text and, for a chat, `meta.chat` (the whole conversation)."""
+    if not has_field(row, field):
+        raise missing_field(row, field, where, "task.prompt_field")
+    text, chat = prompt_of(field_value(row, field), where, field)
+    return {"prompt": text, "meta": {"chat": chat} if chat else {}}
+
+
+def _with_columns(record: dict[str, Any], row: dict, where: str, used: tuple[str, ...]) -> dict[str, Any]:
+    columns = other_columns(row, used, where)
+    if columns:
+        record["meta"]["columns"] = columns
+    return record
 
 
 def gsm8k_record(row: dict, where: str, prompt_field: str, reference_field: str) -> dict[str, Any]:
     from task_data.gsm8k import final_answer
 
-    if reference_field not in row:
-        raise _missing(row, reference_field, where, "task.reference_field")
-    solution = str(row[reference_field])
+    if not has_field(row, reference_field):
+        raise missing_field(row, reference_field, where, "task.reference_field")
+    solution = str(field_value(row, reference_field))
     try:
         final = final_answer(solution)
     except DatasetError as exc:
         raise DatasetError(f"{where}: {exc}") from None
-    return {"prompt": _prompt(row.get(prompt_field), where, prompt_field), "answer": solution, "meta": {"final": final}}
+    record = _prompt(row, where, prompt_field)
+    record.update(answer=solution, meta={**record["meta"], "final": final})
+    return _with_columns(record, row, where, (prompt_field, reference_field))
 
 
 def math_record(row: dict, where: str, prompt_field: str, reference_field: str) -> dict[str, Any]:
     solution = row.get("solution")
-    final = row.get(reference_field)
+    final = field_value(row, reference_field)
+    final = None if final is MISSING else final
     if final in (None, "") and isinstance(solution, str):
         boxes = boxed_contents(solution)
         final = boxes[-1] if boxes else None
@@ -77,19 +88,20 @@ def math_record(row: dict, where: str, prompt_field: str, reference_field: str) 
     answer = (
         f"{solution.rstrip()}\n\nThe answer is {boxed}." if isinstance(solution, str) and solution.strip() else boxed
     )
-    return {"prompt": _prompt(row.get(prompt_field), where, prompt_field), "answer": answer, "meta": {"final": final}}
+    record = _prompt(row, where, prompt_field)
+    record.update(answer=answer, meta={**record["meta"], "final": final})
+    return _with_columns(record, row, where, (prompt_field, reference_field, "solution"))
 
 
 def dataset_record(row: dict, where: str, prompt_field: str, reference_field: str) -> dict[str, Any]:
-    if prompt_field not in row:
-        raise _missing(row, prompt_field, where, "task.prompt_field")
-    if reference_field not in row:
-        raise _missing(row, reference_field, where, "task.reference_field")
-    reference = row[reference_field]
+    record = _prompt(row, where, prompt_field)
+    if not has_field(row, reference_field):
+        raise missing_field(row, reference_field, where, "task.reference_field")
+    reference = field_value(row, reference_field)
     if reference is None or (isinstance(reference, float) and reference != reference) or reference == "":
         raise DatasetError(f"{where}: field '{reference_field}' is empty (null, NaN or ''): a reference is needed")
-    answer = reference if isinstance(reference, str) else json.dumps(reference, default=str)
-    return {"prompt": _prompt(row[prompt_field], where, prompt_field), "answer": answer, "meta": {}}
+    record["answer"] = reference if isinstance(reference, str) else json.dumps(reference, default=str)
+    return _with_columns(record, row, where, (prompt_field, reference_field))
 
 
 BUILDERS = {"gsm8k": gsm8k_record, "math": math_record, "dataset": dataset_record}

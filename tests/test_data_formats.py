@@ -97,7 +97,8 @@ def test_math_takes_the_last_box_of_the_solution_and_grades_it_as_an_expression(
     write(tmp_path / "test.jsonl", MATH[30:], "jsonl")
     train, held = load_task(task("task.name=math", f"task.path={tmp_path}"), 1)
     first = train[0]
-    assert first["prompt"] == "Compute $1\\pi + 1\\pi$." and first["meta"] == {"final": "2\\pi"}
+    assert first["prompt"] == "Compute $1\\pi + 1\\pi$."
+    assert first["meta"] == {"final": "2\\pi", "columns": {"level": "Level 1"}}  # the other columns travel
     assert first["answer"].endswith("The answer is $\\boxed{2\\pi}$.")
     assert math_reward("So the total is $\\boxed{2\\pi}$.", first["answer"]) == 1.0
     assert math_reward("So the total is $\\boxed{\\pi}$.", first["answer"]) == 0.0

@@ -324,7 +324,17 @@ ENVIRONMENT_AGENT = "areal_core.environments:run_episode"
 
 class RewardConfig(ConfigModel):
     num_workers: Int = Field(1, gt=0, description="reward worker processes (cluster: the pool's replicas)")
-    function: Str = Field("", description="'pkg.module:function'; empty: the task's verifier")
+    function: Str = Field(
+        "",
+        description=(
+            "'pkg.module:function', or several comma-separated; our signature, verl's compute_score or TRL's batched "
+            "reward_func, detected at prepare (docs/reward.md); empty: the task's verifier"
+        ),
+    )
+    weights: list[Float] = Field(
+        default_factory=list,
+        description="one weight per reward.function (TRL's reward_weights); empty: 1 each. Reward = Σ weight × value",
+    )
     stop_after_failed_groups: Int = Field(
         4,
         ge=0,
@@ -337,6 +347,13 @@ class RewardConfig(ConfigModel):
     timeout_s: Float = Field(5.0, gt=0, description="per-sample timeout that kills the call")
     retries: Int = Field(1, ge=0, description="retries of a failed grading call")
     poll_interval_s: Interval = Field(0.02, description="seconds between checks for ungraded shards")
+
+    @model_validator(mode="after")
+    def _weights_match(self) -> Self:
+        n = len([p for p in self.function.split(",") if p.strip()])
+        if self.weights and len(self.weights) != n:
+            raise Invalid("weights", f"has {len(self.weights)} weights for {n} reward functions (reward.function)")
+        return self
 
 
 class TrainConfig(ConfigModel):

@@ -119,7 +119,7 @@ class LiveSessions(GradedShards):
         pool.add(regroup(rows, f"live-{state.step}"))
         tc, dynamic = self.cfg.train, self.cfg.algo.dynamic_sampling
         out = screen(pool, state.version, tc.eta, state.abandoned, dynamic, self.counters, self.ev)
-        self._settle([*out.dropped, *out.abandoned, *out.filtered])
+        self._settle(out.untrained())
         arrival = {s.identity(): i for i, s in enumerate(rows)}  # the oldest first, then first come
         kept = sorted(pool.samples(), key=lambda s: (s.min_version(), arrival[s.identity()]))
         if len(kept) < self.rows:

@@ -7,23 +7,20 @@ sample never stalls the other samples.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import inspect
 import multiprocessing as mp
 import os
 import signal
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from areal_core.config.hooks import import_object
 from areal_core.procs import descendants, die_with_parent, kill_group
 from areal_core.protocol import finite_reward
+from areal_core.reward.signatures import load_functions, reward_spec
 
 DEFAULT_REWARD = "areal_core.reward.math:gsm8k_reward"
 # a task's own verifier, when reward.function is empty (every other task: DEFAULT_REWARD)
@@ -35,8 +32,9 @@ TASK_REWARDS = {
 
 
 def reward_function(cfg: Any) -> str:
-    """The import path of the run's reward: reward.function, else its task's verifier."""
-    return cfg.reward.function or TASK_REWARDS.get(cfg.task.name, DEFAULT_REWARD)
+    """The spec of the run's reward (reward/signatures.py): reward.function with reward.weights,
+    else its task's verifier."""
+    return reward_spec(cfg, TASK_REWARDS.get(cfg.task.name, DEFAULT_REWARD))
 
 
 @dataclass
@@ -65,29 +63,49 @@ def normalize(value: Any) -> RewardResult:
     return result
 
 
-def accepted_kwargs(fn: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Only the keyword arguments `fn` declares (all of them if it takes **kwargs)."""
-    params = inspect.signature(fn).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return kwargs
-    return {k: v for k, v in kwargs.items() if k in params}
+class Grader:
+    """A reward spec's functions (reward/signatures.py) as one call: job -> RewardResult.
 
+    One function: its value normalised (`normalize`). Several: reward = Σ wᵢ·rᵢ over the ones
+    that returned a number, each value in `info["rewards"]`; a TRL function's None leaves it out,
+    and when every function returns None the result is skipped (reward 0, `info["skipped"]`)."""
 
-def call_reward(fn: Callable[..., Any], kwargs: dict[str, Any]) -> RewardResult:
-    out = fn(**accepted_kwargs(fn, kwargs))
-    if inspect.isawaitable(out):
-        out = asyncio.run(_await(out))
-    return normalize(out)
+    def __init__(self, spec: str):
+        self.functions = load_functions(spec)
 
-
-async def _await(awaitable: Any) -> Any:
-    return await awaitable
+    def __call__(self, job: dict[str, Any]) -> RewardResult:
+        if len(self.functions) == 1 and self.functions[0].weight == 1.0:
+            value = self.functions[0](job)
+            if value is None and self.functions[0].kind == "trl":
+                return RewardResult(0.0, None, {"skipped": True})
+            return normalize(value)
+        values: dict[str, float | None] = {}
+        info: dict[str, Any] = {}
+        total, counted = 0.0, 0
+        for f in self.functions:
+            value = f(job)
+            if value is None and f.kind == "trl":
+                values[f.name] = None
+                continue
+            result = normalize(value)
+            if result.token_rewards is not None:
+                raise ValueError(f"{f.path}: token rewards cannot be combined with other reward functions")
+            values[f.name] = result.reward
+            info.update({f"{f.name}/{k}": v for k, v in result.info.items()})
+            total += f.weight * result.reward
+            counted += 1
+        info["rewards"] = values
+        if not counted:
+            return RewardResult(0.0, None, {**info, "skipped": True})
+        if not finite_reward(total):
+            raise ValueError(f"the weighted reward is not finite ({total!r})")
+        return RewardResult(total, None, info)
 
 
 def _worker_main(conn: Connection, fn_path: str, parent: int) -> None:
     die_with_parent(signal.SIGKILL, parent)  # a grader never outlives the process that owns the pool
     os.setpgid(0, 0)  # its own process group: a timeout kills what the reward function started too
-    fn = import_object(fn_path, key="reward.function")
+    grader = Grader(fn_path)
     while True:
         try:
             msg = conn.recv()
@@ -97,7 +115,7 @@ def _worker_main(conn: Connection, fn_path: str, parent: int) -> None:
             return
         job, kwargs = msg
         try:
-            conn.send((job, True, call_reward(fn, kwargs)))
+            conn.send((job, True, grader(kwargs)))
         except Exception as exc:  # reported to the parent, which decides on retries
             conn.send((job, False, f"{type(exc).__name__}: {exc} | {traceback.format_exc(limit=2)[-300:]}"))
 
@@ -125,7 +143,7 @@ class _Proc:
 
 class RewardPool:
     def __init__(self, fn_path: str, size: int = 1, timeout_s: float = 5.0, retries: int = 1):
-        import_object(fn_path, key="reward.function")  # fail early, in the parent, with a clear message
+        Grader(fn_path)  # fail early, in the parent, with a clear message
         self.fn_path, self.size, self.timeout_s, self.retries = fn_path, size, timeout_s, retries
         self._ctx = mp.get_context("fork")
         self._procs = [_Proc(self._ctx, fn_path) for _ in range(size)]

@@ -26,6 +26,7 @@ from areal_core.protocol import (
 )
 from areal_core.reward.labels import apply_labels, load_labels
 from areal_core.reward.pool import RewardPool, reward_function
+from areal_core.reward.signatures import reward_job
 from areal_core.shard_feed import ShardFeed
 from areal_core.store import Store
 
@@ -84,18 +85,10 @@ def grade_samples(
     The one grading path: the reward workers and a re-grade (reward/regrade.py) both call it.
     `events`: where the grades and the sandbox failures (by reason) are counted."""
     todo = [s for s in samples if s.reward is None]  # a reward the agent or workflow set is kept
-    jobs = []
-    for s in todo:
-        ref = references.get(s.prompt_id)
-        jobs.append(
-            {
-                "completion": tokenizer.decode(s.response_ids(), skip_special_tokens=True),
-                "reference": ref["answer"] if ref else "",
-                "prompt": ref["prompt"] if ref else "",
-                "prompt_id": s.prompt_id,
-                "meta": s.meta,
-            }
-        )
+    jobs = [
+        reward_job(tokenizer.decode(s.response_ids(), skip_special_tokens=True), references.get(s.prompt_id), s)
+        for s in todo
+    ]
     results = pool.grade(jobs)
     for s, result in zip(todo, results):
         s.reward = result.reward

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from areal_core.models import task_prompt
+from areal_core.models import record_prompt
 from areal_core.protocol import Sample
 from areal_core.rollout.workflow import BadPrompt, RolloutWorkflow, WorkflowContext
 from areal_core.vlm.images import ImageError
@@ -39,7 +39,7 @@ class SingleTurnWorkflow(RolloutWorkflow):
         key, ids = task["prompt_id"], record_image_ids(task)
         if not ids:
             if key not in self._prompt_ids:
-                self._prompt_ids[key] = task_prompt(self.tokenizer, task["prompt"], self.system, self.prompt_format)
+                self._prompt_ids[key] = record_prompt(self.tokenizer, task, self.system, self.prompt_format)
             return self._prompt_ids[key], None
         if not isinstance(self.tokenizer, VisionProcessor) or self.images is None:
             raise ValueError(f"prompt {key!r} has images but the policy is a text model (set model.kind=vlm)")

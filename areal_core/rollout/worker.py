@@ -186,11 +186,15 @@ class RolloutLoop:
         log.warning("%s: group %d dropped (%s): %s", self.worker_id, g, reason, error[:500])
 
     def _named(self, samples: list[Sample], g: int, task: dict[str, Any]) -> list[Sample]:
-        """The worker names a group's rows; a reward the workflow set is kept and marked as its own."""
+        """The worker names a group's rows and gives them the record's dataset columns (`meta.columns`); a
+        reward the workflow set is kept and marked as its own."""
         gid = group_id(self.worker_id, g)
+        columns = (task.get("meta") or {}).get("columns")  # the record's other dataset columns travel with it
         for i, s in enumerate(samples):
             s.group_id, s.worker_id, s.sample_id = gid, self.worker_id, f"{gid}-{i}"
             s.prompt_id = s.prompt_id or str(task.get("prompt_id", ""))
+            if columns and "columns" not in s.meta:
+                s.meta = {**s.meta, "columns": columns}
             if s.reward is not None:
                 s.reward_info = {"reward_source": "workflow", **(s.reward_info or {})}
         return samples

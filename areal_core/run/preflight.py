@@ -242,14 +242,14 @@ def measure_agreement(model: Any, tokenizer: Any, cfg: RunConfig, rows: list[dic
     tokens the rollout engine samples for `rows`: `engine_fp32` (the engine in float32),
     `engine` (in rollout.dtype, when that is not float32) and `trainer` (the packed forward the
     trainer runs); `kind` is the engine."""
-    from areal_core.models import task_prompt
+    from areal_core.models import record_prompt
     from areal_core.rollout.engine import SamplingParams
     from areal_core.rollout.factory import build_local_engine, local_engine_kind, rollout_dtype
     from areal_core.train.logprobs import token_logprobs
     from areal_core.train.packing import packed_token_logprobs
 
     model = model.float().eval()
-    prompts = [task_prompt(tokenizer, r["prompt"], cfg.task.system_prompt, cfg.task.prompt_format) for r in rows]
+    prompts = [record_prompt(tokenizer, r, cfg.task.system_prompt, cfg.task.prompt_format) for r in rows]
     params = SamplingParams(max_new_tokens=AGREEMENT_TOKENS, temperature=cfg.rollout.temperature, seed=cfg.seed)
     dtypes = [torch.float32] + ([rollout_dtype(cfg)] if rollout_dtype(cfg) != torch.float32 else [])
     tau = cfg.rollout.temperature

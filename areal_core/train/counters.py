@@ -16,6 +16,7 @@ class TrainerCounters:
     quarantined_shards: int = 0  # a graded shard that did not parse, moved to quarantine/
     filtered_groups: int = 0  # DAPO's dynamic sampling: groups whose rewards were all equal
     discarded_groups: int = 0  # groups that left the buffer untrained (given back to admission)
+    skipped_samples: int = 0  # every reward function returned None (TRL's "not applicable"): not trained on
 
     @classmethod
     def from_json(cls, data: dict | None) -> TrainerCounters:

@@ -25,9 +25,9 @@ from areal_core.models import (
     build_tiny_model,
     build_tokenizer,
     load_pretrained,
+    record_prompt,
     save_pretrained,
     sft_loss,
-    task_prompt,
 )
 from areal_core.prompts import load_prompts
 from areal_core.store import Store
@@ -47,7 +47,7 @@ def sft_examples(
     `prompt_format`: task.prompt_format."""
     out = []
     for r in records:
-        prompt = task_prompt(tokenizer, r["prompt"], system, prompt_format)
+        prompt = record_prompt(tokenizer, r, system, prompt_format)
         answer = tokenizer(r["answer"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         out.append((prompt + answer, len(prompt)))
     return out

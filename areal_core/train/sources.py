@@ -69,6 +69,11 @@ class Screened:
     dropped: list[Sample]
     abandoned: list[Sample]
     filtered: list[Sample]
+    skipped: list[Sample] = field(default_factory=list)
+
+    def untrained(self) -> list[Sample]:
+        """Every sample screened out, whatever the reason."""
+        return [*self.abandoned, *self.dropped, *self.filtered, *self.skipped]
 
 
 def screen(
@@ -82,15 +87,21 @@ def screen(
 ) -> Screened:
     """Remove from `buffer` what the trainer producing version+1 must not train: samples of an
     abandoned version, samples with a token older than version − η (groups left with < 2 samples
-    go whole), and under DAPO's dynamic sampling the groups whose rewards are all equal."""
+    go whole), samples the reward skipped (every reward function returned None: TRL's
+    convention; reward/signatures.py), and under DAPO's dynamic sampling the groups whose rewards
+    are all equal."""
     abandoned = buffer.drop_where(lambda s: holds_version_in(s, abandoned_ranges)) if abandoned_ranges else []
+    skipped = buffer.drop_where(lambda s: bool((s.reward_info or {}).get("skipped")))
+    if skipped:
+        counters.skipped_samples += len(skipped)
+        events.emit("drop", reason="reward_skipped", n=len(skipped))
     dropped = buffer.drop_stale(version, eta)
     filtered = buffer.drop_uninformative() if dynamic_sampling else []
     if filtered:
         groups = len({s.group_id for s in filtered})
         counters.filtered_groups += groups
         events.emit("drop", reason="uninformative", n=len(filtered), groups=groups)
-    return Screened(dropped, abandoned, filtered)
+    return Screened(dropped, abandoned, filtered, skipped)
 
 
 class GradedShards(BatchSource):
@@ -164,7 +175,7 @@ class GradedShards(BatchSource):
         tc = self.cfg.train
         dynamic = self.cfg.algo.dynamic_sampling
         out = screen(self.buffer, state.version, tc.eta, state.abandoned, dynamic, self.counters, self.ev)
-        self._give_back_admission(out.abandoned + out.dropped + out.filtered)
+        self._give_back_admission(out.untrained())
         samples = self.buffer.take(tc.batch_groups)
         return Batch(samples, out.dropped, out.abandoned, times=(t0, t1, time.time()))
 

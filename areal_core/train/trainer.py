@@ -31,6 +31,7 @@ from areal_core.events import EventLog
 from areal_core.layout import LAYOUT
 from areal_core.models import config_dtype, load_pretrained, save_pretrained
 from areal_core.protocol import Sample
+from areal_core.reward.signatures import per_function_means
 from areal_core.staleness import staleness_histogram
 from areal_core.store import Store
 from areal_core.train import checkpoint, lora
@@ -223,6 +224,8 @@ class Trainer:
             staleness_max=max(staleness, default=0),
             dropped_samples=counters.dropped_samples,
             filtered_groups=counters.filtered_groups,
+            skipped_samples=counters.skipped_samples,
+            **per_function_means([s.reward_info for s in samples]),
             quarantined_shards=counters.quarantined_shards,
             lr=lr,
             train_s=t_train,
