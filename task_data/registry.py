@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from task_data import arithmetic, clevr, code_tasks, formats, humaneval
+from task_data import arithmetic, clevr, code_tasks, formats, humaneval, reasoning_gym
 from task_data.tables import DatasetError
 
 Records = list[dict[str, Any]]
@@ -29,6 +29,7 @@ TASKS: dict[str, Loader] = {
         seed, t.num_train, t.num_eval, t.questions, t.max_objects, t.describe_fraction
     ),
     "humaneval": lambda t, seed: humaneval.load(t.num_train, t.num_eval),
+    "reasoning_gym": reasoning_gym.load,
 }
 
 
