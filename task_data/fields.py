@@ -83,16 +83,15 @@ def prompt_of(value: Any, where: str, field: str) -> tuple[str, list[dict[str, s
 
 
 def other_columns(row: dict[str, Any], used: tuple[str, ...], where: str) -> dict[str, Any]:
-    """Every top-level column except the prompt's and the reference's (a dotted path uses up only
-    the leaf: verl's `reward_model.style` still travels), as JSON values: NaN becomes null, bytes
-    and dates their text. Over MAX_COLUMNS_BYTES is refused: it would ride in every sample row."""
+    """Every column but the `used` ones (a dotted path takes only its leaf), as JSON values: NaN
+    becomes null, bytes and dates their text. Over MAX_COLUMNS_BYTES is refused: it would ride in
+    every sample row."""
     out = dict(row)
     for path in used:
+        head, _, rest = path.partition(".")
         if path in out:
             out.pop(path)
-            continue
-        head, _, rest = path.partition(".")
-        if rest and isinstance(out.get(head), dict):
+        elif rest and isinstance(out.get(head), dict):
             out[head] = _without(out[head], rest)
     clean = json.loads(json.dumps(_finite(out), default=str))
     size = len(json.dumps(clean))

@@ -11,7 +11,7 @@ Field names may be dotted paths into nested structs (`reward_model.ground_truth`
 A prompt field holding a chat (a list of {role, content}: OpenAI `messages`, TRL's conversational
 `prompt`) is kept whole in `meta.chat` and rendered whole through the chat template, system
 message included; its last user message is the record's `prompt` text. Every other column
-travels with the record in `meta.columns` (task_data/fields.py): stored with each sample and
+(in `dataset`, the reference's too: TRL passes it by name) travels with the record in `meta.columns` (task_data/fields.py): stored with each sample and
 passed to the reward function by name (docs/reward.md). The eval
 split is task.eval_split; when the data has none (or task.path is one file) and eval_split is
 the default `test`, the last task.num_eval rows (at most half) are held out and not trained on,
@@ -101,7 +101,7 @@ def dataset_record(row: dict, where: str, prompt_field: str, reference_field: st
     if reference is None or (isinstance(reference, float) and reference != reference) or reference == "":
         raise DatasetError(f"{where}: field '{reference_field}' is empty (null, NaN or ''): a reference is needed")
     record["answer"] = reference if isinstance(reference, str) else json.dumps(reference, default=str)
-    return _with_columns(record, row, where, (prompt_field, reference_field))
+    return _with_columns(record, row, where, (prompt_field,))
 
 
 BUILDERS = {"gsm8k": gsm8k_record, "math": math_record, "dataset": dataset_record}

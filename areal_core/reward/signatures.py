@@ -10,8 +10,8 @@ function's signature is recognised by its parameter names:
 
 A grading job (reward/worker.py `grade_samples`) holds `completion`, `reference`, `prompt`,
 `prompt_id`, `meta` and `columns` (the record's other dataset columns, `meta.columns`), each
-column also passed by its own name where no argument of ours has that name. TRL gets `prompts`
-and `completions` as lists of one: conversational (a list of messages, the completion as one
+column also passed by its own name where no argument of ours has that name. TRL gets `prompts`,
+`completions` and each column as lists of one: conversational (a list of messages, the completion as one
 assistant message) when the record's prompt is a chat (`meta.chat`), else plain strings.
 
 Several functions: reward = Σ wᵢ·rᵢ over the functions that returned a number; TRL's None means
@@ -135,7 +135,7 @@ class RewardFunction:
         if self.kind == "trl":
             chat = (job.get("meta") or {}).get("chat")
             kwargs = {
-                **columns,
+                **{k: [v] for k, v in columns.items()},  # TRL passes each column as the batch's list
                 "prompts": [chat if chat else job["prompt"]],
                 "completions": [[{"role": "assistant", "content": job["completion"]}] if chat else job["completion"]],
             }
