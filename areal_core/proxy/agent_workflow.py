@@ -3,17 +3,21 @@ worker's engine, and each episode becomes trajectory rows.
 
 A user writes
 
-    async def run(task: dict, base_url: str, api_key: str) -> float | None
+    async def run(task: dict, base_url: str, api_key: str) -> float | dict | None
 
-with any OpenAI-compatible client. `AgentWorkflow` starts the proxy (uvicorn on 127.0.0.1, a
-free port) over the engine it is first given, gives each episode its own API key (so the
-episode is the key's session without any header) and runs `group_size` episodes of a task
-concurrently, each under `episode_timeout_s`. A failed or timed-out episode is dropped (its
-rows never reach the trainer) and counted. Rows of an agent that returned a reward carry it
-(`reward_info["reward_source"] == "agent"`); rows of agents that returned None are graded by
-the reward workers like any other sample. An episode whose own session reached a cap of a key's
-implicit session (`ProxyLimits.max_key_session_segments/_tokens`) goes on in a fresh one; the rows
-of the capped session stay the episode's, and carry its reward like the others.
+with any OpenAI-compatible client (a dict is `{"reward": float | None, "info": {...}}`: the info, a
+JSON object, is merged into the rows' `reward_info`; an environment's rubric puts each reward
+function's own score in `info["rewards"]`, which the trainer logs as `reward/<name>`).
+`AgentWorkflow` starts the proxy (uvicorn on 127.0.0.1, a free port) over the engine it is first
+given, gives each episode its own API key (so the episode is the key's session without any header)
+and runs `group_size` episodes of a task concurrently, each under `episode_timeout_s`. A failed or
+timed-out episode is dropped (its rows never reach the trainer) and counted. Rows of an agent that
+returned a reward carry it (`reward_info["reward_source"] == "agent"`); rows of agents that returned
+None are graded by the reward workers like any other sample. A reward that is not a finite number in
+the allowed range (a rubric's NaN) drops the episode's rows, counted apart (`episodes_bad_reward`).
+An episode whose own session reached a cap of a key's implicit session
+(`ProxyLimits.max_key_session_segments/_tokens`) goes on in a fresh one; the rows of the capped
+session stay the episode's, and carry its reward like the others.
 
 The rollout worker (`areal_core.rollout.worker`) runs it when `rollout.agent` is set
 (`from_context`); `evaluate_agent` is the held-out success rate of one greedy episode a task.
@@ -22,6 +26,7 @@ The rollout worker (`areal_core.rollout.worker`) runs it when `rollout.agent` is
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -41,7 +46,7 @@ from areal_core.rollout.workflow import RolloutWorkflow, WorkflowContext
 
 log = logging.getLogger("areal.agent")
 
-AgentFn = Callable[[dict[str, Any], str, str], Awaitable[float | None]]
+AgentFn = Callable[[dict[str, Any], str, str], Awaitable[float | dict[str, Any] | None]]
 
 
 def quiet_http_clients() -> None:
@@ -50,6 +55,33 @@ def quiet_http_clients() -> None:
     logger = logging.getLogger("httpx")
     if logger.level == logging.NOTSET:
         logger.setLevel(logging.WARNING)
+
+
+class BadReward(ValueError):
+    """The agent returned a reward that cannot be trained on (not a finite number in range, a bad info)."""
+
+
+def agent_result(value: Any, low: float, high: float) -> tuple[float | None, dict[str, Any]]:
+    """(reward, info) of an agent's return value: a number, None, or {"reward": ..., "info": {...}}."""
+    info: dict[str, Any] = {}
+    if isinstance(value, dict):
+        if set(value) - {"reward", "info"}:
+            raise BadReward(f"an agent's dict has only 'reward' and 'info', got keys {sorted(map(str, value))[:8]}")
+        info = value.get("info") or {}
+        try:
+            if not isinstance(info, dict) or len(json.dumps(info, allow_nan=False)) > 1 << 20:
+                raise ValueError("not a JSON object of at most 1 MiB")
+        except (TypeError, ValueError) as exc:
+            raise BadReward(
+                f"the agent's info must be a JSON object (finite numbers) of at most 1 MiB: {exc}"
+            ) from None
+        value = value.get("reward")
+    if value is None:
+        return None, info
+    try:
+        return check_reward(float(value), low, high), info
+    except (TypeError, ValueError) as exc:
+        raise BadReward(str(exc)) from None
 
 
 @dataclass
@@ -67,6 +99,7 @@ class EpisodeStats:
     episodes: int = 0
     episodes_failed: int = 0
     episodes_empty: int = 0  # the agent never called the model
+    episodes_bad_reward: int = 0  # a reward that is not a finite number in range (a rubric's NaN): not trained on
     rows: int = 0
     rewards: list[float] = field(default_factory=list)
     t0: float = field(default_factory=time.time)
@@ -77,6 +110,7 @@ class EpisodeStats:
             "episodes": self.episodes,
             "episodes_failed": self.episodes_failed,
             "episodes_empty": self.episodes_empty,
+            "episodes_bad_reward": self.episodes_bad_reward,
             "rows": self.rows,
             "mean_reward": sum(self.rewards) / n if n else None,
             "episodes_per_s": self.episodes / max(time.time() - self.t0, 1e-9),
@@ -165,11 +199,15 @@ class AgentWorkflow(RolloutWorkflow):
         sid = session_id_for_key(key)
         t0 = time.perf_counter()
         reward: float | None = None
+        info: dict[str, Any] = {}
         error = None
+        bad_reward = False
         try:
             value = await asyncio.wait_for(self.agent(task, server.base_url, key), self.episode_timeout_s)
             limits = self.limits or ProxyLimits()  # a reward outside the range drops the episode
-            reward = None if value is None else check_reward(float(value), limits.reward_min, limits.reward_max)
+            reward, info = agent_result(value, limits.reward_min, limits.reward_max)
+        except BadReward as exc:
+            error, bad_reward = f"bad reward: {exc}", True
         except Exception as exc:  # noqa: BLE001 - an agent's failure drops its episode, not the run
             error = f"{type(exc).__name__}: {exc}"
         finally:
@@ -186,10 +224,15 @@ class AgentWorkflow(RolloutWorkflow):
                 self.worker_id, self.turn_discount, prompt_id=prompt_id, meta={**meta, "capped": s.capped}
             )
         samples = capped + samples
+        for s in samples:  # the agent's info, under the proxy's own keys (turn rewards, reward_source)
+            s.reward_info = {**info, **(s.reward_info or {})}
         st = self.episode_stats
         st.episodes += 1
         if error is not None:
-            st.episodes_failed += 1
+            if bad_reward:
+                st.episodes_bad_reward += 1
+            else:
+                st.episodes_failed += 1
             log.warning("episode on %s failed: %s", task.get("prompt_id"), error)
             samples = []
         elif not samples:

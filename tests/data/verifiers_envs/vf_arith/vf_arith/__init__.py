@@ -1,0 +1,3 @@
+from vf_arith.taskset import VfArithTaskset
+
+__all__ = ["VfArithTaskset"]
