@@ -21,7 +21,7 @@ from areal_core.layout import LAYOUT
 from areal_core.models import record_prompt
 from areal_core.protocol import Sample, decode_shard
 from areal_core.reward.pool import Grader, RewardPool
-from areal_core.reward.signatures import per_function_means, reward_job, signature_kind
+from areal_core.reward.signatures import per_function_means, reward_job, signature_kind, trl_value
 from areal_core.run import pipeline
 from areal_core.store import Store
 from areal_core.train.batch import GroupBuffer
@@ -216,6 +216,21 @@ def test_trl_gets_a_conversational_completion_for_a_chat_prompt(trl_dir):
     assert prompts == [train[3]["meta"]["chat"]] and prompts[0][0] == {"role": "system", "content": SYSTEM}
     assert completions == [[{"role": "assistant", "content": "6"}]]
     assert kw == {"kind": ["sum"], "solution": ["6"]}  # each column as the batch's list, as TRL passes them
+
+
+def test_trl_values_as_arrays_and_numpy_scalars_are_taken():
+    import numpy as np
+    import torch
+
+    assert trl_value(np.array([0.5]), "f") == 0.5 and trl_value(torch.tensor([2.0]), "f") == 2.0
+    assert (
+        trl_value([np.float32(0.25)], "f") == 0.25 and trl_value([True], "f") == 1.0 and trl_value([None], "f") is None
+    )
+    for bad in ("0.5", {"reward": 1.0}, 0.5):
+        with pytest.raises(TypeError, match="not a list of rewards"):
+            trl_value(bad, "f")
+    with pytest.raises(ValueError):
+        trl_value(["high"], "f")
 
 
 def test_the_pool_counts_a_wrong_length_list_as_a_failed_call():

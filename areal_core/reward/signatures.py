@@ -169,8 +169,9 @@ def verl_value(out: Any) -> Any:
 
 
 def trl_value(out: Any, name: str) -> float | None:
-    """The one value of a TRL reward function's list for one completion; None: not applicable."""
-    if not isinstance(out, (list, tuple)):
+    """The one value of a TRL reward function's list (or array, tensor) for one completion; None:
+    not applicable."""
+    if isinstance(out, (str, bytes, dict)) or not hasattr(out, "__len__") or not hasattr(out, "__getitem__"):
         raise TypeError(f"TRL reward function {name} returned a {type(out).__name__}, not a list of rewards")
     if len(out) != 1:
         raise ValueError(f"TRL reward function {name} returned {len(out)} rewards for 1 completion")
