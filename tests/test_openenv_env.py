@@ -28,7 +28,7 @@ from starlette.websockets import WebSocket
 from areal_core.config import ConfigError
 from areal_core.environments import ENVIRONMENT_AGENT
 from areal_core.environments import load_records as load_environment_records
-from areal_core.environments.openenv_env import action_field, load_records, parse_spec, seeds
+from areal_core.environments.openenv_env import Session, action_field, load_records, parse_spec, seeds
 from areal_core.models import build_tokenizer
 from areal_core.proxy.agent_workflow import AgentWorkflow
 from areal_core.proxy.examples import ScriptedEngine
@@ -92,7 +92,7 @@ def serve(app: Any) -> tuple[str, uvicorn.Server, threading.Thread]:
     """`app` under uvicorn on 127.0.0.1 (a port bound here first), on a thread."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", ws_max_size=64 << 20))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", ws_max_size=64 << 20, timeout_graceful_shutdown=5))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     while not server.started:
@@ -127,6 +127,7 @@ BAD = {
     "string": lambda ws: ws.send_text(_frame({"echoed_message": "hi"}, reward="1.0")),
     "shape": lambda ws: ws.send_text(json.dumps({"type": "observation", "data": ["not", "an", "object"]})),
     "dies": lambda ws: ws.close(code=1011),
+    "hang": lambda ws: asyncio.sleep(0),  # no answer: it reads on (the client's close ends it)
 }
 
 
@@ -345,6 +346,25 @@ def test_a_hostile_server_mid_episode_is_a_failed_episode_with_a_clear_error(tok
     assert result.samples == [] and result.error.startswith("OpenEnvError: ")
     assert message in result.error and "\n" not in result.error and len(result.error) < 400
     assert run.stats["episodes_failed"] == 1
+
+
+def test_a_server_that_never_answers_or_is_full_is_a_failed_episode(tok, hostile_url):
+    run = play(tok, [task_for(f"{hostile_url}/step-hang#timeout_s=0.2")], group_size=1)
+    assert "(step): no answer within 0.2 s" in run.results[0].error
+
+    url, server, thread = serve(create_fastapi_app(EchoEnvironment, EchoAction, EchoObservation, max_concurrent_envs=1))
+    try:
+
+        async def hold_one_session() -> None:
+            async with Session(parse_spec(url)) as first:
+                await first.reset(seed=1)
+                run = await asyncio.to_thread(play, tok, [task_for(url)], scripted_reply, 1)
+                assert "(code 'CAPACITY_REACHED')" in run.results[0].error and run.stats["episodes_failed"] == 1
+
+        asyncio.run(hold_one_session())
+    finally:
+        server.should_exit = True
+        thread.join(30)
 
 
 # ---------------------------------------------------------------------------------------------

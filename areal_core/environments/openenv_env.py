@@ -150,6 +150,7 @@ class Session:
                 open_timeout=self.spec.timeout_s,
                 max_size=self.spec.max_bytes,
                 max_queue=4,
+                close_timeout=min(5.0, self.spec.timeout_s),
                 proxy=None if self.spec.local else True,
             )
         except Exception as exc:  # noqa: BLE001 - refused, DNS, a handshake the server failed, a timeout
@@ -160,12 +161,13 @@ class Session:
         if self.ws is None:
             return
         try:  # the server ends the session and closes the socket: closing first makes it log a traceback
-            await asyncio.wait_for(self.ws.send(json.dumps({"type": "close"})), 5)
-            await asyncio.wait_for(self.ws.wait_closed(), 5)
+            wait = min(5.0, self.spec.timeout_s)
+            await asyncio.wait_for(self.ws.send(json.dumps({"type": "close"})), wait)
+            await asyncio.wait_for(self.ws.wait_closed(), wait)
         except Exception:  # noqa: BLE001 - best effort: the server also ends the session when the socket closes
             pass
         try:
-            await asyncio.wait_for(self.ws.close(), 5)
+            await asyncio.wait_for(self.ws.close(), 2 * min(5.0, self.spec.timeout_s))
         except Exception:  # noqa: BLE001
             pass
         self.ws = None
@@ -185,10 +187,15 @@ class Session:
 
         where = self.where(message["type"])
         try:
-            await asyncio.wait_for(self.ws.send(json.dumps(message)), self.spec.timeout_s)
+            try:
+                await asyncio.wait_for(self.ws.send(json.dumps(message)), self.spec.timeout_s)
+            except ConnectionClosed:
+                pass  # closed after a last frame (a capacity refusal, say): recv gives that frame, else raises
             raw = await asyncio.wait_for(self.ws.recv(), self.spec.timeout_s)
         except TimeoutError:
             raise OpenEnvError(f"{where}: no answer within {self.spec.timeout_s:g} s") from None
+        except UnicodeDecodeError:
+            raise OpenEnvError(f"{where}: a text frame that is not UTF-8") from None
         except ConnectionClosed as exc:
             sent = getattr(exc, "sent", None)
             if sent is not None and getattr(sent, "code", None) == 1009:
@@ -205,7 +212,9 @@ class Session:
         kind = frame.get("type") if isinstance(frame, dict) else None
         if kind == "error":
             data = frame.get("data") if isinstance(frame.get("data"), dict) else {}
-            raise OpenEnvError(f"{where}: the server says {_short(data.get('message'))} (code {data.get('code')!r})")
+            raise OpenEnvError(
+                f"{where}: the server says {_short(data.get('message'))} (code {_short(data.get('code'), 40)})"
+            )
         if kind != "observation":
             raise OpenEnvError(f"{where}: expected an observation frame, got {_short(frame)}")
         return frame.get("data")
