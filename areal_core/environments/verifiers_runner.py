@@ -15,10 +15,10 @@ as JSON when they parse, else as strings. Every agent runs in the local subproce
 serve: the first line out is `{"ready": true}` (or `{"fatal": "..."}`); then one answer per request,
 by its `id`. Requests: `{"id", "op": "episode", "idx", "key", "base_url", "api_key"}` runs one episode
 of task `idx` against the OpenAI-compatible endpoint `base_url` with `api_key`, and answers
-`{"id", "reward", "info": {"rewards", "weights", "metrics"}, "error"}`; `{"id", "op": "score", "idx",
-"messages"}` scores a transcript offline with the task's rubric (no runtime: runtime-bound signals are
-skipped). stdout carries only these lines: whatever else writes to fd 1 (a library, a child process)
-goes to stderr.
+`{"id", "reward", "nonfinite", "info": {"rewards", "weights", "metrics"}, "error"}`; `{"id", "op":
+"score", "idx", "messages"}` scores a transcript (OpenAI chat messages) offline with the task's rubric
+(no runtime: runtime-bound signals are skipped). stdout carries only these lines: whatever else writes
+to fd 1 (a library, a child process) goes to stderr.
 """
 
 from __future__ import annotations
@@ -131,10 +131,12 @@ def task_record(task: Any) -> dict[str, Any]:
     data = task.data
     dumped = data.model_dump(mode="json")
     if "answer" not in dumped:
-        fields = ", ".join(sorted(dumped))
+        from verifiers.v1 import TaskData
+
+        own = ", ".join(sorted(set(dumped) - set(TaskData.model_fields))) or "none"
         raise SpecError(
-            f"its tasks have no 'answer' field ({type(data).__name__} has: {fields}): add the reference answer "
-            "to the task data (answer: str), which the run keeps as each prompt's reference"
+            f"its tasks have no 'answer' field ({type(data).__name__}'s own fields: {own}): add the reference "
+            "answer to the task data (answer: str), which the run keeps as each prompt's reference"
         )
     prompt = data.prompt_text or data.description or data.name or data.id or f"verifiers task {data.idx}"
     return {"idx": data.idx, "key": task.key, "id": data.id, "prompt": prompt, "answer": dumped["answer"]}
@@ -244,14 +246,13 @@ class Runner:
 
     async def score(self, req: dict[str, Any]) -> dict[str, Any]:
         import verifiers.v1 as vf
-        from pydantic import TypeAdapter
+        from verifiers.v1.dialects.chat import parse_message
 
         task = self.task(req)
-        adapter = TypeAdapter(vf.Message)
         nodes = []
-        for i, m in enumerate(req["messages"]):
-            msg = adapter.validate_python(m)
-            nodes.append(vf.MessageNode(parent=i - 1 if i else None, message=msg, sampled=m.get("role") == "assistant"))
+        for i, m in enumerate(req["messages"]):  # OpenAI chat messages, as verifiers' chat dialect reads them
+            sampled = m.get("role") == "assistant"
+            nodes.append(vf.MessageNode(parent=i - 1 if i else None, message=parse_message(m), sampled=sampled))
         data = task.data
         trace = vf.Trace(
             task=vf.TraceTask(type=type(task).__name__, data=data, key=task.key, hash=task.hash),
@@ -325,8 +326,11 @@ def records(spec: str, limit: int, out: Any) -> None:
     try:
         env = build_env(spec)
         taskset = env.taskset if env.taskset.bounded and limit <= 0 else env.taskset.take(limit)
-        rows = [task_record(t) for t in taskset]
-        msg: dict[str, Any] = {"tasks": rows}
+        try:
+            tasks = list(taskset)
+        except Exception as exc:  # noqa: BLE001 - the taskset's own code
+            raise SpecError(f"its taskset's load() failed: {type(exc).__name__}: {exc}") from None
+        msg: dict[str, Any] = {"tasks": [task_record(t) for t in tasks]}
     except Exception as exc:  # noqa: BLE001 - told to the parent as one line
         msg = {"fatal": f"{type(exc).__name__}: {exc}"[:2000] if not isinstance(exc, SpecError) else str(exc)}
     out.write(json.dumps(msg, default=str) + "\n")
