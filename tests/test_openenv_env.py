@@ -290,6 +290,7 @@ def test_an_episode_is_paid_what_the_environment_computed(tok, echo_url):
         assert len({s["episode"] for s in steps}) == 1  # one session: one environment
         assert result.reward == sum(s["reward"] for s in steps) == pytest.approx(0.6)
         assert row.reward == pytest.approx(result.reward) and row.reward_info["reward_source"] == "agent"
+        assert row.reward_info["openenv"] == {"step_rewards": [s["reward"] for s in steps], "end": "done"}
         assert row.num_turns == 2
 
 
@@ -305,6 +306,7 @@ def test_turns_caps_the_episode_and_hooks_map_text_and_observation(tok, echo_url
     (result,) = run.results
     steps = env_steps([t[0] for t in result.samples[0].meta["turns"]])
     assert [s["message"] for s in steps] == ["ABC!"] and result.reward == pytest.approx(0.4)
+    assert result.samples[0].reward_info["openenv"] == {"step_rewards": [steps[0]["reward"]], "end": "turns"}
     assert "Please answer: Echo environment ready! Episode 11." in seen[0]
 
 
@@ -454,4 +456,5 @@ def test_pyflyte_run_trains_on_an_openenv_environment_to_done(echo_url, tmp_path
         assert 1 <= len(steps) == s.num_turns <= 2 and len({e["episode"] for e in steps}) == 1
         assert s.reward_info["reward_source"] == "agent"
         assert s.reward == pytest.approx(sum(e["reward"] for e in steps), rel=1e-6, abs=1e-6)
+        assert s.reward_info["openenv"]["step_rewards"] == [e["reward"] for e in steps]
     assert any(s.reward > 0 for s in rows)  # the model said something, and was paid for it

@@ -23,7 +23,8 @@ An episode: reset with the record's seed; then, up to `turns` times, the observa
 as a user message, the model's reply through the proxy (the `openai` SDK), the reply's text made
 the action, a step. Its reward is the sum of the steps' rewards (None counts 0; the reset's is
 not counted); it ends at `done`, after `turns` steps, or when the conversation outgrows the
-model's context. Every action's `metadata` carries the `completion_id` of the reply it came from.
+model's context. Every action's `metadata` carries the `completion_id` of the reply it came from;
+the rows' `reward_info["openenv"]` has the steps' rewards and how the episode ended.
 
 Options (the URL's fragment, never sent to the server):
     turns=4            steps per episode at most
@@ -356,8 +357,9 @@ def _run(coro: Any) -> Any:
         return pool.submit(asyncio.run, coro).result()
 
 
-async def run_episode(spec: str, task: dict[str, Any], base_url: str, api_key: str) -> float:
-    """One episode of the record's seed against the proxy at base_url; the sum of its step rewards."""
+async def run_episode(spec: str, task: dict[str, Any], base_url: str, api_key: str) -> dict[str, Any]:
+    """One episode of the record's seed against the proxy at base_url: {"reward": the sum of its step
+    rewards, "info": {"openenv": {"step_rewards": [one per step], "end": "done" | "turns" | "context"}}}."""
     from openai import AsyncOpenAI, BadRequestError
 
     s = parse_spec(spec)
@@ -365,7 +367,8 @@ async def run_episode(spec: str, task: dict[str, Any], base_url: str, api_key: s
     action_how = s.action or env.get("action")
     if not action_how:
         raise OpenEnvError(f"prompt {task.get('prompt_id')!r} names no action field (meta.openenv.action)")
-    total = 0.0
+    rewards: list[float] = []
+    end = "turns"
     client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=max(120.0, s.timeout_s))
     try:
         async with Session(s) as session:
@@ -373,21 +376,25 @@ async def run_episode(spec: str, task: dict[str, Any], base_url: str, api_key: s
             messages: list[dict[str, Any]] = [
                 {"role": "user", "content": render_observation(result.observation, s.observation)}
             ]
+            if result.done:
+                end = "done"
             for _ in range(0 if result.done else s.turns):
                 try:
                     resp = await client.chat.completions.create(model=MODEL, messages=messages)
                 except BadRequestError:  # the episode outgrew the model's context
+                    end = "context"
                     break
                 text = resp.choices[0].message.content or ""
                 result = await session.step(make_action(text, result.observation, action_how, resp.id))
-                total += result.reward or 0.0
+                rewards.append(result.reward or 0.0)
                 if result.done:
+                    end = "done"
                     break
                 messages.append({"role": "assistant", "content": text})
                 messages.append({"role": "user", "content": render_observation(result.observation, s.observation)})
     finally:
         await client.close()
-    return total
+    return {"reward": sum(rewards), "info": {"openenv": {"step_rewards": rewards, "end": end}}}
 
 
 __all__ = ["OpenEnvError", "Session", "Spec", "load_records", "parse_spec", "run_episode"]
