@@ -23,7 +23,7 @@ command -v "$PY" >/dev/null || PY=python3
 VERIFIERS_VERSION="${VERIFIERS_VERSION:-0.4.0}"
 UV_VERSION="${UV_VERSION:-0.13.9}"
 STAMP="$VENV/.installed-verifiers-$VERIFIERS_VERSION"
-if [ -f "$STAMP" ] && [ "$STAMP" -nt areal_core/environments/verifiers_runner.py ]; then
+if [ -f "$STAMP" ]; then
   echo "verifiers venv $VENV is ready"
   exit 0
 fi
