@@ -378,18 +378,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _prepare_refuses(tmp_path: Any, spec: str, message: str) -> None:
+def _prepare_refuses(
+    tmp_path: Any, spec: str, message: str, key: str = "rollout.environment", sft: str = "false"
+) -> None:
     from areal_core.run import pipeline
     from tests.conftest import TINY
 
     store = tmp_path / "run"
     overrides = [*TINY, f"store={store}", f"rollout.environment=openenv:{spec}", "train.eval_every=0"]
     with pytest.raises(ConfigError) as err:
-        pipeline.prepare("", overrides)
+        pipeline.prepare("", [*overrides, f"sft.enabled={sft}"])
     text = str(err.value)
-    assert text.startswith("config key 'rollout.environment'") and message in text, text
+    assert text.startswith(f"config key '{key}'") and message in text, text
     assert "\n" not in text and len(text) < 500
     assert not store.exists()
+
+
+def test_a_warm_start_on_reset_seeds_is_refused_at_prepare(tmp_path, echo_url):
+    _prepare_refuses(tmp_path, echo_url, "must be false with an openenv: environment", key="sft.enabled", sft="true")
 
 
 def test_an_unreachable_server_is_refused_at_prepare(tmp_path):

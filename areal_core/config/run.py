@@ -499,6 +499,12 @@ class RunConfig(ConfigModel):
             raise Invalid("rollout.agent", "must be empty with rollout.environment (the environment runs the episodes)")
         if self.task.loader:
             raise Invalid("task.loader", "must be empty with rollout.environment (the environment gives the prompts)")
+        if kind == "openenv" and self.sft.enabled and not (self.agent.sft_examples and self.agent.sft_fraction == 1):
+            raise Invalid(
+                "sft.enabled",
+                "must be false with an openenv: environment (its records are reset seeds, not demonstrations), "
+                "unless agent.sft_examples gives every warm-start episode (agent.sft_fraction 1)",
+            )
         self.rollout.agent = ENVIRONMENT_AGENT
         return self
 

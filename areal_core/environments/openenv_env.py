@@ -17,7 +17,7 @@ The prompts. Record k is reset seed s_k: `task.num_train` train seeds and `task.
 seeds drawn without replacement from [0, 2^31) by the run's seed, so the splits are disjoint. At
 prepare each seed is reset once, over one session, and its rendered observation is the record's
 prompt (which also checks the server is there). The answer is the reset's kwargs as JSON: an
-environment grades itself, there is no reference (so `sft.enabled=false`).
+environment grades itself, there is no reference (so `sft.enabled=false`, checked by the config).
 
 An episode: reset with the record's seed; then, up to `turns` times, the observation rendered
 as a user message, the model's reply through the proxy (the `openai` SDK), the reply's text made
