@@ -148,7 +148,10 @@ async def hostile_ws(ws: WebSocket) -> None:
 
 
 async def hostile_schema(request: Any) -> JSONResponse:
-    return JSONResponse({"action": EchoAction.model_json_schema(), "observation": {}, "state": {}})
+    action = EchoAction.model_json_schema()
+    if request.path_params["mode"] == "schema-huge":
+        action["description"] = "x" * (2 << 20)
+    return JSONResponse({"action": action, "observation": {}, "state": {}})
 
 
 @pytest.fixture(scope="module")
@@ -406,16 +409,17 @@ def test_an_unreachable_server_is_refused_at_prepare(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("what", "message"),
+    ("mode", "message"),
     [
-        ("huge", "a message over max_bytes=1048576"),
-        ("notjson", "a frame that is not JSON"),
-        ("nan", "the reward must be a finite number or null, got nan"),
-        ("dies", "the connection closed"),
+        ("reset-huge", "(reset): a message over max_bytes=1048576"),
+        ("reset-notjson", "(reset): a frame that is not JSON"),
+        ("reset-nan", "(reset): the reward must be a finite number or null, got nan"),
+        ("reset-dies", "(reset): the connection closed"),
+        ("schema-huge", "/schema-huge/schema is over max_bytes=1048576"),
     ],
 )
-def test_a_hostile_server_is_refused_at_prepare(tmp_path, hostile_url, what, message):
-    _prepare_refuses(tmp_path, f"{hostile_url}/reset-{what}", message)
+def test_a_hostile_server_is_refused_at_prepare(tmp_path, hostile_url, mode, message):
+    _prepare_refuses(tmp_path, f"{hostile_url}/{mode}", message)
 
 
 def test_an_action_with_no_single_string_field_is_refused_at_prepare(tmp_path):
