@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import importlib.util
 import json
 import math
 import random
@@ -312,6 +313,8 @@ def load_records(spec: str, task: Any, seed: int) -> tuple[list[dict[str, Any]],
     """(train, eval): one record per reset seed, its prompt the rendered reset observation. A server
     that cannot be reached or misbehaves, or an action that cannot be derived, is a ConfigError."""
     s = parse_spec(spec)
+    if importlib.util.find_spec("websockets") is None:
+        raise ConfigError(f"config key '{KEY}': openenv needs the websockets package (pip install -e '.[openenv]')")
     for how in (s.action, s.observation):
         if ":" in how:
             import_object(how, key=KEY)
