@@ -21,7 +21,8 @@ its config, the seed it was built with, the item's index and the whole entry (qu
 rather than regenerated in the reward worker, because:
 - regeneration is not reproducible across processes for every dataset: polynomial_multiplication's questions
   depend on Python's per-process string hashing (PYTHONHASHSEED), and the reward workers are other processes;
-- the entry is what the trajectory was asked, so a re-grade of stored samples needs nothing but the sample.
+- the entry is what the sample was asked: the run's prompts/ hold it, and the reward workers and a re-grade
+  (areal_core/reward/regrade.py) pass each sample its record's meta (reward/signatures.py `reward_job`).
 Entries hold tuples (arc_agi's grids, whose scorer compares them as tuples: a JSON list scores 0.05 where the tuple
 scores 1), int-keyed dicts (graph_color, codeio) and numpy scalars, so the entry is stored in a lossless JSON form
 (`encode` / `decode`: tuples, sets, non-string keys and non-finite floats tagged), strict JSON either way.

@@ -35,7 +35,8 @@ def parse_overrides(overrides: str | list[str]) -> list[str]:
 
 def sft_key(cfg: RunConfig) -> str:
     """What the SFT result depends on: seed, task, model and SFT settings."""
-    part = {"seed": cfg.seed, "task": vars(cfg.task), "model": vars(cfg.model), "sft": vars(cfg.sft)}
+    # task.gym holds models (reasoning-gym dataset specs): the task as JSON data, the same text for scalar fields
+    part = {"seed": cfg.seed, "task": cfg.task.model_dump(mode="json"), "model": vars(cfg.model), "sft": vars(cfg.sft)}
     if cfg.agent.sft_examples or cfg.agent.corpus:  # an agent's warm start and tokenizer text
         part["agent"] = cfg.agent.model_dump(mode="json")  # mcp_servers are models, not JSON
     return json.dumps(part, sort_keys=True)
