@@ -215,7 +215,10 @@ def test_failing_and_nan_episodes_are_counted_and_never_rows(tok):
     results, stats, _ = play(tok, spec, tasks, group_size=2)
     crashed, nan, fine = results[0:2], results[2:4], results[4:6]
     assert all(r.samples == [] and "the grader crashed on task 0" in r.error for r in crashed)
-    assert all(r.samples == [] and r.error.startswith("bad reward: reward must be finite") for r in nan)
+    assert all(
+        r.samples == [] and r.error.startswith("bad reward: reward must be finite: the rubric's correct gave")
+        for r in nan
+    )
     assert all(r.error is None and [s.reward for s in r.samples] == [1.0] for r in fine)
     assert stats["episodes_failed"] == 2 and stats["episodes_bad_reward"] == 2 and stats["rows"] == 2
 
@@ -282,6 +285,7 @@ def test_a_run_goes_on_past_failing_and_nan_episodes(checkpoint, tmp_path):
     """vf_bad.flaky in a whole run: a third of the tasks fail mid-rollout, a third give NaN; the run
     reaches DONE, counting both, and trains only on finite rewards from the healthy tasks."""
     run_uri, _ = pipeline.prepare("", run_overrides(checkpoint, tmp_path / "run", "vf_bad.flaky"))
+    pipeline.sft(run_uri)  # sft.enabled=false: places the checkpoint as the initial model
     launch(run_uri, 1, 1, timeout_s=600, progress=False)
     store = Store(run_uri)
     assert store.done()

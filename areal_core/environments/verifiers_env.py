@@ -15,8 +15,9 @@ it: `verifiers_runner.py` runs there, and this module talks JSON lines to it.
   against the in-process proxy at `base_url` with the episode's key, so the tokens trained are the tokens
   served. The reward is the env's rubric (its weighted reward functions' total); each function's own
   score goes to the rows' `reward_info["rewards"]` (the trainer logs `reward/<name>`). An episode the
-  env failed (it raised in setup, a tool server, a reward) raises here: a counted failed episode. A
-  non-finite rubric total is returned as NaN, which the agent workflow counts and never trains on.
+  env failed (it raised in setup, a tool server, a reward) raises EpisodeFailed: a counted failed
+  episode. A non-finite rubric total raises the agent workflow's BadReward, naming the functions: the
+  episode is counted apart (`episodes_bad_reward`) and never trained on.
 
 Everything read back from the runner is bounded (a line, the records) and parsed as JSON only.
 """
@@ -25,8 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import json
-import math
 import os
 import random
 import subprocess
@@ -212,6 +213,10 @@ class RunnerProcess:
             raise EpisodeFailed(self.fatal or f"the verifiers runner is gone ({exc})") from None
         try:
             return await fut
+        except asyncio.CancelledError:  # the episode timed out: the runner stops it too
+            with contextlib.suppress(OSError):
+                self._write((json.dumps({"op": "cancel", "target": rid}) + "\n").encode())
+            raise
         finally:
             with self.lock:
                 self.pending.pop(rid, None)
@@ -284,9 +289,12 @@ def _result(res: dict[str, Any]) -> dict[str, Any]:
     if res.get("error"):
         raise EpisodeFailed(str(res["error"])[:1000])
     reward = res.get("reward")
-    if res.get("nonfinite"):
-        reward = math.nan
-    elif reward is not None and not isinstance(reward, (int, float)) or isinstance(reward, bool):
-        raise EpisodeFailed(f"the runner answered a reward that is not a number: {str(reward)[:100]}")
     info = res.get("info") if isinstance(res.get("info"), dict) else {}
+    if res.get("nonfinite"):
+        from areal_core.proxy.agent_workflow import BadReward  # the agent workflow counts it apart
+
+        names = ", ".join(map(str, info.get("nonfinite") or [])) or "its reward functions"
+        raise BadReward(f"reward must be finite: the rubric's {names[:200]} gave a score that is not")
+    if reward is not None and (not isinstance(reward, (int, float)) or isinstance(reward, bool)):
+        raise EpisodeFailed(f"the runner answered a reward that is not a number: {str(reward)[:100]}")
     return {"reward": reward, "info": info}

@@ -17,7 +17,8 @@ by its `id`. Requests: `{"id", "op": "episode", "idx", "key", "base_url", "api_k
 of task `idx` against the OpenAI-compatible endpoint `base_url` with `api_key`, and answers
 `{"id", "reward", "nonfinite", "info": {"rewards", "weights", "metrics"}, "error"}`; `{"id", "op":
 "score", "idx", "messages"}` scores a transcript (OpenAI chat messages) offline with the task's rubric
-(no runtime: runtime-bound signals are skipped). stdout carries only these lines: whatever else writes
+(no runtime: runtime-bound signals are skipped); `{"op": "cancel", "target": id}` cancels a request
+(no answer). stdout carries only these lines: whatever else writes
 to fd 1 (a library, a child process) goes to stderr.
 """
 
@@ -272,7 +273,7 @@ class Runner:
         self.send({"id": req.get("id"), **res})
 
     async def serve(self, lines: asyncio.Queue) -> None:
-        pending: set[asyncio.Task] = set()
+        pending: dict[Any, asyncio.Task] = {}
         async with self.env.serving():
             self.send({"ready": True})
             while (line := await lines.get()) is not None:
@@ -283,10 +284,14 @@ class Runner:
                 except ValueError as exc:
                     self.send({"id": None, "error": f"bad request: {exc}"})
                     continue
-                t = asyncio.create_task(self.answer(req))
-                pending.add(t)
-                t.add_done_callback(pending.discard)
-            for t in list(pending):
+                if req.get("op") == "cancel":  # the worker gave up on it (its episode timed out)
+                    if (t := pending.get(req.get("target"))) is not None:
+                        t.cancel()
+                    continue
+                rid = req.get("id")
+                t = pending[rid] = asyncio.create_task(self.answer(req))
+                t.add_done_callback(lambda _, rid=rid: pending.pop(rid, None))
+            for t in list(pending.values()):
                 t.cancel()
 
 
