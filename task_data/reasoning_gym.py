@@ -6,10 +6,12 @@ The prompt and the answer follow reasoning-gym's convention:
   which the config sets to reasoning_gym.utils.SYSTEM_PROMPTS["default"] when empty
   (areal_core.config.task.REASONING_GYM_SYSTEM_PROMPT); it asks for the final answer in `<answer>...</answer>`;
 - the answer graded is `reasoning_gym.utils.extract_answer(completion)`: the text of the LAST `<answer>...</answer>`
-  (non-greedy, across lines, stripped); None when there is none, which every dataset scores 0;
+  (non-greedy, across lines, stripped); None when there is none, which the datasets score 0
+  (countdown, fraction_simplification and puzzle24: 0.01);
 - the reward is the dataset's own `score_answer(answer, entry)` (in [0, 1]; some give partial credit).
 
-Seeds. Item `idx` of a dataset seeded `s` is generated from `Random(s + idx)`, and the composite seeds its i-th
+Seeds. Item `idx` of a dataset seeded `s` is generated from `Random(s + idx)` (nearly every dataset; acre draws all
+its items from one `Random(s)`), and the composite seeds its i-th
 dataset `seed + i + 1`. The training split is the composite seeded by the run's seed, the held-out split the one
 seeded `seed + EVAL_SEED_OFFSET` (2**30, above any task.num_train), so the two never draw from the same generator.
 Small question spaces can still repeat a question by chance: a held-out question equal to a training one (or to an
