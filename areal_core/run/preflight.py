@@ -10,6 +10,7 @@ by SFT from the project's own supported Qwen2):
 
     model       it loads, and its attention layers are ones the trainer's packed masks reproduce
     prompts     a chat template exists, or task.prompt_format=plain is chosen
+    prompt_length  the longest training prompts plus rollout.max_new_tokens fit the model's context
     engine      rollout.engine=continuous implements the architecture (else: torch or auto)
     lora        the LoRA targets resolve to linear layers and each gets an adapter
     agreement   a few task prompts, sampled by the chosen built-in engine, score the same
@@ -38,6 +39,7 @@ log = logging.getLogger("areal.preflight")
 AGREEMENT_TOL = 1e-5  # mean |Δ log p| in float32 (measured: ≤ 5e-7 max on every supported architecture)
 AGREEMENT_PROMPTS = 2
 AGREEMENT_TOKENS = 12
+PROMPT_LENGTH_PROBES = 64  # the longest training prompts (by characters) tokenized by the prompt_length check
 MAX_WEIGHT_BYTES = 2 * 1024**3  # larger checkpoints are checked without their weights (no agreement check)
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 SIDE_FILE_SUFFIXES = (".json", ".txt", ".model", ".jinja", ".tiktoken", ".py")  # config and tokenizer files
@@ -151,6 +153,39 @@ def check_prompt_format(ctx: Preflight) -> None:
             f"config key 'task.prompt_format': the tokenizer of {ctx.cfg.model.path!r} has no chat template; "
             "set task.prompt_format=plain (questions as plain text, for base models) or use a chat checkpoint"
         )
+
+
+@preflight("prompt_length")
+def check_prompt_length(ctx: Preflight) -> None:
+    """The longest training prompts, rendered as the rollout renders them, plus rollout.max_new_tokens
+    fit the model's context: a longer sample is quarantined by every reader (protocol.shard_limits_for),
+    so a run of them would train on nothing. The PROMPT_LENGTH_PROBES longest by characters are
+    tokenized (an agent's prompts are its own: not checked)."""
+    if ctx.tokenizer is None or ctx.model is None or ctx.cfg.rollout.agent or not ctx.train:
+        return
+    from areal_core.models import record_prompt
+
+    text = ctx.model.config.get_text_config()
+    context = getattr(text, "max_position_embeddings", None)
+    if not context:
+        return
+
+    def chars(r: dict[str, Any]) -> int:
+        return len(r["prompt"]) + sum(len(m["content"]) for m in (r.get("meta") or {}).get("chat") or [])
+
+    longest = sorted(ctx.train, key=chars, reverse=True)[:PROMPT_LENGTH_PROBES]
+    task, new = ctx.cfg.task, ctx.cfg.rollout.max_new_tokens
+    lengths = [(len(record_prompt(ctx.tokenizer, r, task.system_prompt, task.prompt_format)), r) for r in longest]
+    over = [(n, r) for n, r in lengths if n + new > context]
+    if over:
+        n, r = max(over, key=lambda x: x[0])
+        raise ConfigError(
+            f"config key 'rollout.max_new_tokens': {len(over)} of the {len(longest)} longest training prompts leave "
+            f"no room for {new} new tokens in the model's context of {context} (the longest, {r.get('prompt_id')!r}, "
+            f"is {n} tokens): such samples would be refused by every reader; shorten or drop those prompts, or lower "
+            "rollout.max_new_tokens"
+        )
+    ctx.notes["prompt_length"] = f"longest prompt {max(n for n, _ in lengths)} tokens + {new} new <= {context}"
 
 
 @preflight("engine")
