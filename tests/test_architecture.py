@@ -206,6 +206,7 @@ SKIP_DIRS = {
     ".venv-trl",
     ".venv-megatron",
     ".venv-flyte2",
+    ".venv-verifiers",
     "runs",
     "mlruns",
     "node_modules",
