@@ -204,6 +204,8 @@ def test_a_tool_episode_runs_through_the_proxy_as_verifiers_calls_it(tok, monkey
     assert row.loss_mask[end0:start1] == [0] * (start1 - end0) and "tool" in tok.decode(row.input_ids[fed1:start1])
     scored = rubric(spec, train[0]["meta"]["verifiers"]["idx"], messages_of(tok, row, train[0]["prompt"]))
     assert scored["reward"] == row.reward and scored["info"]["rewards"] == row.reward_info["rewards"]
+    held = asyncio.run(verifiers_env.runner(spec).request({"op": "stats"}))["info"]
+    assert held["clients"] == 0  # the episode's model client (its own key) was closed with it
 
 
 def test_failing_and_nan_episodes_are_counted_and_never_rows(tok):

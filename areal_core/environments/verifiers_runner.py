@@ -17,8 +17,8 @@ by its `id`. Requests: `{"id", "op": "episode", "idx", "key", "base_url", "api_k
 of task `idx` against the OpenAI-compatible endpoint `base_url` with `api_key`, and answers
 `{"id", "reward", "nonfinite", "info": {"rewards", "weights", "metrics"}, "error"}`; `{"id", "op":
 "score", "idx", "messages"}` scores a transcript (OpenAI chat messages) offline with the task's rubric
-(no runtime: runtime-bound signals are skipped); `{"op": "cancel", "target": id}` cancels a request
-(no answer). stdout carries only these lines: whatever else writes
+(no runtime: runtime-bound signals are skipped); `{"id", "op": "stats"}` says what the runner holds;
+`{"op": "cancel", "target": id}` cancels a request (no answer). stdout carries only these lines: whatever else writes
 to fd 1 (a library, a child process) goes to stderr.
 """
 
@@ -264,9 +264,17 @@ class Runner:
         reward, nonfinite, info = summary([trace])
         return {"reward": reward, "nonfinite": nonfinite, "info": info, "error": None}
 
+    async def stats(self, req: dict[str, Any]) -> dict[str, Any]:
+        """What the runner holds: the interception server's model clients (one per episode in flight)
+        and the tasks read so far."""
+        clients = getattr(getattr(self.env, "_interception", None), "clients", None)
+        return {
+            "info": {"clients": len(clients) if isinstance(clients, dict) else None, "tasks": len(self.tasks.by_idx)}
+        }
+
     async def answer(self, req: dict[str, Any]) -> None:
         try:
-            op = {"episode": self.episode, "score": self.score}[req["op"]]
+            op = {"episode": self.episode, "score": self.score, "stats": self.stats}[req["op"]]
             res = await op(req)
         except Exception as exc:  # noqa: BLE001 - one failed request, the runner goes on
             res = {"reward": None, "info": {}, "error": f"{type(exc).__name__}: {exc}"[:1000]}
