@@ -13,6 +13,7 @@ import math
 import re
 import shlex
 import subprocess
+import sys
 
 import pyarrow.parquet as pq
 import pytest
@@ -73,12 +74,16 @@ def digits_reply(prompt_text: str) -> str:
     return str(int(m.group(1)) + int(m.group(2))) if m else "?"
 
 
-@pytest.fixture(scope="module")
-def tok():
+def small_tokenizer():
     from areal_core.models import build_tokenizer
 
     corpus = ['What is 7 + 7? <tool_call>{"name": "calc_add", "arguments": {"a": 12, "b": 34}}</tool_call> 0123456789']
     return build_tokenizer(corpus * 20, 400)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return small_tokenizer()
 
 
 def play(tok, spec: str, tasks: list[dict], monkeypatch=None, group_size: int = 1) -> tuple[list, dict, list]:
@@ -206,6 +211,28 @@ def test_a_tool_episode_runs_through_the_proxy_as_verifiers_calls_it(tok, monkey
     assert scored["reward"] == row.reward and scored["info"]["rewards"] == row.reward_info["rewards"]
     held = asyncio.run(verifiers_env.runner(spec).request({"op": "stats"}))["info"]
     assert held["clients"] == 0  # the episode's model client (its own key) was closed with it
+
+
+OFFLINE_EPISODE = """
+import json
+from areal_core.environments import load_records
+from tests.test_verifiers_env import Task, play, small_tokenizer
+train, _ = load_records("verifiers:vf-tool-calc?num_tasks=4", Task, 0)
+(result,), _, _ = play(small_tokenizer(), "vf-tool-calc?num_tasks=4", train[:1])
+print(json.dumps({"reward": result.reward, "error": result.error, "turns": result.samples[0].num_turns}))
+"""
+
+
+def test_a_run_needs_no_package_index(tmp_path):
+    """In a network namespace with only loopback (no index reachable), prepare's records and a tool
+    episode run: the harness's chat program syncs from the lock the setup script made, the tool server
+    is the venv's own."""
+    if subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode != 0:
+        pytest.skip("cannot make a network namespace here (unshare -n needs root)")
+    cmd = f"ip link set lo up && exec {shlex.quote(sys.executable)} -c {shlex.quote(OFFLINE_EPISODE)}"
+    out = subprocess.run(["unshare", "-n", "sh", "-c", cmd], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"reward": 1.25, "error": None, "turns": 2}
 
 
 def test_failing_and_nan_episodes_are_counted_and_never_rows(tok):
