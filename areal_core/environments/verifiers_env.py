@@ -63,11 +63,22 @@ def _refused(spec: str, why: str) -> ConfigError:
     return ConfigError(f"config key '{KEY}': verifiers:{spec}: {' '.join(str(why).split())[:1500]}")
 
 
-def _read_bounded(stream: Any, limit: int) -> bytes:
-    data = stream.read(limit + 1)
-    if len(data) > limit:
-        raise ValueError(f"the runner wrote over {limit} bytes")
-    return data
+def _drain(proc: subprocess.Popen, stream: Any, limit: int, keep_tail: bool, into: list[bytes]) -> None:
+    """Read `stream` to its end: the first `limit` bytes (the process is killed past them), or with
+    `keep_tail` only its last `limit` bytes (a log)."""
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := stream.read(1 << 16):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            if not keep_tail:
+                into.append(b"")  # over the limit: no answer
+                proc.kill()
+                return
+            while size - len(chunks[0]) >= limit:
+                size -= len(chunks.pop(0))
+    into.append(b"".join(chunks)[-limit:] if keep_tail else b"".join(chunks))
 
 
 def list_tasks(spec: str, limit: int) -> list[dict[str, Any]]:
@@ -78,17 +89,25 @@ def list_tasks(spec: str, limit: int) -> list[dict[str, Any]]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
+    out: list[bytes] = []
     err: list[bytes] = []
-    drain = threading.Thread(target=lambda: err.append(_read_bounded_tail(proc.stderr)), daemon=True)
-    drain.start()
+    readers = [
+        threading.Thread(target=_drain, args=(proc, proc.stdout, MAX_RECORDS_BYTES, False, out), daemon=True),
+        threading.Thread(target=_drain, args=(proc, proc.stderr, 64 << 10, True, err), daemon=True),
+    ]
+    for t in readers:
+        t.start()
     try:
-        out = _read_bounded(proc.stdout, MAX_RECORDS_BYTES)
         proc.wait(timeout=RECORDS_TIMEOUT_S)
-    except (ValueError, subprocess.TimeoutExpired) as exc:
+    except subprocess.TimeoutExpired:
         proc.kill()
-        raise _refused(spec, f"listing its tasks failed: {exc}") from None
-    drain.join(timeout=10)
-    lines = out.decode("utf-8", "replace").strip().splitlines()
+        proc.wait()
+        raise _refused(spec, f"listing its tasks took over {RECORDS_TIMEOUT_S:g} s") from None
+    for t in readers:
+        t.join(timeout=30)
+    if out == [b""]:
+        raise _refused(spec, f"the runner wrote over {MAX_RECORDS_BYTES} bytes of tasks")
+    lines = (out[0] if out else b"").decode("utf-8", "replace").strip().splitlines()
     try:
         msg = json.loads(lines[-1]) if lines else None
     except ValueError:
@@ -102,13 +121,6 @@ def list_tasks(spec: str, limit: int) -> list[dict[str, Any]]:
     if not isinstance(tasks, list):
         raise _refused(spec, "the runner's answer has no task list")
     return [_checked_task(spec, t) for t in tasks]
-
-
-def _read_bounded_tail(stream: Any, keep: int = 64 << 10) -> bytes:
-    tail = b""
-    while chunk := stream.read(1 << 16):
-        tail = (tail + chunk)[-keep:]
-    return tail
 
 
 def _checked_task(spec: str, t: Any) -> dict[str, Any]:

@@ -227,7 +227,7 @@ class Runner:
         import verifiers.v1 as vf
 
         task = self.task(req)
-        var = f"AREAL_VF_KEY_{uuid.uuid4().hex}"
+        var = f"AREAL_VF_API_KEY_{uuid.uuid4().hex}"  # "API_KEY": verifiers keeps it from the processes it starts
         os.environ[var] = str(req["api_key"])
         client = vf.EvalClientConfig(base_url=str(req["base_url"]), api_key_var=var)
         try:
