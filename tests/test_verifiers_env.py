@@ -196,6 +196,7 @@ def test_a_tool_episode_runs_through_the_proxy_as_verifiers_calls_it(tok, monkey
     assert result.error is None and result.reward == 1.25 and stats["episodes_failed"] == 0
     chats = [(h, b) for path, h, b in seen if path == "/v1/chat/completions"]
     assert len(chats) == 2
+    assert [m["role"] for m in chats[0][1]["messages"]] == ["user"]  # the null harness: no shell, no system prompt
     for _, body in chats:
         assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
         assert [t["function"]["name"] for t in body["tools"]] == ["calc_add"]

@@ -111,15 +111,20 @@ def build_env(spec: str) -> Any:
         cls = vf.env_config_type(tid)
     except (ImportError, TypeError, AttributeError, ValueError) as exc:
         raise SpecError(f"{type(exc).__name__}: {exc}") from None
-    seat: dict[str, Any] = {"runtime": {"type": "subprocess"}}
-    harness = options.get("harness")
-    if harness is None and vf.default_harness_id(tid) == "bash":
-        harness = "null"  # not a shell on the rollout machine for the policy in training: harness=bash asks for it
-    seat["harness"] = {"id": str(harness)}
-    if options.get("max_turns") is not None:
-        seat["max_turns"] = options["max_turns"]
-    roles = [n for n, f in cls.model_fields.items() if isinstance(f.default, vf.AgentConfig)]
-    raw = {"taskset": {"id": tid, **fields}, "interception": {"type": "server"}, **{r: dict(seat) for r in roles}}
+    # verifiers' default harness, bash, hands the policy a shell on the rollout machine: a seat that pins
+    # none gets `null` instead (the taskset's own harness, or harness=..., when there is one)
+    fallback = "null" if vf.default_harness_id(tid) == "bash" else None
+    raw: dict[str, Any] = {"taskset": {"id": tid, **fields}, "interception": {"type": "server"}}
+    for name, field in cls.model_fields.items():
+        if not isinstance(field.default, vf.AgentConfig):
+            continue
+        seat: dict[str, Any] = {"runtime": {"type": "subprocess"}}
+        harness = options.get("harness") or (fallback if field.default.harness is None else None)
+        if harness is not None:
+            seat["harness"] = {"id": str(harness)}
+        if options.get("max_turns") is not None:
+            seat["max_turns"] = options["max_turns"]
+        raw[name] = seat
     try:
         return vf.load_environment(vf.resolve_env_config(raw))
     except SpecError:
