@@ -54,7 +54,7 @@ def greedy_answers(
             else:
                 gens = engine.generate(list(prompts), params)
             texts = [tokenizer.decode(g.token_ids, skip_special_tokens=True) for g in gens]
-            jobs = [reward_job(text, r) for r, text in zip(chunk, texts)]
+            jobs = [reward_job(text, r, completion_ids=g.token_ids) for r, text, g in zip(chunk, texts, gens)]
             out += [(text, res.reward) for text, res in zip(texts, pool.grade(jobs))]
     model.train(was_training)
     return out

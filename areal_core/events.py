@@ -32,8 +32,10 @@ One JSON object per line. Every record has "t" (unix seconds, when it was record
              trains the steps after it again: the last record of a step is the one that counts
   drop       {"reason": str, "n": int}                   samples dropped, and why. Trainer: "stale"
              (older than v − η; their sum is the counter dropped_samples), "abandoned_version",
-             "duplicate", "uninformative" (+ "groups"); rollout: "engine_failed", "empty_group",
-             and a bad prompt record's "bad_image" / "bad_prompt" (+ "group", "prompt_id", "error"),
+             "duplicate", "uninformative" (+ "groups"), "reward_skipped" (every reward function
+             returned None, TRL's "not applicable"; their sum is the counter skipped_samples);
+             rollout: "engine_failed", "empty_group", and a bad prompt record's "bad_image" /
+             "bad_prompt" (+ "group", "prompt_id", "error"),
              with "unit": "groups" (n counts groups; without "unit", n counts samples)
   quarantine {"path": str, "reason": str}                a shard moved to quarantine/ (any role)
   sandbox    {"reason": str, "n": int}                   sandbox failures while grading, per reason

@@ -78,10 +78,18 @@ def build_tiny_model(cfg: Any, vocab_size: int, seed: int) -> Qwen2ForCausalLM:
 def chat_prompt(tokenizer: Any, question: str, system: str = "", chat: list[dict[str, str]] | None = None) -> list[int]:
     """Token ids of the question (after a `system` message when one is given) in the tokenizer's
     chat template, ending with the assistant header. `chat`: a record's whole conversation
-    (`meta.chat`), rendered as it is; `system` goes first only when it has no system message."""
+    (`meta.chat`), rendered as it is; `system` goes first only when it has no system message. A
+    chat ending with an assistant message is continued (its text a prefill the completion follows,
+    left open), as TRL renders such a prompt."""
     messages = prompt_messages(question, system, chat)
+    prefill = messages[-1]["role"] == "assistant"
     ids = tokenizer.apply_chat_template(
-        messages, add_generation_prompt=True, tokenize=True, return_dict=False, sanitize_control_tokens=True
+        messages,
+        add_generation_prompt=not prefill,
+        continue_final_message=prefill,
+        tokenize=True,
+        return_dict=False,
+        sanitize_control_tokens=True,
     )
     return list(ids)
 

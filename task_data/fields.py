@@ -49,23 +49,44 @@ def missing_field(row: dict[str, Any], path: str, where: str, setting: str) -> D
 
 def chat_messages(value: Any, where: str, field: str) -> list[dict[str, str]] | None:
     """A chat prompt (a list of {role, content}) as plain messages, or None when `value` is not a
-    list. Refused: a message that is not a {role, content} dict of strings, a role outside
-    CHAT_ROLES, or a chat without a user message."""
+    list. A content given as OpenAI text parts (`[{"type": "text", "text": ...}]`) is their text
+    joined, as the proxy reads it. Refused: a message that is not a {role, content} dict, a content
+    that is neither a string nor text parts (an image part, a tool call's null content), a role
+    outside CHAT_ROLES, or a chat without a user message."""
     if not isinstance(value, list):
         return None
     out = []
     for i, m in enumerate(value):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or "content" not in m:
             raise DatasetError(
                 f"{where}: field '{field}' must be a non-empty string or a chat (a list of {{role, content}} "
                 f"strings); message {i} is {_shape(m)}"
             )
         if m["role"] not in CHAT_ROLES:
             raise DatasetError(f"{where}: field '{field}' message {i} has role {m['role']!r}, not one of {CHAT_ROLES}")
-        out.append({"role": m["role"], "content": m["content"]})
+        out.append({"role": m["role"], "content": _content_text(m["content"], f"{where}: field '{field}' message {i}")})
     if not any(m["role"] == "user" and m["content"].strip() for m in out):
         raise DatasetError(f"{where}: field '{field}' must be a non-empty string or a chat with a user message")
     return out
+
+
+def _content_text(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and content:
+        texts = [p.get("text") if isinstance(p, dict) and p.get("type") == "text" else None for p in content]
+        bad = next((p for p, t in zip(content, texts) if not isinstance(t, str)), None)
+        if bad is None:
+            return "".join(texts)  # type: ignore[arg-type]
+        kind = bad.get("type") if isinstance(bad, dict) else type(bad).__name__
+        raise DatasetError(
+            f"{where} has a content part of type {kind!r}: only text parts ({{type: text, text}}) are read "
+            "into a prompt (images: a vision-language task, docs/vlm.md)"
+        )
+    shown = "an empty list" if isinstance(content, list) else f"of type {type(content).__name__}"
+    raise DatasetError(
+        f"{where} has content {shown}, not a string or text parts (a tool call in a prompt is not rendered)"
+    )
 
 
 def _shape(m: Any) -> str:
@@ -93,7 +114,10 @@ def other_columns(row: dict[str, Any], used: tuple[str, ...], where: str) -> dic
             out.pop(path)
         elif rest and isinstance(out.get(head), dict):
             out[head] = _without(out[head], rest)
-    clean = json.loads(json.dumps(_finite(out), default=str))
+    try:
+        clean = json.loads(json.dumps(_finite(out), default=str))
+    except RecursionError:  # JSON the table reader took, nested past what the interpreter can walk
+        raise DatasetError(f"{where}: the row's other columns are nested too deeply") from None
     size = len(json.dumps(clean))
     if size > MAX_COLUMNS_BYTES:
         raise DatasetError(

@@ -10,10 +10,12 @@
 Field names may be dotted paths into nested structs (`reward_model.ground_truth`, verl's layout).
 A prompt field holding a chat (a list of {role, content}: OpenAI `messages`, TRL's conversational
 `prompt`) is kept whole in `meta.chat` and rendered whole through the chat template, system
-message included; its last user message is the record's `prompt` text. Every other column
-(in `dataset`, the reference's too: TRL passes it by name) travels with the record in `meta.columns` (task_data/fields.py): stored with each sample and
-passed to the reward function by name (docs/reward.md). The eval
-split is task.eval_split; when the data has none (or task.path is one file) and eval_split is
+message included (one ending with an assistant message is continued: a prefill); its last user
+message is the record's `prompt` text. Every other column (in `dataset`, the reference's too: TRL
+passes it by name) travels with the record in `meta.columns` (task_data/fields.py): stored with
+each sample and passed to the reward function by name (docs/reward.md); a reference that is not a
+string is kept as it is in `meta.reference` (verl's `ground_truth`). The eval split is
+task.eval_split; when the data has none (or task.path is one file) and eval_split is
 the default `test`, the last task.num_eval rows (at most half) are held out and not trained on,
 with a warning.
 """
@@ -101,6 +103,8 @@ def dataset_record(row: dict, where: str, prompt_field: str, reference_field: st
     if reference is None or (isinstance(reference, float) and reference != reference) or reference == "":
         raise DatasetError(f"{where}: field '{reference_field}' is empty (null, NaN or ''): a reference is needed")
     record["answer"] = reference if isinstance(reference, str) else json.dumps(reference, default=str)
+    if not isinstance(reference, str):  # verl's compute_score gets a struct ground truth as the dict it is
+        record["meta"]["reference"] = json.loads(record["answer"])
     return _with_columns(record, row, where, (prompt_field,))
 
 
@@ -113,6 +117,13 @@ def _records(task: Any, fmt: str, split: str, rows: list[tuple[str, int, dict]])
     for n, (uri, i, row) in enumerate(rows):
         record = BUILDERS[fmt](row, _where(uri, i), prompt_field, reference_field)
         out.append({"prompt_id": f"{task.name}-{split}-{n}", **record})
+    prefilled = sum(1 for r in out if (r["meta"].get("chat") or [{}])[-1].get("role") == "assistant")
+    if prefilled:
+        log.warning(
+            "%s split: %d of %d chats in '%s' end with an assistant message, which the model continues (a "
+            "prefill, as TRL reads a prompt); if it is the answer, give a prompt field without it",
+            split, prefilled, len(out), prompt_field,
+        )  # fmt: skip
     return out
 
 

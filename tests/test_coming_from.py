@@ -135,7 +135,8 @@ def test_a_chat_prompt_is_rendered_whole_system_message_included(messages_dir, s
     "chat, message",
     [
         ([{"role": "system", "content": "x"}], "a chat with a user message"),
-        ([{"role": "user", "content": 3}], r"message 0 is a dict with keys \['content', 'role'\]"),
+        ([{"role": "user", "content": 3}], r"message 0 has content of type int, not a string or text parts"),
+        ([{"content": "x"}], r"message 0 is a dict with keys \['content'\]"),
         ([{"role": "wizard", "content": "x"}], "message 0 has role 'wizard'"),
         (["hello"], "message 0 is a str"),
     ],
@@ -215,7 +216,9 @@ def test_trl_gets_a_conversational_completion_for_a_chat_prompt(trl_dir):
     prompts, completions, kw = seen[0]
     assert prompts == [train[3]["meta"]["chat"]] and prompts[0][0] == {"role": "system", "content": SYSTEM}
     assert completions == [[{"role": "assistant", "content": "6"}]]
-    assert kw == {"kind": ["sum"], "solution": ["6"]}  # each column as the batch's list, as TRL passes them
+    logs = {k: kw.pop(k) for k in ("log_metric", "log_extra")}
+    assert all(map(callable, logs.values()))  # TRL passes them; the values go into the result's info
+    assert kw == {"kind": ["sum"], "solution": ["6"], "completion_ids": [[]]}  # each column as the batch's list
 
 
 def test_trl_values_as_arrays_and_numpy_scalars_are_taken():
@@ -229,8 +232,8 @@ def test_trl_values_as_arrays_and_numpy_scalars_are_taken():
     for bad in ("0.5", {"reward": 1.0}, 0.5):
         with pytest.raises(TypeError, match="not a list of rewards"):
             trl_value(bad, "f")
-    with pytest.raises(ValueError):
-        trl_value(["high"], "f")
+    with pytest.raises(TypeError, match="returned a str reward"):
+        trl_value(["high"], "f")  # never parsed as a number: TRL's tensor refuses it too
 
 
 def test_the_pool_counts_a_wrong_length_list_as_a_failed_call():
@@ -262,7 +265,7 @@ def test_the_trainer_drops_skipped_samples_counted():
     def sample(gid: str, i: int, skipped: bool) -> Sample:
         s = Sample(sample_id=f"{gid}-{i}", group_id=gid, prompt_id="p", worker_id="w", input_ids=[1, 2, 3],
                    prompt_len=1, loss_mask=[0, 1, 1], behav_logprobs=[0.0] * 3, versions=[-1, 0, 0])  # fmt: skip
-        s.reward, s.reward_info = 0.0, ({"skipped": True} if skipped else {})
+        s.reward, s.reward_info = 0.0, ({"skipped": True, "reward_source": "reward_worker"} if skipped else {})
         return s
 
     buf = GroupBuffer()

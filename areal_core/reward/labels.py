@@ -174,6 +174,8 @@ def apply_labels(samples: list[Sample], labels: Labels | Iterable[dict[str, Any]
         info = dict(s.reward_info or {})
         if "reward" in row:
             info["model_reward"] = s.reward
+            if info.pop("skipped", None):  # the reward functions skipped it; the label's reward is trained on
+                record["model_skipped"] = True
             s.reward = row["reward"]
             if s.token_rewards is not None:
                 s.token_rewards = None
@@ -189,12 +191,13 @@ def preference_pairs(
     min_margin: float = 0.0,
     decode: Callable[[list[int]], str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Chosen/rejected pairs within each prompt's graded samples (ungraded ones are skipped)."""
+    """Chosen/rejected pairs within each prompt's graded samples (ungraded ones are left out, and so
+    are those every reward function skipped: their 0 is no grade)."""
     if mode not in ("best_worst", "all"):
         raise ValueError(f"mode {mode!r}: use 'best_worst' or 'all'")
     groups: dict[str, list[Sample]] = {}
     for s in samples:
-        if s.reward is not None and math.isfinite(s.reward):
+        if s.reward is not None and math.isfinite(s.reward) and (s.reward_info or {}).get("skipped") is not True:
             groups.setdefault(s.prompt_id, []).append(s)
     pairs = []
     for prompt_id in sorted(groups):

@@ -75,15 +75,19 @@ class Grader:
 
     def __call__(self, job: dict[str, Any]) -> RewardResult:
         if len(self.functions) == 1 and self.functions[0].weight == 1.0:
-            value = self.functions[0](job)
-            if value is None and self.functions[0].kind == "trl":
-                return RewardResult(0.0, None, {"skipped": True})
-            return normalize(value)
+            f = self.functions[0]
+            value = f(job)
+            if value is None and f.kind == "trl":
+                return RewardResult(0.0, None, {**f.logged, "skipped": True})
+            result = normalize(value)
+            result.info.update(f.logged)  # what a TRL function gave log_metric / log_extra
+            return result
         values: dict[str, float | None] = {}
         info: dict[str, Any] = {}
         total, counted = 0.0, 0
         for f in self.functions:
             value = f(job)
+            info.update(f.logged)
             if value is None and f.kind == "trl":
                 values[f.name] = None
                 continue

@@ -28,13 +28,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from areal_core.config.base import ConfigError
-from areal_core.config.hooks import import_object
 from areal_core.context import load_run_config
 from areal_core.layout import LAYOUT
 from areal_core.prompts import load_prompts
 from areal_core.protocol import Sample, ShardError, decode_shard, read_shard, write_shard
 from areal_core.reward.labels import load_labels
 from areal_core.reward.pool import RewardPool, reward_function
+from areal_core.reward.signatures import load_functions
 from areal_core.reward.worker import grade_samples
 from areal_core.store import Store
 
@@ -108,7 +108,7 @@ def regrade(
     cfg = load_run_config(store)
     reward = reward or reward_function(cfg)
     _check_names(store, source, into)
-    import_object(reward, key="reward")  # a reward that does not import claims no layer
+    load_functions(reward)  # a reward that does not import claims no layer (a weighted spec: each of its functions)
     request = {"source": source, "reward": reward}
     resumed = _claim(store, into, request)
     sources = store.find(LAYOUT.layer_dir(source), ".arrow")

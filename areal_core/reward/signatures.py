@@ -6,13 +6,19 @@ function's signature is recognised by its parameter names:
 
     areal   f(completion, reference, prompt, prompt_id, meta, <column>..., **kw) -> float | (float, info) | dict
     verl    compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float | {"score", ...}
-    trl     reward_func(prompts, completions, **columns) -> list[float | None]   (batched: lists in, list out)
+    trl     reward_func(prompts, completions, completion_ids, **columns) -> list[float | None]   (batched)
 
-A grading job (reward/worker.py `grade_samples`) holds `completion`, `reference`, `prompt`,
-`prompt_id`, `meta` and `columns` (the record's other dataset columns, `meta.columns`), each
-column also passed by its own name where no argument of ours has that name. TRL gets `prompts`,
-`completions` and each column as lists of one: conversational (a list of messages, the completion as one
-assistant message) when the record's prompt is a chat (`meta.chat`), else plain strings.
+A grading job (reward/worker.py `grade_samples`) holds `completion`, `completion_ids` (its token
+ids), `reference`, `prompt`, `prompt_id`, `meta` and `columns` (the record's other dataset
+columns, `meta.columns`), each column also passed by its own name where no argument of ours has
+that name. verl gets `ground_truth` as the dataset holds it (a struct stays a dict: the record's
+`meta.reference`, else the reference text) and `extra_info` ({} when the row has none), as verl's
+reward manager passes them. TRL gets `prompts`, `completions`, `completion_ids` and each column
+as lists of one: conversational (a list of messages, the completion as one assistant message) when
+the record's prompt is a chat (`meta.chat`), else plain strings; and `log_metric(name, value)` /
+`log_extra(column, values)`, whose values go into the result's info as `<function>/<name>`. TRL's
+`trainer_state` is not passed (a reward process knows no trainer): a function requiring it is
+refused at prepare.
 
 Several functions: reward = Σ wᵢ·rᵢ over the functions that returned a number; TRL's None means
 "not applicable to this sample" (TRL's nansum). When every function returns None the sample is
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +40,9 @@ from areal_core.config.base import ConfigError
 from areal_core.config.hooks import import_object
 
 REWARD_ARGUMENTS = ("completion", "reference", "prompt", "prompt_id", "meta")  # what every caller passes
+JOB_ONLY = ("columns", "completion_ids", "ground_truth")  # job keys that are no argument of ours
+TRL_MARKS = {"completions", "completion_ids"}  # parameter names only TRL's batched signature has
+TRL_ARGUMENTS = ("prompts", "completions", "completion_ids", "log_metric", "log_extra")  # what a TRL call gets
 EXPECTED = (
     "areal: f(completion, reference, prompt, prompt_id, meta, **columns); "
     "verl: compute_score(data_source, solution_str, ground_truth, extra_info=None); "
@@ -62,9 +72,9 @@ def signature_kind(fn: Callable[..., Any], path: str, columns: tuple[str, ...] |
     required parameter no caller passes, a positional-only one)."""
     params = _params(fn)
     names = set(params)
-    if "completions" in names:
+    if names & TRL_MARKS:  # TRL's docs have `reward_func(completion_ids, **kwargs)`, without completions
         kind = "trl"
-        known = {"prompts", "completions", "completion_ids", *(columns or ())}
+        known = {*TRL_ARGUMENTS, *(columns or ())}
     elif {"solution_str", "ground_truth"} <= names:
         kind = "verl"
         known = {"data_source", "solution_str", "ground_truth", "extra_info"}
@@ -121,48 +131,89 @@ class RewardFunction:
 
     def __post_init__(self) -> None:
         self.params = _params(self.fn)
+        self.logged: dict[str, Any] = {}  # what the last TRL call gave log_metric / log_extra
 
     def __call__(self, job: dict[str, Any]) -> Any:
         columns = dict(job.get("columns") or {})
+        meta = job.get("meta") or {}
+        self.logged = {}
         if self.kind == "verl":
             kwargs = {
                 "data_source": columns.get("data_source"),
                 "solution_str": job["completion"],
-                "ground_truth": job["reference"],
-                "extra_info": columns.get("extra_info"),
+                "ground_truth": job.get("ground_truth", job["reference"]),
+                "extra_info": columns.get("extra_info") or {},  # verl's reward manager: {} when the row has none
             }
-            return verl_value(_resolve(self.fn(**_accepted(self.params, kwargs))))
+            return verl_value(_resolve(self.fn(**_accepted(self.params, kwargs))), self.name)
         if self.kind == "trl":
-            chat = (job.get("meta") or {}).get("chat")
+            chat = meta.get("chat") if isinstance(meta.get("chat"), list) else None
             kwargs = {
                 **{k: [v] for k, v in columns.items()},  # TRL passes each column as the batch's list
                 "prompts": [chat if chat else job["prompt"]],
                 "completions": [[{"role": "assistant", "content": job["completion"]}] if chat else job["completion"]],
+                "completion_ids": [list(job.get("completion_ids") or [])],
+                "log_metric": self._log_metric,
+                "log_extra": self._log_extra,
             }
             return trl_value(_resolve(self.fn(**_accepted(self.params, kwargs))), self.name)
-        kwargs = {**columns, **{k: job[k] for k in REWARD_ARGUMENTS if k in job}}
+        # ours: every key of the job (a caller's token_offsets, prompt_len too) over the columns
+        kwargs = {**columns, **{k: v for k, v in job.items() if k not in JOB_ONLY}}
         return _resolve(self.fn(**_accepted(self.params, kwargs)))
 
+    def _log_metric(self, name: str, value: Any) -> None:
+        self.logged[f"{self.name}/{name}"] = _json_value(value)
 
-def reward_job(completion: str, record: dict[str, Any] | None, sample: Any = None) -> dict[str, Any]:
-    """The keyword arguments of one grading call: the completion, its prompt record's reference,
+    def _log_extra(self, column: str, values: Any) -> None:
+        values = list(values)
+        self.logged[f"{self.name}/{column}"] = _json_value(values[0] if len(values) == 1 else values)
+
+
+def _json_value(value: Any) -> Any:
+    """`value` as JSON (it is stored in the sample's reward_info): a non-finite number is null."""
+    if hasattr(value, "item") and not isinstance(value, (list, tuple, dict)):
+        try:
+            value = value.item()  # a numpy or torch scalar
+        except (TypeError, ValueError):
+            pass
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return json.loads(json.dumps(value, default=str))
+
+
+def reward_job(
+    completion: str, record: dict[str, Any] | None, sample: Any = None, completion_ids: list[int] | None = None
+) -> dict[str, Any]:
+    """The keyword arguments of one grading call: the completion and its token ids (`completion_ids`,
+    else the sample's response ids, else none known: []), its prompt record's reference (and as the
+    dataset holds it, verl's `ground_truth`: the record's `meta.reference`, never a sample's),
     prompt text and meta (the sample's own meta over it: an agent's), and the dataset's other
-    columns (`meta.columns`, the sample's copy first)."""
+    columns (`meta.columns`, the sample's copy first; one that is not a dict is ignored)."""
     record = record or {}
-    meta = {**(record.get("meta") or {}), **(getattr(sample, "meta", None) or {})}
+    own = record.get("meta") if isinstance(record.get("meta"), dict) else {}
+    theirs = getattr(sample, "meta", None)
+    theirs = theirs if isinstance(theirs, dict) else {}  # an online client's session meta is anything
+    meta = {**own, **theirs}
+    columns = next((m["columns"] for m in (theirs, own) if isinstance(m.get("columns"), dict)), {})
+    if completion_ids is None and sample is not None and hasattr(sample, "response_ids"):
+        completion_ids = sample.response_ids()
     return {
         "completion": completion,
+        "completion_ids": [] if completion_ids is None else [int(i) for i in completion_ids],
         "reference": record.get("answer", ""),
+        "ground_truth": own["reference"] if "reference" in own else record.get("answer", ""),  # the record's own
         "prompt": record.get("prompt", ""),
         "prompt_id": getattr(sample, "prompt_id", None) or record.get("prompt_id", ""),
         "meta": meta,
-        "columns": dict(meta.get("columns") or {}),
+        "columns": dict(columns),
     }
 
 
-def verl_value(out: Any) -> Any:
-    """verl's compute_score returns a number, or a dict whose "score" is the reward (the rest: info)."""
-    if isinstance(out, dict) and "score" in out:
+def verl_value(out: Any, name: str = "compute_score") -> Any:
+    """verl's compute_score returns a number, or a dict whose "score" is the reward (the rest: info).
+    A dict without "score" is a TypeError (verl's reward manager fails on it too): prepare refuses it."""
+    if isinstance(out, dict):
+        if "score" not in out:
+            raise TypeError(f"verl reward function {name} returned a dict without 'score' (keys {sorted(out)[:8]})")
         info = {k: v for k, v in out.items() if k != "score" and isinstance(v, (int, float, str, bool))}
         return {"reward": out["score"], "info": info}
     return out
@@ -178,8 +229,10 @@ def trl_value(out: Any, name: str) -> float | None:
     value = out[0]
     if value is None:
         return None
+    if isinstance(value, (str, bytes)):  # TRL's torch.tensor refuses it too: never parsed as a number
+        raise TypeError(f"TRL reward function {name} returned a {type(value).__name__} reward {value!r:.40}")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        value = float(value)  # a numpy or torch scalar; a string raises here, named by the caller
+        value = float(value)  # a numpy or torch scalar
     return float(value)
 
 
@@ -207,7 +260,7 @@ def reward_spec(cfg: Any, default: str) -> str:
         raise ConfigError(f"config key 'reward.weights' has {len(weights)} weights for {len(paths)} reward functions")
     if len(paths) == 1 and weights[0] == 1.0:
         return paths[0]
-    return ",".join(f"{p}@{w:g}" for p, w in zip(paths, weights))
+    return ",".join(f"{p}@{float(w)!r}" for p, w in zip(paths, weights))  # repr: the weight exactly
 
 
 def load_functions(spec: str, columns: tuple[str, ...] | None = None) -> list[RewardFunction]:
@@ -216,9 +269,9 @@ def load_functions(spec: str, columns: tuple[str, ...] | None = None) -> list[Re
     out: list[RewardFunction] = []
     for path, weight in parse_spec(spec):
         fn = import_object(path, key="reward.function")
-        name = getattr(fn, "__name__", None) or type(fn).__name__
-        if any(f.name == name for f in out):
-            name = f"{name}_{len(out)}"
+        base = name = getattr(fn, "__name__", None) or type(fn).__name__
+        while any(f.name == name for f in out):  # each function's value is kept and logged under its name
+            name = f"{base}_{len(out)}" if name == base else f"{name}_"
         if not math.isfinite(weight):
             raise ConfigError(f"config key 'reward.weights': {weight} for {path} is not finite")
         out.append(RewardFunction(name, path, fn, signature_kind(fn, path, columns), weight))

@@ -13,6 +13,7 @@ called here."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from areal_core.config import ConfigError
 from areal_core.reward.pool import RewardPool, reward_function
@@ -38,7 +39,7 @@ def check_reward(ctx: Preflight) -> None:
     rows = ctx.train[:REWARD_PROBES]
     if not rows or all(f.path.startswith(OWN) for f in functions):
         return
-    jobs = [reward_job(str(r.get("answer", "")), r) for r in rows]
+    jobs = [reward_job(str(r.get("answer", "")), r, completion_ids=_ids(ctx.tokenizer, r)) for r in rows]
     with RewardPool(spec, size=1, timeout_s=cfg.reward.timeout_s, retries=0) as pool:
         results = pool.grade(jobs)
     errors = [str(r.info.get("error")) for r in results if r.info.get("failed")]
@@ -66,3 +67,11 @@ def check_reward(ctx: Preflight) -> None:
         n = len(jobs)
         log.warning("preflight reward: %s raised on %d of %d records (scored 0): %s", path, len(errors), n, shown)
     ctx.notes["reward"] = f"{path} on {len(jobs)} records: " + ", ".join(f"{r.reward:g}" for r in results)
+
+
+def _ids(tokenizer: Any, record: dict[str, Any]) -> list[int]:
+    """The probe completion's token ids (TRL's `completion_ids`): the answer tokenized when the
+    checkpoint's tokenizer is loaded, else none."""
+    if tokenizer is None:
+        return []
+    return list(tokenizer(str(record.get("answer", "")), add_special_tokens=False)["input_ids"])

@@ -91,7 +91,7 @@ def screen(
     convention; reward/signatures.py), and under DAPO's dynamic sampling the groups whose rewards
     are all equal."""
     abandoned = buffer.drop_where(lambda s: holds_version_in(s, abandoned_ranges)) if abandoned_ranges else []
-    skipped = buffer.drop_where(lambda s: bool((s.reward_info or {}).get("skipped")))
+    skipped = _drop_skipped(buffer)
     if skipped:
         counters.skipped_samples += len(skipped)
         events.emit("drop", reason="reward_skipped", n=len(skipped))
@@ -102,6 +102,27 @@ def screen(
         counters.filtered_groups += groups
         events.emit("drop", reason="uninformative", n=len(filtered), groups=groups)
     return Screened(dropped, abandoned, filtered, skipped)
+
+
+def reward_skipped(sample: Sample) -> bool:
+    """Every reward function returned None for `sample` as the reward workers graded it (an agent's
+    own info cannot mark it; a human label's reward un-skips it: reward/labels.py)."""
+    info = sample.reward_info or {}
+    return info.get("skipped") is True and info.get("reward_source") == "reward_worker"
+
+
+def _drop_skipped(buffer: GroupBuffer) -> list[Sample]:
+    """Remove and return the skipped samples, and the whole group of one left with < 2 samples;
+    a group without a skipped sample is not touched (a short group is the other rules' to judge)."""
+    out: list[Sample] = []
+    for gid in [g for g, group in buffer.groups.items() if any(map(reward_skipped, group))]:
+        kept = [s for s in buffer.groups[gid] if not reward_skipped(s)]
+        if len(kept) < 2:
+            out.extend(buffer.groups.pop(gid))
+        else:
+            out.extend(s for s in buffer.groups[gid] if reward_skipped(s))
+            buffer.groups[gid] = kept
+    return out
 
 
 class GradedShards(BatchSource):
