@@ -87,7 +87,17 @@ def tok():
     return small_tokenizer()
 
 
-def play(tok, spec: str, tasks: list[dict], monkeypatch=None, group_size: int = 1) -> tuple[list, dict, list]:
+TOOL_SPEC = "vf-tool-calc?num_tasks=4"
+
+
+@pytest.fixture(scope="module")
+def tool_train() -> list[dict]:
+    return load_records(f"verifiers:{TOOL_SPEC}", Task, 0)[0]
+
+
+def play(
+    tok, spec: str, tasks: list[dict], monkeypatch=None, group_size: int = 1, reply=digits_reply
+) -> tuple[list, dict, list]:
     """`group_size` episodes of each task through AgentWorkflow over a scripted engine; the requests the
     proxy received (path, headers, JSON body) when `monkeypatch` is given."""
     seen: list[tuple[str, dict, dict]] = []
@@ -106,12 +116,12 @@ def play(tok, spec: str, tasks: list[dict], monkeypatch=None, group_size: int = 
             return app
 
         monkeypatch.setattr(agent_workflow, "create_app", create_app)
-    engine = ScriptedEngine(tok, digits_reply)
+    engine = ScriptedEngine(tok, reply)
     wf = AgentWorkflow(
         tok,
         "areal_core.environments:run_episode",
         group_size=group_size,
-        sampling=SamplingParams(max_new_tokens=48),
+        sampling=SamplingParams(max_new_tokens=96),
         tool_prompt="full",
     )
 
@@ -186,12 +196,11 @@ def test_without_the_side_venv_prepare_says_how_to_build_it(tmp_path, monkeypatc
 
 
 # -- episodes ----------------------------------------------------------------------------------
-def test_a_tool_episode_runs_through_the_proxy_as_verifiers_calls_it(tok, monkeypatch):
+def test_a_tool_episode_runs_through_the_proxy_as_verifiers_calls_it(tok, tool_train, monkeypatch):
     """verifiers' harness streams (`stream: true`, `include_usage`) and, on the tool turn, replays the
     assistant message with empty content and indexed tool_calls: the proxy takes both, and the episode
     is one two-turn row whose reward is the rubric's (correct 1.0 + used_tool 0.25 × 1.0)."""
-    spec = "vf-tool-calc?num_tasks=4"
-    train, _ = load_records(f"verifiers:{spec}", Task, 0)
+    spec, train = TOOL_SPEC, tool_train
     (result,), stats, seen = play(tok, spec, train[:1], monkeypatch)
     assert result.error is None and result.reward == 1.25 and stats["episodes_failed"] == 0
     chats = [(h, b) for path, h, b in seen if path == "/v1/chat/completions"]
@@ -215,6 +224,29 @@ def test_a_tool_episode_runs_through_the_proxy_as_verifiers_calls_it(tok, monkey
     assert scored["reward"] == row.reward and scored["info"]["rewards"] == row.reward_info["rewards"]
     held = asyncio.run(verifiers_env.runner(spec).request({"op": "stats"}))["info"]
     assert held["clients"] == 0  # the episode's model client (its own key) was closed with it
+
+
+def test_parallel_tool_calls_are_replayed_with_their_indexes(tok, tool_train, monkeypatch):
+    """Two calls in one reply: verifiers replays them as tool_calls indexes 0 and 1, then a tool message
+    each; the episode is still one two-turn row."""
+
+    def two_calls(prompt_text: str) -> str:
+        last = prompt_text.rsplit("<|im_start|>user\n", 1)[-1]
+        if "<|im_start|>tool" in last:
+            return digits_reply(prompt_text)
+        a, b = re.search(r"compute (\d+) \+ (\d+)", last).groups()
+        calls = [
+            {"name": "calc_add", "arguments": {"a": int(a), "b": 0}},
+            {"name": "calc_add", "arguments": {"a": int(a), "b": int(b)}},
+        ]
+        return "".join(f"<tool_call>{json.dumps(c)}</tool_call>" for c in calls)
+
+    (result,), _, seen = play(tok, TOOL_SPEC, tool_train[:1], monkeypatch, reply=two_calls)
+    assert result.error is None and result.reward == 1.25  # the last tool result is the sum
+    (row,) = result.samples
+    assert row.num_turns == 2 and row.meta["tool_calls"] == 2
+    second = [b for path, _, b in seen if path == "/v1/chat/completions"][1]["messages"]
+    assert [c["index"] for c in second[1]["tool_calls"]] == [0, 1] and [m["role"] for m in second[2:]] == ["tool"] * 2
 
 
 OFFLINE_EPISODE = """
