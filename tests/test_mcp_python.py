@@ -300,7 +300,7 @@ def test_an_http_call_outside_a_session_is_refused():
     ],
 )
 def test_http_transport_config_errors(server, problem):
-    from areal_core.config.run import MCPServerConfig
+    from areal_core.config.agent import MCPServerConfig
 
     with pytest.raises(ValueError, match=re.escape(problem)):
         MCPServerConfig.model_validate(server)

@@ -63,7 +63,7 @@ class ServerSpec:
     @classmethod
     def from_config(cls, server: Any, connect_timeout_s: float = 60.0, call_timeout_s: float = 30.0) -> ServerSpec:
         """An `MCPServerConfig` (or a dict of the same keys) as a spec; its 0 timeouts take the defaults."""
-        from areal_core.config.run import MCPServerConfig, server_name
+        from areal_core.config.agent import MCPServerConfig, server_name
 
         cfg = server if isinstance(server, MCPServerConfig) else MCPServerConfig.model_validate(server)
         return cls(

@@ -6,6 +6,7 @@ areal_core.
     cfg = load_config("configs/default.yaml", ["train.lr=3e-4"])
 """
 
+from areal_core.config.agent import AgentConfig
 from areal_core.config.algorithm import AlgorithmConfig
 from areal_core.config.base import ConfigError
 from areal_core.config.device import DEVICES, Device
@@ -21,7 +22,6 @@ from areal_core.config.loading import (
     validate,
 )
 from areal_core.config.run import (
-    AgentConfig,
     EvalConfig,
     LauncherConfig,
     LeaseConfig,
