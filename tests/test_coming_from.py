@@ -307,18 +307,14 @@ CASES = {
         "trl_dir",
         [
             "task.reference_field=solution",
-            f"reward.function={TRL}:kind_reward,{TRL}:length_reward",
+            f"reward.function={TRL}:kind_reward,{TRL}:kind_digits_reward",
             "reward.weights=[2.0,0.5]",
         ],
         lambda job: (
-            (0.0 if job["columns"]["kind"] == "skip" else 2 * len(job["completion"]) / 100)
-            + 0.5 * len(job["completion"]) / 100
+            0.0
+            if job["columns"]["kind"] == "skip"
+            else 2 * len(job["completion"]) / 100 + 0.5 * sum(ch.isdigit() for ch in job["completion"]) / 10
         ),
-    ),  # fmt: skip
-    "trl-skip": (
-        "trl_dir",
-        ["task.reference_field=solution", f"reward.function={TRL}:kind_reward"],
-        lambda job: 0.0 if job["columns"]["kind"] == "skip" else len(job["completion"]) / 100,
     ),
     "messages": (
         "messages_dir",
@@ -354,17 +350,15 @@ def test_each_layout_trains_to_done_through_pyflyte_and_stores_the_users_reward(
         job = reward_job(tok.decode(s.response_ids(), skip_special_tokens=True), ref, s)
         assert s.reward == pytest.approx(expected(job), abs=1e-6), (s.sample_id, job["completion"])
     metrics = [json.loads(line) for line in store.read_text(LAYOUT.metrics).splitlines() if line.strip()]
-    if case == "trl-skip":  # every fourth prompt's samples are skipped: never trained on, counted
+    if case == "trl":  # every fourth prompt's samples are skipped by both functions: never trained on, counted
         skipped = [s for s in samples if s.meta["columns"]["kind"] == "skip"]
         assert skipped and all(s.reward_info.get("skipped") for s in skipped)
+        assert all(s.reward_info["rewards"] == {"kind_reward": None, "kind_digits_reward": None} for s in skipped)
         assert max(m.get("skipped_samples", 0) for m in metrics) > 0
         trained = {i for p in store.find(LAYOUT.trained_dir, ".json") for i in record_ids(store.read_json(p))}
         assert trained and not trained & {s.identity() for s in skipped}
-    if case == "trl":
-        skipped = [s for s in samples if s.meta["columns"]["kind"] == "skip"]
-        assert skipped and all(s.reward_info["rewards"]["kind_reward"] is None for s in skipped)
-        assert all(math.isfinite(m["reward/length_reward"]) for m in metrics if "reward/length_reward" in m)
-        assert any("reward/kind_reward" in m for m in metrics)
+        for name in ("kind_reward", "kind_digits_reward"):  # each function logged apart
+            assert any(math.isfinite(m.get(f"reward/{name}", math.nan)) for m in metrics)
 
 
 def _prompts(store: Store) -> list[dict]:

@@ -50,6 +50,11 @@ def kind_reward(prompts: list[Any], completions: list[Any], kind: list[str], **k
     return [None if k == "skip" else len(_text(c)) / 100 for c, k in zip(completions, kind)]
 
 
+def kind_digits_reward(completions: list[Any], kind: list[str], **kwargs: Any) -> list[float | None]:
+    """None (skip) for rows whose `kind` is "skip"; else digits / 10. With kind_reward: a row both skip."""
+    return [None if k == "skip" else sum(ch.isdigit() for ch in _text(c)) / 10 for c, k in zip(completions, kind)]
+
+
 def wrong_length(completions: list[Any], **kwargs: Any) -> list[float]:
     """A broken function: one reward too many."""
     return [0.0] * (len(completions) + 1)
