@@ -1,11 +1,14 @@
-"""Side by side with TRL's GRPOTrainer on the default job, from the same SFT checkpoint (issue 17).
+"""Side by side with TRL's GRPOTrainer on the default job, from the same SFT checkpoint (issue 17), or on a
+reasoning-gym task from the pretrained SmolLM2 (issue 53).
 
     python benchmarks/vs_trl.py [--steps 800] [--seeds 1 2 3] [--trl-threads 2] [--systems ours trl]
                                 [--variant NAME] [overrides of our config...]
+    python benchmarks/vs_trl.py --config configs/smollm2_reasoning_gym.yaml --gym NAME [--steps 60]
+                                [--eval-every 10] [--threshold X] [...]
 
 TRL 1.16 runs in its own virtualenv (`scripts/setup_trl_venv.sh` builds .venv-trl; this script
-builds it when missing) and the project never imports it: this file re-runs itself there with
-`--trl-side SPEC.json`. Both systems get the same settings: 8 groups × 8 samples per step,
+builds it when missing) and the project never imports it: benchmarks/vs_trl_side.py runs there
+with a SPEC.json this file writes. Both systems get the same settings: 8 groups × 8 samples per step,
 T 0.7, 24 new tokens, AdamW(β 0.9/0.99, no weight decay) at lr 2e-4 with the project's schedule
 (`areal_core/train/schedule.py`: 20 warm-up steps, cosine to 0.1×), clip 0.2/0.28, no KL,
 gradient clip 1.0, the prompts in the order our rollout worker takes them
@@ -16,6 +19,20 @@ Measured per run: wall s/step and CPU s/step (all processes and threads) of the 
 held-out evaluations excluded (ours: `eval_s`/`eval_cpu_s` of the trainer's metrics; TRL: its
 snapshots are saved at those steps, timed and subtracted, and evaluated afterwards here).
 Prints one Markdown row per run, then the mean per system.
+
+`--config` (another job; the default is configs/default.yaml's) takes every setting above from that config instead:
+group size, groups per step, temperature, top-p, new tokens, lr, schedule, warm-up and floor, weight decay, clip,
+KL, gradient clip; its LoRA (train.lora_rank/alpha/target_modules) as a peft LoraConfig of the same rank, alpha and
+layers on TRL's side; its task's reward (reasoning_gym: the dataset's score_answer on reasoning_gym's
+extract_answer, with the entries the records carry); its prompts as chat messages (system prompt, a record's chat,
+the question: what our rollout renders, checked token for token on TRL's side) in our rollout order, from a run
+root prepared with the same config and seed (a reasoning-gym seed draws other questions); and its evaluator
+(`heldout_score` on eval.num_samples held-out records). The initial model is the config's SFT checkpoint, or
+model.path itself when sft.enabled is false. `--gym NAME` sets task.gym to NAME's easy config in
+benchmarks/reasoning_gym_probe.py (or takes task.gym's own syntax). Also per seed: the held-out accuracy before
+RL; per run: the seconds to each evaluation from the start (ours: the launch, roles' start-up included; TRL: its
+process, imports and model load included), the evaluations left out; and the steps and seconds to `--threshold`
+(default: TRL's mean final accuracy), with their means over seeds. Results also go to ROOT/results.json.
 """
 
 from __future__ import annotations
@@ -26,12 +43,13 @@ import os
 import platform
 import resource
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TRL_VENV = ROOT / ".venv-trl"
+TRL_SIDE = ROOT / "benchmarks" / "vs_trl_side.py"  # run by .venv-trl's python; it never imports the project
+DEFAULT_CONFIG = "configs/default.yaml"
 
 
 def children_cpu_s() -> float:
@@ -39,8 +57,21 @@ def children_cpu_s() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def sft_checkpoint(root: str, overrides: list[str]) -> str:
-    """The default job's SFT checkpoint under ROOT/sft (trained once, reused while committed)."""
+def gym_overrides(gym: str) -> list[str]:
+    """--gym: a dataset of benchmarks/reasoning_gym_probe.py's CANDIDATES as its easy config there; anything else
+    as task.gym's own syntax (`name[:weight],...`, or YAML)."""
+    if not gym:
+        return []
+    from benchmarks.reasoning_gym_probe import CANDIDATES
+
+    if gym in CANDIDATES:
+        return [f"task.gym={json.dumps([{'name': gym, 'config': CANDIDATES[gym]}])}"]
+    return [f"task.gym={gym}"]
+
+
+def sft_checkpoint(root: str, config: str, overrides: list[str]) -> str:
+    """The job's initial checkpoint under ROOT/sft (trained once, reused while committed): its SFT warm start, or a
+    copy of model.path when the config disables SFT."""
     from areal_core.layout import LAYOUT
     from areal_core.run import pipeline
     from areal_core.store import Store
@@ -48,7 +79,7 @@ def sft_checkpoint(root: str, overrides: list[str]) -> str:
     store = Store(f"{root}/sft")
     if store.exists(LAYOUT.committed(LAYOUT.init_model)):
         return store.url(LAYOUT.init_model)
-    uri, _ = pipeline.prepare("configs/default.yaml", [*overrides, f"store={root}/sft"])
+    uri, _ = pipeline.prepare(config, [*overrides, f"store={root}/sft"])
     return pipeline.sft(uri)
 
 
@@ -63,6 +94,17 @@ def our_overrides(steps: int, eval_every: int, extra: list[str]) -> list[str]:
     ]
 
 
+def trainer_clock(store, t0: float) -> dict[int, float]:
+    """metrics step s -> seconds from `t0` (the launch) to the end of step s (the trainer's "trained" event), minus
+    the evaluations of the steps before s."""
+    from areal_core.events import read_events
+    from areal_core.run import pipeline
+
+    trained = {int(e["step"]) + 1: e["t"] - t0 for e in read_events(store) if e["kind"] == "trained"}
+    eval_s = {int(r["step"]): r.get("eval_s", 0.0) for r in pipeline.metrics_rows(store) if "eval_accuracy" in r}
+    return {s: t - sum(v for k, v in eval_s.items() if k < s) for s, t in trained.items()}
+
+
 def run_ours(root: str, init: str, seed: int, args: argparse.Namespace, base: list[str]) -> dict:
     from areal_core.context import load_run_config
     from areal_core.run import pipeline
@@ -70,7 +112,7 @@ def run_ours(root: str, init: str, seed: int, args: argparse.Namespace, base: li
     from areal_core.store import Store
 
     name = f"ours-{args.variant}" if args.variant else "ours"
-    uri, _ = pipeline.prepare("configs/default.yaml", [*base, f"seed={seed}", f"store={root}/{name}-s{seed}"])
+    uri, _ = pipeline.prepare(args.config, [*base, f"seed={seed}", f"store={root}/{name}-s{seed}"])
     store = Store(uri)
     pipeline.ensure_init_model(store, init)
     cfg = load_run_config(store)
@@ -81,6 +123,7 @@ def run_ours(root: str, init: str, seed: int, args: argparse.Namespace, base: li
     evals = [r for r in rows if "eval_accuracy" in r]
     eval_s = sum(r.get("eval_s", 0.0) for r in evals)
     eval_cpu = sum(r.get("eval_cpu_s", 0.0) for r in evals)
+    clock = trainer_clock(store, t0)
     return {
         "system": name,
         "seed": seed,
@@ -88,53 +131,129 @@ def run_ours(root: str, init: str, seed: int, args: argparse.Namespace, base: li
         "wall_s": wall - eval_s,
         "cpu_s": cpu - eval_cpu,
         "curve": {int(r["step"]): r["eval_accuracy"] for r in evals},
+        "clock": {int(r["step"]): clock.get(int(r["step"])) for r in evals},
     }
 
 
-def run_trl(root: str, init: str, seed: int, threads: int, args: argparse.Namespace) -> dict:
-    """TRL in .venv-trl (this file with --trl-side), then its snapshots evaluated here."""
-    import torch
-
+def seed_data(root: str, seed: int, args: argparse.Namespace, base: list[str]):
+    """(train records, eval records, run config) of the seed: the SFT root's for the default job (as issue 17's
+    table had them), else a root prepared with the config and seed (its questions depend on the seed)."""
     from areal_core.context import load_run_config
-    from areal_core.evaluate import greedy_accuracy
-    from areal_core.models import load_pretrained
     from areal_core.prompts import load_prompts
-    from areal_core.rollout.admission import prompt_order
+    from areal_core.run import pipeline
     from areal_core.store import Store
 
-    if not (TRL_VENV / "bin" / "python").exists() or not list(TRL_VENV.glob(".installed-trl-*")):
-        subprocess.run([str(ROOT / "scripts" / "setup_trl_venv.sh"), str(TRL_VENV)], check=True)
-    sft = Store(f"{root}/sft")
-    train = load_prompts(sft, "train")
+    if args.config == DEFAULT_CONFIG:
+        store = Store(f"{root}/sft")
+    else:
+        uri, _ = pipeline.prepare(args.config, [*base, f"seed={seed}", f"store={root}/data-s{seed}"])
+        store = Store(uri)
+    cfg = load_run_config(store)
+    return load_prompts(store, "train"), load_prompts(store, "eval")[: cfg.eval.num_samples], cfg
+
+
+def heldout(path: str, cfg, records: list[dict], adapter: str = "") -> float:
+    """Held-out score (our evaluator) of the checkpoint at `path`, with a peft adapter folder merged in."""
+    from areal_core.evaluate import heldout_score
+    from areal_core.models import load_pretrained
+
+    model, tok = load_pretrained(path)
+    if adapter:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+    return heldout_score(model, tok, cfg, records)
+
+
+def before(root: str, init: str, seed: int, data: tuple) -> float:
+    """Held-out accuracy of the initial checkpoint on the seed's held-out records (`seed_data`; cached in ROOT)."""
+    import torch
+
+    cache = Path(root) / f"before-s{seed}.json"
+    if cache.exists():
+        return json.loads(cache.read_text())["accuracy"]
+    _, records, cfg = data
+    torch.set_num_threads(2)
+    acc = heldout(init.removeprefix("file://"), cfg, records)
+    cache.write_text(json.dumps({"accuracy": acc}))
+    return acc
+
+
+def trl_spec(init: str, seed: int, threads: int, args: argparse.Namespace, train: list[dict], cfg) -> dict:
+    """What the TRL side is given: our run's settings (module docstring) and its prompts in our rollout order."""
+    from areal_core.models import load_pretrained, prompt_messages, record_prompt
+    from areal_core.reward.pool import reward_function
+    from areal_core.rollout.admission import prompt_order
+
     order = prompt_order(len(train), seed)
-    groups = args.steps * 8
-    out_dir = Path(root).resolve() / f"trl-s{seed}-t{threads}"
-    spec = {
+    picked = [train[order[g % len(order)]] for g in range(args.steps * cfg.train.batch_groups)]
+    model, tok = load_pretrained(init)
+    t, a, r = cfg.train, cfg.algo, cfg.rollout
+    lora = None
+    if t.lora_rank > 0:
+        from areal_core.architecture import resolve_lora_targets
+
+        targets = resolve_lora_targets(model, t.lora_target_modules)
+        lora = {"r": t.lora_rank, "alpha": t.lora_alpha, "targets": targets}
+    kind = {"areal_core.reward.math:gsm8k_reward": "gsm8k", "task_data.reasoning_gym:gym_reward": "reasoning_gym"}
+    reward = kind.get(reward_function(cfg))
+    if reward is None:
+        raise SystemExit(
+            f"vs_trl.py grades with gsm8k_reward or gym_reward; this config's reward is {reward_function(cfg)}"
+        )
+
+    def prompt(rec: dict) -> dict:
+        chat = (rec.get("meta") or {}).get("chat")
+        out = {"prompt": prompt_messages(rec["prompt"], cfg.task.system_prompt, chat), "answer": rec["answer"]}
+        if reward == "reasoning_gym":
+            out["rg"] = json.dumps(rec["meta"]["reasoning_gym"])
+        return out
+
+    return {
         "init": init.removeprefix("file://"),
         "seed": seed,
         "threads": threads,
         "steps": args.steps,
         "eval_every": args.eval_every,
-        "out": str(out_dir),
-        "prompts": [
-            {"prompt": train[order[g % len(order)]]["prompt"], "answer": train[order[g % len(order)]]["answer"]}
-            for g in range(groups)
-        ],
+        "reward": reward,
+        "lora": lora,
+        "group": r.group_size,
+        "batch": t.batch_groups * r.group_size,
+        "temperature": r.temperature,
+        "top_p": r.top_p,
+        "max_new": r.max_new_tokens,
+        "lr": t.lr,
+        "schedule": [t.lr_warmup_steps, t.lr_schedule, t.lr_min_ratio],
+        "weight_decay": t.weight_decay,
+        "clip": [a.eps_low, a.eps_high],
+        "kl": a.kl_coef,
+        "grad_clip": t.grad_clip,
+        "first_prompt_ids": record_prompt(tok, picked[0], cfg.task.system_prompt, cfg.task.prompt_format),
+        "prompts": [prompt(rec) for rec in picked],
     }
+
+
+def run_trl(root: str, init: str, seed: int, threads: int, args: argparse.Namespace, data: tuple) -> dict:
+    """TRL in .venv-trl (benchmarks/vs_trl_side.py) on the seed's records (`seed_data`), then its snapshots evaluated
+    here."""
+    import torch
+
+    subprocess.run([str(ROOT / "scripts" / "setup_trl_venv.sh"), str(TRL_VENV)], check=True)  # at once when built
+    train, records, cfg = data
+    out_dir = Path(root).resolve() / f"trl-s{seed}-t{threads}"
+    spec = {**trl_spec(init, seed, threads, args, train, cfg), "out": str(out_dir)}
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "spec.json").write_text(json.dumps(spec))
     env = {**os.environ, "PYTHONPATH": "", "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
-    subprocess.run(
-        [str(TRL_VENV / "bin" / "python"), __file__, "--trl-side", str(out_dir / "spec.json")], check=True, env=env
-    )
+    t0 = time.time()
+    subprocess.run([str(TRL_VENV / "bin" / "python"), str(TRL_SIDE), str(out_dir / "spec.json")], check=True, env=env)
     res = json.loads((out_dir / "result.json").read_text())
-    cfg = load_run_config(sft)
-    records = load_prompts(sft, "eval")[: cfg.eval.num_samples]
     torch.set_num_threads(2)
     curve = {}
     for step, path in sorted(res["snapshots"].items(), key=lambda kv: int(kv[0])):
-        model, tok = load_pretrained(path)
-        curve[int(step)] = greedy_accuracy(model, tok, records, cfg.eval.max_new_tokens, cfg.eval.batch_size)
+        curve[int(step)] = (
+            heldout(spec["init"], cfg, records, adapter=path) if spec["lora"] else heldout(path, cfg, records)
+        )
     return {
         "system": "trl",
         "seed": seed,
@@ -142,143 +261,93 @@ def run_trl(root: str, init: str, seed: int, threads: int, args: argparse.Namesp
         "wall_s": res["wall_s"],
         "cpu_s": res["cpu_s"],
         "curve": curve,
+        "clock": {int(k): v - t0 for k, v in res["step_end"].items() if int(k) in curve},
     }
 
 
-def _module(rel: str):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(rel.replace("/", ".")[:-3], ROOT / rel)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+def first_at(r: dict, threshold: float) -> tuple[int, float | None] | None:
+    """(step, seconds) of the run's first evaluation at or above `threshold`; None when none is."""
+    for step in sorted(r["curve"]):
+        if r["curve"][step] >= threshold - 1e-9:
+            return step, r["clock"].get(step)
+    return None
 
 
-def trl_side(spec_path: str) -> None:
-    """Runs in .venv-trl: TRL's GRPOTrainer with the spec's settings; writes result.json."""
-    spec = json.loads(Path(spec_path).read_text())
-    import torch
-
-    torch.set_num_threads(spec["threads"])
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-
-    # the same verifier and schedule as ours (stdlib-only modules, loaded by path: the project
-    # root cannot go on sys.path here, its modules are imported by path to keep this process free of them)
-    gsm8k_reward = _module("areal_core/reward/math.py").gsm8k_reward
-    lr_factor = _module("areal_core/train/schedule.py").lr_factor
-    from datasets import Dataset
-
-    out = Path(spec["out"])
-    tok = AutoTokenizer.from_pretrained(spec["init"])
-    model = AutoModelForCausalLM.from_pretrained(spec["init"], dtype=torch.float32)
-    ds = Dataset.from_list(
-        [{"prompt": [{"role": "user", "content": p["prompt"]}], "answer": p["answer"]} for p in spec["prompts"]]
-    )
-
-    def reward(completions, answer, **_):
-        return [gsm8k_reward(c[0]["content"] if isinstance(c, list) else c, a) for c, a in zip(completions, answer)]
-
-    steps, lr = spec["steps"], 2e-4
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, steps, 20, "cosine", 0.1))
-    cfg = GRPOConfig(
-        output_dir=str(out / "trainer"),
-        max_steps=steps,
-        per_device_train_batch_size=64,
-        num_generations=8,
-        generation_batch_size=64,
-        temperature=0.7,
-        max_completion_length=24,
-        learning_rate=lr,
-        epsilon=0.2,
-        epsilon_high=0.28,
-        beta=0.0,
-        max_grad_norm=1.0,
-        shuffle_dataset=False,
-        use_cpu=True,
-        seed=spec["seed"],
-        save_strategy="no",
-        gradient_checkpointing=False,  # TRL 1.16 turns it on by default; a 1M-parameter model needs no memory saving
-        report_to="none",
-        logging_steps=50,
-        disable_dropout=True,
-    )
-    snaps: dict[int, str] = {}
-    excluded = {"wall": 0.0, "cpu": 0.0}
-
-    class Snapshot(TrainerCallback):
-        def on_step_end(self, args, state, control, model=None, **_):
-            if state.global_step % spec["eval_every"] == 0 or state.global_step == steps:
-                w, c = time.perf_counter(), time.process_time()
-                path = out / f"step-{state.global_step}"
-                model.save_pretrained(path)
-                tok.save_pretrained(path)
-                snaps[state.global_step] = str(path)
-                excluded["wall"] += time.perf_counter() - w
-                excluded["cpu"] += time.process_time() - c
-
-    trainer = GRPOTrainer(
-        model=model,
-        reward_funcs=reward,
-        args=cfg,
-        train_dataset=ds,
-        processing_class=tok,
-        optimizers=(optimizer, scheduler),
-        callbacks=[Snapshot()],
-    )
-    w, c = time.perf_counter(), time.process_time()
-    trainer.train()
-    wall, cpu = time.perf_counter() - w - excluded["wall"], time.process_time() - c - excluded["cpu"]
-    (out / "result.json").write_text(json.dumps({"wall_s": wall, "cpu_s": cpu, "snapshots": snaps}))
+def report(rows: list[dict], args: argparse.Namespace, befores: dict[int, float]) -> None:
+    """The Markdown rows, the means per system and, with a threshold, the steps and seconds to reach it."""
+    mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
+    final = lambda r: r["curve"][max(r["curve"])] if r["curve"] else float("nan")  # noqa: E731
+    trl_finals = [final(r) for r in rows if r["system"] == "trl" and r["curve"]]
+    threshold = args.threshold if args.threshold is not None else (mean(trl_finals) if trl_finals else None)
+    hit = lambda r: first_at(r, threshold) if threshold is not None else None  # noqa: E731
+    print(f"\nmachine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, steps={args.steps}")
+    if befores:
+        print("held-out before RL, per seed: " + ", ".join(f"s{k} {v:.3f}" for k, v in sorted(befores.items())))
+    thr = "–" if threshold is None else f"{threshold:.3f}"
+    print(f"| system | threads | seed | wall s/step | CPU s/step | final held-out | steps / s to {thr} | curve |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        curve = " ".join(str(round(v, 3)) for _, v in sorted(r["curve"].items()))
+        h = hit(r)
+        to = f"{h[0]} / {h[1]:.0f}" if h and h[1] is not None else "–"
+        per_step = f"{r['wall_s'] / args.steps:.3f} | {r['cpu_s'] / args.steps:.3f}"
+        print(f"| {r['system']} | {r['threads']} | {r['seed']} | {per_step} | {final(r):.3f} | {to} | {curve} |")
+    seconds = {}
+    for system in sorted({(r["system"], r["threads"]) for r in rows}):
+        rs = [r for r in rows if (r["system"], r["threads"]) == system]
+        hits = [h for h in map(hit, rs) if h and h[1] is not None]
+        seconds[system] = mean([h[1] for h in hits]) if hits else None
+        to = f", to {thr}: {mean([h[0] for h in hits]):.1f} steps / {seconds[system]:.0f} s" if hits else ""
+        print(
+            f"mean {system[0]} ({system[1]} threads): wall {mean([r['wall_s'] for r in rs]) / args.steps:.3f}"
+            f" s/step, CPU {mean([r['cpu_s'] for r in rs]) / args.steps:.3f} s/step, final held-out "
+            f"{mean([final(r) for r in rs if r['curve']]):.3f}{to} ({len(hits)}/{len(rs)} reached {thr})"
+        )
+    ours = [v for (name, _), v in seconds.items() if name != "trl" and v]
+    for (name, threads), v in seconds.items():
+        if name == "trl" and v and ours:
+            print(f"time to {thr}: TRL ({threads} threads) / ours = {v / ours[0]:.2f}x (goal: >= 2.5x)")
 
 
 def main() -> None:
-    if len(sys.argv) == 3 and sys.argv[1] == "--trl-side":
-        return trl_side(sys.argv[2])
     parser = argparse.ArgumentParser()
+    parser.add_argument("--config", default=DEFAULT_CONFIG, help="our job (default: the default job, issue 17)")
+    parser.add_argument("--gym", default="", help="reasoning_gym: task.gym (a probe dataset's name: its easy config)")
     parser.add_argument("--steps", type=int, default=800)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--eval-every", type=int, default=100)
+    parser.add_argument("--threshold", type=float, default=None, help="held-out accuracy (default: TRL's mean final)")
     parser.add_argument("--trl-threads", type=int, nargs="+", default=[2])
     parser.add_argument("--systems", nargs="+", default=["ours", "trl"], choices=["ours", "trl"])
-    parser.add_argument("--root", default="runs/vs-trl")
+    parser.add_argument("--root", default="", help="default: runs/vs-trl, runs/vs-trl-<config>[-<gym>]")
     parser.add_argument("--variant", default="", help="names our runs (ours-NAME) when comparing overrides")
     parser.add_argument("overrides", nargs="*", help="config overrides for our side")
     args = parser.parse_args()
+    if not args.root:
+        job = "" if args.config == DEFAULT_CONFIG else "-" + Path(args.config).stem
+        args.root = f"runs/vs-trl{job}" + (f"-{args.gym.split(':')[0].split(',')[0]}" if args.gym else "")
     from areal_core.logs import setup_logging
 
     setup_logging()
-    base = our_overrides(args.steps, args.eval_every, args.overrides)
-    init = sft_checkpoint(args.root, ["tracking.enabled=false", "launcher.progress=false"])
-    rows = []
+    task = gym_overrides(args.gym)
+    base = our_overrides(args.steps, args.eval_every, [*task, *args.overrides])
+    init = sft_checkpoint(args.root, args.config, ["tracking.enabled=false", "launcher.progress=false", *task])
+    default_job = args.config == DEFAULT_CONFIG
+    rows, befores = [], {}
     for seed in args.seeds:
+        data = seed_data(args.root, seed, args, base) if "trl" in args.systems or not default_job else None
+        if not default_job:  # the issue 17 table has no "before" column
+            befores[seed] = before(args.root, init, seed, data)
+            print("BEFORE", json.dumps({"seed": seed, "accuracy": befores[seed]}), flush=True)
         if "ours" in args.systems:
             rows.append(run_ours(args.root, init, seed, args, base))
             print("RESULT", json.dumps(rows[-1]), flush=True)
         if "trl" in args.systems:
             for threads in args.trl_threads:
-                rows.append(run_trl(args.root, init, seed, threads, args))
+                rows.append(run_trl(args.root, init, seed, threads, args, data))
                 print("RESULT", json.dumps(rows[-1]), flush=True)
-    print(f"\nmachine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, steps={args.steps}")
-    print("| system | threads | seed | wall s/step | CPU s/step | final held-out | curve |")
-    print("|---|---|---|---|---|---|---|")
-    for r in rows:
-        curve = [round(v, 3) for _, v in sorted(r["curve"].items())]
-        final = curve[-1] if curve else float("nan")
-        print(
-            f"| {r['system']} | {r['threads']} | {r['seed']} | {r['wall_s'] / args.steps:.3f} | "
-            f"{r['cpu_s'] / args.steps:.3f} | {final:.3f} | {' '.join(map(str, curve))} |"
-        )
-    for system in sorted({(r["system"], r["threads"]) for r in rows}):
-        rs = [r for r in rows if (r["system"], r["threads"]) == system]
-        finals = [r["curve"][max(r["curve"])] for r in rs if r["curve"]]
-        print(
-            f"mean {system[0]} ({system[1]} threads): wall {sum(r['wall_s'] for r in rs) / len(rs) / args.steps:.3f}"
-            f" s/step, CPU {sum(r['cpu_s'] for r in rs) / len(rs) / args.steps:.3f} s/step, final held-out "
-            f"{sum(finals) / max(len(finals), 1):.3f}"
-        )
+    Path(args.root, "results.json").write_text(json.dumps({"args": vars(args), "before": befores, "rows": rows}))
+    report(rows, args, befores)
 
 
 if __name__ == "__main__":
