@@ -68,6 +68,8 @@ COMMON = [
     "mcp>=2.3,<3",  # agent.mcp_servers (areal_core/agents/mcp.py)
     "mcp-types>=2.3,<3",  # imported directly by areal_core/agents/mcp.py (a dependency of mcp)
     "pillow>=10",  # model.kind vlm: images in the store (areal_core/vlm/)
+    "reasoning-gym==0.1.25",  # task.name reasoning_gym (task_data/reasoning_gym.py)
+    "websockets>=15",  # rollout.environment openenv:<url> (areal_core/environments/openenv_env.py)
 ]
 
 # Versions that are known to go together (each engine release pins its torch).
