@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import subprocess
 import time
@@ -280,7 +279,9 @@ def report(rows: list[dict], args: argparse.Namespace, befores: dict[int, float]
     trl_finals = [final(r) for r in rows if r["system"] == "trl" and r["curve"]]
     threshold = args.threshold if args.threshold is not None else (mean(trl_finals) if trl_finals else None)
     hit = lambda r: first_at(r, threshold) if threshold is not None else None  # noqa: E731
-    print(f"\nmachine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, steps={args.steps}")
+    from benchmarks.reasoning_gym_probe import cpu_name
+
+    print(f"\nmachine: {cpu_name()}, steps={args.steps}")
     if befores:
         print("held-out before RL, per seed: " + ", ".join(f"s{k} {v:.3f}" for k, v in sorted(befores.items())))
     thr = "–" if threshold is None else f"{threshold:.3f}"
@@ -313,9 +314,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--config", default=DEFAULT_CONFIG, help="our job (default: the default job, issue 17)")
     parser.add_argument("--gym", default="", help="reasoning_gym: task.gym (a probe dataset's name: its easy config)")
-    parser.add_argument("--steps", type=int, default=800)
+    parser.add_argument("--steps", type=int, default=None, help="default: 800, or the config's train.steps")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--eval-every", type=int, default=100)
+    parser.add_argument("--eval-every", type=int, default=None, help="default: 100, or the config's train.eval_every")
     parser.add_argument("--threshold", type=float, default=None, help="held-out accuracy (default: TRL's mean final)")
     parser.add_argument("--trl-threads", type=int, nargs="+", default=[2])
     parser.add_argument("--systems", nargs="+", default=["ours", "trl"], choices=["ours", "trl"])
@@ -323,6 +324,13 @@ def main() -> None:
     parser.add_argument("--variant", default="", help="names our runs (ours-NAME) when comparing overrides")
     parser.add_argument("overrides", nargs="*", help="config overrides for our side")
     args = parser.parse_args()
+    if args.steps is None or args.eval_every is None:
+        from areal_core.config import load_config
+
+        train = load_config(args.config, []).train
+        default_job = args.config == DEFAULT_CONFIG
+        args.steps = args.steps or (800 if default_job else train.steps)
+        args.eval_every = args.eval_every or (100 if default_job else train.eval_every or args.steps)
     if not args.root:
         job = "" if args.config == DEFAULT_CONFIG else "-" + Path(args.config).stem
         args.root = f"runs/vs-trl{job}" + (f"-{args.gym.split(':')[0].split(',')[0]}" if args.gym else "")

@@ -6,9 +6,9 @@ question as the user, its answer `<answer>...</answer>` as the assistant, then t
 goes first (task.system_prompt; reasoning-gym's default one says "When an example is provided, you should strictly
 follow the format of the output/answer in that example").
 
-Why: SmolLM2-135M-Instruct never writes the `<answer>` tag from the system prompt alone (0 of 60 greedy answers on
-gcd and leg_counting under reasoning-gym's prompt and four rewordings of it, docs/benchmarks.md), so every answer
-scores 0 and GRPO has no signal; after one demonstration it tags most answers.
+Why: SmolLM2-135M-Instruct never writes the `<answer>` tag from the system prompt alone (0 of 140 greedy answers under
+reasoning-gym's prompt, four rewordings of it and the instruction appended to the question; docs/benchmarks.md,
+"Tasks no one here wrote"), so every answer scores 0 and GRPO has no signal; after one demonstration it tags most.
 
 The demonstration of a dataset is its first training question (never a held-out one: the held-out questions are
 apart from the training ones); that training record is asked with the same demonstration, like every other.
