@@ -7,12 +7,14 @@ sampling, optimizer, schedule, clip, LoRA, reward), its snapshots saved every sp
 left out of the figures; evaluated afterwards by vs_trl.py with our evaluator); writes OUT/result.json: wall and CPU
 seconds of training, the snapshots, and each step's end (time.time(), the snapshots before it taken out).
 
-It never imports the project (whose dependencies are not in this venv): the project's stdlib-only modules it needs
-(the schedule, gsm8k_reward, reasoning-gym entries' decode) are loaded by path.
+It never imports the project's packages (whose dependencies are not in this venv, and whose root is not on sys.path):
+the stdlib-only modules it needs (the schedule, gsm8k_reward, reasoning-gym entries' decode) are loaded from their
+files (`_module`).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 import time
@@ -24,13 +26,17 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _module(rel: str) -> ModuleType:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(rel.replace("/", ".")[:-3], ROOT / rel)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    """The project's module in the file `rel` (areal_core/reward/math.py), imported with its parent packages as bare
+    path entries: no package __init__ runs, and of the project only that file and the modules it imports itself
+    load (gsm8k_reward's are stdlib-only: areal_core/reward/latex.py, math_expr.py)."""
+    parts = rel.removesuffix(".py").split("/")
+    for i in range(1, len(parts)):
+        name = ".".join(parts[:i])
+        if name not in sys.modules:
+            package = ModuleType(name)
+            package.__path__ = [str(ROOT.joinpath(*parts[:i]))]
+            sys.modules[name] = package
+    return importlib.import_module(".".join(parts))
 
 
 def trl_reward(kind: str) -> Callable[..., list[float]]:

@@ -1,5 +1,6 @@
 """benchmarks/vs_trl.py on reasoning-gym (issue 53): the one-shot records both sides are asked, and the TRL side's
-reward, which runs in .venv-trl without the project, equal to our gym_reward on the same samples."""
+reward, which runs in .venv-trl without the project, equal to ours on the same samples (gym_reward; the default job's
+gsm8k_reward)."""
 
 from __future__ import annotations
 
@@ -37,23 +38,51 @@ def test_each_question_follows_one_solved_training_question_of_its_dataset():
     assert not plain & {r["prompt"] for r in held}  # the demonstrations are training questions, never held-out ones
 
 
-def _side_reward(samples: list[tuple[str | list, dict]]) -> list[float]:
-    """The TRL side's reasoning_gym reward, loaded by path in an isolated interpreter (no project on sys.path);
-    fails if it imported the project."""
+# what the TRL side may load of the project: these files, and their folders as bare packages (no __init__ runs)
+SIDE_FILES = {
+    "areal_core/reward/math.py",
+    "areal_core/reward/latex.py",
+    "areal_core/reward/math_expr.py",
+    "task_data/gym_entries.py",
+}
+
+
+def _side_reward(kind: str, completions: list, column: list[str]) -> list[float]:
+    """The TRL side's reward `kind`, loaded by path in an isolated interpreter (the project not on sys.path, as in
+    .venv-trl); fails if it ran a package's __init__ or loaded another file of the project."""
     code = (
         "import importlib.util, json, sys\n"
         f"spec = importlib.util.spec_from_file_location('side', {str(SIDE)!r})\n"
         "side = importlib.util.module_from_spec(spec); spec.loader.exec_module(side)\n"
-        "completions, rg = json.load(sys.stdin)\n"
-        "out = side.trl_reward('reasoning_gym')(completions, rg)\n"
-        "assert not [m for m in sys.modules if m.split('.')[0] == 'areal_core'], 'the TRL side imported the project'\n"
-        "print(json.dumps(out))\n"
+        "completions, column = json.load(sys.stdin)\n"
+        "reward = side.trl_reward(sys.argv[1])\n"
+        "out = reward(completions, column) if sys.argv[1] == 'reasoning_gym' else reward(completions, answer=column)\n"
+        "files = {m: getattr(mod, '__file__', None) for m, mod in sys.modules.items()\n"
+        "         if m.split('.')[0] in ('areal_core', 'task_data')}\n"
+        "print(json.dumps([out, files]))\n"
     )
-    data = [[c for c, _ in samples], [json.dumps(m["reasoning_gym"]) for _, m in samples]]
     out = subprocess.run(
-        [sys.executable, "-I", "-c", code], input=json.dumps(data), capture_output=True, text=True, cwd="/", check=True
+        [sys.executable, "-I", "-c", code, kind],
+        input=json.dumps([completions, column]),
+        capture_output=True,
+        text=True,
+        cwd="/",
+        check=True,
     )
-    return json.loads(out.stdout)
+    rewards, files = json.loads(out.stdout)
+    loaded = {str(Path(f).relative_to(ROOT)) for f in files.values() if f}
+    assert loaded <= SIDE_FILES, f"the TRL side loaded {sorted(loaded - SIDE_FILES)} of the project"
+    return rewards
+
+
+def test_the_trl_side_reward_of_the_default_job_is_gsm8k_reward():
+    from areal_core.reward.math import gsm8k_reward
+
+    samples = [("So 3 + 4 = 7.\n#### 7", "7"), ("#### 8", "7"), ("no answer", "7"), ("#### 1,200", "1200")]
+    completions = [c for c, _ in samples[:-1]] + [[{"role": "assistant", "content": samples[-1][0]}]]
+    rewards = _side_reward("gsm8k", completions, [a for _, a in samples])
+    assert rewards == [gsm8k_reward(c, a) for c, a in samples]
+    assert rewards[0] == 1.0
 
 
 @pytest.mark.parametrize("gym", ["leg_counting", "word_sorting", "arc_1d", "propositional_logic"])
@@ -67,5 +96,8 @@ def test_the_trl_side_reward_is_gym_reward(gym):
             samples.append((text, r["meta"]))
         samples.append(([{"role": "assistant", "content": right}], r["meta"]))  # TRL's conversational completion
     ours = [gym_reward(c if isinstance(c, str) else c[0]["content"], m)[0] for c, m in samples]
-    assert _side_reward(samples) == ours
+    assert (
+        _side_reward("reasoning_gym", [c for c, _ in samples], [json.dumps(m["reasoning_gym"]) for _, m in samples])
+        == ours
+    )
     assert max(ours) > 0  # something scored
