@@ -145,8 +145,11 @@ def seed_data(root: str, seed: int, args: argparse.Namespace, base: list[str]):
     if args.config == DEFAULT_CONFIG:
         store = Store(f"{root}/sft")
     else:
+        from areal_core.run.ownership import read_lease, renew
+
         uri, _ = pipeline.prepare(args.config, [*base, f"seed={seed}", f"store={root}/data-s{seed}"])
         store = Store(uri)
+        renew(store, read_lease(store)[0].run_id, "done")  # prepared only, never run: it may be prepared again
     cfg = load_run_config(store)
     return load_prompts(store, "train"), load_prompts(store, "eval")[: cfg.eval.num_samples], cfg
 
@@ -168,10 +171,10 @@ def before(root: str, init: str, seed: int, data: tuple) -> float:
     """Held-out accuracy of the initial checkpoint on the seed's held-out records (`seed_data`; cached in ROOT)."""
     import torch
 
-    cache = Path(root) / f"before-s{seed}.json"
+    _, records, cfg = data
+    cache = Path(root) / f"before-s{seed}-n{len(records)}-t{cfg.eval.max_new_tokens}.json"
     if cache.exists():
         return json.loads(cache.read_text())["accuracy"]
-    _, records, cfg = data
     torch.set_num_threads(2)
     acc = heldout(init.removeprefix("file://"), cfg, records)
     cache.write_text(json.dumps({"accuracy": acc}))
