@@ -43,7 +43,10 @@ def positional_only(completion, /) -> float:
 
 
 REFUSED = {
-    "wrong_signature": r"wrong_signature\(text: 'str', ref: 'str'\).* requires \['text', 'ref'\].*no caller passes.*expected one of: areal: f\(completion, reference",
+    "wrong_signature": (
+        r"wrong_signature\(text: 'str', ref: 'str'\).* requires \['text', 'ref'\].*no caller passes"
+        r".*expected one of: areal: f\(completion, reference"
+    ),
     "returns_nan": r"returns_nan returned a non-finite reward on 3 of 3",
     "positional_only": r"positional_only\(completion, /\).* takes \['completion'\] positionally only",
     "no_such_function": r"cannot import 'tests.test_preflight_reward:no_such_function'",
