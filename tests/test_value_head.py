@@ -19,7 +19,7 @@ from areal_core.run.launcher import launch
 from areal_core.store import Store
 from areal_core.train import advantages as A
 from areal_core.train.algorithm import compute_loss
-from areal_core.train.value_head import CRITIC_FILE, Critic, ValueModel
+from areal_core.train.value_head import CRITIC_FILE, CRITIC_OPTIMIZER_FILE, Critic, ValueModel
 from tests.conftest import ROOT
 
 TINY_MODEL = SimpleNamespace(
@@ -130,6 +130,27 @@ def test_critic_checkpoint_round_trip(tmp_path):
     assert d.optimizer.state_dict()["state"][0]["step"] == 1
     with pytest.raises(FileNotFoundError, match="no critic"):
         d.restore(store, 4)
+
+
+class _Planted:
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))  # code run by any unpickler that trusts the bytes
+
+
+def test_a_pickle_planted_as_the_critic_optimizer_state_runs_no_code_on_resume(tmp_path):
+    import pickle
+
+    store = Store(str(tmp_path / "run"))
+    c = critic()
+    c.save(store, 3)
+    marker = tmp_path / "pwned"
+    store.write_bytes(f"trainer/checkpoints/step-000003/{CRITIC_OPTIMIZER_FILE}", pickle.dumps(_Planted(str(marker))))
+    with pytest.raises(ValueError, match="is not a weights-only optimizer state; refused"):
+        critic().restore(store, 3)
+    assert not marker.exists()
 
 
 def _run(tiny_overrides: list[str], preset: str) -> Store:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import io
 import math
+import pickle
 from typing import Any
 
 import torch
@@ -166,7 +167,9 @@ class Critic:
             )
         dev = next(self.model.parameters()).device
         self.model.load_state_dict({k: v.to(dev) for k, v in st_load(store.read_bytes(critic)).items()})
-        blob = torch.load(
-            io.BytesIO(store.read_bytes(LAYOUT.checkpoint_file(step, CRITIC_OPTIMIZER_FILE))), weights_only=False
-        )
+        rel = LAYOUT.checkpoint_file(step, CRITIC_OPTIMIZER_FILE)
+        try:  # weights_only: a pickle planted in the store must not run code (the state is tensors and numbers)
+            blob = torch.load(io.BytesIO(store.read_bytes(rel)), weights_only=True)
+        except pickle.UnpicklingError as exc:
+            raise ValueError(f"{store.url(rel)} is not a weights-only optimizer state; refused: {exc}"[:500]) from None
         self.optimizer.load_state_dict(blob)
