@@ -5,8 +5,10 @@ maps (offsets that are not monotonic make a later `to_pylist` read out of bounds
 decompresses LZ4/ZSTD bodies before anything can check their size (a 21 KB file inflates to
 1.65 GB). Here the file is read as the stream it contains: every message is bounded by the
 bytes present; a compressed body is refused before it is inflated (the project's writer never
-compresses); each record batch is validated in full (`RecordBatch.validate(full=True)`) before
-any value is read; the row count is capped.
+compresses) or, for a user's table (`max_inflated`), admitted only while the sizes its buffers
+declare stay within a budget (Arrow inflates each buffer into exactly its declared size); each
+record batch is validated in full (`RecordBatch.validate(full=True)`) before any value is read;
+the row count is capped.
 """
 
 from __future__ import annotations
@@ -50,14 +52,54 @@ def is_compressed(metadata: bytes) -> bool:
     return _field(metadata, batch, 3) is not None
 
 
-def read_ipc_file(data: bytes, max_rows: int) -> pa.Table:
-    """The table in the IPC file `data`, every batch validated in full; IpcError otherwise."""
+def declared_inflated_bytes(metadata: bytes, body: bytes) -> int:
+    """What a compressed record batch's buffers inflate to, as each declares: Arrow's body
+    compression prefixes every buffer with its uncompressed length (int64, -1: stored as is).
+    RecordBatch.buffers (field 2) is a vector of 16-byte structs (offset, length) into `body`."""
+    root = _u32(metadata, 0)
+    header = _field(metadata, root, 2)
+    if header is None:
+        raise IpcError("record batch message without a header")
+    batch = header + _u32(metadata, header)
+    at = _field(metadata, batch, 2)
+    if at is None:
+        return 0
+    vector = at + _u32(metadata, at)
+    count = _u32(metadata, vector)
+    if vector + 4 + 16 * count > len(metadata):
+        raise IpcError("message metadata is truncated")
+    total = 0
+    for i in range(count):
+        entry = vector + 4 + 16 * i
+        offset, length = (int.from_bytes(metadata[k : k + 8], "little", signed=True) for k in (entry, entry + 8))
+        if length == 0:
+            continue
+        if offset < 0 or length < 8 or offset + length > len(body):
+            raise IpcError("a compressed buffer outside the message body")
+        declared = int.from_bytes(body[offset : offset + 8], "little", signed=True)
+        total += length - 8 if declared == -1 else declared
+    return total
+
+
+def read_ipc_file(data: bytes, max_rows: int, max_inflated: int | None = None) -> pa.Table:
+    """The table in the IPC file `data`, every batch validated in full; IpcError otherwise.
+    `max_inflated`: compressed batches are admitted up to that many declared bytes in all (None:
+    refused)."""
     if len(data) < 12 or data[:6] != MAGIC or data[-6:] != MAGIC:
         raise IpcError(f"not a readable Arrow IPC file ({len(data)} bytes: no ARROW1 magic at both ends)")
+    return _read_messages(data, 8, max_rows, max_inflated)
+
+
+def read_ipc_stream(data: bytes, max_rows: int, max_inflated: int | None = None) -> pa.Table:
+    """The table in the IPC stream `data` (what `datasets.save_to_disk` writes), as `read_ipc_file`."""
+    return _read_messages(data, 0, max_rows, max_inflated)
+
+
+def _read_messages(data: bytes, start: int, max_rows: int, max_inflated: int | None) -> pa.Table:
     try:
-        reader = pa.ipc.MessageReader.open_stream(pa.BufferReader(pa.py_buffer(data)[8:]))
+        reader = pa.ipc.MessageReader.open_stream(pa.BufferReader(pa.py_buffer(data)[start:]))
         schema = pa.ipc.read_schema(reader.read_next_message())
-        batches, rows = [], 0
+        batches, rows, inflated = [], 0, 0
         while True:
             try:
                 message = reader.read_next_message()
@@ -65,8 +107,13 @@ def read_ipc_file(data: bytes, max_rows: int) -> pa.Table:
                 break
             if message.type != "record batch":
                 raise IpcError(f"unexpected {message.type} message (shards hold record batches only)")
-            if is_compressed(message.metadata.to_pybytes()):
-                raise IpcError("a compressed record batch (shards are written uncompressed)")
+            metadata = message.metadata.to_pybytes()
+            if is_compressed(metadata):
+                if max_inflated is None:
+                    raise IpcError("a compressed record batch (shards are written uncompressed)")
+                inflated += declared_inflated_bytes(metadata, message.body.to_pybytes())
+                if inflated > max_inflated:
+                    raise IpcError(f"compressed record batches that inflate past {max_inflated} bytes")
             batch = pa.ipc.read_record_batch(message, schema)
             rows += batch.num_rows
             if rows > max_rows:

