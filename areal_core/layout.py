@@ -97,6 +97,7 @@ class Layout:
     trainer/metrics.jsonl, trainer/discarded_groups.json, trainer/live_settled.json,
       trainer/promotions.json
     status/{role}-{id}.json                       heartbeats
+    weights_faults/{id}.json, readers_retired/{id}.json  a reader's failing version; a reader out of the run
     events/{role}-{id}/{seq:08d}.jsonl            timing events, appended in batched parts (events.py)
     LEASE.json                                    the owning run: run id, host/pid, heartbeat (run/ownership.py)
     quarantine/{path with / as __}                shards that failed to parse, + .reason.json
@@ -144,6 +145,7 @@ class Layout:
     lease = "LEASE.json"  # who owns the root; kept across runs (a new run replaces it, run/ownership.py)
     writers_dir = "writers"  # one claim per shard writer id (writer_claim.py)
     weights_faults_dir = "weights_faults"  # a reader's report of a version it cannot load (weights/faults.py)
+    readers_retired_dir = "readers_retired"  # a reader taken out of the run (weights/faults.py)
     tracking = "tracking.json"
     heldout_answers = "heldout_answers.json"  # evaluate_run: the first held-out questions, answered before/after RL
     init_model = "init_model"  # the policy RL starts from (after SFT), HF format
@@ -174,6 +176,7 @@ class Layout:
         trainer_dir,
         status_dir,
         weights_faults_dir,
+        readers_retired_dir,
         events_dir,
         quarantine_dir,
         done,
@@ -349,6 +352,9 @@ class Layout:
 
     def weights_fault(self, worker_id: str) -> str:
         return f"{self.weights_faults_dir}/{check_name(worker_id, 'worker id')}.json"
+
+    def reader_retired(self, worker_id: str) -> str:
+        return f"{self.readers_retired_dir}/{check_name(worker_id, 'worker id')}.json"
 
     def events_part(self, role: str, worker_id: str, seq: int) -> str:
         return f"{self.events_dir}/{check_name(role, 'role')}-{check_name(worker_id, 'worker id')}/{seq:08d}.jsonl"
