@@ -94,6 +94,7 @@ class Layout:
       + REGRADE.json (request, then summary), changes.parquet, COMMITTED (reward/regrade.py)
     trainer/checkpoints/step-{N:06d}/ + COMMITTED model, optimizer, pending samples, state
     trainer/trained/step-{N:06d}.json             the audit record of one trained step
+    trainer/drops/step-{N:06d}.json               the samples dropped since the previous checkpoint (train/drops.py)
     trainer/metrics.jsonl, trainer/discarded_groups.json, trainer/live_settled.json,
       trainer/promotions.json
     status/{role}-{id}.json                       heartbeats
@@ -134,6 +135,7 @@ class Layout:
     trainer_dir = "trainer"
     checkpoints_dir = f"{trainer_dir}/checkpoints"
     trained_dir = f"{trainer_dir}/trained"
+    drops_dir = f"{trainer_dir}/drops"  # the drop records, one file per checkpoint (train/drops.py)
     metrics = f"{trainer_dir}/metrics.jsonl"
     discarded_groups = f"{trainer_dir}/discarded_groups.json"  # {"groups": D}: admission given back by the trainer
     promotions = f"{trainer_dir}/promotions.json"  # continuous mode: the gate's offers and the score to beat
@@ -328,6 +330,14 @@ class Layout:
     def trained_step(self, name: str) -> int | None:
         """'step-000012.json' (an entry of trainer/trained/) -> 12; None for anything else."""
         return self._numbered(name.removesuffix(".json"), self.step_prefix) if name.endswith(".json") else None
+
+    def drop_record(self, step: int) -> str:
+        """The samples dropped since the previous checkpoint, written with checkpoint `step`."""
+        return f"{self.drops_dir}/{self.step_prefix}{step:06d}.json"
+
+    def drop_step(self, name: str) -> int | None:
+        """'step-000012.json' (an entry of trainer/drops/) -> 12; None for anything else."""
+        return self.trained_step(name)
 
     def fork_child(self, child_id: str) -> str:
         """In a forked run: the record of one fork made of it."""

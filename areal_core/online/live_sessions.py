@@ -112,13 +112,14 @@ class LiveSessions(GradedShards):
             self.left_out += len(out_of_range)
             self._settle(out_of_range)
             self.ev.emit("drop", reason="inadmissible", n=len(out_of_range))
+            self.drops.record("inadmissible", out_of_range, state.version)
         if len(rows) < self.rows:  # too few to screen yet: a lone row is never a group of its own
             self._hold(rows)
             return Batch(None, times=(t0, t1, time.time()))
         pool = GroupBuffer()
         pool.add(regroup(rows, f"live-{state.step}"))
         tc, dynamic = self.cfg.train, self.cfg.algo.dynamic_sampling
-        out = screen(pool, state.version, tc.eta, state.abandoned, dynamic, self.counters, self.ev)
+        out = screen(pool, state.version, tc.eta, state.abandoned, dynamic, self.counters, self.ev, self.drops)
         self._settle(out.untrained())
         arrival = {s.identity(): i for i, s in enumerate(rows)}  # the oldest first, then first come
         kept = sorted(pool.samples(), key=lambda s: (s.min_version(), arrival[s.identity()]))

@@ -61,10 +61,13 @@ class SessionBatches(BatchSource):
         low, high = cfg.agent.reward_min, cfg.agent.reward_max
         kept = [s for s in samples if admissible(s, low, high)]
         self.left_out = len(samples) - len(kept)
+        self._unrecorded = [s for s in samples if not admissible(s, low, high)]  # recorded at the first batch
         if self.left_out:
             log.warning("online retraining: %d rows with a reward outside [%g, %g] left out", self.left_out, low, high)
         bounds = update_bounds(len(kept), cfg) if kept else [0]
         self.batches = [regroup(kept[a:b], f"online-{i}") for i, (a, b) in enumerate(zip(bounds, bounds[1:]))]
 
     def next_batch(self, state: TrainerState) -> Batch | None:
+        state.drops.record("inadmissible", self._unrecorded, state.version)
+        self._unrecorded = []
         return Batch(self.batches.pop(0)) if self.batches else None

@@ -32,6 +32,7 @@ from areal_core.protocol import (
 )
 from areal_core.store import Store, UnreadableObject
 from areal_core.train.counters import TrainerCounters
+from areal_core.train.drops import DropLog
 from areal_core.weights.publisher import state_dict_bytes
 
 MODEL_FILE = "model.safetensors"
@@ -54,6 +55,7 @@ class TrainerState:
     abandoned: list[list[int]] = field(default_factory=list)
     seen: list[str] = field(default_factory=list)  # identities of the consumed samples (in SEEN_FILE)
     settled: dict[str, int] = field(default_factory=dict)  # online: live session rows settled per proxy
+    drops: DropLog = field(default_factory=DropLog)  # dropped since the last checkpoint (in trainer/drops/, not here)
 
 
 def save(
@@ -89,6 +91,7 @@ def save(
     files[OPTIMIZER_FILE] = buf.getvalue()
     files[PENDING_FILE] = encode_shard(pending) if pending else b""
     record = asdict(state)  # the counters as a plain dict
+    record.pop("drops")  # written beside, as trainer/drops/step-{N}.json (train/drops.py)
     files[SEEN_FILE] = encode_identities(record.pop("seen"))
     files[STATE_FILE] = json.dumps(record, indent=1, sort_keys=True).encode()
     for name, data in files.items():
@@ -98,6 +101,7 @@ def save(
         if name not in files and name not in (MANIFEST_NAME, LAYOUT.committed_name):
             files[name] = store.read_bytes(rel)
     store.write_json(LAYOUT.checkpoint_file(step, MANIFEST_NAME), make_manifest(files, step=step))
+    state.drops.commit(store, step)  # before COMMITTED: a checkpoint that never commits leaves it to discard
     store.write_text(LAYOUT.committed(LAYOUT.checkpoint_dir(step)), str(step))
     for old in committed_steps(store)[:-keep]:
         store.delete(LAYOUT.checkpoint_dir(old), recursive=True)
@@ -184,6 +188,7 @@ def _load(
     optimizer.load_state_dict(blob["optimizer"])
     torch.set_rng_state(blob["rng"])
     record = store.read_json(LAYOUT.checkpoint_file(step, STATE_FILE))
+    record.pop("drops", None)  # never saved here (trainer/drops/): a planted key cannot replace the log
     settled = {str(k): int(v) for k, v in dict(record.get("settled") or {}).items()}
     counters = TrainerCounters.from_json(record.get("counters"))
     state = TrainerState(**{**record, "counters": counters, "settled": settled})

@@ -31,6 +31,7 @@ from areal_core.train.backlog import BacklogRecorder
 from areal_core.train.batch import GroupBuffer
 from areal_core.train.checkpoint import TrainerState
 from areal_core.train.counters import TrainerCounters
+from areal_core.train.drops import DropLog
 from areal_core.train.lineage import holds_version_in
 
 log = logging.getLogger("areal.trainer")
@@ -84,12 +85,13 @@ def screen(
     dynamic_sampling: bool,
     counters: TrainerCounters,
     events: EventLog,
+    drops: DropLog,
 ) -> Screened:
     """Remove from `buffer` what the trainer producing version+1 must not train: samples of an
     abandoned version, samples with a token older than version − η (groups left with < 2 samples
     go whole), samples the reward skipped (every reward function returned None: TRL's
     convention; reward/signatures.py), and under DAPO's dynamic sampling the groups whose rewards
-    are all equal."""
+    are all equal. Each sample removed gets a drop record (train/drops.py)."""
     abandoned = buffer.drop_where(lambda s: holds_version_in(s, abandoned_ranges)) if abandoned_ranges else []
     skipped = _drop_skipped(buffer)
     if skipped:
@@ -97,6 +99,9 @@ def screen(
         events.emit("drop", reason="reward_skipped", n=len(skipped))
     dropped = buffer.drop_stale(version, eta)
     filtered = buffer.drop_uninformative() if dynamic_sampling else []
+    removed = {"abandoned_version": abandoned, "reward_skipped": skipped, "stale": dropped, "uninformative": filtered}
+    for reason, samples in removed.items():
+        drops.record(reason, samples, version)
     if filtered:
         groups = len({s.group_id for s in filtered})
         counters.filtered_groups += groups
@@ -145,7 +150,8 @@ class GradedShards(BatchSource):
         self.store, self.cfg, self.ev, self.fork, self.limits = store, cfg, events, fork, limits
         self.image_roots = image_roots(store) if cfg.model.kind == "vlm" else None  # a fork's parents hold images too
         self.check: Callable[[Sample], str | None] | None = None  # a VLM's PlaceholderCheck (run_trainer sets it)
-        self.counters = state.counters
+        self.counters, self.drops = state.counters, state.drops
+        self._trainer_version = state.version  # the version the last ingest read for (a duplicate's record)
         self.consumed = set(state.consumed)
         # the graded layer from a cursor per worker: a poll lists what is new, not the run
         self.feed = ShardFeed(store, LAYOUT.graded_dir, handled=self.consumed, gaps=ungraded_gaps(store))
@@ -158,6 +164,7 @@ class GradedShards(BatchSource):
         """Read the shards not read yet into the buffer; returns how many of the root's own were new.
         `version`: the trainer's; a shard with a policy token of a later version is quarantined
         (no rollout can have sampled with weights not yet published)."""
+        self._trainer_version = self._trainer_version if version is None else version
         new = [p for p in self.feed.poll() if p not in self.consumed]
         self._backlog(self.feed, new, len(self.buffer))
         for rel in self.fork.unread(self.consumed) if self.fork else []:
@@ -186,6 +193,8 @@ class GradedShards(BatchSource):
             n = len(samples) - len(fresh)
             self.counters.duplicate_samples += n
             self.ev.emit("drop", reason="duplicate", n=n)
+            kept = {id(s) for s in fresh}
+            self.drops.record("duplicate", [s for s in samples if id(s) not in kept], self._trainer_version)
             log.warning("shard %s: %d samples already consumed, skipped", rel, n)
         self.buffer.add(fresh)
 
@@ -195,7 +204,7 @@ class GradedShards(BatchSource):
         t1 = time.time()
         tc = self.cfg.train
         dynamic = self.cfg.algo.dynamic_sampling
-        out = screen(self.buffer, state.version, tc.eta, state.abandoned, dynamic, self.counters, self.ev)
+        out = screen(self.buffer, state.version, tc.eta, state.abandoned, dynamic, self.counters, self.ev, self.drops)
         self._give_back_admission(out.untrained())
         samples = self.buffer.take(tc.batch_groups)
         return Batch(samples, out.dropped, out.abandoned, times=(t0, t1, time.time()))
@@ -233,7 +242,8 @@ class RecordedBatches(BatchSource):
         buffer = GroupBuffer()
         buffer.add(samples)
         version = rec["trainer_version"]
-        out = screen(buffer, version, self.cfg.train.eta, [], self.cfg.algo.dynamic_sampling, state.counters, self.ev)
+        dynamic = self.cfg.algo.dynamic_sampling
+        out = screen(buffer, version, self.cfg.train.eta, [], dynamic, state.counters, self.ev, state.drops)
         kept = buffer.samples()
         if not kept:
             self.skipped.append(rec["step"])

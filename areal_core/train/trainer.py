@@ -37,6 +37,7 @@ from areal_core.store import Store
 from areal_core.train import checkpoint, lora
 from areal_core.train.audit import audit_record
 from areal_core.train.distributed import full_state_dict, indexed_optimizer_state, state_dict_bytes_rank0
+from areal_core.train.drops import discard_after
 from areal_core.train.metrics_file import MetricsFile
 from areal_core.train.parts import TrainerParts
 from areal_core.train.schedule import set_lr
@@ -96,8 +97,11 @@ class Trainer:
         self._images: ImageCache | None = None  # a VLM's decoded images by id
 
     def start(self) -> None:
-        """Tell the sink the trainer begins, once (a run publishes its resumed version). Collective."""
+        """Tell the sink the trainer begins, once (a run publishes its resumed version). Collective.
+        Drop records of checkpoints after the resumed one are deleted: their drops are made again."""
         if not self._started:
+            if self.dist.is_main:
+                discard_after(self.store, self.state.step)
             self.sink.start(self)
         self._started = True
 
@@ -333,6 +337,7 @@ class Trainer:
             save_pretrained(model, self.tokenizer, tmp, dtype)
             self.store.put_dir(tmp, LAYOUT.final_model)
         self.store.write_json(LAYOUT.committed(LAYOUT.final_model), {"step": st.step, "version": st.version})
+        st.drops.commit(self.store, st.step)  # the drops after the last checkpoint (a source exhausted early)
         done = {"step": st.step, "version": st.version, "counters": st.counters.to_json()}
         self.store.write_json(LAYOUT.done, {**done, "world_size": self.dist.world_size})
         log.info("DONE at step %d", st.step)
