@@ -5,7 +5,8 @@ side may have started at most (v + η + 1)·B + D groups in all, where D counts 
 trainer discarded without training them (DAPO's all-equal groups, hard-bound drops): like
 AReaL's StalenessManager, only groups that can still be trained hold admission. Without D, a
 trainer that filters groups waits for a refill that admission never starts. A worker w of W
-owns its share.
+owns its share; a worker taken out of the run (weights/faults.py) keeps the groups it held and
+the live workers share the rest.
 
 Hard bound (checked by the trainer when consuming): the step that produces version v+1
 trains only on tokens whose version is >= v − η.
@@ -14,7 +15,7 @@ trains only on tokens whose version is >= v − η.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 
 def admission_capacity(version: int, eta: int, batch_groups: int, discarded: int = 0) -> int:
@@ -28,6 +29,17 @@ def worker_share(total: int, worker_index: int, num_workers: int) -> int:
     return base + (1 if worker_index < rest else 0)
 
 
+def live_worker_share(total: int, worker_index: int, num_workers: int, retired: Mapping[int, int]) -> int:
+    """Worker w's part of `total` when the workers in `retired` (index -> the groups it held when it
+    stopped) left the run: theirs stays theirs, the rest is split among the live workers,
+    `worker_share(total − Σ retired, rank of w among the live, W − |retired|)`."""
+    gone = {i: n for i, n in retired.items() if 0 <= i < num_workers and i != worker_index}
+    if not gone:
+        return worker_share(total, worker_index, num_workers)
+    live = [i for i in range(num_workers) if i not in gone]
+    return worker_share(max(0, total - sum(gone.values())), live.index(worker_index), len(live))
+
+
 def groups_admissible(
     started: int,
     version: int,
@@ -36,10 +48,11 @@ def groups_admissible(
     worker_index: int,
     num_workers: int,
     discarded: int = 0,
+    retired: Mapping[int, int] | None = None,
 ) -> int:
-    """How many more groups worker `worker_index` may start now (>= 0)."""
-    cap = worker_share(admission_capacity(version, eta, batch_groups, discarded), worker_index, num_workers)
-    return max(0, cap - started)
+    """How many more groups worker `worker_index` may start now (>= 0); `retired`: live_worker_share."""
+    total = admission_capacity(version, eta, batch_groups, discarded)
+    return max(0, live_worker_share(total, worker_index, num_workers, retired or {}) - started)
 
 
 def sessions_admissible(written: int, settled: int, eta: int, batch_rows: int) -> int:

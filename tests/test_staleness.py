@@ -11,6 +11,7 @@ from areal_core.staleness import (
     admission_capacity,
     groups_admissible,
     is_fresh,
+    live_worker_share,
     min_allowed_version,
     staleness_histogram,
     worker_share,
@@ -42,6 +43,29 @@ def test_worker_shares_split_the_total():
     shares = [worker_share(10, i, 3) for i in range(3)]
     assert shares == [4, 3, 3] and sum(shares) == 10
     assert sum(groups_admissible(0, 1, 1, 5, i, 4) for i in range(4)) == 15
+
+
+def test_a_retired_workers_share_goes_to_the_live_workers():
+    # W = 3, 20 groups in all; worker 1 left holding 4: the other 16 split between workers 0 and 2
+    assert [live_worker_share(20, i, 3, {1: 4}) for i in (0, 2)] == [8, 8]
+    assert [live_worker_share(21, i, 3, {}) for i in range(3)] == [7, 7, 7]  # none retired: as before
+    assert live_worker_share(20, 0, 3, {1: 4, 2: 5}) == 11  # the last one left: all the others do not hold
+    assert groups_admissible(8, 1, 1, 4, 0, 2) == 0  # (1 + 1 + 1)·4 = 12 over 2: worker 0 is blocked
+    assert groups_admissible(8, 1, 1, 4, 0, 2, retired={1: 0}) == 4  # worker 1 left holding none
+
+
+def test_a_blocked_worker_reads_the_retired_workers_and_starts_their_share(tmp_path):
+    retired: dict[int, int] = {}
+    clock = Clock()
+    kw = dict(num_prompts=50, seed=1, batch_groups=4, eta=0, worker_index=0, num_workers=2)
+    adm = Admission(**kw, read_retired=lambda: dict(retired), reread_every_s=1.0, clock=lambda: clock.t)
+    for _ in range(adm.room(0)):
+        adm.start()
+    assert adm.started == 2 and adm.room(0) == 0
+    retired[1] = 0  # worker 1 is out of the run, holding no group
+    assert adm.room(0) == 0  # read again only after reread_every_s
+    clock.t = 1.0
+    assert adm.room(0) == 2 and adm.retired == {1: 0}
 
 
 def test_hard_bound():

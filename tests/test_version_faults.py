@@ -21,24 +21,31 @@ from areal_core.run.launcher import start_role
 from areal_core.store import Store
 from areal_core.train.run_trainer import build_run_trainer
 from areal_core.train.sinks import PublishingSink
-from areal_core.weights import DELTA_FILE, WEIGHTS_FILE
+from areal_core.weights import DELTA_FILE, WEIGHTS_FILE, WeightsError
 from areal_core.weights.faults import (
     MAX_REPAIRS,
     REPORT_AFTER,
-    STOP_AFTER,
+    RESTART_AFTER,
+    RETIRE_AFTER,
+    Decision,
     RepairPolicy,
     Report,
     Reporter,
     VersionCheck,
     VersionUnloadable,
+    check_readers_left,
     report_due,
     reports,
+    retire,
+    retired_groups,
     verify_version,
 )
 from areal_core.weights.publisher import WeightPublisher
-from areal_core.weights.reader import load_weights_bytes
+from areal_core.weights.reader import load_state_dict, load_weights_bytes
 from areal_core.weights.watcher import WeightWatcher
 from tests.test_fault import assert_every_sample_accounted, kill_tree
+
+WAIT, REPAIR = Decision("wait"), Decision("repair")
 
 
 def flip(store: Store, version: int) -> None:
@@ -61,27 +68,82 @@ def test_a_reader_reports_at_three_failures_and_each_doubling():
 def test_the_policy_repairs_a_failing_version_then_stops_with_the_reason():
     policy = RepairPolicy()
     failing = [Report("rollout-0", 7, REPORT_AFTER, "weights v7: model.safetensors fails its sha256 check")]
-    assert policy.decide(7, [], lambda v: "bad") == "wait"
-    assert policy.decide(7, [Report("rollout-0", 7, REPORT_AFTER - 1, "x")], lambda v: "bad") == "wait"
-    assert policy.decide(6, failing, lambda v: "bad") == "wait"  # a version newer than the trainer's: forged
-    assert policy.decide(8, failing, lambda v: None) == "wait"  # an older version's: the newest verifies
-    assert policy.decide(8, failing, lambda v: "chain") == "repair"  # a chain broken below it fails the newest too
+    assert policy.decide(7, [], lambda v: "bad") == WAIT
+    assert policy.decide(7, [Report("rollout-0", 7, REPORT_AFTER - 1, "x")], lambda v: "bad") == WAIT
+    assert policy.decide(6, failing, lambda v: "bad") == WAIT  # a version newer than the trainer's: forged
+    assert policy.decide(8, failing, lambda v: None) == WAIT  # an older version's: the newest verifies
+    assert policy.decide(8, failing, lambda v: "chain") == REPAIR  # a chain broken below it fails the newest too
     for _ in range(MAX_REPAIRS):
-        assert policy.decide(7, failing, lambda v: "sha256 mismatch") == "repair"
+        assert policy.decide(7, failing, lambda v: "sha256 mismatch") == REPAIR
         policy.repaired(7)
     with pytest.raises(VersionUnloadable, match=r"v7 still fails its check after 2 republications.*rollout-0"):
         policy.decide(7, failing, lambda v: "sha256 mismatch")
-    # verifies in the store, the reader still fails: its own problem, waited for, then the run stops
-    assert policy.decide(9, [Report("rollout-1", 9, STOP_AFTER - 1, "engine")], lambda v: None) == "wait"
-    with pytest.raises(VersionUnloadable, match=r"v9 passes its check in the store but rollout-1 failed.*engine"):
-        policy.decide(9, [Report("rollout-1", 9, STOP_AFTER, "engine")], lambda v: None)
-    # a report at the stop count from before this trainer started (a reader of an earlier attempt, a file
-    # written once by hand) stops nothing until it grows while this trainer watches
+
+
+def test_a_reader_failing_a_version_that_verifies_is_retired_and_the_run_stops_only_when_none_is_left():
+    policy, verifies, readers = RepairPolicy(), lambda v: None, {"rollout-0", "rollout-1"}
+    early = Report("rollout-1", 9, RETIRE_AFTER - 1, "engine")
+    assert policy.decide(9, [early], verifies) == WAIT and not policy.retired
+    stuck = Report("rollout-1", 9, RETIRE_AFTER, "engine")
+    assert policy.decide(9, [stuck], verifies) == Decision("wait", (stuck,))  # retired, not a stop
+    assert policy.retired == {"rollout-1": stuck}
+    check_readers_left(readers, policy.retired)  # rollout-0 goes on
+    # a retired reader's report counts no more: it is not retired twice, nor repaired for
+    assert policy.decide(9, [Report("rollout-1", 9, 4 * RETIRE_AFTER, "engine")], lambda v: "bad") == WAIT
+    # a version the trainer's own check fails is still repaired, whoever reports it
+    assert policy.decide(9, [Report("rollout-0", 9, REPORT_AFTER, "disk")], lambda v: "bad") == REPAIR
+    last = Report("rollout-0", 9, RETIRE_AFTER, "disk")
+    assert policy.decide(9, [last], verifies) == Decision("wait", (last,))
+    with pytest.raises(VersionUnloadable, match=r"no reader is left: rollout-0, rollout-1 retired.*v9 passes"):
+        check_readers_left(readers, policy.retired)
+    check_readers_left({*readers, "proxy-0"}, policy.retired)  # a reader not retired: the run goes on
+    # a report at the retirement count from before this trainer started (a reader of an earlier attempt,
+    # a file written once by hand) retires nothing until it grows while this trainer watches
     fresh = RepairPolicy()
-    assert fresh.decide(9, [Report("rollout-2", 9, 2 * STOP_AFTER, "old")], lambda v: None) == "wait"
-    assert fresh.decide(9, [Report("rollout-2", 9, 2 * STOP_AFTER, "old")], lambda v: None) == "wait"
-    with pytest.raises(VersionUnloadable, match="rollout-2 failed to load it 96 times"):
-        fresh.decide(9, [Report("rollout-2", 9, 4 * STOP_AFTER, "now")], lambda v: None)
+    assert fresh.decide(9, [Report("rollout-2", 9, 2 * RETIRE_AFTER, "old")], verifies) == WAIT
+    assert fresh.decide(9, [Report("rollout-2", 9, 2 * RETIRE_AFTER, "old")], verifies) == WAIT
+    assert fresh.decide(9, [Report("rollout-2", 9, 4 * RETIRE_AFTER, "now")], verifies).retire[0].error == "now"
+
+
+def test_a_reader_restarts_its_loader_once_then_stops_when_retired(tmp_path):
+    store, restarts, stopped = Store(str(tmp_path)), [], []
+    store.write_json(LAYOUT.reader_retired("rollout-1"), {"worker": "rollout-1", "groups": 3})  # an earlier process's
+    reporter = Reporter(store, "rollout-1", restart=lambda: restarts.append(1), on_retired=lambda: stopped.append(1))
+    assert retired_groups(store) == {}  # a new process starts afresh
+    for n in range(1, RETIRE_AFTER + REPORT_AFTER + 1):
+        reporter.failed(5, n, WeightsError("bad"))
+    assert restarts == [1] and stopped == [] and reporter.retired is None  # the trainer has not retired it
+    retire(store, Report("rollout-1", 5, RETIRE_AFTER, "bad"))
+    for n in range(RETIRE_AFTER + REPORT_AFTER + 1, RETIRE_AFTER + 2 * REPORT_AFTER + 1):
+        reporter.failed(5, n, WeightsError("bad"))
+    assert stopped == [1] and reporter.retired["version"] == 5 and restarts == [1]
+    assert retired_groups(store) == {}  # stopping: its groups are not final yet
+    reporter.retire(4)
+    assert retired_groups(store) == {"rollout-1": 4} and reports(store) == []
+
+
+def test_a_restart_clears_a_corrupt_cache_of_the_reader(tmp_path):
+    """A reader whose kept delta base went bad (a flipped bit in memory) fails every newer delta
+    version, which verifies in the store; its restart at RESTART_AFTER drops the cache and the next
+    try loads the version from the store."""
+    from areal_core.rollout.worker import restart_loader
+    from areal_core.weights import reader
+
+    store = Store(str(tmp_path))
+    pub = WeightPublisher(store, {}, delta=True, full_every=8)
+    pub.publish(0, weights(0))
+    pub.publish(1, weights(1))
+    load_state_dict(store, 0)
+    version, kept = reader._last_loaded[store.uri]
+    reader._last_loaded[store.uri] = (version, kept[:-1] + bytes([kept[-1] ^ 1]))
+    reporter = Reporter(store, "rollout-0", restart=lambda: restart_loader(store, None))
+    for n in range(1, 2 * RESTART_AFTER):
+        try:
+            load_state_dict(store, 1)
+            break
+        except WeightsError as exc:
+            reporter.failed(1, n, exc)
+    assert n == RESTART_AFTER + 1 and reporter.restarts == 1 and verify_version(store, 1) is None
 
 
 def test_a_new_reader_deletes_the_report_its_ids_earlier_process_left(tmp_path):

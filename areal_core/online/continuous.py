@@ -70,9 +70,11 @@ def run_continuous(run_uri: str, sft_checkpoint: str) -> dict:
 
 def promotion_gate(store: Store, cfg) -> dict:
     """build_run_trainer's `evaluate` and `make_sink` for `online.promote_every` > 0 (a PromotingSink
-    on the run's registry), else nothing: every version is published, none offered."""
-    if not cfg.online.promote_every:
-        return {}
+    on the run's registry), else a PublishingSink: every version is published, none offered."""
+    if not cfg.online.promote_every:  # its readers are the proxies writing sessions (weights/faults.py)
+        from areal_core.train.sinks import PublishingSink
+
+        return {"make_sink": lambda publisher: PublishingSink(publisher, readers=())}
     from areal_core.evaluate import heldout_score
     from areal_core.online.promotion import PromotingSink, PromotionGate
     from areal_core.prompts import load_prompts

@@ -173,7 +173,7 @@ class PromotingSink(PublishingSink):
     """Publishes every version as the run does; every `every` steps offers it to `gate`."""
 
     def __init__(self, publisher: WeightPublisher, gate: PromotionGate, every: int):
-        super().__init__(publisher)
+        super().__init__(publisher, readers=())  # continuous mode: the proxies writing sessions
         self.gate, self.every = gate, every
 
     def start(self, trainer: Trainer) -> None:

@@ -40,7 +40,7 @@ from areal_core.store import Store
 from areal_core.weights import WEIGHTS_FILE, WeightsError, sha256
 from areal_core.weights.faults import Reporter
 from areal_core.weights.publisher import publish
-from areal_core.weights.reader import read_manifest
+from areal_core.weights.reader import forget, read_manifest
 from areal_core.weights.watcher import WeightWatcher
 
 log = logging.getLogger("areal.proxy")
@@ -284,9 +284,10 @@ class Follower:
         self.source, self.engine = source, engine
         self.delivered: list[dict[str, Any]] = []  # the versions handed to the engine, in order
         # a proxy following a run's weights reports a version it cannot load to that run's trainer
-        # (weights/faults.py), which republishes it or stops the run
+        # (weights/faults.py), which republishes it, or retires the proxy (it stops following, and
+        # /health says ok false) when the version verifies in the store and only this proxy fails it
         run = isinstance(source, RunWeights) and worker_id
-        self.faults = Reporter(source.store, worker_id) if run else None
+        self.faults = Reporter(source.store, worker_id, self._restart, self._retired) if run else None
         on_failure = self.faults.failed if self.faults is not None else None
         # the watcher reads only `latest_version()`, which every source has
         self.watcher = WeightWatcher(
@@ -304,6 +305,17 @@ class Follower:
         entry = {"version": version, "model_version": self.label(version), "time": time.time()}
         self.delivered = [*self.delivered[-15:], entry]  # one assignment: /health reads it from another thread
 
+    def _restart(self) -> None:
+        forget(self.source.store)
+        clear = getattr(self.engine, "clear_weight_cache", None)
+        if clear is not None:
+            clear()
+
+    def _retired(self) -> None:
+        """Called on the watcher's thread: it stops after this poll."""
+        self.watcher.halt()
+        self.faults.retire(0)  # type: ignore[union-attr]
+
     def start(self) -> Follower:
         if self.source.follows:
             self.watcher.start()
@@ -317,8 +329,9 @@ class Follower:
         return self.source.label(version)
 
     def healthy(self) -> bool:
-        """False once the watcher stopped on an error (e.g. the engine failed to load a version)."""
-        return self.watcher.error is None
+        """False once the watcher stopped on an error (e.g. the engine failed to load a version) or
+        the run's trainer retired this proxy."""
+        return self.watcher.error is None and (self.faults is None or self.faults.retired is None)
 
     def describe(self) -> dict[str, Any]:
         v = self.engine.version
@@ -328,5 +341,6 @@ class Follower:
             "model_version": self.label(v),
             "following": self.source.follows and self.watcher.alive(),
             "error": None if self.watcher.error is None else repr(self.watcher.error),
+            "retired": self.faults is not None and self.faults.retired is not None,
             "delivered": self.delivered[-4:],
         }

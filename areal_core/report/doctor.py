@@ -204,6 +204,20 @@ def _health(records: list[dict[str, Any]], rows: Sequence[dict[str, Any]], stall
                 "check the store for damage (a flipped byte, a bad disk, a proxy rewriting objects)",
             )
         )
+    for r in (r for r in records if r.get("kind") == "reader_retired"):
+        worker = str(r.get("worker", "?"))
+        out.append(
+            Finding(
+                "health",
+                worker.split("-")[0],
+                f"{worker} was taken out of the run",
+                f"it failed to load weights v{r.get('version', '?')} {r.get('failures', '?')} times in a row, "
+                f"restarted with its cache cleared, though the version verifies in the store: "
+                f"{str(r.get('error', ''))[:300]}",
+                f"the fault is {worker}'s own (its disk, memory, network or engine): replace its pod; the other "
+                "readers went on",
+            )
+        )
     trained, dropped = dropped_share(records)
     if dropped > DROP_FRAC * (trained + dropped) > 0:
         out.append(

@@ -6,6 +6,8 @@ may start now.
 - Discarded credit D (groups the trainer discarded untrained give their admission back): read
   once at start, then re-read only while blocked, at most once every `reread_every_s` (five
   polls), so a blocked worker costs the store one small read per five polls, not one per poll.
+  The workers taken out of the run (`read_retired`: index -> the groups each held) are read
+  with it: the live workers share what the retired do not hold (`staleness.live_worker_share`).
 - Prompt order: a fixed shuffle of the prompt set, interleaved across workers; the prompt of
   group g is a pure function of (seed, worker, g), so a restarted worker continues with the
   same prompts.
@@ -31,6 +33,7 @@ from areal_core.layout import LAYOUT
 from areal_core.protocol import decode_shard
 from areal_core.staleness import groups_admissible
 from areal_core.store import Store
+from areal_core.weights.faults import retired_groups
 
 UNLIMITED = 1 << 30  # room when admission is off (tests of the hard bound)
 
@@ -89,6 +92,17 @@ def recover_progress(store: Store, worker_id: str) -> Progress:
     return progress
 
 
+def read_retired_workers(store: Store) -> dict[int, int]:
+    """Rollout worker index -> the groups it held when it stopped, of the workers taken out of the
+    run (weights/faults.py); other readers (proxies) hold no groups."""
+    out = {}
+    for worker, groups in retired_groups(store).items():
+        role, _, index = worker.rpartition("-")
+        if role == "rollout" and index.isdigit():
+            out[int(index)] = groups
+    return out
+
+
 class Admission:
     """Admission, discarded credit, prompt order and recovered progress of one rollout worker.
 
@@ -109,6 +123,7 @@ class Admission:
         enabled: bool = True,
         progress: Progress | None = None,
         read_discarded: Callable[[], int] | None = None,
+        read_retired: Callable[[], dict[int, int]] | None = None,
         reread_every_s: float = 0.1,
         clock: Callable[[], float] = time.monotonic,
     ):
@@ -124,6 +139,8 @@ class Admission:
         self.given_back = 0  # started groups dropped by the worker (not in its shards: redone after a restart)
         self.read_discarded, self.reread_every_s, self.clock = read_discarded, reread_every_s, clock
         self.discarded = read_discarded() if read_discarded is not None else 0
+        self.read_retired = read_retired
+        self.retired = read_retired() if read_retired is not None else {}
         self._read_at = clock()
 
     def room(self, version: int) -> int:
@@ -133,11 +150,14 @@ class Admission:
             return UNLIMITED
         held = self.started - self.given_back
         args = (held, version, self.eta, self.batch_groups, self.worker_index, self.num_workers)
-        room = groups_admissible(*args, self.discarded)
-        if room == 0 and self.read_discarded is not None and self.clock() - self._read_at >= self.reread_every_s:
-            self.discarded = self.read_discarded()
+        room = groups_admissible(*args, self.discarded, self.retired)
+        if room == 0 and self.clock() - self._read_at >= self.reread_every_s:
+            if self.read_discarded is not None:
+                self.discarded = self.read_discarded()
+            if self.read_retired is not None:
+                self.retired = self.read_retired()
             self._read_at = self.clock()
-            room = groups_admissible(*args, self.discarded)
+            room = groups_admissible(*args, self.discarded, self.retired)
         return room
 
     def give_back(self, n: int = 1) -> None:

@@ -171,6 +171,11 @@ class RemoteEngine:
         """The staged versions kept after an update."""
         return {version}
 
+    def clear_weight_cache(self) -> None:
+        """Drop every staged version but the one the server holds: a reader restarting its loader
+        (weights/faults.py) stages the next from the store again."""
+        prune_staged(self.staging_dir, {self.version})
+
     def load_version(self, version: int) -> None:
         """RolloutEngine: bring the server to `version` from the store the engine was given."""
         if version == self.version:

@@ -14,6 +14,11 @@ naming the prompt, the heartbeat's `dropped_groups`) and its admission given bac
 goes on. A restarted worker starts that group again and drops it again: never a crash loop.
 Only when `max_bad_in_a_row` groups in a row are bad (the prompt set or images/ is damaged as a
 whole, not one record) does it stop, with `BadPromptSet`.
+
+A worker that cannot load a version which verifies in the store (weights/faults.py) restarts its
+loader once, cache cleared; if the trainer then retires it, it stops starting groups, finishes
+and writes those in flight, records the groups it holds (the live workers share the rest of the
+admission) and exits 0: the run goes on without it.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from areal_core.events import EventLog
 from areal_core.layout import LAYOUT
 from areal_core.prompts import load_prompts
 from areal_core.protocol import Sample, write_shard
-from areal_core.rollout.admission import Admission, group_id, recover_progress
+from areal_core.rollout.admission import Admission, group_id, read_retired_workers, recover_progress
 from areal_core.rollout.async_engine import AsyncEngine
 from areal_core.rollout.factory import build_engine
 from areal_core.rollout.workflow import BadPrompt, RolloutWorkflow, WorkflowContext, load_workflow
@@ -40,6 +45,7 @@ from areal_core.store import Store
 from areal_core.vlm.images import ImageCache
 from areal_core.weights import WeightsError
 from areal_core.weights.faults import Reporter
+from areal_core.weights.reader import forget
 from areal_core.weights.watcher import WeightWatcher
 
 log = logging.getLogger("areal.rollout")
@@ -235,13 +241,22 @@ def _first_engine(
             if n & (n - 1) == 0:
                 log.warning("rollout-%d: weights v%d failed to load (%d in a row): %s", index, version, n, exc)
             faults.failed(version, n, exc)
-            if store.done():  # the run ended meanwhile: nothing to generate for
+            if faults.retired is not None or store.done():  # out of the run, or the run ended: nothing to do
                 return None
             time.sleep(cfg.rollout.poll_interval_s)
             continue
         ev.emit("load", version=version, seconds=round(time.time() - t0, 4))
         faults.loaded()  # never raises
         return engine, tokenizer, version
+
+
+def restart_loader(store: Store, engine: Any | None) -> None:
+    """A reader's restart (weights/faults.py): drop the weights this process keeps of `store` and
+    the versions the engine's server has staged; the next load reads everything from the store."""
+    forget(store)
+    clear = getattr(engine, "clear_weight_cache", None)
+    if clear is not None:
+        clear()
 
 
 def run_rollout_worker(run_uri: str, index: int = 0) -> dict:
@@ -256,11 +271,16 @@ def _run(store: Store, index: int, ev: EventLog) -> dict:
     worker_id = f"rollout-{index}"
     tasks = load_prompts(store, "train")
     ro = cfg.rollout
-    faults = Reporter(store, worker_id)
+    engines: list[Any] = []
+    faults = Reporter(store, worker_id, restart=lambda: restart_loader(store, engines[0] if engines else None))
     first = _first_engine(cfg, store, index, ev, faults)
+    if first is None and faults.retired is not None:
+        faults.retire(len(recover_progress(store, worker_id).groups))
+        return {"worker": worker_id, "retired": faults.retired}
     if first is None:
         return {"worker": worker_id, "stopped": "the run ended before a version loaded"}
     engine, tokenizer, version = first
+    engines.append(engine)
 
     def receive(v: int) -> None:
         t = time.time()
@@ -290,6 +310,7 @@ def _run(store: Store, index: int, ev: EventLog) -> dict:
             enabled=ro.admission,
             progress=progress,
             read_discarded=store.discarded_groups,
+            read_retired=lambda: read_retired_workers(store),
             reread_every_s=5 * ro.poll_interval_s,
         )
         log.info("%s starting at seq=%d groups=%d version=%d", worker_id, progress.next_seq, admission.started, version)
@@ -308,7 +329,11 @@ def _run(store: Store, index: int, ev: EventLog) -> dict:
             check=check,
             events=ev,
         )
-        return asyncio.run(loop.run(stop=store.done))
+        out = asyncio.run(loop.run(stop=lambda: faults.retired is not None or store.done()))
+        if faults.retired is not None:  # the groups in flight are written: what it holds is final
+            faults.retire(admission.started - admission.given_back)
+            out["retired"] = faults.retired
+        return out
     finally:
         if workflow is not None:
             workflow.close()

@@ -16,14 +16,23 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from areal_core.config import RunConfig
 from areal_core.events import EventLog
+from areal_core.layout import LAYOUT
 from areal_core.store import Store
 from areal_core.train.checkpoint import TrainerState
 from areal_core.train.lineage import newest_published, resume_version
-from areal_core.weights.faults import RepairPolicy, VersionCheck, VersionUnloadable, reports
+from areal_core.weights.faults import (
+    RepairPolicy,
+    VersionCheck,
+    VersionUnloadable,
+    check_readers_left,
+    reports,
+    retire,
+)
 from areal_core.weights.publisher import WeightPublisher, prune
 
 log = logging.getLogger("areal.trainer")
@@ -81,8 +90,11 @@ class CheckpointSink(Sink):
 
 
 class PublishingSink(CheckpointSink):
-    def __init__(self, publisher: WeightPublisher):
-        self.publisher = publisher
+    """`readers`: the readers of the versions, whom the run needs one of (weights/faults.py); None:
+    the run's rollout workers; () (continuous online RL: proxies): the session writers found."""
+
+    def __init__(self, publisher: WeightPublisher, readers: Sequence[str] | None = None):
+        self.publisher, self.readers = publisher, readers
         self.repair_policy = RepairPolicy()
         self._check: VersionCheck | None = None
         self._next_fault_check = 0.0
@@ -90,16 +102,16 @@ class PublishingSink(CheckpointSink):
     def while_waiting(self, trainer: Trainer) -> None:
         """The readers' reports of the newest version (weights/faults.py), read at most every
         max(1 s, 10 rollout polls) after the last check ended: a version that fails its check is
-        republished whole; one that cannot be repaired stops the run with the reason
-        (VersionUnloadable on every rank). The check is advice: a store error in it is logged and
-        the trainer goes on waiting."""
+        republished whole; a reader that fails one that verifies is retired; a version that cannot
+        be repaired, or no reader left, stops the run with the reason (VersionUnloadable on every
+        rank). The check is advice: a store error in it is logged and the trainer goes on waiting."""
         decision: tuple[str, str] | None = None
         if trainer.dist.is_main and time.monotonic() >= self._next_fault_check:
             version, store = trainer.state.version, trainer.store
             if self._check is None:
                 self._check = VersionCheck(store)
             try:
-                decision = (self.repair_policy.decide(version, reports(store), self._check), "")
+                decision = (self._decide(trainer), "")
             except VersionUnloadable as exc:
                 decision = ("stop", str(exc))
                 trainer.ev.emit("version_unloadable", version=version, reason=str(exc))
@@ -118,6 +130,25 @@ class PublishingSink(CheckpointSink):
             self.repair_policy.repaired(version)
             seconds = self.publisher.republish(version, trainer.adapter_files() if trainer.lora else blob)
             trainer.ev.emit("republish", version=version, bytes=self.publisher.last_weights_bytes, seconds=seconds)
+
+    def _decide(self, trainer: Trainer) -> str:
+        """The policy's decision on the reports (rank 0); the readers it retires are recorded."""
+        store, version = trainer.store, trainer.state.version
+        found = reports(store)
+        decision = self.repair_policy.decide(version, found, self._check)
+        for r in decision.retire:
+            log.error("%s fails weights v%d, which verifies in the store: retired (%s)", r.worker, r.version, r.error)
+            retire(store, r)
+            trainer.ev.emit("reader_retired", worker=r.worker, version=r.version, failures=r.failures, error=r.error)
+        if self.repair_policy.retired:
+            check_readers_left(self._known_readers(trainer, found), self.repair_policy.retired)
+        return decision.action
+
+    def _known_readers(self, trainer: Trainer, found: list) -> set[str]:
+        if self.readers is None:
+            return {f"rollout-{i}" for i in range(trainer.cfg.rollout.num_workers)}
+        writers = trainer.store.listdir(LAYOUT.ungraded_dir)  # continuous: the proxies' session folders
+        return {*self.readers, *writers, *(r.worker for r in found)}
 
     def start(self, trainer: Trainer) -> None:
         st, dist = trainer.state, trainer.dist

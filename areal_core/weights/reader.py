@@ -145,6 +145,14 @@ def base_tensors(store: Store) -> dict[str, torch.Tensor]:
         return _bases.setdefault(store.uri, tensors)
 
 
+def forget(store: Store) -> None:
+    """Drop what this process keeps of `store`'s weights (the newest delta-run version loaded, the
+    LoRA base): a reader restarting its loader (weights/faults.py) reads everything again."""
+    with _last_lock:
+        _last_loaded.pop(store.uri, None)
+        _bases.pop(store.uri, None)
+
+
 def _adapter_weights(store: Store, version: int, manifest: dict[str, Any]) -> dict[str, torch.Tensor]:
     files = {n: read_version_file(store, version, manifest, n) for n in (ADAPTER_WEIGHTS, ADAPTER_CONFIG)}
     try:

@@ -60,6 +60,10 @@ class WeightWatcher:
         if self._thread.is_alive():
             self._thread.join(timeout=timeout)
 
+    def halt(self) -> None:
+        """Stop polling after the current poll, without waiting (callable on the watcher's own thread)."""
+        self._stop.set()
+
     def alive(self) -> bool:
         return self._thread.is_alive()
 
