@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from areal_core.layout import LAYOUT
 
@@ -129,8 +129,10 @@ def record_prompt(tokenizer: Any, record: dict[str, Any], system: str = "", prom
 
 def load_pretrained(path: str, device: str = "cpu") -> tuple[Any, Any]:
     """(model, tokenizer) from a local folder or an fsspec URI of an HF checkpoint, checked against
-    its MANIFEST.json when it has one (init_model/ does: areal_core/manifest.py). A vision-language
-    folder gives its VisionProcessor as the tokenizer (it answers as one, and holds the image processor)."""
+    its MANIFEST.json when it has one (init_model/ does: areal_core/manifest.py), loaded without
+    running anything it holds (areal_core/hf_load.py). A vision-language folder gives its
+    VisionProcessor as the tokenizer (it answers as one, and holds the image processor)."""
+    from areal_core.hf_load import load_model, load_tokenizer
     from areal_core.logs import quiet_libraries
     from areal_core.manifest import verify_local_dir
 
@@ -142,12 +144,12 @@ def load_pretrained(path: str, device: str = "cpu") -> tuple[Any, Any]:
 
         from areal_core.vlm.processor import VisionProcessor
 
-        model = AutoModelForImageTextToText.from_pretrained(local, dtype=torch.float32).to(device)
+        model = load_model(AutoModelForImageTextToText, local, dtype=torch.float32).to(device)
         return model, VisionProcessor.from_pretrained(local)  # the tokenizer, and the image processor
-    tokenizer = AutoTokenizer.from_pretrained(local)
+    tokenizer = load_tokenizer(local)
     if tokenizer.pad_token_id is None and tokenizer.eos_token is not None:  # base Llama/Mistral: pad with EOS
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(local, dtype=torch.float32).to(device)
+    model = load_model(AutoModelForCausalLM, local, dtype=torch.float32).to(device)
     model.stored_dtype = checkpoint_dtype(local)  # trained in float32; written back as the user stored it
     return model, tokenizer
 

@@ -44,7 +44,7 @@ def checkpoint(out: Path) -> Path:
     path = out / "tiny-qwen2-151936"
     if (path / "config.json").exists():
         return path
-    tok = AutoTokenizer.from_pretrained(resolve("pretrained:smollm2"))
+    tok = AutoTokenizer.from_pretrained(resolve("pretrained:smollm2"), trust_remote_code=False)
     cfg = Qwen2Config(
         vocab_size=151936,
         hidden_size=128,

@@ -87,8 +87,8 @@ def trl_side(spec_path: str) -> None:
 
     lr_factor = _module("areal_core/train/schedule.py").lr_factor
     out = Path(spec["out"])
-    tok = AutoTokenizer.from_pretrained(spec["init"])
-    model = AutoModelForCausalLM.from_pretrained(spec["init"], dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(spec["init"], trust_remote_code=False)  # no code of the folder runs
+    model = AutoModelForCausalLM.from_pretrained(spec["init"], dtype=torch.float32, trust_remote_code=False)
     ids = list(
         tok.apply_chat_template(
             spec["prompts"][0]["prompt"], add_generation_prompt=True, tokenize=True, return_dict=False

@@ -39,6 +39,7 @@ LAYERS: dict[str, int] = {
     "areal_core.context": 2,
     "areal_core.events": 2,
     "areal_core.pretrained": 2,
+    "areal_core.hf_load": 2,  # beside models.py: an HF folder loaded without running its code
     "areal_core.vlm": 2,  # beside models.py: the VLM, its processor, images, multimodal inputs
     "areal_core.shard_feed": 2,  # beside protocol.py: the shards of a layer, listed from a cursor
     "areal_core.writer_claim": 2,  # beside protocol.py: one live writer per shard writer id

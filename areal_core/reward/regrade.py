@@ -245,13 +245,13 @@ def _commit(store: Store, into: str, request: dict[str, Any], report: RegradeRep
 
 
 def _tokenizer(store: Store):
-    from transformers import AutoTokenizer
+    from areal_core.hf_load import load_tokenizer
 
     if store.local:  # no need for models.localize, whose import pulls in the model code (seconds)
-        return AutoTokenizer.from_pretrained(str(store.local_path(LAYOUT.init_model)))
+        return load_tokenizer(str(store.local_path(LAYOUT.init_model)))
     from areal_core.models import localize
 
-    return AutoTokenizer.from_pretrained(localize(store.url(LAYOUT.init_model)))
+    return load_tokenizer(localize(store.url(LAYOUT.init_model)))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -140,16 +140,15 @@ def _bad_labels(rel: str, exc: Exception, reported: set[str], events: EventLog) 
 
 
 def run_reward_worker(run_uri: str, index: int = 0) -> dict:
-    from transformers import AutoConfig, AutoTokenizer
-
+    from areal_core.hf_load import load_config, load_tokenizer
     from areal_core.models import localize
 
     store = Store(run_uri)
     cfg = load_run_config(store)
     num_workers = cfg.reward.num_workers
     references = {r["prompt_id"]: r for r in load_prompts(store)}
-    tokenizer = AutoTokenizer.from_pretrained(localize(store.url(LAYOUT.init_model)))
-    limits = shard_limits_for(AutoConfig.from_pretrained(localize(store.url(LAYOUT.init_model))))
+    tokenizer = load_tokenizer(localize(store.url(LAYOUT.init_model)))
+    limits = shard_limits_for(load_config(localize(store.url(LAYOUT.init_model))))
     done = {LAYOUT.ungraded_twin(p) for p in store.find(LAYOUT.graded_dir, ".arrow")}  # once, at the start
     feed = ShardFeed(store, LAYOUT.ungraded_dir, handled=done)
     graded = 0

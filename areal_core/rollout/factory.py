@@ -29,13 +29,12 @@ log = logging.getLogger("areal.rollout")
 
 def load_tokenizer(path: str) -> Any:
     """The tokenizer of an HF checkpoint folder/URI (a remote engine needs no local model)."""
-    from transformers import AutoTokenizer
-
+    from areal_core.hf_load import load_tokenizer as load_folder_tokenizer
     from areal_core.logs import quiet_libraries
     from areal_core.models import localize
 
     quiet_libraries()
-    return AutoTokenizer.from_pretrained(localize(path))
+    return load_folder_tokenizer(localize(path))
 
 
 def build_engine(cfg: RunConfig, store: Store, version: int, index: int = 0) -> tuple[Any, Any]:

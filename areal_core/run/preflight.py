@@ -42,7 +42,7 @@ AGREEMENT_TOKENS = 12
 PROMPT_LENGTH_PROBES = 64  # the longest training prompts (by characters) tokenized by the prompt_length check
 MAX_WEIGHT_BYTES = 2 * 1024**3  # larger checkpoints are checked without their weights (no agreement check)
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
-SIDE_FILE_SUFFIXES = (".json", ".txt", ".model", ".jinja", ".tiktoken", ".py")  # config and tokenizer files
+SIDE_FILE_SUFFIXES = (".json", ".txt", ".model", ".jinja", ".tiktoken")  # config and tokenizer files (no .py)
 MAX_SIDE_FILE_BYTES = 64 * 1024**2
 
 CHECKS: dict[str, Callable[[Preflight], None]] = {}
@@ -112,8 +112,9 @@ def load_for_checks(path: str) -> tuple[Any, Any, bool]:
     read without its weights)."""
     from pathlib import Path
 
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
+    from areal_core.hf_load import load_config, load_tokenizer
     from areal_core.models import load_pretrained, localize
     from areal_core.store import Store
 
@@ -135,10 +136,10 @@ def load_for_checks(path: str) -> tuple[Any, Any, bool]:
                 if Path(name).suffix in SIDE_FILE_SUFFIXES and store.fs.size(store.path(name)) <= MAX_SIDE_FILE_BYTES:
                     Path(tmp, name).write_bytes(store.read_bytes(name, MAX_SIDE_FILE_BYTES))
             folder = Path(tmp)
-        config = AutoConfig.from_pretrained(folder)
-        tokenizer = AutoTokenizer.from_pretrained(folder)
+        config = load_config(folder)
+        tokenizer = load_tokenizer(folder)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
     if tokenizer.pad_token_id is None and tokenizer.eos_token is not None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer, False

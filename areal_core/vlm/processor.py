@@ -11,7 +11,6 @@ from typing import Any
 
 import torch
 from PIL import Image
-from transformers import AutoImageProcessor, AutoTokenizer
 
 VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"
 VISION_TOKENS = [VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD]
@@ -112,4 +111,6 @@ class VisionProcessor:
 
     @classmethod
     def from_pretrained(cls, folder: str | Path) -> VisionProcessor:
-        return cls(AutoTokenizer.from_pretrained(folder), AutoImageProcessor.from_pretrained(folder, backend="pil"))
+        from areal_core.hf_load import load_image_processor, load_tokenizer  # no code of the folder runs
+
+        return cls(load_tokenizer(folder), load_image_processor(folder, backend="pil"))
