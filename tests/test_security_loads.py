@@ -195,3 +195,15 @@ def test_a_wheel_record_naming_a_file_outside_the_wheel_is_refused(tmp_path):
     (dist / "RECORD").write_text("../secret,sha256=AAAA,1\n")
     with pytest.raises(PretrainedError, match="outside the wheel"):
         verify_record(tmp_path / "unpacked", dist)
+
+
+@pytest.mark.parametrize("suffix, compress", [("gz", gzip.compress), ("zst", zstandard.compress)])
+def test_a_compressed_jsonl_table_is_read_only_up_to_the_limit_after_decompression(
+    tmp_path, monkeypatch, suffix, compress
+):
+    monkeypatch.setattr(tables, "MAX_TABLE_BYTES", 1_000_000)
+    path = tmp_path / f"train.jsonl.{suffix}"
+    path.write_bytes(compress(b'{"question": "q", "answer": "1"}\n' * 100_000))  # 3.4 MB in a few KB
+    assert path.stat().st_size < 100_000
+    with pytest.raises(DatasetError, match="larger than 1000000 bytes uncompressed"):
+        read_rows(str(path))
