@@ -17,9 +17,10 @@ promotion gate every 2 steps) with:
   a hostile MCP    episodes against stdio MCP servers whose tools start processes (a child, after
   server           setsid, an orphan of a double fork) and that print 2,000 lines of noise a call.
 Reported, all of which must be 0: rows lost (written by the proxies but neither trained, dropped
-with a reason, nor untrained at the end), rows trained twice, wrong promotions (the alias away from
-the hand-moved champion), processes leaked, duplicate writers admitted; and the run must reach DONE.
-Prints a RESULT line and writes --out (default ROOT/faults.json).
+with a record, nor untrained at the end: train/accounting.py, from the records alone), rows
+trained or dropped twice, wrong promotions (the alias away from the hand-moved champion),
+processes leaked, duplicate writers admitted; and the run must reach DONE. Prints a RESULT line
+and writes --out (default ROOT/faults.json); exits non-zero when a row is not settled exactly once.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,11 +40,13 @@ sys.path.insert(0, str(ROOT))
 
 
 def start_mlflow(root: Path) -> tuple[subprocess.Popen, int]:
-    from tests.conftest import BIN, free_port, wait_http
+    from areal_core.procs import free_port
+    from benchmarks.fault_kit import wait_http
 
     port = free_port()
+    mlflow = Path(sys.executable).parent / "mlflow"
     proc = subprocess.Popen(
-        [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+        [str(mlflow), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
         + ["--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--default-artifact-root", str(root / "art")],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -55,11 +57,11 @@ def start_mlflow(root: Path) -> tuple[subprocess.Popen, int]:
 
 
 def flip_newest(run) -> int | None:
-    from tests.test_version_faults import flip
+    from benchmarks.fault_kit import flip_byte
 
     v = run.latest_version()
     if v is not None:
-        flip(run, v)
+        flip_byte(run, v)
     return v
 
 
@@ -79,47 +81,18 @@ def duplicate_writer_refused(run_uri: str) -> bool:
 
 
 def accounting(run) -> dict:
-    """Every row the proxies wrote: trained once, dropped with a reason, or untrained at the end."""
-    from areal_core.layout import LAYOUT
-    from areal_core.protocol import decode_shard
-    from areal_core.train import checkpoint
+    """Every row the proxies wrote: trained once, dropped with a record, or untrained at the end;
+    `lost` from the records alone (train/accounting.py), no counter subtracted."""
+    from areal_core.train.accounting import row_accounting
 
-    def ids(rel: str) -> set[str]:
-        return {s.identity() for s in decode_shard(run.read_bytes(rel))}
-
-    graded = {rel: ids(rel) for rel in run.find(LAYOUT.graded_dir, ".arrow")}
-    graded_ids = set().union(*graded.values())
-    written = graded_ids.union(*(ids(rel) for rel in run.find(LAYOUT.ungraded_dir, ".arrow")))
-    records = [run.read_json(p) for p in run.find(LAYOUT.trained_dir, ".json")]
-    trained = [f"{w}/{sid}" for r in records for w, (sid, _) in zip(r["sample_workers"], r["samples"])]
-    dropped = {f"{w}/{sid}" for r in records for w, (sid, _) in zip(r["dropped_workers"], r["dropped"])}
-    final = checkpoint.committed_steps(run)[-1]
-    state = run.read_json(LAYOUT.checkpoint_file(final, checkpoint.STATE_FILE))
-    raw = run.read_bytes(LAYOUT.checkpoint_file(final, checkpoint.PENDING_FILE))
-    pending = {s.identity() for s in decode_shard(raw)} if raw else set()
-    consumed = set(state.get("consumed", []))
-    unconsumed = set().union(*(v for rel, v in graded.items() if rel not in consumed))
-    ungraded_only = written - graded_ids
-    counters = run.read_json(LAYOUT.done)["counters"]
-    idle_drops = counters.get("dropped_samples", 0) - len(dropped)  # drops while waiting: counted only
-    left_out = counters.get("left_out", 0)
-    unaccounted = written - set(trained) - dropped - pending - unconsumed - ungraded_only
-    return {
-        "written": len(written),
-        "trained": len(trained),
-        "trained_twice": sum(n - 1 for n in Counter(trained).values() if n > 1),
-        "dropped_recorded": len(dropped),
-        "dropped_counted_idle": idle_drops,
-        "untrained_at_end": len(pending | unconsumed | ungraded_only),
-        "lost": max(0, len(unaccounted) - max(0, idle_drops) - left_out),
-    }
+    return row_accounting(run)
 
 
 def mcp_phase() -> dict:
     """Hostile MCP servers: processes their tools start and the noise they print."""
     from areal_core.agents.mcp import ServerSpec
     from areal_core.models import build_tokenizer
-    from tests.test_mcp import _sleeping, run, task
+    from benchmarks.fault_kit import mcp_episodes, mcp_task, sleeping_pids
 
     tok = build_tokenizer(['<tool_call>{"name": "add", "arguments": {"a": 2, "b": 40}}</tool_call> #### 42'], 300)
     seconds = 5000 + os.getpid() % 1000
@@ -128,10 +101,10 @@ def mcp_phase() -> dict:
     noisy = ServerSpec("noisy", command="python", args=(servers, "search", "noisy"), call_timeout_s=300)
     calls = [("spawner.spawn", {"how": how, "seconds": seconds}) for how in ("child", "setsid", "orphan")]
     calls += [("noisy.chatter", {"lines": 2000})]
-    results, stats = run(tok, [spawner, noisy], [task(f"ep{i}", calls) for i in range(5)])
+    results, stats = mcp_episodes(tok, [spawner, noisy], [mcp_task(f"ep{i}", calls) for i in range(5)])
     left: list[int] = []
     for _ in range(100):
-        left = _sleeping(seconds)
+        left = sleeping_pids(seconds)
         if not left:
             break
         time.sleep(0.1)
@@ -163,9 +136,8 @@ def main() -> None:
     from areal_core.run import pipeline
     from areal_core.run.tracking import mlflow_client
     from areal_core.store import Store
+    from benchmarks.fault_kit import MODEL, Forwarder
     from task_data.arithmetic import generate
-    from tests.conftest import Forwarder
-    from tests.test_online import MODEL
 
     root = Path(a.root).resolve()
     root.mkdir(parents=True, exist_ok=True)
@@ -284,6 +256,7 @@ def main() -> None:
         "done": out["done"],
         "lost": out["rows"].get("lost"),
         "trained_twice": out["rows"].get("trained_twice"),
+        "dropped_twice": out["rows"].get("dropped_twice"),
         "wrong_promotions": out["wrong_promotions"],
         "leaked_processes": out["mcp"]["leaked_processes"],
         "duplicate_writer_refused": out["duplicate_writer_refused"],
@@ -291,6 +264,9 @@ def main() -> None:
     }
     Path(a.out or root / "faults.json").write_text(json.dumps(out, indent=1, default=str))
     print("RESULT " + json.dumps(summary))
+    unsettled = {k: summary[k] for k in ("lost", "trained_twice", "dropped_twice") if summary[k] != 0}
+    if unsettled:
+        raise SystemExit(f"rows not settled exactly once: {unsettled} ({out['rows']})")
 
 
 if __name__ == "__main__":

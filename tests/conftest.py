@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.fault_kit import Forwarder, wait_http
+
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
 # GSM8K's train.jsonl and test.jsonl: $AREAL_GSM8K, else ../shared/datasets/gsm8k beside the checkout
@@ -62,19 +64,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def wait_http(url: str, timeout_s: float = 120.0) -> None:
-    import urllib.request
-
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        try:
-            urllib.request.urlopen(url, timeout=10)
-            return
-        except Exception:
-            time.sleep(0.2)
-    raise TimeoutError(f"{url} did not come up in {timeout_s}s")
 
 
 def baseline_s(fn, repeat: int = 3) -> float:
@@ -215,94 +204,6 @@ def mlflow_server(tmp_path_factory):
             proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
             proc.kill()
-
-
-class Forwarder:
-    """A TCP forwarder on 127.0.0.1 in front of `target_port` (the moto server, which keeps its
-    state in memory and is never stopped). `down()` closes the listening socket and cuts every
-    open connection, so clients get connection refused/reset; `up()` listens on the same port again."""
-
-    def __init__(self, target_port: int):
-        import threading
-
-        self.target, self.port = ("127.0.0.1", target_port), free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        self._lock = threading.Lock()
-        self._conns: set[socket.socket] = set()
-        self._server: socket.socket | None = None
-        self._closed = False
-        self.up()
-        threading.Thread(target=self._accept_loop, daemon=True).start()
-
-    def up(self) -> None:
-        s = socket.socket()
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.0.1", self.port))
-        s.listen(128)
-        with self._lock:
-            self._server = s
-
-    def down(self) -> None:
-        with self._lock:
-            server, self._server = self._server, None
-            conns, self._conns = self._conns, set()
-        if server is not None:
-            server.close()
-        for c in conns:
-            try:
-                c.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            c.close()
-
-    def outage(self, seconds: float) -> None:
-        self.down()
-        time.sleep(seconds)
-        self.up()
-
-    def close(self) -> None:
-        self._closed = True
-        self.down()
-
-    def _accept_loop(self) -> None:
-        import select
-        import threading
-
-        while not self._closed:
-            server = self._server
-            if server is None:
-                time.sleep(0.02)
-                continue
-            try:
-                if not select.select([server], [], [], 0.1)[0]:
-                    continue
-                client, _ = server.accept()
-            except (OSError, ValueError):  # closed by down() meanwhile
-                continue
-            try:
-                upstream = socket.create_connection(self.target)
-            except OSError:
-                client.close()
-                continue
-            with self._lock:
-                self._conns |= {client, upstream}
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        for s in (src, dst):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        with self._lock:
-            self._conns -= {src, dst}
-        src.close()
 
 
 @pytest.fixture

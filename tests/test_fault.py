@@ -1,7 +1,7 @@
 """Pod loss: every role is killed with SIGKILL (the whole process tree, as when a pod dies) at
 random points, several times, and restarted, while a run is in progress. The run must complete
-with every sample accounted for (trained exactly once, dropped by the hard bound, or still
-waiting), no staleness violation after any resume, and the rollout workers' sequence numbers
+with every sample accounted for from the records alone (trained exactly once, dropped with a
+record, or still waiting), no staleness violation after any resume, and the rollout workers' sequence numbers
 and group indices continuing without gaps or repeats."""
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from areal_core.run import pipeline
 from areal_core.run.launcher import start_role
 from areal_core.store import Store
 from areal_core.train import checkpoint
+from areal_core.train.accounting import row_accounting
+from areal_core.train.drops import read_drops
 
 KILLS = {"trainer-0": 3, "rollout-0": 2, "reward-0": 2}
 
@@ -52,10 +54,12 @@ def samples_in(store: Store, prefix: str) -> dict[str, list]:
     return {rel: decode_shard(store.read_bytes(rel)) for rel in store.find(prefix, ".arrow")}
 
 
-def assert_every_sample_accounted(store: Store, cfg) -> tuple[dict[str, list], int, set[str]]:
-    """Every step trained once, no sample twice, the hard bound after every resume; and no sample
-    lost: graded = trained + dropped + still pending + not yet consumed (+ the idle drops, which
-    are only counted). Returns (graded shards, idle drops, recorded drops)."""
+def assert_every_sample_accounted(store: Store, cfg) -> tuple[dict[str, list], dict, set[str]]:
+    """Every step trained once, no sample twice, the hard bound after every resume; and every
+    sample written settled exactly once from the records alone (train/accounting.py): trained,
+    dropped with a record (idle drops included), or still pending or unconsumed at the end; the
+    stale drop records are as many as the trainer counted. Returns (graded shards, the row
+    accounting, the identities of the recorded drops)."""
     # -- the trained set: every step once, no sample twice, the hard bound after every resume
     steps = [store.read_json(p) for p in store.find("trainer/trained", ".json")]
     assert [s["step"] for s in steps] == list(range(cfg.train.steps))
@@ -66,25 +70,18 @@ def assert_every_sample_accounted(store: Store, cfg) -> tuple[dict[str, list], i
         for _, min_version in s["samples"]:
             assert min_version >= s["trainer_version"] - cfg.train.eta, s["step"]
         assert all(min_v < s["trainer_version"] - cfg.train.eta for _, min_v in s["dropped"])
-    recorded_drops = {sid for s in steps for sid, _ in s["dropped"]}
-    assert not recorded_drops & set(trained)
+    drops = read_drops(store)
+    assert all(d["version"] < d["trainer_version"] - cfg.train.eta for d in drops if d["reason"] == "stale")
 
-    # -- no sample lost: graded = trained + dropped + still pending + not yet consumed
-    graded = samples_in(store, "trajectories/graded")
-    graded_ids = {s.sample_id for shard in graded.values() for s in shard}
-    assert set(trained) <= graded_ids
-    final = checkpoint.committed_steps(store)[-1]
-    assert final == cfg.train.steps
-    base = LAYOUT.checkpoint_dir(final)
-    state = store.read_json(f"{base}/state.json")
-    raw = store.read_bytes(f"{base}/pending.arrow")
-    pending = {s.sample_id for s in decode_shard(raw)} if raw else set()
-    unconsumed = {s.sample_id for rel, shard in graded.items() if rel not in set(state["consumed"]) for s in shard}
-    unaccounted = graded_ids - set(trained) - recorded_drops - pending - unconsumed
-    # the trainer's idle loop drops stale samples without a step record; they are only counted
-    idle_drops = state["counters"]["dropped_samples"] - len(recorded_drops)
-    assert len(unaccounted) == idle_drops, (len(unaccounted), idle_drops)
-    return graded, idle_drops, recorded_drops
+    # -- no sample lost, none settled twice: from the records alone, no counter subtracted
+    assert checkpoint.committed_steps(store)[-1] == cfg.train.steps
+    rows = row_accounting(store)
+    assert (rows["lost"], rows["trained_twice"], rows["dropped_twice"], rows["dropped_and_trained"]) == (0, 0, 0, 0), (
+        rows
+    )
+    counters = store.read_json(LAYOUT.done)["counters"]
+    assert rows["dropped_by_reason"].get("stale", 0) == counters["dropped_samples"], (rows, counters)
+    return samples_in(store, "trajectories/graded"), rows, {f"{d['worker']}/{d['sample_id']}" for d in drops}
 
 
 @pytest.mark.slow
@@ -148,7 +145,7 @@ def test_roles_killed_at_random_points_and_restarted(tiny_overrides, tmp_path):
     assert store.done(), text[-4000:]
     assert "resumed at step" in text  # the trainer restored a checkpoint at least once
 
-    graded, idle_drops, recorded_drops = assert_every_sample_accounted(store, cfg)
+    graded, rows, recorded_drops = assert_every_sample_accounted(store, cfg)
 
     # -- rollout: sequence numbers and group indices continue across restarts (no gap, no repeat)
     ungraded = samples_in(store, "trajectories/ungraded/rollout-0")
@@ -163,4 +160,4 @@ def test_roles_killed_at_random_points_and_restarted(tiny_overrides, tmp_path):
         twin = rel.replace("/graded/", "/ungraded/", 1)
         assert [s.sample_id for s in shard] == [s.sample_id for s in ungraded[twin]]
         assert all(s.reward is not None for s in shard)
-    print(f"kills: {killed}; idle drops {idle_drops}, recorded drops {len(recorded_drops)}")
+    print(f"kills: {killed}; drops by reason {rows['dropped_by_reason']}, rows {rows['written']}")

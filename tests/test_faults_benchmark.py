@@ -34,7 +34,7 @@ def test_the_online_loop_under_every_fault_loses_nothing(tmp_path):
         0,
         0,
     ), detail
-    assert result["duplicate_writer_refused"] is True
+    assert result["duplicate_writer_refused"] is True and result["dropped_twice"] == 0
     assert len(detail["faults"]["flipped_versions"]) == 2 and detail["faults"]["registry_up_after_offer"] > 0
     assert detail["rows"]["written"] > detail["rows"]["trained"] > 0
     assert detail["mcp"]["episodes_failed"] == 0 and detail["mcp"]["noise_lines"] == {"noisy": 10000}

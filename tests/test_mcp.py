@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -19,7 +18,6 @@ import httpx
 import pytest
 import torch
 
-from areal_core.agents.loop import tool_loop
 from areal_core.agents.mcp import ServerSpec
 from areal_core.agents.tools import MCPEnvironment
 from areal_core.agents.workflow import MCPWorkflow
@@ -28,6 +26,9 @@ from areal_core.models import build_tokenizer
 from areal_core.proxy.agent_workflow import AgentWorkflow, workflow_class
 from areal_core.proxy.examples import ScriptedEngine
 from areal_core.proxy.templating import ChatTemplate
+from benchmarks.fault_kit import SEEN, scripted_agent, scripted_reply, sleeping_pids
+from benchmarks.fault_kit import mcp_episodes as run
+from benchmarks.fault_kit import mcp_task as task
 from tests.conftest import ROOT
 
 # ordinary calls: a limit no busy machine reaches (the timeout test sets its own, far below its hang)
@@ -35,7 +36,6 @@ TOY = ServerSpec("toy", command="python", args=("-m", "examples.toy_mcp.server")
 # no outcome of the misbehaving server's test is a timeout: a limit far above what its calls take on a
 # loaded machine (its 3 MB answer once took over 5 s under CI load, and the episode was lost)
 BAD = ServerSpec("bad", command="python", args=("tests/test_mcp_servers.py", "bad"), call_timeout_s=300, stateless=True)
-SEEN: dict[str, dict] = {}  # prompt_id -> what the agent saw
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -51,51 +51,9 @@ def tok():
     return build_tokenizer(['<tool_call>{"name": "add", "arguments": {"a": 2, "b": 40}}</tool_call> #### 42'], 300)
 
 
-def scripted_reply(prompt_text: str) -> str:
-    """Make the calls the user's message lists (`CALL name {json}` lines) in order, one a turn,
-    then answer `#### <the last tool result>`."""
-    last_user = prompt_text.rsplit("<|im_start|>user\n", 1)[-1]
-    calls = re.findall(r"^CALL (\S+) (.*)$", last_user.split("<|im_end|>")[0], re.M)
-    results = re.findall(r"<\|im_start\|>tool\n(.*?)<\|im_end\|>", last_user, re.DOTALL)
-    if len(results) < len(calls):
-        name, args = calls[len(results)]
-        return f'<tool_call>{{"name": "{name}", "arguments": {args}}}</tool_call>'
-    return f"#### {results[-1] if results else ''}"
-
-
-async def scripted_agent(task, base_url, api_key, tools):
-    result = await tool_loop([{"role": "user", "content": task["prompt"]}], base_url, api_key, tools)
-    SEEN[task["prompt_id"]] = {"result": result, "tools": tools}
-    return 1.0 if result.final == f"#### {task['answer']}" else 0.0
-
-
-def task(pid: str, calls: list[tuple[str, dict]], answer: str = "") -> dict:
-    lines = [f"CALL {name} {json.dumps(args)}" for name, args in calls]
-    return {"prompt_id": pid, "prompt": "\n".join(["Use the tools.", *lines]), "answer": answer, "meta": {}}
-
-
 def told(pid: str) -> list[str]:
     """The tool messages an episode's agent sent back to the model."""
     return [m["content"] for m in SEEN[pid]["result"].messages if isinstance(m, dict) and m["role"] == "tool"]
-
-
-def run(tok, servers, tasks, tool_prompt="none", **kw):
-    """One episode per task through MCPWorkflow (one event loop); (results, workflow stats)."""
-    env = MCPEnvironment(servers, **kw)
-    workflow = MCPWorkflow(tok, scripted_agent, mcp=env, group_size=1, tool_prompt=tool_prompt)
-    engine = ScriptedEngine(tok, scripted_reply)
-
-    async def main():
-        try:
-            return [await workflow.run_episode(engine, t) for t in tasks]
-        finally:
-            await env.aclose()
-
-    try:
-        results = asyncio.run(main())
-    finally:
-        workflow.close()
-    return results, workflow.stats()
 
 
 def test_stdio_tools_reach_the_template_results_the_trajectory_and_each_episode_its_own_server(tok):
@@ -259,24 +217,8 @@ def test_what_a_server_s_tools_start_dies_with_the_server(tok):
     assert r.error is None and len(told("spawn")) == 3 and all(p.isdigit() for p in told("spawn"))
     left = []
     for _ in range(100):  # the kernel kills the namespace as the server ends: gone at once, or soon after
-        left = _sleeping(seconds)
+        left = sleeping_pids(seconds)
         if not left:
             break
         time.sleep(0.1)
     assert not left, f"processes the server's tools started outlived it: {left}"
-
-
-def _sleeping(seconds: int) -> list[int]:
-    """Pids of the live (not zombie) `sleep <seconds>` processes."""
-    out = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")[:2]
-            with open(f"/proc/{entry}/stat") as f:
-                zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
-        except (OSError, IndexError):
-            continue
-        if argv == [b"sleep", str(seconds).encode()] and not zombie:
-            out.append(int(entry))
-    return out
