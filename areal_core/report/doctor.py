@@ -205,7 +205,7 @@ def _health(records: list[dict[str, Any]], rows: Sequence[dict[str, Any]], stall
             )
         )
     for r in (r for r in records if r.get("kind") == "reader_retired"):
-        worker = str(r.get("worker", "?"))
+        worker = str(r.get("reader", "?"))
         out.append(
             Finding(
                 "health",

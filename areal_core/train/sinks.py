@@ -139,7 +139,7 @@ class PublishingSink(CheckpointSink):
         for r in decision.retire:
             log.error("%s fails weights v%d, which verifies in the store: retired (%s)", r.worker, r.version, r.error)
             retire(store, r)
-            trainer.ev.emit("reader_retired", worker=r.worker, version=r.version, failures=r.failures, error=r.error)
+            trainer.ev.emit("reader_retired", reader=r.worker, version=r.version, failures=r.failures, error=r.error)
         if self.repair_policy.retired:
             check_readers_left(self._known_readers(trainer, found), self.repair_policy.retired)
         return decision.action
