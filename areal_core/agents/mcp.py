@@ -39,6 +39,8 @@ from areal_core.agents import mcp_noise
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 REAPER = Path(__file__).with_name("mcp_reaper.py")
 LIST_PAGES = 20  # tools/list pages read at most: a paginator that never ends cannot hang a connect
+MAX_TOOLS = 128  # tools of one server (the proxy's max_tools): each one is rendered into every prompt
+MAX_SCHEMA_CHARS = 65_536  # one tool's name, description and input schema as JSON
 CLOSE_S = 10.0  # bound on closing one connection (the SDK's own shutdown waits ~2 s, then kills)
 STDERR_TAIL = 300
 logging.getLogger("mcp.client.streamable_http").setLevel(logging.WARNING)  # no line per episode's session id
@@ -184,6 +186,7 @@ class Connection:
                     cursor = page.next_cursor
                     if not cursor:
                         break
+                check_tool_list(tools)
                 self.client, self.tools = client, tools
                 self._ready.set_result(tools)
                 await self._stop.wait()
@@ -289,6 +292,24 @@ class Connection:
 
 
 # -- what passes through --------------------------------------------------------------------------
+def check_tool_list(tools: list[Any]) -> None:
+    """A server's tool list is one the prompt can hold: at most MAX_TOOLS tools, each schema nested
+    at most MAX_JSON_DEPTH levels and at most MAX_SCHEMA_CHARS long as JSON; ValueError naming the
+    first that is not (the connection then fails as `connect_failed`)."""
+    from areal_core.proxy.strictjson import MAX_JSON_DEPTH, TooDeep, depth_of
+
+    if len(tools) > MAX_TOOLS:
+        raise ValueError(f"the server lists {len(tools)} tools, over the limit of {MAX_TOOLS}")
+    for tool in tools:
+        spec = openai_tool(tool)
+        try:
+            depth_of(spec, MAX_JSON_DEPTH)
+        except TooDeep:
+            raise ValueError(f"tool {str(tool.name)[:100]!r}: its input schema is nested too deeply") from None
+        if len(json.dumps(spec, default=str)) > MAX_SCHEMA_CHARS:
+            raise ValueError(f"tool {str(tool.name)[:100]!r}: its schema is over {MAX_SCHEMA_CHARS} characters")
+
+
 def openai_tool(tool: Any, name: str | None = None) -> dict[str, Any]:
     """An MCP `Tool` as an OpenAI function spec (`name` overrides the tool's, for a renamed duplicate)."""
     schema = tool.input_schema if isinstance(getattr(tool, "input_schema", None), dict) else {}

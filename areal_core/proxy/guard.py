@@ -228,6 +228,7 @@ class ProxyLimits:
     max_new_tokens: int = 1024  # an explicit max_tokens above this is a 400
     default_max_tokens: int = 256  # when the request gives none (cut to the room left in the context)
     max_messages: int = 512
+    max_tools: int = 128  # tools in one chat request (400 above; OpenAI's own limit): each is rendered into the prompt
     max_images: int = 4  # image_url parts in one chat request, its history included (400 above; a VLM only)
     max_image_pixels: int = (
         MAX_REQUEST_PIXELS  # w·h of one request image (400 above): bounds its vision tokens and pixels

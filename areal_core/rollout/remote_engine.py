@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import shutil
 import tempfile
 import threading
@@ -43,6 +44,21 @@ def request_params(params: SamplingParams, index: int) -> SamplingParams:
     engines derive it, so that the requests of one group (the same prompt G times) sample
     independently rather than G identical answers."""
     return params if params.seed is None else dataclasses.replace(params, seed=params.seed + index)
+
+
+def segment_problem(new: Any, logprobs: Any, versions: Any, budget: int) -> str | None:
+    """Why one generate response's segment cannot be a sample's tokens, else None: at most `budget`
+    token ids, each an int >= 0, with one finite log-prob and one int version each (a server's
+    answer is network input: the shard protocol checks the ids against the vocabulary later)."""
+    if not isinstance(new, list) or len(new) > budget:
+        return f"{len(new) if isinstance(new, list) else type(new).__name__} tokens for a budget of {budget}"
+    if any(type(t) is not int or t < 0 for t in new):
+        return "a token id that is not a non-negative integer"
+    if len(logprobs) != len(new) or any(not math.isfinite(lp) for lp in logprobs):
+        return f"{len(logprobs)} log-probs for {len(new)} tokens, or one that is not finite"
+    if len(versions) != len(new) or any(type(v) is not int for v in versions):
+        return f"{len(versions)} versions for {len(new)} tokens, or one that is not an integer"
+    return None
 
 
 class RemoteEngineError(RuntimeError):
@@ -281,7 +297,13 @@ class RemoteEngine:
                 continue
             if r.status_code != 200:
                 raise self._error(f"POST {self.generate_path}: HTTP {r.status_code} {r.text[:300]}")
-            new, lps, vers, finish = self._parse_response(r.json(), v_submit)
+            budget = params.max_new_tokens - len(tokens)
+            try:
+                new, lps, vers, finish = self._parse_response(r.json(), v_submit)
+            except (KeyError, IndexError, TypeError, ValueError) as exc:  # not the response's shape
+                raise self.error_cls(f"{self.name} at {self.url}: malformed response ({exc!r:.200})") from None
+            if problem := segment_problem(new, lps, vers, budget):
+                raise self.error_cls(f"{self.name} at {self.url}: malformed response ({problem})")
             tokens += new
             logprobs += lps
             versions += vers

@@ -42,6 +42,8 @@ async def chat_completions(
     limit = state.limits.max_messages
     if len(req.messages) > limit:
         raise ProxyError(400, f"{len(req.messages)} messages exceed the limit of {limit}")
+    if len(req.tools or []) > state.limits.max_tools:
+        raise ProxyError(400, f"{len(req.tools)} tools exceed the limit of {state.limits.max_tools}", "too_many_tools")
     images = None
     if count_images(req.messages):  # decoding is CPU work: off the event loop; refused before any session opens
         try:
