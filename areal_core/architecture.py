@@ -14,14 +14,14 @@ Any other layer type (chunked, linear attention, ...) is an `UnsupportedArchitec
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 FULL, SLIDING = "full_attention", "sliding_attention"
-# Linear layers that are a router, not a projection: never LoRA targets (MoE gates)
-ROUTERS = frozenset({"gate", "router", "shared_expert_gate"})
 
 
 class UnsupportedArchitecture(ValueError):
@@ -71,45 +71,123 @@ def window_allowed(pos: torch.Tensor, window: int | None) -> torch.Tensor:
     return (pos[:, :, None] - pos[:, None, :]) < window
 
 
+# -- LoRA targets ---------------------------------------------------------------------------------
+
+ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLA = ("q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")  # DeepSeek's latent attention
+GATED_MLP = ("gate_proj", "up_proj", "down_proj")  # dense MLPs and shared experts
+FUSED_EXPERTS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")  # routed experts, [experts, ·, ·] each
+# Routers (never a default target; a user may name them): the linear ones by last name, the others
+# (transformers' TopKRouter modules) are parameters such as mlp.gate.weight
+ROUTERS = frozenset({"gate", "router", "shared_expert_gate"})
+_DECODER_LAYER = re.compile(r"(^|\.)(layers|h)\.\d+\.")  # model.layers.3.… (Llama family), transformer.h.3.… (GPT-2)
+
+
+@dataclass(frozen=True)
+class LoraTargets:
+    """What LoRA adapts: `modules` by last name (nn.Linear, GPT-2's Conv1D: peft's target_modules)
+    and `parameters` by the end of their name (fused MoE expert weights [experts, ·, ·]: peft's
+    target_parameters, in the order the published adapter lists them)."""
+
+    modules: tuple[str, ...]
+    parameters: tuple[str, ...] = ()
+
+
+# model_type -> default targets: attention (MLA's projections included), dense MLPs, shared experts
+# and the routed experts; routers stay frozen. A name the checkpoint lacks is left out (DeepSeek's
+# q_proj when q_lora_rank is set; its q_a_proj/q_b_proj when not). transformers 5 keeps the routed
+# experts of every MoE below fused (no per-expert linear modules): they are adapted as parameters.
+LORA_TARGETS: dict[str, LoraTargets] = {
+    "qwen2_moe": LoraTargets(ATTENTION + GATED_MLP, FUSED_EXPERTS),  # GATED_MLP: the shared expert
+    "qwen3_moe": LoraTargets(ATTENTION + GATED_MLP, FUSED_EXPERTS),  # GATED_MLP: mlp_only_layers
+    "mixtral": LoraTargets(ATTENTION, FUSED_EXPERTS),
+    "deepseek_v2": LoraTargets(MLA + GATED_MLP, FUSED_EXPERTS),  # GATED_MLP: dense layers, shared experts
+    "deepseek_v3": LoraTargets(MLA + GATED_MLP, FUSED_EXPERTS),
+    "gpt_oss": LoraTargets(ATTENTION, FUSED_EXPERTS),
+    "gpt2": LoraTargets(("c_attn", "c_proj", "c_fc")),  # Conv1D layers (weights stored [in, out])
+}
+
+
+def _decoder_names(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    return [(n, m) for n, m in model.named_modules() if _DECODER_LAYER.search(n)]
+
+
+def layer_relative(name: str) -> str:
+    """'model.layers.3.mlp.experts.down_proj' -> 'mlp.experts.down_proj'."""
+    return _DECODER_LAYER.split(name, maxsplit=1)[-1]
+
+
 def expert_parameters(model: torch.nn.Module) -> list[str]:
-    """Names of fused MoE expert weights (3D parameters, [experts, out, in]), which LoRA on linear
-    layers cannot reach."""
-    return [n for n, p in model.named_parameters() if p.dim() == 3 and ".experts" in n]
+    """The fused MoE expert weights (3D, [experts, ·, ·]) by their name within a decoder layer, in
+    the order the model registers them ('mlp.experts.gate_up_proj', 'mlp.experts.down_proj')."""
+    names = [layer_relative(n) for n, p in model.named_parameters() if p.dim() == 3 and ".experts." in n]
+    return list(dict.fromkeys(n for n in names if n))
 
 
-def linear_leaf_names(model: torch.nn.Module) -> list[str]:
-    """Sorted last names of the nn.Linear modules in the decoder layers, routers excluded: the
-    projections of attention and MLP (fused ones included: Phi-3's qkv_proj and gate_up_proj)."""
-    names = set()
-    for name, module in model.named_modules():
-        if isinstance(module, torch.nn.Linear) and ".layers." in f".{name}":
-            leaf = name.rsplit(".", 1)[-1]
-            if leaf not in ROUTERS:
-                names.add(leaf)
-    return sorted(names)
+def linear_leaf_names(model: torch.nn.Module, routers: bool = False) -> list[str]:
+    """Sorted last names of the decoder layers' nn.Linear and Conv1D (GPT-2) modules: the
+    projections of attention and MLP (fused ones included: Phi-3's qkv_proj), routers only if asked."""
+    from transformers.pytorch_utils import Conv1D
+
+    leaves = {n.rsplit(".", 1)[-1] for n, m in _decoder_names(model) if isinstance(m, (torch.nn.Linear, Conv1D))}
+    return sorted(leaves if routers else leaves - ROUTERS)
+
+
+def _parameter_suffixes(model: torch.nn.Module) -> set[str]:
+    """Every ending (of at least two parts) of the decoder layers' 2D and 3D parameter names."""
+    out = set()
+    for name, p in model.named_parameters():
+        if p.dim() in (2, 3) and _DECODER_LAYER.search(name):
+            parts = layer_relative(name).split(".")
+            out.update(".".join(parts[i:]) for i in range(len(parts) - 1))
+    return out
+
+
+def lora_targets(model: torch.nn.Module, requested: str = "") -> LoraTargets:
+    """The LoRA targets of `model`. `requested` (train.lora_target_modules): comma-separated names,
+    a last name of a linear layer (q_proj; a router too when named) or a dotted parameter name
+    (mlp.experts.gate_up_proj, mlp.gate.weight), each of which must exist; empty: the architecture's
+    defaults (LORA_TARGETS; for another model_type every linear projection and fused expert weight)."""
+    if requested.strip():
+        return _requested_targets(model, requested)
+    entry = LORA_TARGETS.get(getattr(_text_config(model.config), "model_type", ""))
+    linear, params = linear_leaf_names(model), _parameter_suffixes(model)
+    experts = expert_parameters(model)
+    if entry is None:
+        targets = LoraTargets(tuple(linear), tuple(experts))
+    else:
+        targets = LoraTargets(
+            tuple(m for m in entry.modules if m in linear), tuple(p for p in entry.parameters if p in params)
+        )
+        left = sorted(set(experts) - set(targets.parameters))
+        if left:
+            raise UnsupportedArchitecture(f"{type(model).__name__}: LORA_TARGETS leaves expert weights {left} out")
+    if not targets.modules and not targets.parameters:
+        raise UnsupportedArchitecture(f"{type(model).__name__} has no linear layers in its decoder for LoRA")
+    return targets
+
+
+def _requested_targets(model: torch.nn.Module, requested: str) -> LoraTargets:
+    wanted = list(dict.fromkeys(t.strip() for t in requested.split(",") if t.strip()))
+    modules = sorted(t for t in wanted if "." not in t)
+    parameters = tuple(t for t in wanted if "." in t)
+    linear = linear_leaf_names(model, routers=True)
+    missing = [t for t in modules if t not in linear]
+    if missing:
+        raise UnsupportedArchitecture(
+            f"train.lora_target_modules names {missing}, which {type(model).__name__} has no linear layer "
+            f"called; its decoder's linear layers are {linear}"
+        )
+    unknown = [t for t in parameters if t not in _parameter_suffixes(model)]
+    if unknown:
+        raise UnsupportedArchitecture(
+            f"train.lora_target_modules names parameters {unknown}, which {type(model).__name__}'s decoder layers "
+            f"lack; its fused expert weights are {expert_parameters(model)}"
+        )
+    return LoraTargets(tuple(modules), parameters)
 
 
 def resolve_lora_targets(model: torch.nn.Module, requested: str = "") -> list[str]:
-    """The LoRA target module names for `model`: `requested` (comma-separated last names), each of
-    which must name a linear layer of the decoder; empty: every attention and MLP projection.
-    UnsupportedArchitecture when the default would leave MoE experts unadapted."""
-    available = linear_leaf_names(model)
-    if requested.strip():
-        wanted = sorted({t.strip() for t in requested.split(",") if t.strip()})
-        missing = [t for t in wanted if t not in available]
-        if missing:
-            raise UnsupportedArchitecture(
-                f"train.lora_target_modules names {missing}, which {type(model).__name__} has no linear layer "
-                f"called; its decoder's linear layers are {available}"
-            )
-        return wanted
-    experts = expert_parameters(model)
-    if experts:
-        raise UnsupportedArchitecture(
-            f"{type(model).__name__} keeps its routed experts as fused 3D weights ({experts[0]}, ...), which LoRA "
-            f"does not adapt; train the whole model (train.lora_rank=0) or name the layers to adapt without the "
-            f"experts, e.g. train.lora_target_modules={','.join(available)}"
-        )
-    if not available:
-        raise UnsupportedArchitecture(f"{type(model).__name__} has no linear layers in its decoder for LoRA")
-    return available
+    """Every LoRA target of `model` by name: modules, then parameters (`lora_targets`)."""
+    targets = lora_targets(model, requested)
+    return [*targets.modules, *targets.parameters]

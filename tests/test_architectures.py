@@ -53,7 +53,7 @@ def lora_model(name: str, tok) -> tuple[torch.nn.Module, torch.nn.Module]:
     """(PEFT model with non-zero adapters, the base model with the published adapter merged in:
     what every engine serves)."""
     base = tc.model(name, tok=tok)
-    peft = apply_lora(copy.deepcopy(base), r=4, alpha=8, target_modules=ATTENTION_ONLY if name in MOE else "")
+    peft = apply_lora(copy.deepcopy(base), r=4, alpha=8)  # the default targets: MoE experts, Conv1D included
     torch.manual_seed(1)
     with torch.no_grad():
         for n, p in peft.named_parameters():
@@ -176,16 +176,15 @@ def test_phi3_lora_adapts_the_fused_projections_and_says_so():
 
 
 @pytest.mark.parametrize("name", sorted(MOE))
-def test_moe_lora_names_the_experts_it_cannot_adapt_and_adapts_what_the_user_names(name):
-    from areal_core.architecture import UnsupportedArchitecture
-
+def test_moe_lora_adapts_the_experts_and_what_the_user_names(name):
     model = tc.model(name)
-    with pytest.raises(UnsupportedArchitecture, match=r"experts.*lora_rank=0.*lora_target_modules="):
-        apply_lora(copy.deepcopy(model))
+    wrapped = apply_lora(copy.deepcopy(model))
+    trained = [n for n, p in wrapped.named_parameters() if p.requires_grad]
+    assert any(".experts.lora_A" in n for n in trained)  # the routed experts (tests/test_moe_lora.py)
     assert adapted_names(apply_lora(copy.deepcopy(model), target_modules=ATTENTION_ONLY)) == sorted(
         ATTENTION_ONLY.split(",")
     )
-    assert "gate" not in linear_leaf_names(model)  # the router is never a LoRA target
+    assert "gate" not in linear_leaf_names(model)  # the router is never a default LoRA target
 
 
 def test_a_lora_target_the_model_lacks_is_named_with_what_it_has():
@@ -223,11 +222,11 @@ REFUSALS = {
         [],
         r"preflight prompts: config key 'task.prompt_format'.*no chat template.*task.prompt_format=plain",
     ),
-    "MoE LoRA on the experts": (
+    "MoE LoRA on an expert weight the model lacks": (
         "qwen3_moe",
         True,
-        ["train.lora_rank=4"],
-        r"preflight lora: config key 'train.lora_target_modules'.*experts",
+        ["train.lora_rank=4", "train.lora_target_modules=mlp.experts.up_proj"],
+        r"preflight lora: config key 'train.lora_target_modules'.*mlp.experts.up_proj.*gate_up_proj",
     ),
     "a LoRA target the model lacks": (
         "phi3",

@@ -57,6 +57,19 @@ ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "olmo2": ("Olmo2Config", {}),
     "gpt_neox": ("GPTNeoXConfig", {"rotary_pct": 0.25}),  # partial rotary, fused query_key_value
+    # MLA, a dense first layer, a shared expert; gpt-oss: sinks, alternating windows, YaRN; GPT-2: Conv1D
+    "deepseek_v3": (
+        "DeepseekV3Config",
+        {"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "first_k_dense_replace": 1}
+        | {"n_shared_experts": 1, "q_lora_rank": 32, "kv_lora_rank": 16, "qk_rope_head_dim": 8}
+        | {"qk_nope_head_dim": 8, "v_head_dim": 16, "n_group": 1, "topk_group": 1, "num_key_value_heads": 4},
+    ),
+    "gpt_oss": (
+        "GptOssConfig",
+        {"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32, "head_dim": 16}
+        | {"sliding_window": WINDOW},
+    ),
+    "gpt2": ("GPT2Config", {}),
 }
 
 CORPUS = [f"What is {a} + {b}? The answer is {a + b}.\n#### {a + b}" for a in range(10) for b in range(10)]
@@ -71,7 +84,7 @@ def config(name: str, tok: Any | None = None) -> Any:
     tok = tok or tokenizer()
     cls, extra = ARCHS[name]
     ids = {"pad_token_id": tok.pad_token_id, "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id}
-    return getattr(transformers, cls)(vocab_size=len(tok), **_BASE, **ids, **extra)
+    return getattr(transformers, cls)(vocab_size=len(tok), **ids, **(_BASE | extra))
 
 
 def model(name: str, seed: int = 0, tok: Any | None = None) -> torch.nn.Module:
@@ -101,7 +114,7 @@ def support_row(name: str) -> list[str]:
     equality measured (max |Δ log p| < 1e-5 in float32 against the HF forward)."""
     import copy
 
-    from areal_core.architecture import UnsupportedArchitecture, attention_windows, resolve_lora_targets
+    from areal_core.architecture import attention_windows, resolve_lora_targets
     from areal_core.rollout.continuous_engine import ContinuousEngine
     from areal_core.rollout.engine import SamplingParams
     from areal_core.rollout.factory import local_engine_kind
@@ -136,10 +149,7 @@ def support_row(name: str) -> list[str]:
         ref = hf(prompt + gens[0].token_ids)[len(prompt) - 1 :]
         if float((ref - torch.tensor(gens[0].logprobs)).abs().max()) < 1e-5:
             equal.append(kind)
-    try:
-        lora = ", ".join(resolve_lora_targets(m))
-    except UnsupportedArchitecture:
-        lora = "refused at prepare (routed experts are fused 3D weights); name attention targets"
+    lora = ", ".join(resolve_lora_targets(m))
     windows = attention_windows(m.config)
     window = "none" if not any(windows) else "/".join("full" if w is None else str(w) for w in windows)
     return [name, f"`{type(m).__name__}`", ", ".join(sorted(engines)), lora, window, ", ".join(equal)]
@@ -150,6 +160,16 @@ def support_table() -> str:
     head.append("equal to HF (< 1e-5)")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(support_row(name)) + " |" for name in ARCHS]
+    return "\n".join(lines) + "\n\n" + lora_table()
+
+
+def lora_table() -> str:
+    """The default LoRA targets per model_type (areal_core.architecture.LORA_TARGETS)."""
+    from areal_core.architecture import LORA_TARGETS
+
+    lines = ["| model_type | LoRA modules (default) | LoRA parameters (default) |", "|---|---|---|"]
+    for kind, t in sorted(LORA_TARGETS.items()):
+        lines.append(f"| {kind} | {', '.join(t.modules)} | {', '.join(t.parameters) or '-'} |")
     return "\n".join(lines)
 
 

@@ -21,6 +21,7 @@ the base model needs), `stage_verified` a whole merged model.safetensors for the
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import shutil
@@ -38,7 +39,7 @@ from safetensors.torch import save as st_save
 from areal_core.layout import LAYOUT
 from areal_core.store import Store, UnreadableObject
 from areal_core.weights import DELTA_FILE, WEIGHTS_FILE, WeightsError, sha256
-from areal_core.weights.adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS, lora_scale, merged_weights
+from areal_core.weights.adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_deltas, lora_scale, merged_weights
 from areal_core.weights.delta import decode_delta
 
 MAX_MANIFEST_BYTES = 1 << 20  # a manifest lists a few files and their digests
@@ -153,12 +154,60 @@ def forget(store: Store) -> None:
         _bases.pop(store.uri, None)
 
 
-def _adapter_weights(store: Store, version: int, manifest: dict[str, Any]) -> dict[str, torch.Tensor]:
-    files = {n: read_version_file(store, version, manifest, n) for n in (ADAPTER_WEIGHTS, ADAPTER_CONFIG)}
+_model_bases: dict[str, Any] = {}  # store uri -> init_model loaded by transformers (its own parameter names)
+
+
+def base_model(store: Store) -> Any:
+    """The run's init_model as transformers loads it, read once per store: the base of adapters whose
+    weights the checkpoint names otherwise (transformers 5 fuses MoE experts saved per expert)."""
+    from areal_core.models import load_pretrained
+
+    with _last_lock:
+        if store.uri in _model_bases:
+            return _model_bases[store.uri]
+    model = load_pretrained(store.url(LAYOUT.init_model))[0]
+    with _last_lock:
+        return _model_bases.setdefault(store.uri, model)
+
+
+def _adapter_files(store: Store, version: int, manifest: dict[str, Any]) -> dict[str, bytes]:
+    return {n: read_version_file(store, version, manifest, n) for n in (ADAPTER_WEIGHTS, ADAPTER_CONFIG)}
+
+
+def _merged(store: Store, version: int, files: dict[str, bytes]) -> tuple[dict[str, torch.Tensor], bool]:
+    """(adapted weights merged into the base, in the model's own names; whether the checkpoint's
+    tensors hold them under those names): from init_model's tensors, else from its loaded model
+    (fused experts), cast back to the dtype the checkpoint stores."""
     try:
-        return merged_weights(base_tensors(store), files)
+        names = set(adapter_deltas(files))
+        tensors = base_tensors(store)
+        if names <= set(tensors):
+            return merged_weights(tensors, files), True
+        model = base_model(store)
+        stored = getattr(model, "stored_dtype", torch.float32)
+        base = {k: v.to(stored) for k, v in model.state_dict().items() if k in names}
+        return merged_weights(base, files), False
     except Exception as exc:  # noqa: BLE001 - a malformed adapter file or config, or a shape mismatch
         raise WeightsError(f"weights v{version}: the adapter does not apply to {LAYOUT.init_model}: {exc}") from None
+
+
+def _adapter_weights(store: Store, version: int, manifest: dict[str, Any]) -> dict[str, torch.Tensor]:
+    return _merged(store, version, _adapter_files(store, version, manifest))[0]
+
+
+def _write_merged_checkpoint(store: Store, version: int, manifest: dict[str, Any], folder: Path) -> None:
+    """init_model with the adapter merged in, as a whole checkpoint in `folder`: the base tensors
+    with the merged ones replaced or, where the checkpoint names the adapted weights otherwise, the
+    loaded base model with them installed, saved by transformers (which writes its checkpoint names)."""
+    from areal_core.models import save_pretrained
+
+    merged, same_names = _merged(store, version, _adapter_files(store, version, manifest))
+    if same_names:
+        (folder / WEIGHTS_FILE).write_bytes(st_save({**base_tensors(store), **merged}, metadata={"format": "pt"}))
+        return
+    model = copy.deepcopy(base_model(store))
+    model.load_state_dict(merged, strict=False)
+    save_pretrained(model, None, folder, dtype=getattr(model, "stored_dtype", None))
 
 
 def load_state_dict(store: Store, version: int) -> dict[str, torch.Tensor]:
@@ -215,8 +264,7 @@ def stage_verified(store: Store, version: int, staging_root: str | Path) -> Path
             if name == ADAPTER_CONFIG:
                 continue
             if name == ADAPTER_WEIGHTS:  # a whole checkpoint: init_model with the adapter merged in
-                merged = {**base_tensors(store), **_adapter_weights(store, version, manifest)}
-                (tmp / WEIGHTS_FILE).write_bytes(st_save(merged, metadata={"format": "pt"}))
+                _write_merged_checkpoint(store, version, manifest, tmp)
                 continue
             (tmp / name).write_bytes(read_version_file(store, version, manifest, name))
             if name.endswith(".safetensors"):  # the header parses and fits the file, as the server will need
