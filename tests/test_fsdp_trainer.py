@@ -26,6 +26,7 @@ from areal_core.run.launcher import start_role
 from areal_core.run.roles import run_role
 from areal_core.store import Store
 from areal_core.train import checkpoint
+from areal_core.train.accounting import row_accounting
 from tests.conftest import BIN, ROOT, TINY
 
 # graded groups with rewards that vary inside every group (the tiny model rarely solves a problem,
@@ -273,20 +274,13 @@ def test_two_rank_trainer_killed_mid_run_resumes_without_training_a_sample_twice
             assert not any(lo <= v <= hi for v in produced for lo, hi in abandoned), (r["step"], sid)
     redone = [r for r in records if r["step"] >= ckpt]
     assert all(r["abandoned_versions"] == [list(a) for a in abandoned] for r in redone)
-    # every graded sample: trained, dropped (stale or abandoned), pending or never consumed
-    final = store.read_json(LAYOUT.checkpoint_file(steps, "state.json"))
-    raw = store.read_bytes(LAYOUT.checkpoint_file(steps, "pending.arrow"))
-    pending = {s.sample_id for s in decode_shard(raw)} if raw else set()
-    dropped = {sid for r in records for sid, _ in r["dropped"] + r.get("abandoned", [])}
-    consumed = set(final["consumed"])
-    unconsumed = {
-        s.sample_id
-        for rel in store.find("trajectories/graded", ".arrow")
-        if rel not in consumed
-        for s in read(store, rel)
-    }
-    unaccounted = set(graded) - set(trained) - dropped - pending - unconsumed
-    counters = final["counters"]
-    idle = counters["dropped_samples"] + counters.get("abandoned_samples", 0) - len(dropped)
-    assert len(unaccounted) == idle, (len(unaccounted), idle)
+    # every written sample: trained, dropped with a record (stale or abandoned), pending or never
+    # consumed, once, from the records alone (train/accounting.py)
+    rows = row_accounting(store)
+    settled_twice = (rows["trained_twice"], rows["dropped_twice"], rows["dropped_and_trained"])
+    assert rows["lost"] == 0 and settled_twice == (0, 0, 0), rows
+    counters = store.read_json(LAYOUT.done)["counters"]
+    by_reason = rows["dropped_by_reason"]
+    assert by_reason.get("stale", 0) == counters["dropped_samples"], (rows, counters)
+    assert by_reason.get("abandoned_version", 0) == counters.get("abandoned_samples", 0), (rows, counters)
     print(f"killed at step {killed_at}: checkpoint {ckpt}, newest v{newest}, counters {counters}")
