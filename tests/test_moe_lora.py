@@ -185,3 +185,18 @@ def decode_tensors(data: bytes) -> dict[str, torch.Tensor]:
     from safetensors.torch import load
 
     return load(data)
+
+
+@pytest.mark.parametrize(("model_type", "native"), [("qwen3_moe", False), ("gpt_oss", False), ("llama", True)])
+def test_vllm_serves_an_expert_adapter_merged_unless_told_native(model_type, native, tmp_path):
+    """On a GPU `rollout.server.lora=auto` is native LoRA, but not for an MoE whose adapter holds
+    fused expert weights (docs/vllm.md: vLLM's native reading of those is per class, untested here)."""
+    from areal_core.config import load_config
+    from areal_core.rollout.factory import vllm_native_lora
+    from areal_core.store import Store
+
+    store = Store(str(tmp_path))
+    store.write_json(LAYOUT.init_config, {"model_type": model_type})
+    run = ["rollout.engine=vllm", "rollout.server.url=http://127.0.0.1:9", "train.lora_rank=8", "device=cuda"]
+    assert vllm_native_lora(load_config(None, run), store) is native
+    assert vllm_native_lora(load_config(None, [*run, "rollout.server.lora=native"]), store) is True

@@ -95,18 +95,30 @@ def build_local_engine(cfg: RunConfig, model: Any, tokenizer: Any, version: int,
     return TorchEngine(model, pad, eos, version, seed=seed, swap_mid_generation=mid, reprefill_budget=budget)
 
 
-def vllm_native_lora(cfg: RunConfig) -> bool:
+def vllm_native_lora(cfg: RunConfig, store: Store | None = None) -> bool:
     """Whether vLLM serves a LoRA run's versions as adapters by name (native LoRA) or merged into
     whole checkpoints: `rollout.server.lora`; auto is merged on CPU, where four native-LoRA SmolLM2
     runs learned less than all seven built-in and merged-reload runs (0.24–0.345 against 0.36–0.57
     held-out, docs/benchmarks.md) while at a fixed adapter in float32 both sample the same policy,
-    and native elsewhere (vLLM's GPU LoRA kernels; an adapter swap costs 0.27 s, a merged reload 2.9 s)."""
+    and native elsewhere (vLLM's GPU LoRA kernels; an adapter swap costs 0.27 s, a merged reload 2.9 s),
+    but for an MoE whose default adapter holds fused expert weights (`store`'s init_model; vLLM's
+    native reading of those is per model class and untested here: docs/vllm.md)."""
     mode = cfg.rollout.server.lora
     if "AREAL_VLLM_LORA" in os.environ:  # the variable this setting replaced
         log.warning("AREAL_VLLM_LORA is ignored: set rollout.server.lora (native | merged | auto) instead")
     if mode == "auto":
-        mode = "merged" if cfg.device == "cpu" else "native"
+        mode = "merged" if cfg.device == "cpu" or _expert_adapter(store) else "native"
     return cfg.train.lora_rank > 0 and mode == "native"
+
+
+def _expert_adapter(store: Store | None) -> bool:
+    """Whether the run's init_model is an MoE whose default LoRA targets its fused expert weights."""
+    from areal_core.architecture import LORA_TARGETS
+
+    if store is None or not store.exists(LAYOUT.init_config):
+        return False
+    entry = LORA_TARGETS.get(str(store.read_json(LAYOUT.init_config).get("model_type")))
+    return bool(entry and entry.parameters)
 
 
 def build_remote_engine(cfg: RunConfig, store: Store, version: int, eos_id: int | None, index: int = 0) -> Any:
@@ -116,7 +128,7 @@ def build_remote_engine(cfg: RunConfig, store: Store, version: int, eos_id: int 
         from areal_core.rollout.vllm_engine import VLLMEngine
         from areal_core.rollout.vllm_server import server_spec
 
-        native = vllm_native_lora(cfg)
+        native = vllm_native_lora(cfg, store)
         if srv.url:
             engine = VLLMEngine(srv.url, version, eos_id, interrupt=srv.interrupt, store=store, lora=native)
             if native:  # the server at the URL runs init_model with --enable-lora and sees this host's disk
