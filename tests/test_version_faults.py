@@ -388,3 +388,34 @@ def test_a_proxy_following_a_runs_weights_reports_a_version_it_cannot_load(tmp_p
     finally:
         follower.stop()
     assert engine.version == 1 and not store.exists(LAYOUT.weights_fault("proxy-3"))
+
+
+def test_a_retired_proxy_stops_following_and_says_so(tmp_path):
+    """A proxy following a run's weights that fails a version the trainer verifies: restarted once,
+    then, once the trainer retires it, it stops following and /health's ok turns false."""
+    from areal_core.proxy.versions import Follower, make_source
+
+    store = Store(str(tmp_path / "run"))
+    pub = WeightPublisher(store, {})
+    pub.publish(0, weights(0))
+    pub.publish(1, weights(1))
+
+    class Engine:  # a bad pod: every load fails, though the store holds good versions
+        version = 0
+
+        def receive(self, s: Store, v: int) -> None:
+            raise WeightsError(f"weights v{v}: the engine's memory is bad")
+
+    follower = Follower(make_source(store.url(LAYOUT.weights_root)), Engine(), 0.001, worker_id="proxy-3").start()
+    try:
+        deadline = time.monotonic() + 120
+        while not [r for r in reports(store) if r.failures >= RETIRE_AFTER] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert follower.healthy() and follower.faults.restarts == 1
+        retire(store, reports(store)[0])  # what the waiting trainer does (train/sinks.py)
+        while follower.watcher.alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        follower.stop()
+    assert not follower.healthy() and follower.describe()["retired"] and not follower.watcher.alive()
+    assert retired_groups(store) == {"proxy-3": 0} and reports(store) == []
