@@ -1,5 +1,7 @@
 """A version its readers cannot load never stalls a run (issue 46): the readers report it, the
-trainer republishes it whole or stops the run with the reason (weights/faults.py)."""
+trainer republishes it whole or stops the run with the reason (weights/faults.py). A reader that
+alone fails a version that verifies restarts its loader once, then is retired while the run goes
+on (issue 54; the whole run: tests/test_bad_reader.py)."""
 
 from __future__ import annotations
 
