@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from areal_core.reward.latex import boxed_contents, boxed_spans
-from areal_core.reward.math_expr import commits, expression_reward
+from areal_core.reward.math_expr import commits, expression_reward, math_segments
 
 __all__ = ["boxed_contents", "boxed_spans", "final_answer", "gsm8k_reward", "math_reward"]
 
@@ -246,6 +246,23 @@ def _strip_percent(text: str) -> str:
 
 
 _NOT_PLAIN = re.compile(r"[a-zA-Z^_{}()\[\]=*+\\]")  # anything that makes a span more than numbers
+_RELATION = re.compile(r"[=<>≤≥≠≈∈]|\\(?:[gl]eq?|neq?|approx|sim|equiv|in)(?![a-zA-Z])")
+_STRUCTURE = re.compile(r"[=<>≤≥≠≈∈;&|~]|\\")  # a relation, a separator or a command: a box read as answers
+_PROSE_UNIT = re.compile(r"(?<=\d)[ \t]+([A-Za-z][A-Za-z ]*?)[ \t]*\.?$")  # "x = 18 dollars." -> 18 \text{dollars}
+
+
+def _answers_pay(text: str, kind: str, reference: str) -> bool:
+    """Every answer of a marked span (a box, or the math of a `####` or answer line) is the reference's number:
+    `x + y = 3`, `\\pi = 3`, `x = 3 \\implies y` are not 3 (areal_core/reward/math_answers.py). The last line
+    without a marker is prose, read as before."""
+    from areal_core.reward.math_answers import answer_pays, read_reference
+
+    pieces = [text] if kind == "boxed" else math_segments(text.replace("\\$", ""))  # `$\\$18$`: currency
+    if kind == "last number" or not (_STRUCTURE if pieces else _RELATION).search(text):
+        return True
+    ref = read_reference(reference.strip().strip("$").strip())
+    pieces = pieces or [_PROSE_UNIT.sub(r" \\text{\1}", text.strip())]
+    return ref is not None and all(answer_pays(piece, ref) for piece in pieces)
 
 
 def math_reward(completion: str, reference: str) -> float:
@@ -297,6 +314,8 @@ def math_reward(completion: str, reference: str) -> float:
             _HEDGE.search(_LATEX_TEXT.sub(r" \1 ", text)) or not _NOT_PLAIN.search(_clean(text).replace("$", ""))
         ):
             return 0.0
+    if not all(_answers_pay(text, answer.kind, _strip_percent(reference)) for text in candidates):
+        return 0.0
     gold = parse(_strip_percent(reference)[:MAX_SPAN], parsing_timeout=5)
     for text in candidates:
         # the last line without a marker: its end, where the answer is; otherwise the span's start

@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from typing import Any
+from typing import TYPE_CHECKING
 
 from areal_core.reward.latex import boxed_spans
+
+if TYPE_CHECKING:
+    from areal_core.reward.math_answers import Reference
 
 MAX_PIECE = 500
 MAX_PIECES = 6
@@ -46,7 +49,6 @@ _MATH_SEGMENT = re.compile(
     r"\$\$(.{1,2000}?)\$\$|\$(.{1,2000}?)\$|\\\((.{1,2000}?)\\\)|\\\[(.{1,2000}?)\\\]", re.DOTALL
 )
 MAX_DEPTH = 10  # brace nesting of a piece (math-verify's parse grows steeply with it)
-MAX_SIDES = 4  # sides of an equation chain
 _THOUSANDS = re.compile(r"(?<=\d)(?:,\\!|\{,\}|\\,)(?=\d{3}(?!\d))")  # 10,\!000 (MATH's numbers)
 _LONG_DECIMAL = re.compile(r"\d\.\d{3,}")
 _TEXT_CONTENT = re.compile(r"\\(?:text|textbf|textit|mathrm|mbox|textrm|texttt|textsf)\s*\{([^{}]*)\}")
@@ -56,10 +58,9 @@ _PHRASE_LINE = re.compile(
     r"([^\n]*)",
     re.IGNORECASE,
 )
-# a number's base, as MATH writes it (1011_2, 10_{8}): math-verify drops it, so it is compared here
-_BASE = re.compile(r"(?<=[0-9A-Za-z}])_\{?(\d+)\}?")
-# a top-level "=": not part of \leq, \geq, \neq, <=, >=, !=, :=, ==
-_EQUALS = re.compile(r"(?<![<>!:=\\])=(?!=)")
+# a number's base, as MATH writes it (1011_2, 10_{8}, A3F_{16}; not a name's index, x_1): math-verify drops it,
+# so it is compared here
+_BASE = re.compile(r"(?<=[0-9A-F}])_\{?(\d+)\}?")
 
 
 def _words(text: str) -> str:
@@ -90,62 +91,21 @@ def _unwrap(reference: str) -> str:
     return ref
 
 
-def _parse(latex: str) -> list[Any]:
-    from math_verify import parse
+def piece_matches(piece: str, ref: Reference) -> bool:
+    """One answer piece (LaTeX, no `$`) against the reference: each answer it names, equations and their sides
+    included (areal_core/reward/math_answers.py)."""
+    from areal_core.reward.math_answers import answer_pays
 
-    return parse(f"${latex[:MAX_PIECE]}$", parsing_timeout=TIMEOUT_S)
-
-
-def _same(gold: list[Any], latex: str) -> bool:
-    from math_verify import verify
-
-    pred = _parse(latex)
-    return bool(gold and pred and verify(gold, pred, timeout_seconds=TIMEOUT_S))
-
-
-def _constant(latex: str) -> bool:
-    """The piece parses to something without free symbols (a number, π, a set of numbers)."""
-    parsed = _parse(latex)
-    if not parsed:
-        return False
-    symbols = getattr(parsed[0], "free_symbols", None)
-    return symbols is not None and not symbols
-
-
-def _split_top_level(text: str, pattern: re.Pattern[str]) -> list[str]:
-    """`text` split at the matches of `pattern` outside braces, brackets and parentheses."""
-    parts, depth, start = [], 0, 0
-    for i, c in enumerate(text):
-        if c in "{[(":
-            depth += 1
-        elif c in "}])":
-            depth = max(0, depth - 1)
-        elif depth == 0 and pattern.match(text, i):
-            parts.append(text[start:i])
-            start = i + 1
-    parts.append(text[start:])
-    return [p.strip() for p in parts]
-
-
-def piece_matches(piece: str, gold: list[Any], reference: str) -> bool:
-    """One answer piece (LaTeX, no `$`) against the parsed reference, the `=` rule included."""
     piece = _THOUSANDS.sub("", piece.strip().rstrip(".").strip())
     if not piece or _depth(piece) > MAX_DEPTH:
         return False
-    if sorted(_BASE.findall(piece)) != sorted(_BASE.findall(reference)):  # 10_8 is not 10_9
+    if sorted(_BASE.findall(piece)) != sorted(_BASE.findall(ref.latex)):  # 10_8 is not 10_9
         return False
-    if "." not in reference and _LONG_DECIMAL.search(piece):  # 6.283185 for 2π: an approximation
+    if "." not in ref.latex and _LONG_DECIMAL.search(piece):  # 6.283185 for 2π: an approximation
         return False
-    if "\\text" not in reference and any(re.search(r"[^A-Za-z ]", t) for t in _TEXT_CONTENT.findall(piece)):
+    if "\\text" not in ref.latex and any(re.search(r"[^A-Za-z ]", t) for t in _TEXT_CONTENT.findall(piece)):
         return False  # `2\pi \text{(}\pi\text{)}`: text that is not words hides a value
-    if "=" not in reference and _EQUALS.search(piece):
-        sides = [s for s in _split_top_level(piece, _EQUALS) if s]
-        if len(sides) > MAX_SIDES:
-            return False
-        constants = [s for s in sides if _constant(s)]
-        if constants:  # the other sides may only name the answer (x, f(3), \theta), never hold a value
-            return all(_NAME.match(s) for s in sides if s not in constants) and all(_same(gold, s) for s in constants)
-    return _same(gold, piece)
+    return answer_pays(piece, ref)
 
 
 def _depth(text: str) -> int:
@@ -193,6 +153,11 @@ def _segment(match: re.Match[str]) -> str:
     return next(g for g in match.groups() if g is not None)
 
 
+def math_segments(text: str) -> list[str]:
+    """The contents of the `$..$`, `$$..$$`, `\\(..\\)` and `\\[..\\]` segments of `text`, in order."""
+    return [_segment(m) for m in _MATH_SEGMENT.finditer(text)]
+
+
 # After the final answer only prose may follow: no math, digits, commands, single-letter values,
 # or words that add or qualify a value (in any of these languages' "or").
 _TAIL_MATH = re.compile(r"[0-9$\\^_{}=|/<>+*~±≈∞]|\([A-Za-z]\)|(?<![A-Za-z'])(?![aAI]\b)[A-Za-z](?![A-Za-z'])")
@@ -205,7 +170,6 @@ _MAX_TAIL = 200
 _BOX_TOKEN = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])")
 # what may stand before a box inside its math segment: nothing, or a name and `=` ("x =", "p(x) =")
 _BOX_PREFIX = re.compile(r"^\s*(?:(?:[A-Za-z]|\\[a-zA-Z]+)(?:_\{?\w+\}?)?(?:\([^()]*\))?\s*=\s*)?$")
-_NAME = re.compile(r"^\s*(?:[A-Za-z]|\\[a-zA-Z]+)(?:_\{?\w+\}?)?(?:\([^()]*\))?\s*$")  # x, x_1, f(3), \theta
 
 
 def commits(completion: str, reference: str) -> bool:
@@ -236,9 +200,13 @@ def commits(completion: str, reference: str) -> bool:
 
 def expression_reward(completion: str, reference: str) -> float:
     """1.0 when every value the completion's deciding text offers is the reference's answer, else 0.0."""
+    from areal_core.reward.math_answers import read_reference
+
     ref = _unwrap(reference)
-    gold = _parse(ref)
-    if not gold or not commits(completion, ref):
+    if not commits(completion, ref):
+        return 0.0
+    reference_read = read_reference(ref)
+    if reference_read is None:
         return 0.0
     pieces, prose = _deciding_texts(completion)
     pieces = list(dict.fromkeys(p.strip() for p in pieces if p.strip()))
@@ -246,4 +214,4 @@ def expression_reward(completion: str, reference: str) -> float:
         return 0.0
     if any(hedges(text, ref) for text in prose):
         return 0.0
-    return 1.0 if all(piece_matches(p, gold, ref) for p in pieces) else 0.0
+    return 1.0 if all(piece_matches(p, reference_read) for p in pieces) else 0.0
