@@ -1,6 +1,6 @@
 """A Llama-family decoder (Qwen2, Qwen3, Llama, Mistral, Phi-3; tied or untied embeddings, with or
-without attention / MLP biases, fused or separate projections, sliding windows per layer) run over
-a pre-allocated per-slot KV cache.
+without attention / MLP biases, fused or separate projections, sliding windows per layer; Qwen2-MoE
+and Qwen3-MoE, whose sparse MLPs are `moe_block.py`'s) run over a pre-allocated per-slot KV cache.
 
 The cache is one static buffer per layer, `KV: [2, slots, kv_heads, max_len, head_dim]`, allocated
 once; a slot (row) holds one sequence from position 0, so every row has its own length and
@@ -21,6 +21,10 @@ leaves unchanged (v is not permuted), so the outputs equal the model's.
 `prefill` runs whole (right-padded) sequences causally and writes their K/V into given rows;
 `decode` runs one token per active row 0..n−1 at that row's position.
 
+A mixture-of-experts layer replaces the MLP line by `moe_block.moe_mlp_into` (top-k routed
+experts, grouped by expert over all the pass's tokens, plus Qwen2-MoE's gated shared expert);
+dense layers between them (mlp_only_layers, decoder_sparse_step) keep the line above.
+
 Anything else (another architecture, activation, layer type, a context-dependent or partial RoPE) is
 refused by `check_supported` with an `UnsupportedModel` naming it; the torch engine, which runs
 the model's own HF forward, serves those.
@@ -34,8 +38,9 @@ import torch
 import torch.nn.functional as F
 
 from areal_core.architecture import UnsupportedArchitecture, attention_windows
+from areal_core.rollout.moe_block import MoeMlp, moe_mlp_into, read_moe, unsupported_moe
 
-SUPPORTED = {"qwen2", "qwen3", "llama", "mistral", "phi3"}
+SUPPORTED = {"qwen2", "qwen3", "llama", "mistral", "phi3", "qwen2_moe", "qwen3_moe"}
 
 
 class UnsupportedModel(ValueError):
@@ -50,12 +55,13 @@ class _Layer:
     b_qkv: torch.Tensor | None
     w_o: torch.Tensor
     b_o: torch.Tensor | None
-    w_gate_up: torch.Tensor
+    w_gate_up: torch.Tensor | None  # None: a sparse layer (`moe`)
     b_gate_up: torch.Tensor | None
-    w_down: torch.Tensor
+    w_down: torch.Tensor | None
     b_down: torch.Tensor | None
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
+    moe: MoeMlp | None = None
 
 
 def check_supported(model: torch.nn.Module) -> None:
@@ -79,6 +85,9 @@ def check_supported(model: torch.nn.Module) -> None:
         raise UnsupportedModel(f"continuous engine needs a position-only RoPE table, not {rope!r}")
     if float(getattr(cfg, "partial_rotary_factor", 1.0) or 1.0) != 1.0:
         raise UnsupportedModel("continuous engine needs RoPE over the whole head (partial_rotary_factor 1)")
+    moe = unsupported_moe(model)
+    if moe:
+        raise UnsupportedModel(f"continuous engine: {moe}")
 
 
 def _attention_weights(a: torch.nn.Module, q: int, kv: int) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
@@ -97,6 +106,14 @@ def _mlp_weights(m: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]
         return m.gate_up_proj.weight, m.gate_up_proj.bias
     bias = None if m.gate_proj.bias is None else torch.cat([m.gate_proj.bias, m.up_proj.bias])
     return torch.cat([m.gate_proj.weight, m.up_proj.weight]), bias
+
+
+def _refreshed_moe(old: MoeMlp, new: MoeMlp) -> MoeMlp:
+    """`new` (views of the swapped-in weights) with the shared expert's fused gate|up copied into
+    `old`'s buffer: no reallocation per swap."""
+    if old.shared_gate_up is not None:
+        new.shared_gate_up = old.shared_gate_up.copy_(new.shared_gate_up)
+    return new
 
 
 class StaticCacheDecoder:
@@ -148,7 +165,8 @@ class StaticCacheDecoder:
             bias = None
             if b is not None:
                 bias = torch.cat([self._permute_heads(b[0], H), self._permute_heads(b[1], KVH), b[2]])
-            gate_up, gate_up_bias = _mlp_weights(m)
+            moe = read_moe(m, i)
+            gate_up, gate_up_bias = (None, None) if moe else _mlp_weights(m)
             q_norm = getattr(getattr(a, "q_norm", None), "weight", None)
             k_norm = getattr(getattr(a, "k_norm", None), "weight", None)
             if fresh:
@@ -162,16 +180,20 @@ class StaticCacheDecoder:
                         b_o=a.o_proj.bias,
                         w_gate_up=gate_up,
                         b_gate_up=gate_up_bias,
-                        w_down=m.down_proj.weight,
-                        b_down=m.down_proj.bias,
+                        w_down=None if moe else m.down_proj.weight,
+                        b_down=None if moe else m.down_proj.bias,
                         q_norm=None if q_norm is None else q_norm[self._perm].clone(),
                         k_norm=None if k_norm is None else k_norm[self._perm].clone(),
+                        moe=moe,
                     )
                 )
             else:  # copy into the existing buffers: no reallocation per swap
                 L = self.layers[i]
                 L.w_qkv.copy_(qkv)
-                L.w_gate_up.copy_(gate_up)
+                if moe is not None:
+                    L.moe = _refreshed_moe(L.moe, moe)
+                else:
+                    L.w_gate_up.copy_(gate_up)
                 if gate_up_bias is not None:
                     L.b_gate_up.copy_(gate_up_bias)
                 if bias is not None:
@@ -207,7 +229,10 @@ class StaticCacheDecoder:
         return qkv
 
     def _mlp_into(self, L: _Layer, x: torch.Tensor) -> torch.Tensor:
-        """x + W_down·(silu(W_gate·n(x)) ⊙ W_up·n(x)), the residual folded into the GEMM."""
+        """x + W_down·(silu(W_gate·n(x)) ⊙ W_up·n(x)), the residual folded into the GEMM; a sparse
+        layer's routed (and shared) experts instead (`moe_block.moe_mlp_into`)."""
+        if L.moe is not None:
+            return moe_mlp_into(L.moe, x, self._rms(x, L.ln2))
         g, u = F.linear(self._rms(x, L.ln2), L.w_gate_up, L.b_gate_up).chunk(2, dim=-1)
         out = torch.addmm(x, F.silu(g).mul_(u), L.w_down.t())
         return out if L.b_down is None else out.add_(L.b_down)
