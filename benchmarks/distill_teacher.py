@@ -7,11 +7,11 @@ The teacher is SFT only, from configs/default.yaml with a model 1.5× as wide (h
 intermediate 576), 800 SFT steps instead of 220, and two-step problems at their natural share
 of the demonstrations (`sft.multi_step_fraction=0.5`; the student's SFT keeps 0.05). Its tokenizer
 is trained on the same task text, so it is the student's (the trainer refuses a teacher with
-another). Prints its held-out greedy accuracy and the `algo.teacher_path` to pass to
+another). Prints its held-out greedy accuracy and the `algo.distill.teacher_path` to pass to
 `configs/algorithms/distill.yaml`, e.g.
 
     PYTHONPATH=. .venv/bin/python benchmarks/algorithm_matrix.py --steps 200 --eval 500 --algos distill \\
-        --etas 2 --extra --root runs/bench-algos-27-distill algo.teacher_path=<printed>
+        --etas 2 --extra --root runs/bench-algos-27-distill algo.distill.teacher_path=<printed>
 """
 
 from __future__ import annotations

@@ -278,7 +278,7 @@ def test_gspo_equals_ppo_when_token_ratios_are_equal():
 
 def value_loss(values, old_values, returns, mask, value_clip):
     x = dict(values=values, old_values=old_values, returns=returns)
-    return call(critic_loss, values, values, values, None, mask, value_clip=value_clip, **x)
+    return call(critic_loss, values, values, values, None, mask, critic={"clip": value_clip}, **x)
 
 
 def test_critic_loss_with_value_clipping():
@@ -538,7 +538,7 @@ def test_dpo_through_compute_loss_uses_group_pairs():
     assert loss.item() == approx(math.log(2)) and m["pref_pairs"] == 2.0
     ref = logp.detach().clone()
     ref[0] -= 1.0 / mask[0].sum()  # chosen of pair 0 gains exactly 1 nat over the reference
-    loss, _ = compute_loss(from_preset("dpo", dpo_beta=1.0), logp, logp, logp, rewards, gi, mask, ref_logp=ref)
+    loss, _ = compute_loss(from_preset("dpo", dpo={"beta": 1.0}), logp, logp, logp, rewards, gi, mask, ref_logp=ref)
     want = (-math.log(1 / (1 + math.exp(-1))) + math.log(2)) / 2
     assert loss.item() == approx(want, rel=1e-5)
 

@@ -14,13 +14,13 @@ import pytest
 import torch
 
 from areal_core.config import ConfigError
-from areal_core.config.algorithm import AlgorithmConfig, from_preset
+from areal_core.config.algorithm import from_preset
 from areal_core.context import load_run_config
 from areal_core.layout import LAYOUT
 from areal_core.models import load_pretrained, save_pretrained
 from areal_core.train.algorithm import compute_loss, required_inputs
 from areal_core.train.loss import check_algorithm, get_loss
-from areal_core.train.loss.distill import distill_term
+from areal_core.train.loss.distill import DistillSettings, distill_term
 from areal_core.train.parts import load_parts
 from areal_core.train.step import train_step
 from tests.loss_inputs import call, ppo
@@ -47,7 +47,7 @@ def test_value_and_gradient_by_hand():
     (grad,) = torch.autograd.grad(kd, logp)  # w·r·d / N: the score-function gradient, not w·r / N
     assert grad[0].tolist() == approx([2 * d[0] / 3, 0.8 * d[1] / 3, 0.0], rel=1e-6, abs=1e-8)
     assert st["distill_rkl"] == approx(sum(d) / 3, rel=1e-6) and st["distill_importance_weight_max"] == approx(2.0)
-    # through the config: distillation alone (distill_rl_coef 0) is β_KD · L_KD
+    # through the config: distillation alone (algo.distill.rl_coef 0) is β_KD · L_KD
     cfg = from_preset("distill_only")
     loss, m = compute_loss(cfg, logp, prox, behav, *ARGS, mask, advantages=torch.ones(1, 3), teacher_logp=teacher)
     assert loss.item() == approx(kd.item(), rel=1e-6) and "loss_rl" not in m and m["loss_distill"] == kd.item()
@@ -96,7 +96,8 @@ def test_masked_tokens_the_missing_teacher_and_the_declarations():
     loss = get_loss("distill")
     assert loss.needs == {"advantages", "teacher_logp"} and loss.distributed and loss.level == "token"
     assert check_algorithm(cfg, distributed=True) == [loss]
-    assert AlgorithmConfig().teacher_path == "" and cfg.distill_coef == 0.1 and cfg.distill_rl_coef == 1.0
+    settings = DistillSettings.of(cfg)
+    assert (settings.teacher_path, settings.coef, settings.rl_coef) == ("", 0.1, 1.0)
     with pytest.raises(ValueError, match="teacher model"):
         train_step(None, None, [], load_run_config_for("algo.loss=distill"), 0)
 
@@ -116,19 +117,19 @@ def test_the_teacher_is_loaded_like_the_reference_model_and_trains_the_student(t
             p.add_(0.5 * torch.randn_like(p))
     teacher_dir = tmp_path / "teacher"
     save_pretrained(model, tok, teacher_dir)
-    seen, parts = trainer_run(tmp_path / "s", "algo.loss=distill", f"algo.teacher_path={teacher_dir}")
+    seen, parts = trainer_run(tmp_path / "s", "algo.loss=distill", f"algo.distill.teacher_path={teacher_dir}")
     assert parts.teacher_model is not None and parts.ref_model is None
     assert not any(p.requires_grad for p in parts.teacher_model.parameters())
     assert torch.equal(next(parts.teacher_model.parameters()), next(model.parameters()))  # not trained
     assert all(m["distill_rkl"] != 0 and "loss_rl" in m and "clip_frac" in m for m in seen)
     # empty teacher_path: the initial checkpoint, so at the first step the student is the teacher
-    seen, parts = trainer_run(tmp_path / "d", "algo.loss=distill", "algo.distill_rl_coef=0.0")
+    seen, parts = trainer_run(tmp_path / "d", "algo.loss=distill", "algo.distill.rl_coef=0.0")
     assert seen[0]["distill_rkl"] == approx(0.0, abs=1e-6) and "loss_rl" not in seen[0]
     # another tokenizer is refused, naming the key
     odd = tmp_path / "odd"
     shutil.copytree(teacher_dir, odd)
     tok.add_tokens(["<not-in-the-student>"])
     tok.save_pretrained(odd)
-    run_uri, store = prepared(tmp_path / "x", "algo.loss=distill", f"algo.teacher_path={odd}")
-    with pytest.raises(ConfigError, match="algo.teacher_path"):
+    run_uri, store = prepared(tmp_path / "x", "algo.loss=distill", f"algo.distill.teacher_path={odd}")
+    with pytest.raises(ConfigError, match="'algo.distill.teacher_path'"):
         load_parts(store.url(LAYOUT.init_model), load_run_config(store))

@@ -15,7 +15,7 @@ import torch
 from areal_core.config.algorithm import AlgorithmConfig, from_preset
 from areal_core.train.algorithm import compute_loss, required_inputs
 from areal_core.train.loss import check_algorithm, get_loss
-from areal_core.train.loss.kpop import binary_kl, kpop_keep
+from areal_core.train.loss.kpop import KpopSettings, binary_kl, kpop_keep
 from tests.loss_inputs import ppo
 from tests.test_m2po import trainer_run
 
@@ -89,7 +89,7 @@ def test_with_nothing_masked_it_is_decoupled_ppo_with_the_raw_weight():
     behav = prox + 0.3 * torch.randn(3, 6, generator=g)
     adv = torch.randn(3, 6, generator=g)
     mask = (torch.rand(3, 6, generator=g) > 0.3).float()
-    cfg = AlgorithmConfig(loss="kpop", kpop_threshold=100.0, dual_clip=3.0)
+    cfg = AlgorithmConfig(loss="kpop", kpop={"threshold": 100.0}, dual_clip=3.0)
     loss, m = compute_loss(
         cfg, logp, prox, behav, torch.zeros(3), torch.zeros(3, dtype=torch.long), mask, advantages=adv
     )
@@ -109,9 +109,13 @@ def test_with_nothing_masked_it_is_decoupled_ppo_with_the_raw_weight():
 
 def test_the_preset_the_declarations_and_a_trainer_run(tmp_path):
     cfg = from_preset("kpop")
-    assert cfg.loss == "kpop" and cfg.kpop_threshold == 2.0 and from_preset("icepop").behav_correction == "mask"
+    assert (
+        cfg.loss == "kpop"
+        and KpopSettings.of(cfg).threshold == 2.0
+        and from_preset("icepop").behav_correction == "mask"
+    )
     loss = get_loss("kpop")
     assert loss.needs == {"advantages"} and loss.level == "token" and loss.distributed
     assert required_inputs(cfg) == set() and check_algorithm(cfg, distributed=True) == [loss]
-    seen, _ = trainer_run(tmp_path, "algo.loss=kpop", "algo.kpop_threshold=1e-4")  # tokens near 1/300: KL_b ~ 1e-4
+    seen, _ = trainer_run(tmp_path, "algo.loss=kpop", "algo.kpop.threshold=1e-4")  # tokens near 1/300: KL_b ~ 1e-4
     assert all(0 < m["kpop_masked_frac"] < 1 for m in seen)

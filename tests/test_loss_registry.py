@@ -97,7 +97,9 @@ def test_no_code_outside_the_registry_tests_a_loss_name():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Constant) and node.value in names:
                 found.append((str(path.relative_to(ROOT)), node.value))
-    assert found == [("areal_core/config/algorithm.py", "decoupled_ppo")]  # the default of algo.loss
+    # the default of algo.loss; the previous release's flat keys name the section each moved to, for one release
+    moved = "areal_core/config/moved_keys.py"
+    assert [f for f in found if f[0] != moved] == [("areal_core/config/algorithm.py", "decoupled_ppo")]
 
 
 def test_registration_checks_the_declarations():

@@ -18,7 +18,7 @@ from areal_core.context import load_run_config
 from areal_core.layout import LAYOUT
 from areal_core.train.algorithm import compute_loss, required_inputs
 from areal_core.train.loss import check_algorithm, get_loss
-from areal_core.train.loss.m2po import m2po_mask
+from areal_core.train.loss.m2po import M2poSettings, m2po_mask
 from areal_core.train.parts import TrainerParts, load_parts
 from areal_core.train.sinks import NullSink
 from areal_core.train.sources import Batch
@@ -100,13 +100,13 @@ def test_with_nothing_masked_it_is_decoupled_ppo_and_the_clip_counts_kept_tokens
     adv = torch.randn(4, 6, generator=g)
     mask = (torch.rand(4, 6, generator=g) > 0.3).float()
     args = (torch.zeros(4), torch.zeros(4, dtype=torch.long), mask)
-    loss, m = compute_loss(from_preset("m2po", m2_threshold=10.0), logp, prox, behav, *args, advantages=adv)
+    loss, m = compute_loss(from_preset("m2po", m2po={"threshold": 10.0}), logp, prox, behav, *args, advantages=adv)
     ref, st = ppo(logp, prox, behav, adv, mask, eps_high=0.28, behav_high=5.0)
     g1, g2 = (torch.autograd.grad(x, logits, retain_graph=True)[0] for x in (loss, ref))
     assert loss.item() == approx(ref.item(), rel=1e-6) and torch.allclose(g1, g2, atol=1e-7)
     assert m["m2_masked_frac"] == 0 and m["clip_frac"] == approx(st["clip_frac"], rel=1e-6)
     # masking: the fractions count the kept tokens, and the masked ones give no gradient
-    loss, m = compute_loss(from_preset("m2po", m2_threshold=1e-3), logp, prox, behav, *args, advantages=adv)
+    loss, m = compute_loss(from_preset("m2po", m2po={"threshold": 1e-3}), logp, prox, behav, *args, advantages=adv)
     keep = m2po_mask(prox, behav, mask, 1e-3)
     (grad,) = torch.autograd.grad(loss, logits)
     assert 0 < m["m2_masked_frac"] < 1 and grad[(keep == 0) & (mask > 0)].abs().sum() == 0
@@ -115,14 +115,14 @@ def test_with_nothing_masked_it_is_decoupled_ppo_and_the_clip_counts_kept_tokens
 
 def test_the_preset_the_declarations_and_a_trainer_run(tmp_path):
     cfg = from_preset("m2po")
-    assert cfg.loss == "m2po" and cfg.m2_threshold == 0.04 and required_inputs(cfg) == set()
+    assert cfg.loss == "m2po" and M2poSettings.of(cfg).threshold == 0.04 and required_inputs(cfg) == set()
     loss = get_loss("m2po")
     assert loss.needs == {"advantages"} and loss.level == "token" and not loss.distributed
     assert check_algorithm(cfg) == [loss]
     with pytest.raises(ConfigError, match="cannot run on more than one rank"):
         check_algorithm(cfg, distributed=True)
-    with pytest.raises(ConfigError, match="algo.m2_threshold"):
-        AlgorithmConfig.from_data({"m2_threshold": 0.0}, prefix="algo")
+    with pytest.raises(ConfigError, match="'algo.m2po.threshold' must be > 0"):
+        check_algorithm(AlgorithmConfig.from_data({"loss": "m2po", "m2po": {"threshold": 0.0}}, prefix="algo"))
     seen, _ = trainer_run(tmp_path, "algo.loss=m2po")  # end to end
     assert all(0 < m["m2_masked_frac"] < 1 and m["m2_after"] < 0.04 for m in seen)
 

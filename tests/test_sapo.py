@@ -14,7 +14,7 @@ from areal_core.config import ConfigError
 from areal_core.config.algorithm import AlgorithmConfig, from_preset
 from areal_core.train.algorithm import compute_loss, required_inputs
 from areal_core.train.loss import check_algorithm, get_loss
-from areal_core.train.loss.sapo import sapo_loss
+from areal_core.train.loss.sapo import SapoSettings, sapo_loss
 from tests.loss_inputs import call, loss_inputs, ppo
 from tests.test_m2po import trainer_run
 
@@ -33,7 +33,7 @@ def test_value_and_gradient_by_hand():
     prox = P([0.5, 0.5, 0.4])
     logp = P([0.6, 0.45, 0.4]).requires_grad_()  # r = 1.2, 0.9, 1.0
     adv = torch.tensor([[1.0, -1.0, 2.0]])
-    loss, st = call(sapo_loss, logp, prox, prox, adv, torch.ones(1, 3), sapo_tau_pos=1.0, sapo_tau_neg=1.05)
+    loss, st = call(sapo_loss, logp, prox, prox, adv, torch.ones(1, 3), sapo={"tau_pos": 1.0, "tau_neg": 1.05})
     f = [4 / 1.0 * sig(1.0 * 0.2), 4 / 1.05 * sig(1.05 * -0.1), 4 / 1.0 * sig(0.0)]
     assert loss.item() == approx(-(f[0] * 1 - f[1] * 1 + f[2] * 2) / 3, rel=1e-6)
     (grad,) = torch.autograd.grad(loss, logp)  # ∂/∂log π_θ = −4σ(1 − σ)·r·A / N
@@ -65,7 +65,7 @@ def test_on_policy_it_is_the_policy_gradient_and_far_tokens_keep_a_small_gradien
     lo = P([0.3])
     weight = []
     for a in (1.0, -1.0):
-        loss, _ = call(sapo_loss, logp1, lo, lo, torch.full((1, 1), a), torch.ones(1, 1), sapo_tau_neg=3.0)
+        loss, _ = call(sapo_loss, logp1, lo, lo, torch.full((1, 1), a), torch.ones(1, 1), sapo={"tau_neg": 3.0})
         (gr,) = torch.autograd.grad(loss, logp1)
         weight.append(abs(gr.item()))
     assert weight[1] < weight[0]
@@ -101,16 +101,17 @@ def test_an_impossible_behaviour_token_is_masked_and_bad_temperatures_are_refuse
     (grad,) = torch.autograd.grad(loss, logp)
     assert math.isfinite(loss.item()) and grad[0, 1].item() == 0.0 and st["behav_nonfinite_frac"] == 0.5
     assert loss.item() == approx(-4 * sig(0.0) / 2, rel=1e-6)
-    with pytest.raises(ValueError, match="positive"):
-        unvalidated = AlgorithmConfig().model_copy(update={"sapo_tau_pos": 0.0})
+    with pytest.raises(ConfigError, match="'algo.sapo.tau_pos' must be > 0"):
+        unvalidated = AlgorithmConfig().model_copy(update={"sapo": {"tau_pos": 0.0}})
         sapo_loss(unvalidated, loss_inputs(logp, prox, prox, torch.ones(1, 2), torch.ones(1, 2)))
-    with pytest.raises(ConfigError, match="algo.sapo_tau_neg"):
-        AlgorithmConfig.from_data({"sapo_tau_neg": -1.0}, prefix="algo")
+    with pytest.raises(ConfigError, match="'algo.sapo.tau_neg' must be > 0"):
+        check_algorithm(AlgorithmConfig.from_data({"loss": "sapo", "sapo": {"tau_neg": -1.0}}, prefix="algo"))
 
 
 def test_the_preset_the_declarations_and_a_trainer_run(tmp_path):
     cfg = from_preset("sapo")
-    assert (cfg.loss, cfg.sapo_tau_pos, cfg.sapo_tau_neg, cfg.aggregation) == ("sapo", 1.0, 1.05, "token_mean")
+    tau = SapoSettings.of(cfg)
+    assert (cfg.loss, tau.tau_pos, tau.tau_neg, cfg.aggregation) == ("sapo", 1.0, 1.05, "token_mean")
     loss = get_loss("sapo")
     assert loss.needs == {"advantages"} and loss.level == "token" and loss.distributed and loss.kl_term
     assert required_inputs(cfg) == set() and check_algorithm(cfg, distributed=True) == [loss]

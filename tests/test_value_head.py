@@ -87,7 +87,7 @@ def test_packed_and_padded_values_agree():
 def test_value_head_trains_toward_returns():
     """Only the value term of the PPO-critic loss (policy log-probs held constant) drives the critic:
     its squared error to the GAE returns falls by > 20×."""
-    cfg = from_preset("ppo_critic", value_clip=0.0, lam=1.0)
+    cfg = from_preset("ppo_critic", critic={"clip": 0.0}, lam=1.0)
     c = critic(lr=3e-3)
     ids, attn, mask, rewards = toy_batch()
     logp = torch.zeros_like(mask)
@@ -170,7 +170,7 @@ def _run(tiny_overrides: list[str], preset: str) -> Store:
 
 @pytest.mark.slow
 def test_ppo_critic_pipeline_runs_without_nan_and_checkpoints_but_never_publishes_the_critic(tiny_overrides):
-    store = _run([*tiny_overrides, "train.steps=6", "algo.critic_lr=1e-3"], "ppo_critic")
+    store = _run([*tiny_overrides, "train.steps=6", "algo.critic.lr=1e-3"], "ppo_critic")
     rows = [json.loads(line) for line in store.read_text("trainer/metrics.jsonl").splitlines() if line]
     assert all("value_loss" in r and "explained_variance" in r and r["critic_grad_norm"] > 0 for r in rows)
     # the critic is in the checkpoint ...
@@ -200,7 +200,7 @@ def test_gspo_pipeline_runs_without_nan(tiny_overrides):
 def test_a_non_finite_critic_gradient_skips_the_critics_step():
     """A NaN in the critic's gradient never reaches its weights or AdamW's moments (as the policy's
     does not, tests/test_fsdp.py); the next finite step updates it as usual."""
-    cfg = from_preset("ppo_critic", value_clip=0.0, lam=1.0)
+    cfg = from_preset("ppo_critic", critic={"clip": 0.0}, lam=1.0)
     c = critic(lr=3e-3)
     ids, attn, mask, rewards = toy_batch()
     logp, gi = torch.zeros_like(mask), torch.tensor([0, 0, 1, 1])

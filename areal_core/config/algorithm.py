@@ -8,6 +8,12 @@ A preset is a file configs/algorithms/<name>.yaml (its `algo:` section); `PRESET
 one, so this model only checks that it is a string: `areal_core.train.loss.check_algorithm`
 validates it against the registry (a ConfigError naming the registered losses); `required_inputs`
 and `train_step` call it first, and so should whatever loads a config before starting work.
+
+This model holds what every loss shares. A loss's own hyperparameters are declared by its module
+(a pydantic model registered with the loss) and given under its name, `algo.<loss>.<key>`
+(`algo.sapo.tau_pos: 1.0`): this layer keeps each such mapping as given (`section`), and
+`check_algorithm` validates it against the loss's model at prepare. The flat keys they replaced
+(`algo.sapo_tau_pos`) are read for one more release (config/moved_keys.py).
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import functools
 from pathlib import Path
 from typing import Any, Literal, Self, get_args
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from areal_core.config.base import (
     PROJECT_ROOT,
@@ -27,8 +33,10 @@ from areal_core.config.base import (
     Int,
     Invalid,
     Str,
+    Unknown,
     read_yaml_file,
 )
+from areal_core.config.moved_keys import move_flat_keys
 
 AdvEstimator = Literal[
     "grpo",
@@ -56,6 +64,12 @@ KL_ESTIMATORS: tuple[str, ...] = get_args(KlEstimator)
 
 
 class AlgorithmConfig(ConfigModel):
+    """What every loss shares. A loss's own settings are a mapping under its name, `algo.<loss>.<key>`
+    (`algo.sapo.tau_pos`), kept here as given (`section`) and validated at prepare by the settings model
+    the loss registers (areal_core/train/loss/registry.py `check_settings`); any other unknown key is refused."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+
     # advantages
     adv_estimator: AdvEstimator = "grpo"
     adv_whiten: Bool = False  # extra masked batch whitening of token advantages (PPO with critic)
@@ -82,24 +96,6 @@ class AlgorithmConfig(ConfigModel):
     kl_estimator: KlEstimator = "k3"
     kl_as_reward: Bool = False  # True: −β·KL shapes the reward; False: +β·KL is a loss term
     entropy_coef: Float = Field(0.0, ge=0)  # loss −= coef · entropy
-    # critic (adv_estimator = gae)
-    value_coef: Float = Field(0.5, ge=0)
-    value_clip: Float = Field(0.2, ge=0)  # 0 disables value clipping
-    critic_lr: Float = Field(0.0, ge=0)  # critic's AdamW learning rate; 0: train.lr (train/value_head.py)
-    # M2PO (loss = m2po): mask the largest (log π_behav − log π_prox)² until the rest's mean is below τ_M2
-    m2_threshold: Float = Field(0.04, gt=0)
-    # SAPO (loss = sapo): soft gate (4/τ)·σ(τ(r − 1)), τ by the sign of the advantage
-    sapo_tau_pos: Float = Field(1.0, gt=0)
-    sapo_tau_neg: Float = Field(1.05, gt=0)
-    # KPop (loss = kpop): mask tokens whose bidirectional binary KL(π_prox, π_behav) exceeds φ
-    kpop_threshold: Float = Field(2.0, gt=0)
-    # on-policy distillation (loss = distill): a teacher with the policy's tokenizer, loaded like π_ref
-    teacher_path: Str = ""  # a folder or URI of an HF checkpoint; empty: the initial checkpoint (as π_ref)
-    distill_coef: Float = Field(0.1, ge=0)  # β_KD on the reverse-KL term
-    distill_rl_coef: Float = Field(1.0, ge=0)  # weight of the RL (decoupled PPO) loss; 0: distillation alone
-    # preference pairs (loss = dpo|ipo)
-    dpo_beta: Float = Field(0.1, gt=0)
-    dpo_label_smoothing: Float = Field(0.0, ge=0, lt=0.5)  # cDPO: the chance a pair's label is flipped
     # data shaping
     dynamic_sampling: Bool = False  # DAPO: drop groups whose rewards are all equal
     overlong_max_len: Int = Field(0, ge=0)  # DAPO L_max in response tokens; 0 disables the overlong penalty
@@ -108,6 +104,28 @@ class AlgorithmConfig(ConfigModel):
     reward_scale: Float = 1.0
     reward_bias: Float = 0.0
     reward_clip: Float = Field(0.0, ge=0)  # 0 disables
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_flat_keys(cls, data: Any) -> Any:
+        return move_flat_keys(data)  # the previous release's flat keys (config/moved_keys.py)
+
+    @model_validator(mode="after")
+    def _loss_sections(self) -> Self:
+        for name, value in (self.model_extra or {}).items():
+            if not isinstance(value, dict):
+                raise Unknown(name, " (a loss's settings are a mapping, algo.<loss name>.<key>)")
+            if not name.isidentifier() or not all(isinstance(k, str) and k.isidentifier() for k in value):
+                raise Invalid(name, "must be a loss's name holding its settings' names (identifiers)")
+        return self
+
+    def section(self, name: str) -> dict[str, Any]:
+        """The settings given under `algo.<name>` (a loss's name), unvalidated; {} when none are."""
+        return dict((self.model_extra or {}).get(name) or {})
+
+    def sections(self) -> list[str]:
+        """The names of the `algo.<name>` sections set (each a loss's settings)."""
+        return sorted(self.model_extra or {})
 
     @field_validator("dual_clip")
     @classmethod
@@ -149,8 +167,16 @@ def __getattr__(name: str) -> Any:
 
 
 def from_preset(name: str, **overrides: Any) -> AlgorithmConfig:
-    """AlgorithmConfig of a named preset, with keyword overrides; validated (ConfigError)."""
+    """AlgorithmConfig of a named preset, with keyword overrides laid over it (a loss's section key by
+    key: `from_preset("sapo", sapo={"tau_neg": 2.0})`); validated (ConfigError)."""
     known = presets()
     if name not in known:
         raise ConfigError(f"unknown algorithm preset {name!r}; expected one of {sorted(known)}")
-    return AlgorithmConfig.from_data({**known[name], **overrides}, prefix="algo")
+    preset = move_flat_keys(known[name])
+    loss = preset.get("loss", AlgorithmConfig.model_fields["loss"].default)
+    overrides = move_flat_keys({"loss": loss, **overrides}, keep_defaults=True)
+    merged = {**preset, **overrides}
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(preset.get(key), dict):
+            merged[key] = {**preset[key], **value}
+    return AlgorithmConfig.from_data(merged, prefix="algo")

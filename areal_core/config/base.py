@@ -244,6 +244,10 @@ class Invalid(ValueError):
         self.key, self.text = key, text
 
 
+class Unknown(Invalid):
+    """Raised by a model validator for a key the model does not know: "unknown config key '<key>'<text>"."""
+
+
 def _float_from_string(value: Any) -> Any:
     """YAML 1.1 reads "3e-4" (no dot) as a string: take it as the number it spells."""
     if isinstance(value, str):
@@ -368,6 +372,8 @@ def one_line(
         return ConfigError(f"{label} key '{dotted}' must be at most {most} characters, got {got}: {value}")
     if kind == "literal_error":
         return ConfigError(f"{label} key '{dotted}' must be one of {clip(ctx['expected'])}, got {value}")
+    if isinstance(cause, Unknown):
+        return ConfigError(f"unknown {label} key '{'.'.join(p for p in (dotted, cause.key) if p)}'{cause.text}")
     if isinstance(cause, Invalid):
         key = ".".join(p for p in (dotted, cause.key) if p)
         return ConfigError(f"{label} key '{key}' {clip(cause.text, 400)}")

@@ -21,10 +21,11 @@ def derived_config(source: RunConfig, overrides: list[str], into: str, fixed: tu
     try:
         cfg = load_config(None, [*overrides, f"store={into}"], typed=source)
         from areal_core.train.algorithm import check_for_model
-        from areal_core.train.loss import check_algorithm
+        from areal_core.train.loss import check_algorithm, complete_settings
 
         check_algorithm(cfg.algo)
         check_for_model(cfg.algo, cfg.model.kind)  # a fork or replay may change algo.*
+        cfg = cfg.model_copy(update={"algo": complete_settings(cfg.algo)})  # the loss's settings, written out
     except ConfigError as exc:
         raise DerivedRunError(str(exc)) from None
     old, new = to_flat_dict(source), to_flat_dict(cfg)

@@ -115,12 +115,13 @@ def prepare(
     """
     cfg = load_config(config_path or None, parse_overrides(overrides), typed)
     from areal_core.train.algorithm import check_for_model
-    from areal_core.train.loss import check_algorithm  # torch: not at import (tasks import this module)
+    from areal_core.train.loss import check_algorithm, complete_settings  # torch: not at import (tasks import this)
 
-    # an unknown loss, or one that cannot split over ranks or micro-batches, before any work
+    # an unknown loss, or one that cannot split over ranks or micro-batches, or bad loss settings, before any work
     check_algorithm(
         cfg.algo, distributed=cfg.train.nproc_per_node > 1, micro_batches=cfg.train.max_tokens_per_micro_batch > 0
     )
+    cfg = cfg.model_copy(update={"algo": complete_settings(cfg.algo)})  # config.yaml records the loss's settings
     check_for_model(cfg.algo, cfg.model.kind)
     check_written_config(cfg)
     configure(cfg.store_retry_s)  # how long this process retries the store, as the roles will
@@ -133,7 +134,9 @@ def prepare(
             stored = store.read_bytes(LAYOUT.config, MAX_YAML_BYTES)
         except UnreadableObject as exc:
             raise ConfigError(f"the run's {LAYOUT.config}: {exc}") from None
-        differs = _differences(_comparable(from_yaml_text(stored, f"the run's {LAYOUT.config}")), _comparable(cfg))
+        stored_cfg = from_yaml_text(stored, f"the run's {LAYOUT.config}")
+        stored_cfg = stored_cfg.model_copy(update={"algo": complete_settings(stored_cfg.algo)})  # as written
+        differs = _differences(_comparable(stored_cfg), _comparable(cfg))
         if differs:
             raise ConfigError(f"cannot resume {store.uri}: its config.yaml differs from this config in {differs}")
     from areal_core.run.prepare import prepare_run

@@ -29,7 +29,7 @@ TOKEN_LEVEL_ESTIMATORS = ("reinforce_pp", "reinforce_pp_baseline", "gae")
 TRAINER_INPUTS = frozenset({"ref_logp", "values", "old_values", "teacher_logp"})
 _WHAT = {
     "ref_logp": "reference-model log-probs",
-    "teacher_logp": "the teacher's log-probs (algo.teacher_path)",
+    "teacher_logp": "the teacher's log-probs (algo.distill.teacher_path)",
     "values": "the critic's values, with gradient",
     "old_values": "the critic's values before the update",
 }

@@ -29,6 +29,7 @@ from areal_core.train.distributed import (
     shard_model,
 )
 from areal_core.train.loss import check_algorithm
+from areal_core.train.loss.distill import DistillSettings
 from areal_core.train.value_head import Critic
 from areal_core.weights.publisher import hf_side_files
 
@@ -45,7 +46,7 @@ class TrainerParts:
     lora: bool = False
     ref_model: torch.nn.Module | None = None
     critic: Critic | None = None
-    teacher_model: torch.nn.Module | None = None  # algo.teacher_path (empty: model_url), for 'teacher_logp'
+    teacher_model: torch.nn.Module | None = None  # algo.distill.teacher_path (empty: model_url), for 'teacher_logp'
     state: TrainerState = field(default_factory=TrainerState)  # restored, or a fresh one
     pending: list[Sample] = field(default_factory=list)  # the restored checkpoint's untrained samples
     side_files: dict[str, bytes] = field(default_factory=dict)  # config + tokenizer files of a published version
@@ -86,9 +87,10 @@ def load_parts(
         ref_model.eval().requires_grad_(False)
     teacher_model = None
     if "teacher_logp" in need:
-        teacher_model, teacher_tokenizer = load_pretrained(cfg.algo.teacher_path or model_url, cfg.device)
+        teacher_path = DistillSettings.of(cfg.algo).teacher_path
+        teacher_model, teacher_tokenizer = load_pretrained(teacher_path or model_url, cfg.device)
         if teacher_tokenizer.get_vocab() != tokenizer.get_vocab():
-            raise ConfigError(f"config key 'algo.teacher_path': {cfg.algo.teacher_path!r} has another tokenizer")
+            raise ConfigError(f"config key 'algo.distill.teacher_path': {teacher_path!r} has another tokenizer")
         teacher_model.eval().requires_grad_(False)
     critic = Critic.from_pretrained(model_url, cfg) if "values" in need else None  # checkpointed, never published
     parts = TrainerParts(

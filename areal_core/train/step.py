@@ -164,7 +164,7 @@ def train_step(
     if "ref_logp" in need and ref_model is None:
         raise ValueError("this algorithm needs a reference model")
     if "teacher_logp" in need and teacher_model is None:
-        raise ValueError("this algorithm needs a teacher model (algo.teacher_path)")
+        raise ValueError("this algorithm needs a teacher model (algo.distill.teacher_path)")
     if "values" in need and critic is None:
         raise ValueError("algo.adv_estimator=gae needs a critic (areal_core/train/value_head.py)")
     if mm is not None and (critic is not None or ctx is not None and ctx.distributed):

@@ -123,12 +123,13 @@ class Critic:
 
     @classmethod
     def from_pretrained(cls, path: str, cfg: Any) -> Critic:
-        """Critic on the body of the checkpoint at `path` (`cfg`: the RunConfig; lr = algo.critic_lr
+        """Critic on the body of the checkpoint at `path` (`cfg`: the RunConfig; lr = algo.critic.lr
         or train.lr)."""
         from areal_core.models import load_pretrained
+        from areal_core.train.loss.critic import CriticSettings
 
         lm, _ = load_pretrained(path, cfg.device)
-        lr = cfg.algo.critic_lr or cfg.train.lr
+        lr = CriticSettings.of(cfg.algo).lr or cfg.train.lr
         return cls(ValueModel.from_causal_lm(lm), lr, cfg.train.weight_decay, cfg.train.grad_clip)
 
     def token_values(

@@ -13,7 +13,7 @@ implements both (docs/en/algorithms/distillation.md; `teacher.rl_loss_weight`,
 per-token reverse-KL estimate, r = π_θ/π_prox and w = π_prox/π_behav (`algo.behav_correction`):
 
     L_KD = agg( w · r · d_t ),      ∇L_KD = agg( w · r · d_t · ∇log π_θ(t) ),
-    L    = c_RL · L_decoupled_PPO + β_KD · L_KD,     c_RL = `algo.distill_rl_coef`, β_KD = `algo.distill_coef`.
+    L    = c_RL · L_decoupled_PPO + β_KD · L_KD,     c_RL = `algo.distill.rl_coef`, β_KD = `algo.distill.coef`.
 
 On policy (w = r = 1) ∇L_KD = mean_t (log π_θ − log π_T)·∇log π_θ, the score-function gradient of
 the per-token reverse KL (E_{y_t∼π_θ}[∇log π_θ(y_t)] = 0 removes the pathwise term), i.e.
@@ -24,7 +24,7 @@ log π_θ, whose gradient β·∇log π_θ has zero mean on policy (Tang & Munos
 KL divergence gradient estimation for RL", 2025): here the joint loss uses the score-function term
 above for both. `c_RL = 0` is distillation alone (the RL advantages are still
 computed, and unused).
-The teacher is any model with the policy's tokenizer (`algo.teacher_path`; empty: the initial
+The teacher is any model with the policy's tokenizer (`algo.distill.teacher_path`; empty: the initial
 checkpoint, as the reference model); the trainer computes its log-probs at the rollout
 temperature like π_ref's. A token with a non-finite log π_behav, log π_prox or log π_T is masked.
 """
@@ -34,13 +34,27 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
+from pydantic import Field
 
+from areal_core.config.base import Float, Str
 from areal_core.train.loss.common import masked_mean
 from areal_core.train.loss.decoupled_ppo import decoupled_ppo_loss
-from areal_core.train.loss.registry import Loss, LossInputs, register
+from areal_core.train.loss.registry import Loss, LossInputs, LossSettings, register
 
 if TYPE_CHECKING:
     from areal_core.config.algorithm import AlgorithmConfig
+
+
+class DistillSettings(LossSettings):
+    """`algo.distill.*` (AReaL's `teacher.distill_loss_weight`, `teacher.rl_loss_weight`)."""
+
+    teacher_path: Str = Field(
+        "",
+        description="the teacher: a folder or URI of an HF checkpoint with the policy's tokenizer, loaded like "
+        "π_ref; empty: the initial checkpoint",
+    )
+    coef: Float = Field(0.1, ge=0, description="β_KD, the weight of the reverse-KL distillation term")
+    rl_coef: Float = Field(1.0, ge=0, description="the weight of the RL (decoupled PPO) loss; 0: distillation alone")
 
 
 def distill_term(cfg: AlgorithmConfig, x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
@@ -65,20 +79,22 @@ def distill_term(cfg: AlgorithmConfig, x: LossInputs) -> tuple[torch.Tensor, dic
 
 @register
 class OnPolicyDistillation(Loss):
-    """L = `algo.distill_rl_coef` · decoupled PPO + `algo.distill_coef` · agg(w·r·sg(log π_θ − log π_T))
+    """L = `algo.distill.rl_coef` · decoupled PPO + `algo.distill.coef` · agg(w·r·sg(log π_θ − log π_T))
     on the student's own samples (the module docstring); the teacher's log-probs come from
-    `algo.teacher_path`, computed by the trainer like the reference model's."""
+    `algo.distill.teacher_path`, computed by the trainer like the reference model's."""
 
     name = "distill"
+    Settings = DistillSettings
     needs = frozenset({"advantages", "teacher_logp"})
     level = "token"
 
     def __call__(self, cfg: AlgorithmConfig, x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+        settings = DistillSettings.of(cfg)
         kd, stats = distill_term(cfg, x)
-        loss = cfg.distill_coef * kd
+        loss = settings.coef * kd
         stats["loss_distill"] = kd.item()
-        if cfg.distill_rl_coef > 0:
+        if settings.rl_coef > 0:
             rl, rl_stats = decoupled_ppo_loss(cfg, x)
-            loss = loss + cfg.distill_rl_coef * rl
+            loss = loss + settings.rl_coef * rl
             stats.update(rl_stats, loss_rl=rl.item())
         return loss, stats

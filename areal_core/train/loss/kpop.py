@@ -9,7 +9,7 @@ Each token's probability is the parameter of a Bernoulli, p = π_prox(t), q = π
 clamped to [1e−8, 1 − 1e−8]:
 
     KL_b(p‖q) = p·log(p/q) + (1 − p)·log((1 − p)/(1 − q)),
-    keep_t = 1[max(KL_b(p‖q), KL_b(q‖p)) ≤ φ],                     φ = `algo.kpop_threshold`
+    keep_t = 1[max(KL_b(p‖q), KL_b(q‖p)) ≤ φ],                     φ = `algo.kpop.threshold`
     L_t = keep_t · ρ_t · max(−A·r, −A·clip(r, 1−ε_low, 1+ε_high)),  r = π_θ/π_prox, ρ = π_prox/π_behav,
 
 ρ uncapped (AReaL's mask mode keeps the raw weight), token-mean by default; masked tokens give 0
@@ -24,15 +24,25 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
+from pydantic import Field
 
+from areal_core.config.base import Float
 from areal_core.train.loss.common import masked_mean, usable_behaviour
 from areal_core.train.loss.m2po import masked_decoupled_ppo
-from areal_core.train.loss.registry import Loss, LossInputs, register
+from areal_core.train.loss.registry import Loss, LossInputs, LossSettings, register
 
 if TYPE_CHECKING:
     from areal_core.config.algorithm import AlgorithmConfig
 
 EPS = 1e-8  # AReaL's clamp of the Bernoulli parameters
+
+
+class KpopSettings(LossSettings):
+    """`algo.kpop.*`."""
+
+    threshold: Float = Field(
+        2.0, gt=0, description="KPop's φ: tokens whose bidirectional binary KL(π_prox, π_behav) exceeds it are masked"
+    )
 
 
 def binary_kl(log_p: torch.Tensor, log_q: torch.Tensor, eps: float = EPS) -> torch.Tensor:
@@ -58,7 +68,7 @@ def kpop_loss(cfg: AlgorithmConfig, x: LossInputs) -> tuple[torch.Tensor, dict[s
     bidirectional binary KL among the usable policy tokens)."""
     m = x.mask.float()
     usable = usable_behaviour(x.prox_logp, x.behav_logp)
-    keep = kpop_keep(x.prox_logp, x.behav_logp, cfg.kpop_threshold)
+    keep = kpop_keep(x.prox_logp, x.behav_logp, KpopSettings.of(cfg).threshold)
     log_rho = torch.where(usable > 0, x.prox_logp - x.behav_logp, 0.0).detach().float()
     rho = torch.exp(log_rho.clamp(max=80.0))
     loss, stats = masked_decoupled_ppo(cfg, x, rho, keep)
@@ -75,9 +85,10 @@ def kpop_loss(cfg: AlgorithmConfig, x: LossInputs) -> tuple[torch.Tensor, dict[s
 @register
 class KPop(Loss):
     """KPop: decoupled PPO with ρ = π_prox/π_behav, masking tokens whose bidirectional binary KL
-    between π_prox and π_behav exceeds `algo.kpop_threshold` (the module docstring)."""
+    between π_prox and π_behav exceeds `algo.kpop.threshold` (the module docstring)."""
 
     name = "kpop"
+    Settings = KpopSettings
     needs = frozenset({"advantages"})
     level = "token"
 

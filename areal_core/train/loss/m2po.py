@@ -29,13 +29,25 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 import torch
+from pydantic import Field
 
+from areal_core.config.base import Float
 from areal_core.train.loss.common import masked_mean, usable_behaviour
 from areal_core.train.loss.decoupled_ppo import decoupled_ppo_loss
-from areal_core.train.loss.registry import Loss, LossInputs, register
+from areal_core.train.loss.registry import Loss, LossInputs, LossSettings, register
 
 if TYPE_CHECKING:
     from areal_core.config.algorithm import AlgorithmConfig
+
+
+class M2poSettings(LossSettings):
+    """`algo.m2po.*` (AReaL's `actor.m2_threshold`)."""
+
+    threshold: Float = Field(
+        0.04,
+        gt=0,
+        description="M2PO's τ_M2: the largest (log π_behav − log π_prox)² are masked until the rest's mean is below it",
+    )
 
 
 def m2po_mask(prox_logp: torch.Tensor, behav_logp: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor:
@@ -92,7 +104,7 @@ def m2po_loss(cfg: AlgorithmConfig, x: LossInputs) -> tuple[torch.Tensor, dict[s
     (policy tokens M2PO masked), `m2_before` / `m2_after` (mean M2 over the usable / kept tokens)."""
     m = x.mask.float()
     b = x.behaviour(cfg)
-    keep_m2 = m2po_mask(x.prox_logp, x.behav_logp, m, cfg.m2_threshold)
+    keep_m2 = m2po_mask(x.prox_logp, x.behav_logp, m, M2poSettings.of(cfg).threshold)
     usable = m * b.usable
     loss, stats = masked_decoupled_ppo(cfg, x, b.w, b.keep * keep_m2)
     m2 = torch.where(usable > 0, x.behav_logp - x.prox_logp, 0.0).detach().float() ** 2
@@ -108,9 +120,10 @@ def m2po_loss(cfg: AlgorithmConfig, x: LossInputs) -> tuple[torch.Tensor, dict[s
 @register
 class M2PO(Loss):
     """M2PO: decoupled PPO on the tokens left after masking the largest squared behaviour log-ratios
-    until their mean is below `algo.m2_threshold` (Zheng et al. 2025; the module docstring)."""
+    until their mean is below `algo.m2po.threshold` (Zheng et al. 2025; the module docstring)."""
 
     name = "m2po"
+    Settings = M2poSettings
     needs = frozenset({"advantages"})
     level = "token"
     distributed = False  # the mask is a statistic of all rows of the minibatch

@@ -6,7 +6,8 @@ log-probabilities log π(y) = Σ_t log π(y_t) (or their per-token average, `ave
 
     h = (log π_θ(y_w) − log π_ref(y_w)) − (log π_θ(y_l) − log π_ref(y_l)),   loss = mean over pairs of ℓ(h)
 
-A subclass gives ℓ (`pair_losses`). Their mean over pairs has no global denominator, so one rank only.
+A subclass gives ℓ (`pair_losses`) and its settings (β at least, `PreferenceSettings`). Their mean over
+pairs has no global denominator, so one rank only.
 """
 
 from __future__ import annotations
@@ -14,12 +15,20 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
+from pydantic import Field
 
+from areal_core.config.base import Float
 from areal_core.train.loss.common import sequence_logprobs
-from areal_core.train.loss.registry import Loss, LossInputs, get_loss, known_losses
+from areal_core.train.loss.registry import Loss, LossInputs, LossSettings, get_loss, known_losses
 
 if TYPE_CHECKING:
     from areal_core.config.algorithm import AlgorithmConfig
+
+
+class PreferenceSettings(LossSettings):
+    """What every preference loss reads: β (a subclass per loss, `algo.dpo.beta`, `algo.ipo.beta`)."""
+
+    beta: Float = Field(0.1, gt=0, description="β, the scale of the margin h: how tightly π_θ is tied to π_ref")
 
 
 class PreferenceLoss(Loss):
@@ -42,7 +51,9 @@ class PreferenceLoss(Loss):
         if pairs is None:
             return x.logp.sum() * 0.0, {"pref_pairs": 0.0}
         c, r = pairs
-        loss, stats = _on_pairs(self, pi[c], pi[r], ref[c], ref[r], cfg.dpo_beta, cfg.dpo_label_smoothing)
+        settings = self.settings(cfg)
+        smoothing = getattr(settings, "label_smoothing", 0.0)
+        loss, stats = _on_pairs(self, pi[c], pi[r], ref[c], ref[r], settings.beta, smoothing)
         return loss, {**stats, "pref_pairs": float(len(c))}
 
 

@@ -1,13 +1,18 @@
 """The loss registry: one object per loss, found by name; adding a loss is one module in this package.
 
+    class MyLossSettings(LossSettings):  # its own hyperparameters: `algo.my_loss.scale`, validated at prepare
+        scale: Float = Field(1.0, gt=0, description="what it scales (the config table shows this)")
+
     @register
     class MyLoss(Loss):                 # areal_core/train/loss/my_loss.py, and configs/algorithms/my_loss.yaml
-        name = "my_loss"                # the value of `algo.loss`
+        name = "my_loss"                # the value of `algo.loss`, and the section of its settings
+        Settings = MyLossSettings
         needs = frozenset({"advantages"})
         level = "token"
         def __call__(self, cfg, x):     # x: LossInputs -> (loss, metrics)
             b = x.behaviour(cfg)        # w = π_prox/π_behav as algo.behav_correction says
-            return x.reduce(-b.w * x.advantages * x.logp, cfg), b.metrics()
+            s = MyLossSettings.of(cfg)  # (or self.settings(cfg)): algo.my_loss, defaults filled
+            return x.reduce(-s.scale * b.w * x.advantages * x.logp, cfg), b.metrics()
 
     loss = get_loss(cfg.loss)           # ConfigError naming 'algo.loss' and the known losses
     loss(cfg, LossInputs(logp=..., prox_logp=..., ...))
@@ -18,10 +23,14 @@ loss under a value-based advantage estimator. Every module of this package is im
 look-up (`discover`), so a new module registers itself with no edit anywhere else.
 
 What a loss declares (checked at registration):
+  Settings     its own hyperparameters, a `LossSettings` model of its own (none: the empty one), given
+               in config under its name, `algo.<name>.<key>`; `check_algorithm` validates every
+               `algo.<name>` section at prepare (`check_settings`) and `complete_settings` writes the
+               active losses' sections in full into the stored config
   needs        inputs it reads beyond logp / prox_logp / behav_logp / mask / rewards / group_index:
                'advantages' (computed from the rows when not given), 'ref_logp', 'values',
                'old_values', 'returns', 'pairs' (preference pairs: groups of two samples),
-               'teacher_logp' (a teacher model's log-probs, `algo.teacher_path`)
+               'teacher_logp' (a teacher model's log-probs, `algo.distill.teacher_path`)
   level        'token' or 'sequence': the unit its ratio (or log-probability) is formed over
   distributed  False: refused with more than one FSDP rank (its reduction has no global denominator)
   kl_term      False: `algo.kl_coef` adds no KL loss term (the loss holds its own β towards π_ref)
@@ -31,17 +40,19 @@ What a loss declares (checked at registration):
 from __future__ import annotations
 
 import importlib
+import logging
 import pkgutil
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Self
 
-from areal_core.config.base import ConfigError
+from areal_core.config.algorithm import AlgorithmConfig
+from areal_core.config.base import ConfigError, ConfigModel
 from areal_core.train.loss.common import Behaviour, aggregate, behaviour_correction
 
 if TYPE_CHECKING:
     import torch
 
-    from areal_core.config.algorithm import AlgorithmConfig
+log = logging.getLogger("areal.loss")
 
 INPUTS = frozenset({"advantages", "ref_logp", "values", "old_values", "returns", "pairs", "teacher_logp"})
 LEVELS = ("token", "sequence")
@@ -89,10 +100,27 @@ class LossInputs:
         )
 
 
+class LossSettings(ConfigModel):
+    """A loss's own hyperparameters, given as `algo.<loss name>.<key>`: one subclass per loss, each field
+    with bounds and a description (the config table's text, scripts/config_table.py). `register`
+    binds a subclass to its loss's name (`section`). This base, with no fields, is a loss without any."""
+
+    section: ClassVar[str] = ""
+
+    @classmethod
+    def of(cls, cfg: AlgorithmConfig) -> Self:
+        """These settings as `cfg` gives them (`algo.<section>`, defaults for the keys it leaves out);
+        ConfigError naming the key ('algo.sapo.tau_pos') for an unknown key or a bad value."""
+        if not cls.section:
+            raise TypeError(f"{cls.__qualname__} is no registered loss's settings")
+        return cls.from_data(cfg.section(cls.section), prefix=f"algo.{cls.section}")
+
+
 class Loss:
     """One loss. Subclasses set the class attributes below and `__call__`; `@register` files them."""
 
     name: ClassVar[str]
+    Settings: ClassVar[type[LossSettings]] = LossSettings
     kind: ClassVar[str] = "policy"
     needs: ClassVar[frozenset[str]] = frozenset({"advantages"})
     level: ClassVar[str] = "token"
@@ -102,6 +130,10 @@ class Loss:
 
     def __call__(self, cfg: AlgorithmConfig, x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
         raise NotImplementedError
+
+    def settings(self, cfg: AlgorithmConfig) -> LossSettings:
+        """This loss's settings as `cfg` gives them (`algo.<name>`; ConfigError naming a bad key)."""
+        return self.Settings.from_data(cfg.section(self.name), prefix=f"algo.{self.name}")
 
     def enabled(self, cfg: AlgorithmConfig, policy: Loss) -> bool:
         """A term: whether it joins `policy` under `cfg` (policy losses: never called)."""
@@ -132,14 +164,31 @@ def register(cls: type[Loss]) -> type[Loss]:
         problems.append(f"level in {LEVELS}")
     if not cls.needs <= INPUTS:
         problems.append(f"needs within {sorted(INPUTS)}")
+    if name in AlgorithmConfig.model_fields:
+        problems.append("a name that is not a shared algo.* key (its settings' section)")
+    if not (isinstance(cls.Settings, type) and issubclass(cls.Settings, LossSettings)):
+        problems.append("Settings a LossSettings subclass")
     if problems:
         raise TypeError(f"loss class {cls.__qualname__} needs {', '.join(problems)}")
+    _bind_settings(cls.Settings, name)
     table = _LOSSES if cls.kind == "policy" else _TERMS
     old = table.get(name)
     if old is not None and (type(old).__module__, type(old).__qualname__) != (cls.__module__, cls.__qualname__):
         raise TypeError(f"loss {name!r} registered twice: {type(old).__module__} and {cls.__module__}")
     table[name] = cls()
     return cls
+
+
+def _bind_settings(settings: type[LossSettings], name: str) -> None:
+    """File `settings` under the loss `name` (`LossSettings.of` reads algo.<name>); each loss has its own class."""
+    if settings is LossSettings:
+        return
+    if settings.section and settings.section != name:
+        raise TypeError(
+            f"loss {name!r}: its Settings {settings.__qualname__} are loss {settings.section!r}'s; give each loss "
+            "its own class (a subclass will do)"
+        )
+    settings.section = name
 
 
 def discover() -> None:
@@ -201,4 +250,38 @@ def check_algorithm(cfg: AlgorithmConfig, distributed: bool = False, micro_batch
             f"config key 'algo.behav_clip_drop': algo.loss={cfg.loss} does not apply it; the losses that do: "
             f"{sorted(name for name in known_losses() if get_loss(name).clip_drop)}"
         )
+    check_settings(cfg)
     return active
+
+
+_unused_sections: set[str] = set()
+
+
+def check_settings(cfg: AlgorithmConfig) -> None:
+    """Every `algo.<name>` section against the settings model of the loss or term `name`: ConfigError
+    naming the key for a section that names no registered loss, an unknown key, or a bad value. The
+    section of a loss `cfg` does not use (another `algo.loss`; the critic's without a critic
+    estimator) is validated as well and logged as unused, once per process: a sweep may keep one
+    loss's settings while it switches `algo.loss`, so it is a warning, not a refusal."""
+    discover()
+    active = {loss.name for loss in active_losses(cfg)}
+    for name in cfg.sections():
+        loss = _LOSSES.get(name) or _TERMS.get(name)
+        if loss is None:
+            raise ConfigError(
+                f"config key 'algo.{name}' is no setting: a mapping under algo holds the settings of the loss it "
+                f"names, and there is no loss {name!r} (the losses and terms: {', '.join(sorted(_LOSSES | _TERMS))})"
+            )
+        loss.settings(cfg)
+        if name not in active and name not in _unused_sections:
+            _unused_sections.add(name)
+            log.warning(
+                "config section 'algo.%s' is set, but algo.loss=%s does not use it: it is ignored", name, cfg.loss
+            )
+
+
+def complete_settings(cfg: AlgorithmConfig) -> AlgorithmConfig:
+    """`cfg` with the section of each active loss written out in full (its defaults too): what a run
+    stores, so that its config.yaml records the values it trains with, as it does every shared key."""
+    full = {loss.name: loss.settings(cfg).model_dump() for loss in active_losses(cfg) if loss.Settings.model_fields}
+    return cfg.model_copy(update=full)

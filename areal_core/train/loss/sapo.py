@@ -27,22 +27,32 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
+from pydantic import Field
 
+from areal_core.config.base import Float
 from areal_core.train.loss.common import masked_mean
-from areal_core.train.loss.registry import Loss, LossInputs, register
+from areal_core.train.loss.registry import Loss, LossInputs, LossSettings, register
 
 if TYPE_CHECKING:
     from areal_core.config.algorithm import AlgorithmConfig
 
 
+class SapoSettings(LossSettings):
+    """`algo.sapo.*`: the gate's temperatures (AReaL's `sapo_tau_pos`, `sapo_tau_neg`)."""
+
+    tau_pos: Float = Field(1.0, gt=0, description="SAPO's gate temperature τ on tokens with A > 0")
+    tau_neg: Float = Field(
+        1.05, gt=0, description="SAPO's gate temperature τ on tokens with A ≤ 0 (larger: damped sooner)"
+    )
+
+
 def sapo_loss(cfg: AlgorithmConfig, x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
-    """agg(−w · (4/τ)·σ(τ·(r − 1)) · A), r = π_θ/π_prox, τ = `algo.sapo_tau_pos` where A > 0 else
-    `algo.sapo_tau_neg`, w = π_prox/π_behav (`x.behaviour(cfg)`). Returns (loss, stats): the ratio
+    """agg(−w · (4/τ)·σ(τ·(r − 1)) · A), r = π_θ/π_prox, τ = `algo.sapo.tau_pos` where A > 0 else
+    `algo.sapo.tau_neg`, w = π_prox/π_behav (`x.behaviour(cfg)`). Returns (loss, stats): the ratio
     mean, `sapo_gate_mean` (mean of the gradient weight 4σ(1 − σ) ∈ (0, 1] relative to the policy
     gradient, 1 at r = 1) over the kept tokens, importance-weight statistics and KL(behaviour‖proximal)."""
-    tau_pos, tau_neg = cfg.sapo_tau_pos, cfg.sapo_tau_neg
-    if tau_pos <= 0 or tau_neg <= 0:
-        raise ValueError(f"SAPO temperatures must be positive, got tau_pos={tau_pos}, tau_neg={tau_neg}")
+    settings = SapoSettings.of(cfg)
+    tau_pos, tau_neg = settings.tau_pos, settings.tau_neg
     b = x.behaviour(cfg)
     ratio = torch.exp(x.logp - b.anchor(x.prox_logp, x.logp))  # r = 1 where w = 0
     adv = x.advantages.detach()
@@ -62,10 +72,11 @@ def sapo_loss(cfg: AlgorithmConfig, x: LossInputs) -> tuple[torch.Tensor, dict[s
 
 @register
 class SAPO(Loss):
-    """SAPO: L_t = −w · (4/τ)·σ(τ·(π_θ/π_prox − 1)) · A_t, τ = `algo.sapo_tau_pos` for A_t > 0 else
-    `algo.sapo_tau_neg` (arXiv:2511.20347; the module docstring)."""
+    """SAPO: L_t = −w · (4/τ)·σ(τ·(π_θ/π_prox − 1)) · A_t, τ = `algo.sapo.tau_pos` for A_t > 0 else
+    `algo.sapo.tau_neg` (arXiv:2511.20347; the module docstring)."""
 
     name = "sapo"
+    Settings = SapoSettings
     needs = frozenset({"advantages"})
     level = "token"
 
