@@ -20,18 +20,29 @@ from pydantic import ValidationError
 
 from areal_core.config import ConfigError, RunConfig
 from areal_core.config.base import one_line
+from jobs.catalog import GRPO, GRPO_CLUSTER
 
-JOBS = ("grpo", "grpo_cluster")
+JOBS = {job.name: job for job in (GRPO, GRPO_CLUSTER)}
+SET_BY_SCHEDULE = ("kickoff_time",)  # inputs a schedule sets, not a person
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
+    """The command line of the jobs' inputs (jobs/catalog.py: names, defaults, docs), then how to run."""
     parser = argparse.ArgumentParser(prog="python -m flyte2", description=__doc__.split("\n\n")[0])
-    parser.add_argument("job", choices=JOBS)
-    parser.add_argument("--cfg", default="{}", help="the run config as JSON (over the YAML files)")
-    parser.add_argument("--config", default="configs/default.yaml", help="YAML config files, comma-separated")
-    parser.add_argument("--overrides", default="", help="dotted key=value overrides, applied last")
-    parser.add_argument("--resume_run", action="store_true", help="continue the run in the run root")
-    parser.add_argument("--model_name", default="areal-flyte-policy", help="grpo_cluster: the registered model")
+    parser.add_argument("job", choices=list(JOBS))
+    seen: set[str] = set()
+    for job in JOBS.values():
+        for given in job.inputs:
+            if given.name in seen or given.name in SET_BY_SCHEDULE:
+                continue
+            seen.add(given.name)
+            only = "" if all(given in j.inputs for j in JOBS.values()) else f"{job.name}: "
+            if given.type is bool:
+                parser.add_argument(f"--{given.name}", action="store_true", help=only + given.doc)
+            elif given.type is RunConfig:
+                parser.add_argument(f"--{given.name}", default="{}", help=only + given.doc)
+            else:
+                parser.add_argument(f"--{given.name}", default=given.default, type=given.type, help=only + given.doc)
     parser.add_argument("--remote", action="store_true", help="run on the cluster of the Flyte config")
     parser.add_argument("--name", default=None, help="the run's name")
     return parser.parse_args(argv)
@@ -48,8 +59,8 @@ def checked_inputs(args: argparse.Namespace) -> dict[str, Any]:
     except ValidationError as exc:
         raise one_line(exc, RunConfig.error_label, "", RunConfig) from None
     check_config(cfg, args.config, args.overrides, for_cluster=args.job == "grpo_cluster")
-    inputs = {"cfg": cfg, "config": args.config, "overrides": args.overrides, "resume_run": args.resume_run}
-    return inputs | ({"model_name": args.model_name} if args.job == "grpo_cluster" else {})
+    names = [i.name for i in JOBS[args.job].inputs if i.name not in SET_BY_SCHEDULE]
+    return {name: getattr(args, name) for name in names} | {"cfg": cfg}
 
 
 def main(argv: list[str] | None = None) -> int:

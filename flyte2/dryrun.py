@@ -23,6 +23,46 @@ from typing import Any
 MODULES = ("flyte2.grpo", "flyte2.online", "flyte2.derived")
 
 
+# -- the SDK's private names: here only, one function each -----------------------------------------
+# flyte 2.12.1 has no public offline serialization: `flyte.deploy(dry_run=True)` connects to a control
+# plane (ensure_client) and builds every image before it serializes, and `flyte.Image` has no public
+# accessor for its layers. These three functions are the only places the front end reaches into the
+# SDK's internals; an SDK release that moves them fails here (tests/test_flyte2.py runs this module).
+def wire_task(task: Any, context: Any) -> Any:
+    """The TaskSpec `flyte deploy` would send for `task` (flyte._internal.runtime.task_serde)."""
+    from flyte._internal.runtime.task_serde import translate_task_to_wire
+
+    return translate_task_to_wire(task, context)
+
+
+async def wire_trigger(trigger: Any, task: Any, spec: Any) -> Any:
+    """The TaskTrigger `flyte deploy` would send for `trigger` (flyte._internal.runtime.trigger_serde)."""
+    from flyte._internal.runtime.trigger_serde import to_task_trigger
+
+    return await to_task_trigger(trigger, task.name, spec.task_template.interface.inputs, [])
+
+
+def image_layers(image: Any) -> dict[str, Any]:
+    """The layers of a `flyte.Image` (its private `_layers`, of the classes of flyte._image), as lists."""
+    from flyte._image import AptPackages, Commands, Env, PipPackages
+
+    out: dict[str, Any] = {"apt": [], "packages": [], "extra_index_urls": [], "commands": [], "env": {}}
+    for layer in image._layers:
+        if isinstance(layer, AptPackages):
+            out["apt"] += list(layer.packages)
+        elif isinstance(layer, PipPackages):
+            out["packages"] += list(layer.packages or ())
+            out["extra_index_urls"] += list(layer.extra_index_urls or ())
+        elif isinstance(layer, Commands):
+            out["commands"] += list(layer.commands)
+        elif isinstance(layer, Env):
+            out["env"] |= dict(layer.env_vars)
+    return out
+
+
+# -- the summaries ----------------------------------------------------------------------------------
+
+
 def _resources(entries: list[dict[str, str]]) -> dict[str, str]:
     return {e["name"].lower(): e["value"] for e in entries}
 
@@ -57,13 +97,11 @@ def task_summary(task: Any, spec: Any) -> dict[str, Any]:
 
 
 async def trigger_summary(task: Any, spec: Any) -> list[dict[str, Any]]:
-    from flyte._internal.runtime.trigger_serde import to_task_trigger
     from google.protobuf.json_format import MessageToDict
 
     out = []
     for trigger in task.triggers:
-        wire = await to_task_trigger(trigger, task.name, spec.task_template.interface.inputs, [])
-        body = MessageToDict(wire)
+        body = MessageToDict(await wire_trigger(trigger, task, spec))
         schedule = body["automationSpec"]["schedule"]
         inputs = {}
         for lit in body["spec"].get("inputs", {}).get("literals", []):
@@ -86,26 +124,12 @@ async def trigger_summary(task: Any, spec: Any) -> list[dict[str, Any]]:
 
 
 def image_summary(image: Any) -> dict[str, Any]:
-    """The layers of a `flyte.Image`, as lists."""
-    from flyte._image import AptPackages, Commands, Env, PipPackages
-
+    """A `flyte.Image`: its URI, base image, Python version and layers."""
     out: dict[str, Any] = {"uri": image.uri, "base_image": image.base_image, "python": list(image.python_version)}
-    out |= {"apt": [], "packages": [], "extra_index_urls": [], "commands": [], "env": {}}
-    for layer in image._layers:
-        if isinstance(layer, AptPackages):
-            out["apt"] += list(layer.packages)
-        elif isinstance(layer, PipPackages):
-            out["packages"] += list(layer.packages or ())
-            out["extra_index_urls"] += list(layer.extra_index_urls or ())
-        elif isinstance(layer, Commands):
-            out["commands"] += list(layer.commands)
-        elif isinstance(layer, Env):
-            out["env"] |= dict(layer.env_vars)
-    return out
+    return out | image_layers(image)
 
 
 def dry_run(modules: tuple[str, ...] = MODULES) -> dict[str, Any]:
-    from flyte._internal.runtime.task_serde import translate_task_to_wire
     from flyte.models import SerializationContext
 
     root = pathlib.Path(__file__).resolve().parents[1]
@@ -118,7 +142,7 @@ def dry_run(modules: tuple[str, ...] = MODULES) -> dict[str, Any]:
     triggers: list[dict[str, Any]] = []
     for env in (envs.DRIVER, *envs.DRIVER.depends_on):
         for name, task in env.tasks.items():
-            spec = translate_task_to_wire(task, context)
+            spec = wire_task(task, context)
             tasks[name] = task_summary(task, spec)
             triggers += asyncio.run(trigger_summary(task, spec))
     from areal_core.config.device import DEVICES

@@ -1,5 +1,6 @@
-"""Asynchronous GRPO with the Flyte 2 SDK: the jobs of workflows/grpo.py, each a Flyte 2 task that
-awaits the steps (flyte2/steps.py) and the three roles at once (flyte2/roles.py: run_roles).
+"""Asynchronous GRPO with the Flyte 2 SDK: the jobs `grpo` and `grpo_cluster` of the job spec
+(jobs/catalog.py: their inputs, defaults, docs and schedule; flyte2/translate.py), each a Flyte 2
+task that awaits the steps (flyte2/steps.py) and the three roles at once (flyte2/roles.py: run_roles).
 
     grpo           prepare -> SFT (cached) -> start_run -> [rollout pool | reward pool | trainer] -> evaluate
     grpo_cluster   prepare_cluster -> SFT -> start_run -> [pools | Elastic trainer] -> evaluate -> register
@@ -20,26 +21,26 @@ triggered run gets its own run root <store>/<kickoff time> and registers a new m
 from __future__ import annotations
 
 import asyncio
-import datetime
 import time
+from typing import Any
 
 import flyte
-from flyte import notify
-from flyte.models import ActionPhase
 
 from areal_core.config import ConfigError, RunConfig, load_config
 from areal_core.context import load_run_config
 from areal_core.layout import LAYOUT
 from areal_core.run import cluster, pipeline
-from areal_core.run.cluster import UNSCHEDULED
 from areal_core.run.live import LiveReport
 from areal_core.run.tracking import Tracker
 from areal_core.store import Store
 from flyte2.envs import CLUSTER, DRIVER
 from flyte2.roles import run_roles
 from flyte2.steps import evaluate, mark_failed, prepare, prepare_cluster, register, sft, start_run
+from flyte2.translate import job_task
+from jobs.catalog import ACCURACY, GRPO, GRPO_CLUSTER
+from jobs.spec import Given
 
-DEFAULT_CONFIG = "configs/default.yaml"
+Accuracy = ACCURACY.dataclass()
 
 
 def check_config(cfg: RunConfig, config: str, overrides: str, for_cluster: bool = False) -> RunConfig:
@@ -84,84 +85,34 @@ async def train(run_uri: str, num_rollout: int, num_reward: int, local: bool) ->
     return final
 
 
-@DRIVER.task(report=True)
-async def grpo(
-    cfg: RunConfig = RunConfig(),
-    config: str = DEFAULT_CONFIG,
-    overrides: str = "",
-    resume_run: bool = False,
-) -> tuple[float, float]:
-    """Asynchronous GRPO: prepare, SFT (cached), the rollout pool, reward pool and trainer at once
-    as Flyte tasks, evaluate; returns held-out accuracy (before RL, after RL).
-
-    :param cfg: the run config as JSON; its fields that differ from the defaults apply over the YAML files (README)
-    :param config: YAML config files, comma-separated, applied in order over the defaults
-    :param overrides: dotted key=value overrides, whitespace-separated with shell quoting, applied last
-    :param resume_run: a flag: continue the run in the run root (same run id and config) instead of starting afresh
-    """
-    run_cfg = check_config(cfg, config, overrides)
-    run_uri, sft_key = await prepare.aio(cfg=cfg, config=config, overrides=overrides, resume=resume_run)
+async def _grpo(given: Given) -> Any:
+    run_cfg = check_config(given.cfg, given.config, given.overrides)
+    run_uri, sft_key = await prepare.aio(**given.take("cfg", "config", "overrides", resume="resume_run"))
     try:
         checkpoint = await sft.aio(run_uri=run_uri, sft_key=sft_key)
         await start_run.aio(run_uri=run_uri, sft_checkpoint=checkpoint)
         await train(run_uri, run_cfg.rollout.num_workers, run_cfg.reward.num_workers, local=True)
-        before, after = await evaluate.aio(run_uri=run_uri)
+        return Accuracy(*await evaluate.aio(run_uri=run_uri))
     except BaseException:
         await asyncio.to_thread(mark_failed, run_uri)
         raise
-    return before, after
 
 
-def weekly() -> flyte.Trigger:
-    """Recurring retraining: the cluster config's `schedule` (cron, inputs, who is e-mailed when a
-    run fails, times out or is aborted). The trigger binds its fire time to `kickoff_time`, which
-    gives each run its own run root."""
-    sched = CLUSTER.schedule
-    failed = (ActionPhase.FAILED, ActionPhase.TIMED_OUT, ActionPhase.ABORTED)
-    return flyte.Trigger(
-        name="grpo_cluster_weekly",
-        automation=flyte.Cron(sched.cron),
-        description="weekly retraining, each run in its own run root <store>/<kickoff time>",
-        inputs={
-            "kickoff_time": flyte.TriggerTime,
-            "config": sched.config,
-            "overrides": sched.overrides,
-            "resume_run": False,
-            "model_name": sched.model_name,
-        },
-        notifications=notify.Email(on_phase=failed, recipients=tuple(sched.notify)),
-    )
-
-
-@DRIVER.task(report=True, triggers=weekly())
-async def grpo_cluster(
-    cfg: RunConfig = RunConfig(),
-    config: str = DEFAULT_CONFIG,
-    overrides: str = "",
-    resume_run: bool = False,
-    model_name: str = "areal-flyte-policy",
-    kickoff_time: datetime.datetime = UNSCHEDULED,
-) -> str:
-    """Asynchronous GRPO on a cluster, each role its own pods; returns the registered final model's
-    models:/ URI ('': no tracking).
-
-    :param cfg: the run config as JSON; its fields that differ from the defaults apply over the YAML files (README)
-    :param config: YAML config files, comma-separated, applied in order over the defaults
-    :param overrides: dotted key=value overrides, whitespace-separated with shell quoting, applied last
-    :param resume_run: a flag: continue the run in the run root (same run id and config) instead of starting afresh
-    :param model_name: the MLflow registered model the final model is registered under
-    :param kickoff_time: set by the trigger: the run's own root is <store>/<kickoff time>; 1970-01-01: a manual run
-    """
-    check_config(cfg, config, overrides, for_cluster=True)
-    run_uri, sft_key = await prepare_cluster.aio(
-        cfg=cfg, config=config, overrides=overrides, resume=resume_run, kickoff_time=kickoff_time
-    )
+async def _grpo_cluster(given: Given) -> Any:
+    check_config(given.cfg, given.config, given.overrides, for_cluster=True)
+    inputs = given.take("cfg", "config", "overrides", "resume_run", "kickoff_time")
+    run_uri, sft_key = await prepare_cluster.aio(**inputs)
     try:
         checkpoint = await sft.aio(run_uri=run_uri, sft_key=sft_key)
         await start_run.aio(run_uri=run_uri, sft_checkpoint=checkpoint)
         await train(run_uri, CLUSTER.rollout.replicas, CLUSTER.reward.replicas, local=flyte.ctx().mode == "local")
         before, after = await evaluate.aio(run_uri=run_uri)
-        return await register.aio(run_uri=run_uri, model_name=model_name, before=before, after=after)
+        return await register.aio(run_uri=run_uri, model_name=given.model_name, before=before, after=after)
     except BaseException:
         await asyncio.to_thread(mark_failed, run_uri)
         raise
+
+
+grpo = job_task(DRIVER, GRPO, _grpo, report=True)
+# `grpo_cluster_weekly`, its trigger: each triggered run gets its own run root <store>/<kickoff time>
+grpo_cluster = job_task(DRIVER, GRPO_CLUSTER, _grpo_cluster, report=True)

@@ -3,9 +3,10 @@ the reward pool and the trainer are concurrent async tasks awaited with `asyncio
 the job's own task. They share nothing but the run root; each stops when the trainer writes DONE.
 
 - `rollout_worker`, `reward_worker` (async; environments `areal_rollout`, `areal_reward`: warm
-  pools through ReusePolicy, interruptible): each starts its role in a process of its own
-  (`python -m flyte2.role ROLE RUN INDEX`, which calls `roles.rollout_task` / `roles.reward_task`,
-  as the flytekit tasks do) and awaits it without holding the event loop. A process per call
+  pools through ReusePolicy, interruptible): each starts its role in a process of its own through
+  the single-machine launcher (areal_core/run/launcher.py: `start_role(..., task=True)`, which runs
+  `roles.rollout_task` / `roles.reward_task`, as the flytekit tasks do) and awaits it without
+  holding the event loop. A process per call
   also keeps a reused container clean: a role's process-wide state (a fenced store, torch
   threads, caches) never reaches the next run that container serves.
 - `trainer` (sync; environment `areal_trainer`, flyteplugins-pytorch Elastic): in a pod every
@@ -21,27 +22,16 @@ Flyte retries it (areal_core/run/roles.py).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
-import os
-import signal
-import subprocess
-import sys
 import threading
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import IO
 
 import flyte
 
-from areal_core.procs import own_group_dying_with_parent
-from areal_core.run.launcher import Progress, RoleFailed, RoleProcess, record_exit, stop_all
+from areal_core.run.launcher import Progress, RoleFailed, start_role, stop_all, wait_role
 from areal_core.store import Store
 from flyte2.envs import CLUSTER, REWARD, ROLLOUT, TRAINER, task_settings
-from flyte2.role import RESULT_PREFIX
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
 POLL_S = 0.5
 STOP_WAIT_S = 60.0  # how long a failing local run waits for its trainer process to be stopped
 
@@ -62,71 +52,17 @@ class LocalTrainer:
 _LOCAL_TRAINERS: dict[str, LocalTrainer] = {}  # run URI -> its local trainer's controls
 
 
-@dataclass
-class Started:
-    """A role's process, its forwarded output's last line, and its result line once printed."""
-
-    process: RoleProcess
-    results: list[dict] = field(default_factory=list)
-
-
-def _forward(name: str, stream: IO[str], last: list[str], results: list[dict]) -> None:
-    """Copy the role's output to stderr as `[role-i] line`; keep its last line and its result."""
-    for line in iter(stream.readline, ""):
-        if line.startswith(RESULT_PREFIX):
-            with contextlib.suppress(json.JSONDecodeError):
-                results.append(json.loads(line))
-        sys.stderr.write(f"[{name}] {line}")
-        sys.stderr.flush()
-        if line.strip():
-            last[:] = [line.strip()[:500]]
-    stream.close()
-
-
-def start(role: str, run_uri: str, index: int = 0, nproc: int = 1) -> Started:
-    """`role` as a process of its own: its own process group, killed with this process; under
-    torchrun with `nproc` ranks when `nproc` > 1."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH", "")]))
-    ranks = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"] if nproc > 1 else []
-    proc = subprocess.Popen(
-        [sys.executable, *ranks, "-m", "flyte2.role", role, run_uri, str(index)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        cwd=str(PROJECT_ROOT),
-        preexec_fn=own_group_dying_with_parent(signal.SIGKILL),
-    )
-    name, last, results = f"{role}-{index}", [], []
-    pump = threading.Thread(target=_forward, args=(name, proc.stdout, last, results), daemon=True)
-    pump.start()
-    return Started(RoleProcess(name, proc, pump, last), results)
-
-
-def finish(started: Started, run_uri: str) -> object:
-    """The role's result once its process exited; RoleFailed (and a `crash` event in the store,
-    with its last output line) when it exited with an error."""
-    p = started.process
-    rc = p.proc.wait()
-    p.pump.join(timeout=5)
-    if rc != 0:
-        record_exit(Store(run_uri), p, rc)
-        raise RoleFailed(f"role {p.name} exited with code {rc}")
-    return started.results[-1]["result"] if started.results else None
-
-
 async def run_role(role: str, run_uri: str, index: int) -> object:
     """Start the role's process and await its exit without holding the event loop; when this is
     cancelled (another role failed, the run was aborted), stop the process and its children."""
-    started = start(role, run_uri, index)
+    started = start_role(role, run_uri, index, task=True)
     try:
-        while started.process.proc.poll() is None:
+        while started.proc.poll() is None:
             await asyncio.sleep(POLL_S)
     except BaseException:
-        await asyncio.to_thread(stop_all, [started.process])
+        await asyncio.to_thread(stop_all, [started])
         raise
-    return finish(started, run_uri)
+    return wait_role(started, Store(run_uri))
 
 
 def run_role_blocking(role: str, run_uri: str, nproc: int, local: LocalTrainer) -> object:
@@ -135,17 +71,17 @@ def run_role_blocking(role: str, run_uri: str, nproc: int, local: LocalTrainer) 
     try:
         if local.stop.is_set():
             raise RoleFailed(f"role {role}-0 not started: another role of the run failed")
-        started = start(role, run_uri, 0, nproc)
+        started = start_role(role, run_uri, 0, nproc=nproc, task=True)
         try:
-            while started.process.proc.poll() is None:
+            while started.proc.poll() is None:
                 if local.stop.wait(POLL_S):
-                    raise RoleFailed(f"role {started.process.name} stopped: another role of the run failed")
+                    raise RoleFailed(f"role {started.name} stopped: another role of the run failed")
         finally:
-            if started.process.proc.poll() is None:
-                stop_all([started.process])
+            if started.proc.poll() is None:
+                stop_all([started])
     finally:
         local.idle.set()
-    return finish(started, run_uri)
+    return wait_role(started, Store(run_uri))
 
 
 @ROLLOUT.task(**task_settings(CLUSTER.rollout))

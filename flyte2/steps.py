@@ -1,12 +1,7 @@
-"""The steps around the roles, as Flyte 2 tasks: each one call into areal_core, the same call the
-flytekit task of that step makes (tasks/pipeline.py, tasks/cluster.py, tasks/register.py).
-
-    prepare          pipeline.prepare             (tasks/pipeline.py: prepare)
-    prepare_cluster  cluster.prepare_task         (tasks/cluster.py: prepare_cluster)
-    sft              pipeline.sft, cached on sft_key alone (tasks/pipeline.py: sft)
-    start_run        pipeline.start_run           (tasks/cluster.py: start_run)
-    evaluate         pipeline.evaluate_run, the run's report as this task's Flyte 2 report
-    register         registry.register_final_model (tasks/register.py: register)
+"""The steps around the roles, as Flyte 2 tasks: each calls its step of jobs/steps.py (one call into
+areal_core), the same function the flytekit task of that step calls (tasks/pipeline.py,
+tasks/cluster.py, tasks/register.py), and shows its text (jobs/spec.py: doc_of). The SFT cache is
+the job spec's (jobs/catalog.py: SFT_CACHE), as flytekit's is.
 
 A task returns plain values (URIs as strings, tuples): a model stays in its run root, where every
 role and step finds it. The steps are plain (sync) functions: Flyte 2 runs each in a thread of its
@@ -20,16 +15,16 @@ import os
 
 import flyte
 
-from areal_core.config import ConfigError, RunConfig
+from areal_core.config import RunConfig
 from areal_core.run import cluster, pipeline
 from areal_core.run.tracking import Execution
 from flyte2.envs import CLUSTER, SINGLE, SMALL, task_settings
+from jobs import steps
+from jobs.catalog import SFT_CACHE
+from jobs.spec import doc_of
 
-# The SFT result depends only on sft_key (seed, task, model and SFT settings), not on the run root,
-# so another run (a scheduled one, a new store) hits it. `salt`: bump when SFT changes what it
-# produces for the same key. A hit is copied into the run root by start_run, and a hit whose
-# folder is gone is trained again there (pipeline.ensure_init_model).
-SFT_CACHE = flyte.Cache(behavior="auto", salt="sft-2", ignored_inputs=("run_uri",))
+# the job spec's SFT cache (jobs/catalog.py); the salt carries its version
+CACHE = flyte.Cache(behavior="auto", salt=f"sft-{SFT_CACHE.version}", ignored_inputs=SFT_CACHE.ignored)
 
 
 def bind_execution() -> Execution:
@@ -53,59 +48,46 @@ def image_name() -> str:
 
 
 @SMALL.task(**task_settings(CLUSTER.small))
+@doc_of(steps.prepare)
 def prepare(cfg: RunConfig, config: str, overrides: str, resume: bool) -> tuple[str, str]:
-    """Validate the config (YAML files < the typed config's changes < overrides), then write
-    config.yaml and the prompt set to the run root; returns (run URI, SFT key)."""
-    try:
-        return pipeline.prepare(config, overrides, resume, typed=cfg)
-    except ConfigError as exc:  # the message is the finding: one frame, not the stack
-        raise ConfigError(str(exc)) from None
+    return steps.prepare(cfg, config, overrides, resume)
 
 
 @SMALL.task(**task_settings(CLUSTER.small))
+@doc_of(steps.prepare_cluster)
 def prepare_cluster(
-    cfg: RunConfig, config: str, overrides: str, resume: bool, kickoff_time: datetime.datetime
+    cfg: RunConfig, config: str, overrides: str, resume_run: bool, kickoff_time: datetime.datetime
 ) -> tuple[str, str]:
-    """Validate the config with the cluster's worker counts, device and backend, then write the run
-    root; a scheduled run gets its own root <store>/<kickoff time>."""
-    try:
-        return cluster.prepare_task(cfg, config, overrides, resume, kickoff_time)
-    except ConfigError as exc:
-        raise ConfigError(str(exc)) from None
+    return steps.prepare_cluster(cfg, config, overrides, resume_run, kickoff_time)
 
 
-@SINGLE.task(cache=SFT_CACHE, **task_settings(CLUSTER.single))
+@SINGLE.task(cache=CACHE, **task_settings(CLUSTER.single))
+@doc_of(steps.sft)
 def sft(run_uri: str, sft_key: str) -> str:
-    """SFT warm start, cached on `sft_key` alone; returns the checkpoint's URI."""
-    return pipeline.sft(run_uri)
+    return steps.sft(run_uri)
 
 
 @SMALL.task(**task_settings(CLUSTER.small))
+@doc_of(steps.start_run)
 def start_run(run_uri: str, sft_checkpoint: str) -> str:
-    """Put the SFT checkpoint in the run root (a cache hit is copied, a vanished one recomputed)
-    and open the run's MLflow run, tagged with the device and image."""
     bind_execution()
-    return pipeline.start_run(run_uri, sft_checkpoint, cluster.pod_identity(image_name))
+    return steps.start_run(run_uri, sft_checkpoint, image_name)
 
 
 @SINGLE.task(report=True, **task_settings(CLUSTER.single))
+@doc_of(steps.evaluate)
 def evaluate(run_uri: str) -> tuple[float, float]:
-    """Held-out greedy accuracy before and after RL, logged to MLflow (with the final model), and
-    the run's report (the doctor's verdict, curves, held-out answers) as this task's report."""
     bind_execution()
-    result = pipeline.evaluate_run(run_uri)
+    result = steps.evaluate(run_uri)
     if result["report"]:
         flyte.report.replace(result["report"], do_flush=True)
     return float(result["before"]), float(result["after"])
 
 
 @SMALL.task(**task_settings(CLUSTER.small))
+@doc_of(steps.register)
 def register(run_uri: str, model_name: str, before: float, after: float) -> str:
-    """Register the final model and the newest checkpoint in the MLflow registry; returns the final
-    model's models:/ URI ('' when the run has tracking disabled)."""
-    from areal_core.online.registry import register_final_model
-
-    return register_final_model(run_uri, model_name, before, after, *cluster.pod_identity(image_name).values())
+    return steps.register(run_uri, model_name, before, after, image_name)
 
 
 def mark_failed(run_uri: str) -> None:

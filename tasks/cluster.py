@@ -19,14 +19,17 @@ from __future__ import annotations
 import datetime
 from typing import Any, NamedTuple
 
-from flytekit import Email, WorkflowExecutionPhase, task
+from flytekit import task
 from flytekit.core.array_node_map_task import map_task
 from flytekit.types.directory import FlyteDirectory
 from flytekit.types.error import FlyteError
 
-from areal_core.config import ConfigError, RunConfig
+from areal_core.config import RunConfig
 from areal_core.layout import LAYOUT
-from areal_core.run import cluster, pipeline
+from areal_core.run import cluster
+from jobs import steps
+from jobs.catalog import GRPO_CLUSTER
+from jobs.spec import Given, Input, doc_of, function
 from tasks.deferred import Pod, cluster_image, pod_settings
 from tasks.execution import bind_execution, refuse_local_workflow
 from tasks.pipeline import Prepared, model_dir
@@ -37,16 +40,12 @@ SMALL_POD = Pod("small")
 
 
 @task(task_config=SMALL_POD, secret_requests=SECRETS)
+@doc_of(steps.prepare_cluster)
 def prepare_cluster(
     cfg: RunConfig, config: str, overrides: str, resume_run: bool, kickoff_time: datetime.datetime
 ) -> Prepared:
-    """Validate the config with the cluster's worker counts and device, then write the run root.
-    A scheduled execution gets its own run root: <store>/<kickoff time>."""
     refuse_local_workflow("grpo_cluster")
-    try:
-        return Prepared(*cluster.prepare_task(cfg, config, overrides, resume_run, kickoff_time))
-    except ConfigError as exc:  # one frame under the message, not the stack
-        raise ConfigError(str(exc)) from None
+    return Prepared(*steps.prepare_cluster(cfg, config, overrides, resume_run, kickoff_time))
 
 
 class Started(NamedTuple):
@@ -59,27 +58,30 @@ def registered_image() -> str:
 
 
 @task(task_config=SMALL_POD, secret_requests=SECRETS)
+@doc_of(steps.start_run)
 def start_run(run_uri: str, sft_checkpoint: str) -> Started:
-    """Put the SFT checkpoint in the run root (a cache hit is copied, a vanished one recomputed)
-    and open the run's MLflow run, tagged with the device and image."""
     bind_execution()
-    uri = pipeline.start_run(run_uri, sft_checkpoint, cluster.pod_identity(registered_image))
+    uri = steps.start_run(run_uri, sft_checkpoint, registered_image)
     return Started(run_uri=uri, init_model=model_dir(uri, LAYOUT.init_model))
 
 
-@task(task_config=SMALL_POD, secret_requests=SECRETS)
-def mark_failed(
-    cfg: RunConfig,
-    config: str,
-    overrides: str,
-    resume_run: bool,
-    model_name: str,
-    kickoff_time: datetime.datetime,
-    err: FlyteError | None = None,
-) -> None:
-    """grpo_cluster's failure node: the run's MLflow run (if one was opened) is marked FAILED.
-    Its inputs are the workflow's, so it finds the run root the way prepare_cluster chose it."""
-    cluster.mark_failed_task(cfg, config, overrides, kickoff_time)
+def _mark_failed(given: Given) -> None:
+    cluster.mark_failed_task(given.cfg, given.config, given.overrides, given.kickoff_time)
+
+
+# grpo_cluster's failure node: flytekit requires its inputs to be the workflow's (and `err`), so its
+# signature is generated from the job spec with the workflow's
+mark_failed = task(task_config=SMALL_POD, secret_requests=SECRETS)(
+    function(
+        GRPO_CLUSTER,
+        _mark_failed,
+        None,
+        (Input("err", FlyteError | None, "the error the workflow failed with", None),),
+        name="mark_failed",
+        doc="grpo_cluster's failure node: the run's MLflow run (if one was opened) is marked FAILED; it finds "
+        "the run root from the workflow's inputs, the way prepare_cluster chose it.",
+    )
+)
 
 
 # -- nodes of the workflow, made when it is compiled (serialization), from the cluster config -----
@@ -109,13 +111,3 @@ def single_pod() -> dict[str, Any]:
         "retries": pod["retries"],
     }
     return out | {k: pod[k] for k in ("accelerator", "pod_template") if k in pod}
-
-
-def failure_notifications() -> list[Email]:
-    """The scheduled launch plans e-mail `schedule.notify` when a run fails, times out or is aborted."""
-    return [
-        Email(
-            phases=[WorkflowExecutionPhase.FAILED, WorkflowExecutionPhase.TIMED_OUT, WorkflowExecutionPhase.ABORTED],
-            recipients_email=list(cluster.registered_cluster().schedule.notify),
-        )
-    ]

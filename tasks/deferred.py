@@ -229,19 +229,25 @@ class DeferredLaunchPlan(LaunchPlan):
     """A launch plan whose default inputs, schedule and notifications are `plan()`'s (a dict with
     those keys), asked for when they are first read (serialization), not at import."""
 
+    deferred_plan: Callable[[], dict[str, Any]] | None = None
+
     @classmethod
     def deferred(cls, name: str, workflow: Any, plan: Callable[[], dict[str, Any]]) -> DeferredLaunchPlan:
         lp = cls.create(name, workflow)
-        lp._plan = plan
+        lp.deferred_plan = plan
         return lp
 
     def _resolve(self) -> None:
-        plan = self.__dict__.pop("_plan", None)
+        """The one place this front end writes flytekit's private launch-plan state. flytekit 1.16 has
+        no public way to give a launch plan its defaults, schedule and notifications after
+        `LaunchPlan.create`, which needs them at import (and registers the name, so a second plan
+        of that name cannot be made later); so they are set here, when first read, the way
+        `LaunchPlan.create` sets them (the workflow's signature, then the plan's default inputs over it)."""
+        plan, self.deferred_plan = self.deferred_plan, None
         if plan is None:
             return
         got = plan()
         defaults = got.get("default_inputs", {})
-        # as LaunchPlan.create: the workflow's signature, then the plan's default inputs over it
         types = self.workflow.python_interface.inputs
         ctx = FlyteContextManager.current_context()
         given = Interface(inputs={k: (types[k], v) for k, v in defaults.items()}, outputs={})

@@ -6,7 +6,8 @@ from typing import NamedTuple
 
 from flytekit import task
 
-from areal_core.run import fork as fork_lib
+from jobs import steps
+from jobs.spec import doc_of
 from tasks.deferred import ONE_MACHINE
 from tasks.execution import bind_execution
 from tasks.resources import SECRETS, SMALL
@@ -18,7 +19,7 @@ class Forked(NamedTuple):
 
 
 @task(task_config=ONE_MACHINE, requests=SMALL, secret_requests=SECRETS)
+@doc_of(steps.fork)
 def fork_run(run: str, step: int, into: str, overrides: str) -> Forked:
-    """Make the child root `into` from `run`'s checkpoint at `step` under `overrides`."""
     bind_execution()
-    return Forked(**fork_lib.fork_task(run, step, into, overrides))
+    return Forked(**steps.fork(run, step, into, overrides))

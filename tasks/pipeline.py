@@ -17,16 +17,18 @@ import flytekit
 from flytekit import Cache, Deck, task
 from flytekit.types.directory import FlyteDirectory
 
-from areal_core.config import ConfigError, RunConfig
+from areal_core.config import RunConfig
 from areal_core.layout import LAYOUT
 from areal_core.run import pipeline
 from areal_core.store import Store
+from jobs import steps
+from jobs.catalog import ACCURACY, SFT_CACHE
+from jobs.spec import doc_of
 from tasks.deferred import ONE_MACHINE
 from tasks.execution import bind_execution
 from tasks.resources import ROLE, SECRETS, SMALL
 
-# bump the version when the SFT code changes what it produces for the same key
-SFT_CACHE = Cache(version="2", ignored_inputs=("run_uri",))
+CACHE = Cache(version=SFT_CACHE.version, ignored_inputs=SFT_CACHE.ignored)  # the job spec's
 
 
 class Prepared(NamedTuple):
@@ -39,9 +41,7 @@ class Models(NamedTuple):
     final_model: FlyteDirectory
 
 
-class Accuracy(NamedTuple):
-    before: float
-    after: float
+Accuracy = ACCURACY.named_tuple()
 
 
 def model_dir(run_uri: str, name: str) -> FlyteDirectory:
@@ -52,20 +52,15 @@ def model_dir(run_uri: str, name: str) -> FlyteDirectory:
 
 
 @task(task_config=ONE_MACHINE, requests=SMALL, secret_requests=SECRETS)
+@doc_of(steps.prepare)
 def prepare(cfg: RunConfig, config: str, overrides: str, resume: bool) -> Prepared:
-    """Validate the config (YAML files < the typed config's changes < overrides), then write
-    config.yaml and the prompt set to the run root."""
-    try:
-        run_uri, key = pipeline.prepare(config, overrides, resume, typed=cfg)
-    except ConfigError as exc:  # the message is the finding: raised here, its traceback is one frame, not the stack
-        raise ConfigError(str(exc)) from None
-    return Prepared(run_uri=run_uri, sft_key=key)
+    return Prepared(*steps.prepare(cfg, config, overrides, resume))
 
 
-@task(task_config=ONE_MACHINE, requests=ROLE, cache=SFT_CACHE, secret_requests=SECRETS)
+@task(task_config=ONE_MACHINE, requests=ROLE, cache=CACHE, secret_requests=SECRETS)
+@doc_of(steps.sft)
 def sft(run_uri: str, sft_key: str) -> str:
-    """SFT warm start, cached on `sft_key` alone; returns the checkpoint's URI."""
-    return pipeline.sft(run_uri)
+    return steps.sft(run_uri)
 
 
 REPORT_DECK = "report"
@@ -80,7 +75,7 @@ def publish_report(html: str) -> None:
     Deck.publish()
 
 
-@task(task_config=ONE_MACHINE, requests=ROLE, retries=2, secret_requests=SECRETS, enable_deck=True)
+@task(task_config=ONE_MACHINE, requests=ROLE, retries=steps.RETRIES["train"], secret_requests=SECRETS, enable_deck=True)
 def run_async_rl(run_uri: str, sft_checkpoint: str) -> Models:
     """All roles as local processes on one machine, with the run's report as a Deck refreshed
     while they run; returns the initial and final models."""
@@ -90,9 +85,8 @@ def run_async_rl(run_uri: str, sft_checkpoint: str) -> Models:
 
 
 @task(task_config=ONE_MACHINE, requests=ROLE, enable_deck=True, secret_requests=SECRETS)
+@doc_of(steps.evaluate)
 def evaluate(run_uri: str, init_model: FlyteDirectory, final_model: FlyteDirectory) -> Accuracy:
-    """Held-out greedy accuracy before and after RL, logged to MLflow, with the run's final report
-    (and the held-out scores) as a Deck."""
-    result = pipeline.evaluate_run(run_uri)
+    result = steps.evaluate(run_uri)
     Deck(REPORT_DECK, result["report"])
     return Accuracy(before=result["before"], after=result["after"])

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 from flytekit import task
 
-from areal_core.online.registry import register_final_model
-from areal_core.run.cluster import pod_identity
+from jobs import steps
+from jobs.spec import doc_of
 from tasks.cluster import SMALL_POD, registered_image
 from tasks.resources import SECRETS
 
 
 @task(task_config=SMALL_POD, secret_requests=SECRETS)
+@doc_of(steps.register)
 def register(run_uri: str, model_name: str, before: float, after: float) -> str:
-    """Register the final model and the newest checkpoint; returns the final model's models:/ URI
-    ('' when the run has tracking disabled)."""
-    return register_final_model(run_uri, model_name, before, after, *pod_identity(registered_image).values())
+    return steps.register(run_uri, model_name, before, after, registered_image)

@@ -8,7 +8,8 @@ from flytekit import task
 from flytekit.types.directory import FlyteDirectory
 
 from areal_core.layout import LAYOUT
-from areal_core.run import replay as replay_lib
+from jobs import steps
+from jobs.spec import doc_of
 from tasks.deferred import ONE_MACHINE
 from tasks.execution import bind_execution
 from tasks.pipeline import model_dir
@@ -25,10 +26,9 @@ class ReplayResult(NamedTuple):
 
 
 @task(task_config=ONE_MACHINE, requests=ROLE, secret_requests=SECRETS)
+@doc_of(steps.replay)
 def replay_run(run: str, into: str, overrides: str, layer: str = "graded") -> ReplayResult:
-    """Train on `run`'s samples (rewards from `layer`) in their recorded order into the new root `into`; the
-    largest relative loss / grad-norm difference from the run's steps (-1: not recorded)."""
     bind_execution()
-    out = replay_lib.replay_task(run, into, overrides, layer)
+    out = steps.replay(run, into, overrides, layer)
     models = {name: model_dir(out["run_uri"], name) for name in (LAYOUT.init_model, LAYOUT.final_model)}
     return ReplayResult(**out, **models)

@@ -227,8 +227,8 @@ def k8s(quantities: dict[str, str]) -> dict[str, str]:
 @needs_venv
 def test_deployable_definitions_come_from_the_cluster_config_and_the_image_specs():
     from areal_core.config.cluster import load_cluster_config
+    from jobs.catalog import NIGHTLY_CRON
     from tasks.resources import SECRETS
-    from workflows.online import NIGHTLY_CRON
 
     got = dry_run()
     tasks, cluster = got["tasks"], yaml.safe_load((ROOT / "configs" / "cluster.yaml").read_text())

@@ -245,7 +245,8 @@ def test_online_run_starts_from_the_registered_version_and_compares_against_it(t
 
 
 def test_online_launch_plan_serializes_with_its_cron_schedule():
-    from workflows.online import NIGHTLY_CRON, online_retrain, online_retrain_nightly
+    from jobs.catalog import NIGHTLY_CRON
+    from workflows.online import online_retrain, online_retrain_nightly
 
     wf = serialize(online_retrain)
     assert [n.id for n in wf.template.nodes] == ["n0", "n1"]

@@ -12,21 +12,19 @@ train.checkpoint_every steps).
 
 from __future__ import annotations
 
-from flytekit import workflow
+from typing import Any
 
+from jobs.catalog import FORK
+from jobs.spec import Given
 from tasks.fork import fork_run
-from tasks.pipeline import Accuracy, evaluate, run_async_rl
+from tasks.pipeline import evaluate, run_async_rl
+from workflows.translate import workflow_of
 
 
-@workflow
-def fork(run: str, step: int, into: str, overrides: str = "") -> Accuracy:
-    """Continue a run from its checkpoint at `step` in a new run root under new settings, to DONE; then evaluate.
-
-    :param run: the run root to fork (a local path or s3://...)
-    :param step: a step with a committed checkpoint (trainer/checkpoints/step-N)
-    :param into: a new, empty run root for the child
-    :param overrides: dotted key=value settings over the parent's config (train.*, algo.*, ...; not model, sft, seed)
-    """
-    child = fork_run(run=run, step=step, into=into, overrides=overrides)
+def _fork(given: Given) -> Any:
+    child = fork_run(run=given.run, step=given.step, into=given.into, overrides=given.overrides)
     models = run_async_rl(run_uri=child.run_uri, sft_checkpoint=child.sft_checkpoint)
     return evaluate(run_uri=child.run_uri, init_model=models.init_model, final_model=models.final_model)
+
+
+fork = workflow_of(FORK, _fork)

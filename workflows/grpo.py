@@ -33,68 +33,26 @@ launch plan that retrains on a cron schedule, each run in its own run root, and 
 
 from __future__ import annotations
 
-import datetime
+from typing import Any
 
-from flytekit import CronSchedule, workflow
-
-from areal_core.config import RunConfig
-from areal_core.run.cluster import UNSCHEDULED, registered_cluster
-from tasks.cluster import (
-    failure_notifications,
-    mark_failed,
-    prepare_cluster,
-    reward_pool,
-    rollout_pool,
-    single_pod,
-    start_run,
-)
-from tasks.deferred import DeferredLaunchPlan
-from tasks.pipeline import Accuracy, evaluate, prepare, run_async_rl, sft
+from jobs.catalog import GRPO, GRPO_CLUSTER
+from jobs.spec import Given
+from tasks.cluster import mark_failed, prepare_cluster, reward_pool, rollout_pool, single_pod, start_run
+from tasks.pipeline import evaluate, prepare, run_async_rl, sft
 from tasks.register import register
 from tasks.roles import trainer
+from workflows.translate import launch_plan, workflow_of
 
 
-@workflow
-def grpo(
-    cfg: RunConfig = RunConfig(),
-    config: str = "configs/default.yaml",
-    overrides: str = "",
-    resume_run: bool = False,
-) -> Accuracy:
-    """Asynchronous GRPO on one machine: prepare, SFT (cached), every role as a local process, evaluate.
-
-    :param cfg: the run config as JSON; its fields that differ from the defaults apply over the YAML files (README)
-    :param config: YAML config files, comma-separated, applied in order over the defaults
-    :param overrides: dotted key=value overrides, whitespace-separated with shell quoting, applied last
-    :param resume_run: a flag: continue the run in the run root (same run id and config) instead of starting afresh
-    """
-    prepared = prepare(cfg=cfg, config=config, overrides=overrides, resume=resume_run)
+def _grpo(given: Given) -> Any:
+    prepared = prepare(**given.take("cfg", "config", "overrides", resume="resume_run"))
     checkpoint = sft(run_uri=prepared.run_uri, sft_key=prepared.sft_key)
     models = run_async_rl(run_uri=prepared.run_uri, sft_checkpoint=checkpoint)
     return evaluate(run_uri=prepared.run_uri, init_model=models.init_model, final_model=models.final_model)
 
 
-@workflow(on_failure=mark_failed)
-def grpo_cluster(
-    cfg: RunConfig = RunConfig(),
-    config: str = "configs/default.yaml",
-    overrides: str = "",
-    resume_run: bool = False,
-    model_name: str = "areal-flyte-policy",
-    kickoff_time: datetime.datetime = UNSCHEDULED,
-) -> str:
-    """Asynchronous GRPO on a Flyte cluster; returns the registered final model's models:/ URI ('': no tracking).
-
-    :param cfg: the run config as JSON; its fields that differ from the defaults apply over the YAML files (README)
-    :param config: YAML config files, comma-separated, applied in order over the defaults
-    :param overrides: dotted key=value overrides, whitespace-separated with shell quoting, applied last
-    :param resume_run: a flag: continue the run in the run root (same run id and config) instead of starting afresh
-    :param model_name: the MLflow registered model the final model is registered under
-    :param kickoff_time: set by the schedule: the run's own root is <store>/<kickoff time>; 1970-01-01 (default): manual
-    """
-    prepared = prepare_cluster(
-        cfg=cfg, config=config, overrides=overrides, resume_run=resume_run, kickoff_time=kickoff_time
-    )
+def _grpo_cluster(given: Given) -> Any:
+    prepared = prepare_cluster(**given.take("cfg", "config", "overrides", "resume_run", "kickoff_time"))
     # SFT and evaluation run in the cluster's image on its `single` pod (the single-machine tasks default to cpu)
     single = single_pod()
     checkpoint = sft(run_uri=prepared.run_uri, sft_key=prepared.sft_key).with_overrides(**single)
@@ -105,25 +63,12 @@ def grpo_cluster(
     final_model = trainer(run_uri=started.run_uri)
     evaluated = evaluate(run_uri=started.run_uri, init_model=started.init_model, final_model=final_model)
     accuracy = evaluated.with_overrides(**single)
-    return register(run_uri=started.run_uri, model_name=model_name, before=accuracy.before, after=accuracy.after)
+    return register(run_uri=started.run_uri, model_name=given.model_name, before=accuracy.before, after=accuracy.after)
 
 
+grpo = workflow_of(GRPO, _grpo)
+grpo_cluster = workflow_of(GRPO_CLUSTER, _grpo_cluster, on_failure=mark_failed)
 # Recurring retraining: every run gets its own run root <store>/<kickoff time> (the kickoff time
 # is passed by the scheduler), and registers a new model version. Activate it after registering:
 #   flytectl update launchplan -p <project> -d <domain> grpo_cluster_weekly --version <v> --activate
-def weekly() -> dict:
-    """The weekly launch plan's inputs, schedule and notifications: the cluster config's `schedule`."""
-    sched = registered_cluster().schedule
-    return {
-        "default_inputs": {
-            "config": sched.config,
-            "overrides": sched.overrides,
-            "resume_run": False,
-            "model_name": sched.model_name,
-        },
-        "schedule": CronSchedule(schedule=sched.cron, kickoff_time_input_arg="kickoff_time"),
-        "notifications": failure_notifications(),
-    }
-
-
-grpo_cluster_weekly = DeferredLaunchPlan.deferred("grpo_cluster_weekly", grpo_cluster, weekly)
+grpo_cluster_weekly = launch_plan(GRPO_CLUSTER, grpo_cluster)

@@ -11,40 +11,24 @@ never in place; its summary says how many rewards changed (which: changes.parque
 
 from __future__ import annotations
 
-from flytekit import workflow
+from typing import Any
 
-from tasks.pipeline import evaluate
-from tasks.regrade import Regraded, regrade_run
+from jobs.catalog import REGRADE, REGRADE_AND_REPLAY
+from jobs.spec import Given
+from tasks.regrade import regrade_run
 from tasks.replay import replay_run
-from workflows.replay import Replayed
+from workflows.replay import evaluated_replay
+from workflows.translate import workflow_of
 
 
-@workflow
-def regrade(run: str, layer: str, reward: str = "", pool_size: int = 2) -> Regraded:
-    """Re-grade a run's graded samples into a new layer beside the old one.
-
-    :param run: the run root (a local path or s3://...)
-    :param layer: the new layer's name (letters, digits, '.', '_', '-')
-    :param reward: the reward function, 'pkg.module:function'; empty: the run's own
-    :param pool_size: grading processes
-    """
-    return regrade_run(run=run, layer=layer, reward=reward, pool_size=pool_size)
+def _regrade(given: Given) -> Any:
+    return regrade_run(run=given.run, layer=given.layer, reward=given.reward, pool_size=given.pool_size)
 
 
-@workflow
-def regrade_and_replay(
-    run: str, layer: str, into: str, reward: str = "", pool_size: int = 2, overrides: str = ""
-) -> Replayed:
-    """Re-grade a run into a new layer, retrain on its samples with the new rewards in their recorded order; evaluate.
+def _regrade_and_replay(given: Given) -> Any:
+    graded = regrade_run(run=given.run, layer=given.layer, reward=given.reward, pool_size=given.pool_size)
+    return evaluated_replay(replay_run(run=given.run, into=given.into, overrides=given.overrides, layer=graded.layer))
 
-    :param run: the run root (a local path or s3://...)
-    :param layer: the new layer's name (letters, digits, '.', '_', '-')
-    :param into: a new, empty run root for the retraining
-    :param reward: the reward function, 'pkg.module:function'; empty: the run's own
-    :param pool_size: grading processes
-    :param overrides: dotted key=value settings over the run's config for the retraining (algo.*, train.* ...)
-    """
-    graded = regrade_run(run=run, layer=layer, reward=reward, pool_size=pool_size)
-    result = replay_run(run=run, into=into, overrides=overrides, layer=graded.layer)
-    accuracy = evaluate(run_uri=result.run_uri, init_model=result.init_model, final_model=result.final_model)
-    return result.steps, result.max_loss_rel_diff, result.max_grad_norm_rel_diff, accuracy.before, accuracy.after
+
+regrade = workflow_of(REGRADE, _regrade)
+regrade_and_replay = workflow_of(REGRADE_AND_REPLAY, _regrade_and_replay)

@@ -9,6 +9,8 @@ A store outage never stops the launcher: a progress tick that cannot read the st
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -26,6 +28,7 @@ from areal_core.retry import POLICY
 from areal_core.store import Store
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
+RESULT_PREFIX = '{"role": '  # the last line a role process prints (areal_core/run/roles.py: main)
 
 
 class RoleFailed(RuntimeError):
@@ -38,11 +41,16 @@ class RoleProcess:
     proc: subprocess.Popen
     pump: threading.Thread
     last_line: list[str] = field(default_factory=list)  # its output's last non-empty line
+    results: list[dict] = field(default_factory=list)  # its result lines ({"role": ..., "result": ...})
 
 
-def _pump(name: str, stream, sink, last: list[str] | None = None) -> None:
-    """Copy a role's output to `sink`, line by line, keeping its last non-empty line in `last`."""
+def _pump(name: str, stream, sink, last: list[str] | None = None, results: list[dict] | None = None) -> None:
+    """Copy a role's output to `sink`, line by line, keeping its last non-empty line in `last` and
+    its result lines, parsed, in `results`."""
     for line in iter(stream.readline, ""):
+        if results is not None and line.startswith(RESULT_PREFIX):
+            with contextlib.suppress(json.JSONDecodeError):
+                results.append(json.loads(line))
         sink.write(f"[{name}] {line}")
         sink.flush()
         if last is not None and line.strip():
@@ -51,17 +59,25 @@ def _pump(name: str, stream, sink, last: list[str] | None = None) -> None:
 
 
 def start_role(
-    role: str, run_uri: str, index: int = 0, env: dict[str, str] | None = None, log_sink=None, nproc: int = 1
+    role: str,
+    run_uri: str,
+    index: int = 0,
+    env: dict[str, str] | None = None,
+    log_sink=None,
+    nproc: int = 1,
+    task: bool = False,
 ) -> RoleProcess:
     """The role as a process of its own (its own process group, killed with this one); `nproc` > 1
-    runs it under torchrun as that many ranks (the trainer's FSDP2 on one machine)."""
+    runs it under torchrun as that many ranks (the trainer's FSDP2 on one machine). `task`: it runs
+    the role's Flyte task entry point (roles.TASKS), whose result `wait_role` returns."""
     name = f"{role}-{index}"
     full_env = {**os.environ, **(env or {})}
     full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), full_env.get("PYTHONPATH", "")]))
     full_env.setdefault("PYTHONUNBUFFERED", "1")
     ranks = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"] if nproc > 1 else []
     proc = subprocess.Popen(
-        [sys.executable, *ranks, "-m", "areal_core.run.roles", role, "--run-uri", run_uri, "--index", str(index)],
+        [sys.executable, *ranks, "-m", "areal_core.run.roles", role, "--run-uri", run_uri, "--index", str(index)]
+        + (["--task"] if task else []),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -70,9 +86,22 @@ def start_role(
         preexec_fn=own_group_dying_with_parent(signal.SIGKILL),
     )
     last: list[str] = []
-    pump = threading.Thread(target=_pump, args=(name, proc.stdout, log_sink or sys.stderr, last), daemon=True)
+    results: list[dict] = []
+    sink = log_sink or sys.stderr
+    pump = threading.Thread(target=_pump, args=(name, proc.stdout, sink, last, results), daemon=True)
     pump.start()
-    return RoleProcess(name, proc, pump, last)
+    return RoleProcess(name, proc, pump, last, results)
+
+
+def wait_role(p: RoleProcess, store: Store) -> object:
+    """The role's result once its process exited (None if it printed none); RoleFailed (and a
+    `crash` event in the store, with its last output line) when it exited with an error."""
+    rc = p.proc.wait()
+    p.pump.join(timeout=5)
+    if rc != 0:
+        record_exit(store, p, rc)
+        raise RoleFailed(f"role {p.name} exited with code {rc}")
+    return p.results[-1]["result"] if p.results else None
 
 
 def record_exit(store: Store, p: RoleProcess, rc: int) -> None:

@@ -133,6 +133,14 @@ def trainer_task(run_uri: str) -> str:
     return final_model_uri(run_uri)
 
 
+# what a Flyte task of each role calls (tasks/roles.py; flyte2/roles.py in a process of its own)
+TASKS = {
+    "rollout": rollout_task,
+    "reward": reward_task,
+    "trainer": lambda run_uri, index=0: trainer_task(run_uri),
+}
+
+
 def final_model_uri(run_uri: str) -> str:
     return f"{run_uri.rstrip('/')}/{LAYOUT.final_model}"
 
@@ -159,11 +167,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("role", choices=ROLES)
     parser.add_argument("--run-uri", required=True)
     parser.add_argument("--index", type=int, default=0)
+    parser.add_argument("--task", action="store_true", help="run and print what the role's Flyte task returns")
     args = parser.parse_args(argv)
+    if args.task and args.role not in TASKS:
+        parser.error(f"--task: {args.role} has no task; expected one of {', '.join(TASKS)}")
     exit_on_sigterm()  # a stopped role stops its own children (reward pool, vLLM server) first
     setup_logging()
-    result = run_role(args.role, args.run_uri, args.index)
-    print(json.dumps({"role": args.role, "index": args.index, "result": result}, default=str))
+    if args.task:  # a Flyte 2 role task's process (flyte2/roles.py): the task's entry point and result
+        result: object = TASKS[args.role](args.run_uri, args.index)
+    else:
+        result = run_role(args.role, args.run_uri, args.index)
+    print(json.dumps({"role": args.role, "index": args.index, "result": result}, default=str), flush=True)
     return 0
 
 
