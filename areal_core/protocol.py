@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 
 from areal_core.ipc_reader import IpcError, read_ipc_file
 from areal_core.layout import LAYOUT
+from areal_core.routes import ROUTES_TYPE, RouteShape, decode_routes, encode_routes, routes_problem
 from areal_core.store import Store, UnreadableObject
 
 SCHEMA_VERSION = "1"
@@ -44,11 +45,12 @@ SCHEMA = pa.schema(
         ("created_at", pa.float64()),
         ("meta", pa.string()),
         ("image_ids", pa.list_(pa.string())),  # optional: the prompt's images (sha256 ids, areal_core/vlm/images.py)
+        ("routes", ROUTES_TYPE),  # optional: an MoE engine's expert choices per token and layer (areal_core/routes.py)
     ],
     metadata={"areal.schema_version": SCHEMA_VERSION},
 )
 # Columns a shard may lack (written before they existed); read as null. The version stays "1".
-OPTIONAL_COLUMNS = ("image_ids",)
+OPTIONAL_COLUMNS = ("image_ids", "routes")
 
 
 FLOAT32_MAX = 3.4028234663852886e38  # rewards are stored as float32: anything larger becomes inf
@@ -100,6 +102,8 @@ class Sample:
     created_at: float = field(default_factory=time.time)
     meta: dict[str, Any] = field(default_factory=dict)
     image_ids: list[str] | None = None  # the prompt's images, by sha256 (Layout.image); rows never hold pixels
+    # an MoE engine's expert ids, [len(input_ids), moe_layers, k] uint8/uint16 (areal_core/routes.py); None: none
+    routes: Any = field(default=None, compare=False, repr=False)
 
     def response_ids(self) -> list[int]:
         return self.input_ids[self.prompt_len :]
@@ -122,6 +126,8 @@ def _check(sample: Sample) -> None:
         raise ShardError(f"sample {sample.sample_id}: per-token columns differ in length from input_ids ({n})")
     if not 0 <= sample.prompt_len <= n:
         raise ShardError(f"sample {sample.sample_id}: prompt_len {sample.prompt_len} outside 0..{n}")
+    if sample.routes is not None and len(sample.routes) != n:
+        raise ShardError(f"sample {sample.sample_id}: routes cover {len(sample.routes)} positions, input_ids {n}")
     if sample.token_rewards is not None and len(sample.token_rewards) != n:
         raise ShardError(f"sample {sample.sample_id}: token_rewards length differs from input_ids")
     if sample.reward is not None and not finite_reward(sample.reward):
@@ -146,6 +152,8 @@ def to_table(samples: list[Sample]) -> pa.Table:
             value = getattr(s, name)
             if name in ("reward_info", "meta"):
                 value = json.dumps(value)
+            elif name == "routes":
+                value = encode_routes(value)
             cols[name].append(value)
     return pa.Table.from_pydict(cols, schema=SCHEMA)
 
@@ -155,6 +163,10 @@ def from_table(table: pa.Table) -> list[Sample]:
     for row in table.to_pylist():
         row["reward_info"] = json.loads(row["reward_info"] or "{}")
         row["meta"] = json.loads(row["meta"] or "{}")
+        try:
+            row["routes"] = decode_routes(row["routes"], len(row["input_ids"]))
+        except ValueError as exc:
+            raise ShardError(f"sample {row['sample_id']}: {exc}") from None
         sample = Sample(**row)
         _check(sample)
         out.append(sample)
@@ -181,6 +193,7 @@ class ShardLimits:
     vocab_size: int | None = None
     max_version: int | None = None
     vision_token_ids: tuple[int, ...] = ()  # a VLM's placeholder tokens: prompt-only, never a policy token
+    routes: RouteShape | None = None  # the trainer's MoE: recorded routes must fit its layers, k and experts
 
 
 DEFAULT_LIMITS = ShardLimits()
@@ -273,11 +286,16 @@ def decode_shard(data: bytes, limits: ShardLimits = DEFAULT_LIMITS) -> list[Samp
     try:
         table = table.select(SCHEMA.names).cast(SCHEMA)
         _check_table(table, limits)
-        return from_table(table)
+        samples = from_table(table)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, TypeError, json.JSONDecodeError) as exc:
         raise ShardError(f"bad values: {str(exc)[:300]}") from None
     except RecursionError:  # json.loads of a crafted reward_info or meta nested past the interpreter's stack
         raise ShardError("reward_info or meta is nested too deeply") from None
+    if limits.routes is not None:
+        for sample in samples:
+            if sample.routes is not None and (problem := routes_problem(sample.routes, limits.routes)):
+                raise ShardError(f"sample {sample.sample_id}: {problem}")
+    return samples
 
 
 def read_shard(store: Store, rel: str, limits: ShardLimits = DEFAULT_LIMITS) -> list[Sample]:

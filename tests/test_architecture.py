@@ -43,6 +43,7 @@ LAYERS: dict[str, int] = {
     "areal_core.vlm": 2,  # beside models.py: the VLM, its processor, images, multimodal inputs
     "areal_core.shard_feed": 2,  # beside protocol.py: the shards of a layer, listed from a cursor
     "areal_core.writer_claim": 2,  # beside protocol.py: one live writer per shard writer id
+    "areal_core.routes": 2,  # beside protocol.py: an MoE's routers and its recorded routes column
     "areal_core.weights": 3,
     "areal_core.forks": 3,
     "areal_core.dataset": 3,

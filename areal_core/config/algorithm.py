@@ -54,6 +54,7 @@ BehavCorrection = Literal["none", "truncate", "mask"]
 BehavLevel = Literal["token", "sequence", "geometric"]
 BehavClipDrop = Literal["none", "positive", "both"]
 KlEstimator = Literal["k1", "k2", "k3"]
+RouterReplay = Literal["none", "rollout"]
 
 ADV_ESTIMATORS: tuple[str, ...] = get_args(AdvEstimator)
 AGGREGATIONS: tuple[str, ...] = get_args(Aggregation)
@@ -96,6 +97,11 @@ class AlgorithmConfig(ConfigModel):
     kl_estimator: KlEstimator = "k3"
     kl_as_reward: Bool = False  # True: −β·KL shapes the reward; False: +β·KL is a loss term
     entropy_coef: Float = Field(0.0, ge=0)  # loss −= coef · entropy
+    # mixture of experts (areal_core/train/router_replay.py): rollout forces the engine's recorded experts on the
+    # π_θ and π_prox forwards, the gate weights recomputed under the trainer's router (R3); checked at prepare
+    router_replay: RouterReplay = "none"
+    # per step, when samples carry routes: routing agreement and |Δ log p| with and without replay (no-grad forwards)
+    route_metrics: Bool = True
     # data shaping
     dynamic_sampling: Bool = False  # DAPO: drop groups whose rewards are all equal
     overlong_max_len: Int = Field(0, ge=0)  # DAPO L_max in response tokens; 0 disables the overlong penalty

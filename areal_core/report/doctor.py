@@ -14,7 +14,9 @@ at least 0.1 lower), an exploding importance weight (max > 10 or KL(behav‖prox
 above 5% of (trained + dropped) samples, rewards that are failed calls above 20% of the trained
 samples (`reward_error_frac`, with the most frequent reason), staleness hurting the update (over
 the last tenth of the steps, at least 3, the behaviour correction masked or truncated more than 5%
-of the policy tokens, non-finite ones aside, or KL(behav‖prox) averaged above 0.05: lower η or lr).
+of the policy tokens, non-finite ones aside, or KL(behav‖prox) averaged above 0.05: lower η or lr),
+an MoE's routing drift driving the importance weights instead (routing replay removes at least half
+of the behaviour gap: `routing_drift`).
 A crashed run's findings lead with the crash: the role's own `crash` record (its exception and
 where), or the launcher's (exit code and last output line) for a role killed without one.
 """
@@ -36,6 +38,8 @@ STALL_S = 30.0
 REWARD_ERROR_FRAC = 0.2  # mean share of a step's samples whose reward was a failed call
 STALE_FRAC = 0.05  # mean share of policy tokens the behaviour correction masked or truncated
 STALE_KL = 0.05  # mean KL(behav‖prox) per policy token
+ROUTE_SHARE = 0.5  # share of the behaviour gap that routing replay removes, above which routing drift drives it
+ROUTE_GAP = 1e-3  # mean |Δ log p| under the trainer's own routes below which there is nothing to explain
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,7 +248,8 @@ def diagnose(
         role, evidence, advice = v
         title = "the staleness bound η limits the run" if role == "eta" else f"{role} limits the run"
         first = Finding("limit", role, title, evidence, advice)
-    health = [*_health(records, rows, stall_s), *stale_updates(rows), *reward_failures(records, rows)]
+    health = [*_health(records, rows, stall_s), *routing_drift(rows), *stale_updates(rows)]
+    health += reward_failures(records, rows)
     return [*crashes(records), first, *health]
 
 
@@ -274,6 +279,37 @@ def stale_updates(rows: Sequence[dict[str, Any]]) -> list[Finding]:
             "the policy moves too far per version for samples this old: lower η (train.eta) or the learning "
             "rate (train.lr)",
         )
+    ]
+
+
+def routing_drift(rows: Sequence[dict[str, Any]]) -> list[Finding]:
+    """Routing drift, not staleness, driving the importance weights of an MoE run, from the route
+    metrics (train/router_replay.py) over the last tenth of the steps that logged them (at least 3):
+    the behaviour gap mean |log π_prox − log π_behav| under the trainer's own routes (g_own,
+    `abs_dlogp_behav_own`) and under the rollout's (g_replay), the share replay removes
+    s = 1 − g_replay / g_own. When g_own > ROUTE_GAP and s ≥ ROUTE_SHARE the experts, not the policy's
+    age, make the importance weights: a health finding advising algo.router_replay=rollout, or, when
+    the trainer already replays (its `abs_dlogp_behav_prox` is the replayed gap), an info finding."""
+    last = [r for r in rows if r.get("abs_dlogp_behav_own") is not None and r.get("abs_dlogp_behav_replay") is not None]
+    if len(last) < 3:
+        return []
+    last = last[-max(3, len(last) // 10) :]
+    mean = lambda key: sum(float(r.get(key) or 0.0) for r in last) / len(last)  # noqa: E731
+    own, replay = mean("abs_dlogp_behav_own"), mean("abs_dlogp_behav_replay")
+    if own <= ROUTE_GAP or 1 - replay / own < ROUTE_SHARE:
+        return []
+    replaying = abs(mean("abs_dlogp_behav_prox") - replay) < abs(mean("abs_dlogp_behav_prox") - own)
+    evidence = (
+        f"over the last {len(last)} steps the trainer's router picked the rollout's experts for "
+        f"{mean('route_agreement'):.1%} of token-layers; mean |Δ log p| against the behaviour policy is {own:.3g} "
+        f"under its own routes and {replay:.3g} under the rollout's (replay removes {1 - replay / own:.0%}), "
+        f"importance-weight std {mean('iw_std_own'):.3g} against {mean('iw_std_replay'):.3g}"
+    )
+    if replaying:
+        return [Finding("info", "trainer", "routing replay removes the routing drift", evidence)]
+    advice = "replay the rollout's routes in the trainer: algo.router_replay=rollout (lowering η will not help)"
+    return [
+        Finding("health", "trainer", "routing drift, not staleness, drives the importance weights", evidence, advice)
     ]
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from areal_core.rollout.engine import Generation, RolloutEngine, SamplingParams
 from areal_core.rollout.remote_engine import RemoteEngine
+from areal_core.routes import cut_routes
 
 log = logging.getLogger("areal.rollout")
 
@@ -183,12 +184,14 @@ class AsyncEngine:
             outcomes, i = [], 0
             for c in batch:
                 out = []
-                for g in gens[i : i + len(c.prompts)]:
+                for prompt, g in zip(c.prompts, gens[i : i + len(c.prompts)]):
                     n = c.params.max_new_tokens
-                    toks, lps, vers, reason = g.token_ids, g.logprobs, g.versions, g.finish_reason
+                    toks, lps, vers, reason, routes = g.token_ids, g.logprobs, g.versions, g.finish_reason, g.routes
                     if len(toks) > n:
                         toks, lps, vers, reason = toks[:n], lps[:n], vers[:n], "length"
-                    out.append(TimedGeneration(toks, lps, vers, reason, t0 - c.queued_at, dt, len(flat)))
+                        routes = cut_routes(routes, len(prompt) + n)
+                    timed = TimedGeneration(toks, lps, vers, reason, t0 - c.queued_at, dt, len(flat), routes=routes)
+                    out.append(timed)
                 outcomes.append((c.future, out))
                 i += len(c.prompts)
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}

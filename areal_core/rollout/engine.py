@@ -11,7 +11,7 @@ their server reload it between its own steps.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from areal_core.store import Store
@@ -40,12 +40,15 @@ class SamplingParams:
 
 @dataclass
 class Generation:
-    """One response: its tokens, their behaviour log-probs and the version that produced each."""
+    """One response: its tokens, their behaviour log-probs and the version that produced each.
+    `routes`: an MoE engine's expert choices over prompt + response, [tokens, moe_layers, k]
+    (areal_core/routes.py); None where the engine records none."""
 
     token_ids: list[int]
     logprobs: list[float]
     versions: list[int]
     finish_reason: str  # "stop" | "length"
+    routes: Any = field(default=None, compare=False, kw_only=True)
 
 
 class RolloutEngine(Protocol):

@@ -80,6 +80,7 @@ class SingleTurnWorkflow(RolloutWorkflow):
                 versions=[-1] * n_p + list(gen.versions),
                 finish_reason=gen.finish_reason,
                 image_ids=image_ids,
+                routes=gen.routes,  # an MoE engine's expert choices over prompt and response (areal_core/routes.py)
             )
             for gen in gens
         ]

@@ -10,6 +10,10 @@ before top-k/top-p filtering, which is what the trainer recomputes.
 A vision-language model (docs/vlm.md) takes `generate(prompts, params, mm=[MMInputs | None per
 prompt])`: the prefill (and every re-prefill) includes the pixel values and the rows' mrope
 positions (areal_core/vlm/inputs.py: VisionPrompts); behaviour log-probs cover only the response.
+
+A mixture of experts records its routing (areal_core/routes.py): every forward's expert choices
+(prefill, decode steps, re-prefills) are kept per position (`route_recorder.py`), and each
+Generation carries the routes of its prompt and response.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from transformers import DynamicCache
 
 from areal_core.rollout.engine import Generation, SamplingParams
 from areal_core.rollout.local_engine import LocalEngine
+from areal_core.rollout.route_recorder import RouteBuffer, RouteRecorder
 from areal_core.vlm.inputs import VisionPrompts, mask_vision_logits, vision_token_ids
 from areal_core.vlm.model import MMInputs
 
@@ -67,6 +72,8 @@ class TorchEngine(LocalEngine):
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self._banned = vision_token_ids(getattr(model, "config", None))  # a VLM's placeholders; () for a text model
         self._last_logits_only = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self._recorder = RouteRecorder(model)  # an MoE's routers; records nothing for a dense model
+        self._routes: RouteBuffer | None = None
 
     def health(self) -> dict:
         return {"ok": True, "version": self.version, "swaps": self.swaps}
@@ -81,7 +88,11 @@ class TorchEngine(LocalEngine):
             extra = {"position_ids": (mask.cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1] :]}
         if self._last_logits_only:  # a prefill computes the head on its last position only, not [B, P, vocab]
             extra["logits_to_keep"] = 1
-        out = self.model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True, **extra)
+        with self._recorder:
+            out = self.model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True, **extra)
+            if self._routes is not None:  # this forward's columns: the last ids.shape[1] of the batch so far
+                width = ids.shape[1]
+                self._routes.write(self._recorder.take(), mask.shape[1] - width, ids.shape[0], width)
         # a VLM never samples its vision placeholders, with or without images (the trainer masks them too)
         return mask_vision_logits(out.logits[:, -1], self._banned)
 
@@ -104,6 +115,8 @@ class TorchEngine(LocalEngine):
         logprobs: list[list[float]] = [[] for _ in range(bsz)]
         versions: list[list[int]] = [[] for _ in range(bsz)]
         alive = torch.ones(bsz, dtype=torch.bool, device=self.device)
+        shape = self._recorder.shape
+        self._routes = None if shape is None else RouteBuffer(shape, bsz, plen + params.max_new_tokens)
         cache = DynamicCache()
         logits = self._forward(seq, mask, cache, vision)
         for _ in range(params.max_new_tokens):
@@ -126,5 +139,9 @@ class TorchEngine(LocalEngine):
         out = []
         for i in range(bsz):
             stopped = bool(tokens[i]) and tokens[i][-1] in stops.tolist()
-            out.append(Generation(tokens[i], logprobs[i], versions[i], "stop" if stopped else "length"))
+            routes = (
+                None if self._routes is None else self._routes.row(i, plen - len(prompts[i]), plen + len(tokens[i]))
+            )
+            out.append(Generation(tokens[i], logprobs[i], versions[i], "stop" if stopped else "length", routes=routes))
+        self._routes = None
         return out

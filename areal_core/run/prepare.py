@@ -5,7 +5,10 @@ from __future__ import annotations
 from areal_core.config import ConfigError, RunConfig, to_yaml
 from areal_core.layout import LAYOUT
 from areal_core.prompts import write_prompts
-from areal_core.run import preflight_reward  # noqa: F401 - registers the reward check
+from areal_core.run import (
+    preflight_reward,  # noqa: F401 - registers the reward check
+    preflight_routing,  # noqa: F401 - registers the router replay check
+)
 from areal_core.run.ownership import claim
 from areal_core.run.preflight import run_preflight
 from areal_core.store import Store

@@ -6,9 +6,11 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from areal_core.protocol import Sample
+from areal_core.routes import not_recorded
 from areal_core.staleness import is_fresh
 
 
@@ -21,6 +23,7 @@ class TrainBatch:
     versions: torch.Tensor  # [N, T]
     rewards: torch.Tensor  # [N]
     group_index: torch.Tensor  # [N]
+    routes: torch.Tensor | None = None  # [N, T, moe_layers, k] int16 recorded expert ids, −1 where none (route_tensor)
 
 
 def collate(samples: list[Sample], pad_id: int) -> TrainBatch:
@@ -44,7 +47,26 @@ def collate(samples: list[Sample], pad_id: int) -> TrainBatch:
         padded("versions", -1, torch.long),
         rewards,
         gidx,
+        route_tensor(samples, width),
     )
+
+
+def route_tensor(samples: list[Sample], width: int) -> torch.Tensor | None:
+    """The samples' recorded routes (areal_core/routes.py) as one right-padded [N, width, layers, k]
+    int16 tensor, −1 at positions not recorded, past a row's end and in rows without routes; None
+    when no sample has any. ValueError when two samples' routes differ in layers or k."""
+    shapes = {s.routes.shape[1:] for s in samples if s.routes is not None}
+    if not shapes:
+        return None
+    if len(shapes) > 1:
+        raise ValueError(f"samples whose routes differ in [layers, k]: {sorted(shapes)}")
+    out = np.full((len(samples), width, *shapes.pop()), -1, dtype=np.int16)
+    for i, s in enumerate(samples):
+        if s.routes is not None:
+            ids = s.routes.astype(np.int16)  # at most 65534 experts + the sentinel; the sentinel becomes −1
+            ids[s.routes == not_recorded(s.routes.dtype)] = -1
+            out[i, : len(ids)] = ids
+    return torch.from_numpy(out)
 
 
 class GroupBuffer:

@@ -9,7 +9,7 @@ replay reproduces a run's steps bit for bit from the same seed.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -17,6 +17,7 @@ import torch
 from areal_core.config import ConfigError, RunConfig
 from areal_core.models import load_pretrained
 from areal_core.protocol import Sample, ShardLimits, shard_limits_for
+from areal_core.routes import route_shape
 from areal_core.store import Store
 from areal_core.train import checkpoint, lora
 from areal_core.train.algorithm import required_inputs
@@ -123,5 +124,6 @@ def load_parts(
 
 
 def shard_limits(model: torch.nn.Module) -> ShardLimits:
-    """What the trainer accepts of a graded shard (protocol.shard_limits_for its model's config)."""
-    return shard_limits_for(model.config)
+    """What the trainer accepts of a graded shard (protocol.shard_limits_for its model's config; an
+    MoE's recorded routes must fit its routers: areal_core/routes.py)."""
+    return replace(shard_limits_for(model.config), routes=route_shape(model))

@@ -31,12 +31,14 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
 
 from areal_core.config import RunConfig
 from areal_core.protocol import Sample
+from areal_core.routes import moe_routers
 from areal_core.train.algorithm import compute_advantages, required_inputs, total_loss
 from areal_core.train.batch import TrainBatch, collate
 from areal_core.train.distributed import DistContext, clip_grad_norm
@@ -46,6 +48,7 @@ from areal_core.train.loss.common import behaviour_abs_diff
 from areal_core.train.loss.registry import LossInputs, check_algorithm
 from areal_core.train.micro_batches import SUMMED, aligned, combine, split_rows
 from areal_core.train.packing import packed_token_logprobs
+from areal_core.train.router_replay import RouteReplay, RouteTally, route_gap_metrics
 from areal_core.train.value_head import Critic
 from areal_core.vlm.inputs import MultimodalRows, vision_token_ids
 
@@ -72,9 +75,11 @@ def policy_logprobs(
     pad_id: int,
     entropy: bool = False,
     mm: MultimodalRows | None = None,
+    unpacked: bool = False,
 ):
     """Per-token log-probs (and entropy) of `rows` of the batch (all when None), packed without
-    padding when configured (each group's shared prompt computed once). `mm`: the rows' images
+    padding when configured (each group's shared prompt computed once) and not `unpacked` (a
+    forward whose routes are replayed or observed: one row per sample). `mm`: the rows' images
     (a VLM batch, areal_core/vlm/inputs.py): unpacked, with pixel values and mrope positions."""
     ids, attn, groups = batch.input_ids, batch.attention_mask, batch.group_index
     if rows is not None:
@@ -88,7 +93,7 @@ def policy_logprobs(
     vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or 0)
     if ids.numel() * vocab <= FULL_LOGITS_MAX:  # small logits: all at once is faster (no recompute)
         chunk = 0
-    if cfg.train.packing:
+    if cfg.train.packing and not unpacked:
         return packed_token_logprobs(
             model,
             ids,
@@ -103,6 +108,27 @@ def policy_logprobs(
     if entropy and chunk <= 0:
         return token_logprobs_and_entropy(model, ids, attn, temperature)
     return token_logprobs(model, ids, attn, temperature, with_entropy=entropy, logit_chunk=chunk)
+
+
+def _routes(
+    model: torch.nn.Module, batch: TrainBatch, rows: torch.Tensor | None, routing: str, tally: RouteTally | None = None
+) -> AbstractContextManager:
+    """`model`'s routers on `rows`' recorded routes while entered (train/router_replay.py): "force"
+    replays them, "observe" counts agreement into `tally`; "" (or a batch without routes) nothing."""
+    if not routing or batch.routes is None:
+        return nullcontext()
+    routes = batch.routes if rows is None else batch.routes[rows]
+    return RouteReplay(model, routes, force=routing == "force", tally=tally)
+
+
+def route_probe(logprobs: Callable[[str, RouteTally | None], torch.Tensor], batch: TrainBatch) -> dict[str, float]:
+    """Routing agreement and the behaviour gap with and without replay, over the whole batch under
+    the parameters before the update: `logprobs(routing, tally)` run twice, the trainer's own routes
+    observed, then the rollout's forced (router_replay.route_gap_metrics)."""
+    tally = RouteTally()
+    own = logprobs("observe", tally)
+    replayed = logprobs("force", None)
+    return route_gap_metrics(own, replayed, batch.behav_logprobs, batch.loss_mask, tally)
 
 
 def rank_groups(groups: torch.Tensor, rank: int, world: int) -> torch.Tensor:
@@ -183,17 +209,26 @@ def train_step(
             return [(rows, False)]
         return aligned(split_rows(rows, batch.group_index, lengths, budget), ctx)
 
-    def no_grad_logprobs(m: torch.nn.Module, rows: torch.Tensor | None) -> torch.Tensor:
-        """[N, T] log-probs of `rows` (all when None) under `m`, a micro-batch at a time."""
+    def no_grad_logprobs(
+        m: torch.nn.Module, rows: torch.Tensor | None, routing: str = "", tally: RouteTally | None = None
+    ) -> torch.Tensor:
+        """[N, T] log-probs of `rows` (all when None) under `m`, a micro-batch at a time; `routing`
+        "force" / "observe": the recorded routes replayed / compared (`_routes`)."""
         if budget <= 0:
-            return _scatter(policy_logprobs(m, batch, rows, cfg, pad_id, mm=mm), rows, batch)
+            with _routes(m, batch, rows, routing, tally):
+                values = policy_logprobs(m, batch, rows, cfg, pad_id, mm=mm, unpacked=bool(routing))
+            return _scatter(values, rows, batch)
         out = torch.zeros(batch.loss_mask.shape, device=batch.loss_mask.device)
         every = torch.arange(len(batch.rewards), device=out.device) if rows is None else rows
         for part, padding in passes(every):
-            values = policy_logprobs(m, batch, part, cfg, pad_id, mm=mm)
+            with _routes(m, batch, part, routing, tally):
+                values = policy_logprobs(m, batch, part, cfg, pad_id, mm=mm, unpacked=bool(routing))
             if not padding:
                 out[part] = values
         return out
+
+    moe = batch.routes is not None and bool(moe_routers(model))
+    replay = "force" if moe and algo.router_replay == "rollout" else ""
 
     prox_all = ref_all = teacher_all = None
     with torch.no_grad():
@@ -201,11 +236,14 @@ def train_step(
         # statistics: every rank computes them on all rows. Otherwise each rank only on its rows.
         rows_needed = None if (algo.kl_as_reward or not ctx.distributed) else torch.cat([m.rows for m in plan])
         if n_mb > 1 or algo.kl_as_reward:
-            prox_all = no_grad_logprobs(model, rows_needed)
+            prox_all = no_grad_logprobs(model, rows_needed, replay)
         if "ref_logp" in need:
             ref_all = no_grad_logprobs(ref_model, rows_needed)
         if "teacher_logp" in need:
             teacher_all = no_grad_logprobs(teacher_model, rows_needed)
+        route_stats = {}
+        if moe and algo.route_metrics:  # every rank, every row: the same collective forwards
+            route_stats = route_probe(lambda routing, tally: no_grad_logprobs(model, None, routing, tally), batch)
     vkw = {"packing": cfg.train.packing, "pad_id": pad_id}
     old_v = None
     if critic is not None:
@@ -233,40 +271,46 @@ def train_step(
         micro = passes(mb.rows)
         for k, (rows, padding) in enumerate(micro):
             lap("forward")
-            out = policy_logprobs(model, batch, rows, cfg, pad_id, entropy="entropy" in need, mm=mm)
-            logp, ent = out if isinstance(out, tuple) else (out, None)
-            # π_prox: the parameters before this update; with one minibatch that is this very forward pass
-            prox = logp.detach() if prox_all is None else prox_all[rows]
-            mask = torch.zeros_like(batch.loss_mask[rows]) if mb.dummy or padding else batch.loss_mask[rows]
-            values = None
-            if critic is not None:  # the critic's values of these rows, with gradient
-                values = critic.token_values(batch.input_ids[rows], batch.attention_mask[rows], **vkw)
-            split = ctx.distributed or len(micro) > 1  # the minibatch's denominators, not these rows'
-            inputs = LossInputs(
-                logp=logp,
-                prox_logp=prox,
-                behav_logp=batch.behav_logprobs[rows],
-                mask=mask.float(),
-                rewards=batch.rewards[rows],
-                group_index=batch.group_index[rows],
-                advantages=adv[rows],
-                returns=None if returns is None else returns[rows],
-                ref_logp=None if ref_all is None else ref_all[rows],
-                values=values,
-                old_values=None if old_v is None else old_v[rows],
-                entropy=ent,
-                teacher_logp=None if teacher_all is None else teacher_all[rows],
-                global_tokens=mb.global_tokens if split else None,
-                global_seqs=mb.global_seqs if split else None,
-            )
-            loss, micro_stats = total_loss(mb_algo, inputs)
-            micro_stats["abs_dlogp_behav_prox"] = behaviour_abs_diff(prox, inputs.behav_logp, inputs.mask)  # mismatch
-            parts.append((micro_stats, float(mask.sum())))
-            lap("forward")
-            if sync is not None and len(micro) > 1:
-                sync(k == len(micro) - 1)
-            (loss * world).backward()
-            lap("backward")
+            # algo.router_replay: the rollout's experts, held through the backward (checkpointed layers recompute)
+            with _routes(model, batch, rows, replay):
+                out = policy_logprobs(
+                    model, batch, rows, cfg, pad_id, entropy="entropy" in need, mm=mm, unpacked=bool(replay)
+                )
+                logp, ent = out if isinstance(out, tuple) else (out, None)
+                # π_prox: the parameters before this update; with one minibatch that is this very forward pass
+                prox = logp.detach() if prox_all is None else prox_all[rows]
+                mask = torch.zeros_like(batch.loss_mask[rows]) if mb.dummy or padding else batch.loss_mask[rows]
+                values = None
+                if critic is not None:  # the critic's values of these rows, with gradient
+                    values = critic.token_values(batch.input_ids[rows], batch.attention_mask[rows], **vkw)
+                split = ctx.distributed or len(micro) > 1  # the minibatch's denominators, not these rows'
+                inputs = LossInputs(
+                    logp=logp,
+                    prox_logp=prox,
+                    behav_logp=batch.behav_logprobs[rows],
+                    mask=mask.float(),
+                    rewards=batch.rewards[rows],
+                    group_index=batch.group_index[rows],
+                    advantages=adv[rows],
+                    returns=None if returns is None else returns[rows],
+                    ref_logp=None if ref_all is None else ref_all[rows],
+                    values=values,
+                    old_values=None if old_v is None else old_v[rows],
+                    entropy=ent,
+                    teacher_logp=None if teacher_all is None else teacher_all[rows],
+                    global_tokens=mb.global_tokens if split else None,
+                    global_seqs=mb.global_seqs if split else None,
+                )
+                loss, micro_stats = total_loss(mb_algo, inputs)
+                micro_stats["abs_dlogp_behav_prox"] = behaviour_abs_diff(
+                    prox, inputs.behav_logp, inputs.mask
+                )  # mismatch
+                parts.append((micro_stats, float(mask.sum())))
+                lap("forward")
+                if sync is not None and len(micro) > 1:
+                    sync(k == len(micro) - 1)
+                (loss * world).backward()
+                lap("backward")
         mb_stats = combine(parts)
         grad_norm = clip_grad_norm(model, cfg.train.grad_clip or float("inf"))
         # a NaN/inf gradient (the global norm: every rank skips alike) would poison the weights and
@@ -286,7 +330,7 @@ def train_step(
         for k, v in mb_stats.items():
             averaged[k] = averaged.get(k, 0.0) + v / n_mb
         lap("optimizer")
-    stats = {**averaged, **stats}  # the whole batch's advantage metrics, not a minibatch's added to them
+    stats = {**averaged, **stats, **route_stats}  # the whole batch's advantage metrics, not a minibatch's added to them
     stats["reward_mean"] = batch.rewards.mean().item()
     if mm is not None:  # the rows trained with their images in the forward passes
         stats["image_rows"] = float(sum(m is not None for m in mm.per_row))
@@ -323,7 +367,11 @@ def _device(model: torch.nn.Module) -> torch.device:
 def _to(batch: TrainBatch, device: torch.device) -> TrainBatch:
     if device.type == "cpu":
         return batch
-    return TrainBatch(*(getattr(batch, f.name).to(device) for f in dataclasses.fields(TrainBatch)))
+    return TrainBatch(*(_on(getattr(batch, f.name), device) for f in dataclasses.fields(TrainBatch)))
+
+
+def _on(value: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    return None if value is None else value.to(device)
 
 
 def _scatter(values: torch.Tensor, rows: torch.Tensor | None, batch: TrainBatch) -> torch.Tensor:

@@ -1,0 +1,84 @@
+"""Recording an MoE engine's routing (areal_core/routes.py: what a record is).
+
+`RouteRecorder(model)` holds a forward hook on each of the model's routers while it is entered;
+every router returns `(router_logits, top_k_weights, top_k_index)`, and the hook keeps the index
+of the last call. `take()` gives the last forward's choices as [tokens, moe_layers, k], tokens in
+the order the model flattened them (row-major over [batch, positions]).
+
+`RouteBuffer` places them in a static batch's padded coordinates [rows, width, layers, k] (on the
+host: one small copy per decode step) and cuts each row's routes out at the end. A position
+computed again (a re-prefill after a weight swap) keeps the choices of its latest forward: the
+routes the later tokens were sampled under.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from areal_core.routes import RouteShape, id_dtype, moe_routers, not_recorded, route_shape
+
+RECORDING_ENGINES = ("torch",)  # the built-in engines whose Generations carry routes (algo.router_replay=rollout)
+
+
+class RouteRecorder:
+    """Forward hooks on `model`'s routers while entered; `shape` is None for a dense model."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.routers = moe_routers(model)
+        self.shape: RouteShape | None = route_shape(model)
+        self._last: dict[int, torch.Tensor] = {}
+        self._handles: list[Any] = []
+
+    def __enter__(self) -> RouteRecorder:
+        if self.shape is not None:
+            for layer, router in enumerate(self.routers):
+                self._handles.append(router.register_forward_hook(self._hook(layer)))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self._last.clear()
+
+    def _hook(self, layer: int):
+        def keep(_module: torch.nn.Module, _inputs: Any, output: Any) -> None:
+            self._last[layer] = output[2].detach()
+
+        return keep
+
+    def take(self) -> torch.Tensor | None:
+        """[tokens, layers, k] expert ids of the last forward (int64, on the host), then forgotten;
+        None for a dense model or when a router did not run."""
+        if self.shape is None or len(self._last) != self.shape.layers:
+            self._last.clear()
+            return None
+        out = torch.stack([self._last[i] for i in range(self.shape.layers)], dim=1).cpu()
+        self._last.clear()
+        return out
+
+
+class RouteBuffer:
+    """A static batch's routes in padded coordinates: [rows, width, layers, k], NOT_RECORDED until written."""
+
+    def __init__(self, shape: RouteShape, rows: int, width: int):
+        self.dtype = id_dtype(shape.experts)
+        self.sentinel = not_recorded(self.dtype)
+        self.data = np.full((rows, width, shape.layers, shape.top_k), self.sentinel, dtype=self.dtype)
+
+    def write(self, choices: torch.Tensor | None, start: int, rows: int, positions: int) -> None:
+        """The [rows·positions, layers, k] choices of a forward over columns [start, start + positions)."""
+        if choices is None:
+            return
+        block = choices.view(rows, positions, *choices.shape[1:]).numpy().astype(self.dtype)
+        self.data[:, start : start + positions] = block
+
+    def row(self, i: int, first: int, stop: int) -> np.ndarray:
+        """Row i's routes over columns [first, stop), its last position not recorded (no forward reads it)."""
+        out = self.data[i, first:stop].copy()
+        if len(out):
+            out[-1] = self.sentinel
+        return out

@@ -1,0 +1,196 @@
+"""Routing replay (issue 55): an MoE engine records its experts per token and layer, the routes
+travel in the shard's `routes` column, and with algo.router_replay=rollout the trainer's π_θ and
+π_prox forwards run on them (areal_core/routes.py, rollout/route_recorder.py, train/router_replay.py).
+
+The model is a tiny Qwen3-MoE of the real transformers class with Qwen3-30B-A3B-like routing
+(64 experts, top-8; benchmarks/router_replay.py:tiny_moe): many experts, so near-ties between a
+token's 8th and 9th choice are common, as in the real model, and a bfloat16 engine routes some
+tokens differently from the float32 trainer; its experts carry the residual stream (std 0.1), so a
+different expert moves the log-probs."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from areal_core.config import load_config
+from areal_core.protocol import Sample, ShardError, ShardLimits, decode_shard, encode_shard, to_table
+from areal_core.rollout.engine import SamplingParams
+from areal_core.rollout.torch_engine import TorchEngine
+from areal_core.routes import RouteShape, not_recorded
+from areal_core.train.batch import collate
+from areal_core.train.lora import set_gradient_checkpointing
+from areal_core.train.parts import make_optimizer
+from areal_core.train.router_replay import RouteReplay, RouteTally
+from areal_core.train.step import train_step
+from benchmarks.router_replay import EXPERTS, TOP_K, tiny_moe
+from tests import tiny_checkpoints as tc
+
+TOK = tc.tokenizer()
+PROMPTS = [torch.randint(3, len(TOK), (10 + j,), generator=torch.Generator().manual_seed(j)).tolist() for j in range(8)]
+
+
+def generate(model: torch.nn.Module, dtype: torch.dtype) -> list[Sample]:
+    """8 samples (4 groups of 2, rewards 0 and 1) of 24 sampled tokens, by a torch engine running `model` in `dtype`."""
+    engine = TorchEngine(copy.deepcopy(model).to(dtype), TOK.pad_token_id, TOK.eos_token_id, seed=0)
+    gens = engine.generate(PROMPTS, SamplingParams(max_new_tokens=24))
+    return [
+        Sample(
+            sample_id=f"s{i}",
+            group_id=f"g{i // 2}",
+            prompt_id="p",
+            worker_id="w",
+            input_ids=p + g.token_ids,
+            prompt_len=len(p),
+            loss_mask=[0] * len(p) + [1] * len(g.token_ids),
+            behav_logprobs=[0.0] * len(p) + g.logprobs,
+            versions=[-1] * len(p) + [0] * len(g.token_ids),
+            reward=float(i % 2),
+            routes=g.routes,
+        )
+        for i, (p, g) in enumerate(zip(PROMPTS, gens))
+    ]
+
+
+@pytest.fixture(scope="module")
+def model() -> torch.nn.Module:
+    return tiny_moe(TOK)
+
+
+@pytest.fixture(scope="module")
+def rollouts(model) -> dict[torch.dtype, list[Sample]]:
+    return {dtype: generate(model, dtype) for dtype in (torch.float32, torch.bfloat16)}
+
+
+def own_agreement(model: torch.nn.Module, samples: list[Sample]) -> tuple[float, int]:
+    """(routing agreement, token-layers recorded) of the float32 trainer's own routes against the samples'."""
+    batch = collate(samples, TOK.pad_token_id)
+    tally = RouteTally()
+    with torch.no_grad(), RouteReplay(model, batch.routes, force=False, tally=tally):
+        model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+    return tally.agreement, tally.recorded
+
+
+def test_the_engine_records_the_routes_of_every_position_it_computed(model, rollouts):
+    """Routes cover prompt and response, every position but the last (which no forward reads); a
+    float32 engine's are the trainer's own (so each is recorded at its position), while a bfloat16
+    engine and the float32 trainer disagree on at least 1% of token-layer routes."""
+    for s in rollouts[torch.float32] + rollouts[torch.bfloat16]:
+        assert s.routes.shape == (len(s.input_ids), 2, TOP_K) and s.routes.dtype == np.uint8
+        assert (s.routes[:-1] < EXPERTS).all() and (s.routes[-1] == not_recorded(np.uint8)).all()
+        assert all(len(set(choice)) == TOP_K for choice in s.routes[:-1].reshape(-1, TOP_K).tolist())
+    fp32, recorded = own_agreement(model, rollouts[torch.float32])
+    bf16, _ = own_agreement(model, rollouts[torch.bfloat16])
+    assert recorded == 2 * sum(len(s.input_ids) - 1 for s in rollouts[torch.float32])
+    assert fp32 >= 0.998, fp32
+    assert bf16 <= 0.99, bf16
+
+
+def test_routes_travel_in_the_shard_and_old_shards_still_decode(rollouts):
+    samples = rollouts[torch.bfloat16][:2]
+    fits = ShardLimits(routes=RouteShape(2, TOP_K, EXPERTS))
+    back = decode_shard(encode_shard(samples), fits)
+    assert all(np.array_equal(a.routes, b.routes) and b.routes.dtype == np.uint8 for a, b in zip(samples, back))
+    old = decode_shard(ipc(to_table(samples).drop_columns(["routes"])), fits)  # written before the column existed
+    assert [s.routes for s in old] == [None, None] and old[0].input_ids == samples[0].input_ids
+    with pytest.raises(ShardError, match="routes of 2 × top-8 .* the model has 2 × top-4"):
+        decode_shard(encode_shard(samples), ShardLimits(routes=RouteShape(2, 4, EXPERTS)))
+    with pytest.raises(ShardError, match=r"expert id 63 outside \[0, 32\)"):
+        decode_shard(encode_shard(samples), ShardLimits(routes=RouteShape(2, TOP_K, 32)))
+    table = to_table(samples)
+    cut = [dict(v, ids=v["ids"][:-1]) for v in table["routes"].to_pylist()]  # a byte short of tokens × 2 × 8
+    with pytest.raises(ShardError, match="routes of .* bytes for"):
+        decode_shard(ipc(table.set_column(table.schema.get_field_index("routes"), "routes", [cut])), fits)
+
+
+def ipc(table) -> bytes:  # noqa: ANN001 - an Arrow table as the shard file a writer makes
+    import pyarrow as pa
+
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def dense_forced_block(block: torch.nn.Module, recorded: torch.Tensor):
+    """A Qwen3-MoE block's forward written out here, on the recorded experts: z = W_g h, p = softmax(z),
+    e = the recorded experts (the top-k of p where none), w = p_e (/ Σ p_e with norm_topk_prob), and
+    Σ_j w_j · expert_{e_j}(h), every expert computed densely and the chosen ones gathered."""
+
+    def forward(h: torch.Tensor) -> torch.Tensor:
+        x = h.reshape(-1, h.shape[-1])
+        p = torch.softmax(x @ block.gate.weight.T, dim=-1)
+        e = torch.where((recorded >= 0).all(-1, keepdim=True), recorded, p.topk(TOP_K, dim=-1).indices)
+        w = p.gather(-1, e)
+        if block.gate.norm_topk_prob:
+            w = w / w.sum(-1, keepdim=True)
+        gate, up = torch.einsum("td,eod->teo", x, block.experts.gate_up_proj).chunk(2, dim=-1)
+        y = torch.einsum("tei,edi->ted", torch.nn.functional.silu(gate) * up, block.experts.down_proj)
+        return (y.gather(1, e[..., None].expand(-1, -1, x.shape[-1])) * w[..., None]).sum(1).reshape(h.shape)
+
+    return forward
+
+
+def logprobs(model: torch.nn.Module, batch) -> torch.Tensor:  # noqa: ANN001
+    """[N, T] log π(x_t | x_<t) (0 at t = 0) of a plain float32 forward."""
+    with torch.no_grad():
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float()
+    lp = torch.log_softmax(logits, -1).gather(-1, batch.input_ids[:, 1:, None])[..., 0]
+    return torch.nn.functional.pad(lp, (1, 0))
+
+
+def forced_reference(model: torch.nn.Module, batch) -> torch.Tensor:  # noqa: ANN001
+    """The log-probs of an independent forward forced to the batch's recorded routes (dense_forced_block)."""
+    forced = copy.deepcopy(model)
+    blocks = [m for m in forced.modules() if type(m).__name__ == "Qwen3MoeSparseMoeBlock"]
+    routes = batch.routes.reshape(-1, len(blocks), TOP_K).long()
+    for layer, block in enumerate(blocks):
+        block.forward = dense_forced_block(block, routes[:, layer])
+    return logprobs(forced, batch)
+
+
+def step_stats(model: torch.nn.Module, samples: list[Sample], overrides: list[str]) -> dict[str, float]:
+    cfg = load_config(None, ["train.batch_groups=4", "rollout.temperature=1.0", "train.lr=1e-3", *overrides])
+    trained = copy.deepcopy(model)
+    return train_step(trained, make_optimizer(trained, cfg, False), samples, cfg, TOK.pad_token_id)
+
+
+def test_with_replay_the_trainer_scores_tokens_under_the_rollout_routes(model, rollouts):
+    """The behaviour log-probs are set to those of an independent forward forced to the bfloat16
+    engine's routes: with algo.router_replay=rollout the trainer's π_prox (the detached π_θ forward,
+    or a separate pass with 2 minibatches) equals them; without, it differs where the routes do."""
+    samples = copy.deepcopy(rollouts[torch.bfloat16])
+    batch = collate(samples, TOK.pad_token_id)
+    reference, own = forced_reference(model, batch), logprobs(model, batch)
+    mask = batch.loss_mask.bool()
+    assert float((reference - own)[mask].abs().mean()) > 1e-3  # the routes matter to these tokens
+    for s, lp in zip(samples, reference):
+        s.behav_logprobs = lp[: len(s.input_ids)].tolist()
+    for minibatches in (1, 2):
+        stats = step_stats(model, samples, ["algo.router_replay=rollout", f"train.ppo_minibatches={minibatches}"])
+        assert stats["abs_dlogp_behav_prox"] < 1e-5, stats
+    plain = step_stats(model, samples, ["algo.router_replay=none"])
+    assert abs(plain["abs_dlogp_behav_prox"] - float((reference - own)[mask].abs().mean())) < 1e-5
+    for s in (stats, plain):  # the probe: the same numbers whichever way the trainer runs
+        assert s["abs_dlogp_behav_replay"] < 1e-5 and s["abs_dlogp_behav_own"] > 1e-3
+        assert s["route_agreement"] <= 0.99 and s["iw_std_own"] > 10 * s["iw_std_replay"]
+
+
+def test_replayed_routes_hold_through_a_checkpointed_backward(model, rollouts):
+    """Gradient checkpointing recomputes each layer, router included, in the backward: the trainer
+    holds the replay until the backward ends, so one SGD step (lr 1: the update is the gradient)
+    moves every parameter, the routers' included, as the step without checkpointing does."""
+    cfg = load_config(None, ["train.batch_groups=4", "rollout.temperature=1.0", "algo.router_replay=rollout"])
+
+    def stepped(checkpointing: bool) -> dict[str, torch.Tensor]:
+        m = copy.deepcopy(model).train()
+        set_gradient_checkpointing(m, checkpointing)
+        train_step(m, torch.optim.SGD(m.parameters(), lr=1.0), rollouts[torch.bfloat16], cfg, TOK.pad_token_id)
+        return {n: p.detach() - q.detach() for (n, p), q in zip(m.named_parameters(), model.parameters())}
+
+    plain, checkpointed = stepped(False), stepped(True)
+    assert any(float(d.abs().max()) > 1e-4 for n, d in plain.items() if "gate.weight" in n)  # the routers train
+    assert all(torch.allclose(plain[n], checkpointed[n], atol=1e-6) for n in plain)
