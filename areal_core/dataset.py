@@ -50,7 +50,7 @@ from areal_core.vlm.images import read_from
 
 log = logging.getLogger("areal.dataset")
 
-TOKEN_COLUMNS = ("input_ids", "behav_logprobs", "token_rewards")  # the wide ones: only with tokens=True
+TOKEN_COLUMNS = ("input_ids", "behav_logprobs", "token_rewards", "routes")  # the wide ones: only with tokens=True
 BASE_COLUMNS = [n for n in SCHEMA.names if n not in TOKEN_COLUMNS]
 REL = "__rel"  # internal: a row's shard path relative to its root
 STATUSES = ("trained", "dropped", "abandoned", "untrained", "duplicate")
