@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from areal_core.reward.math import math_reward
+from areal_core.reward.math_split import MAX_TEXT, relation_split, split_answers
 
 # (reference, a wrong answer of the same kind): polynomial, equation, numeric, fraction, interval, tuple, set, radical
 PAIRS = [
@@ -191,7 +192,112 @@ EQUATION_HEDGES = [
     (r"1, 2", r"\boxed{1, 2 \\ 3}"),
 ]
 
-HEDGES = _joined() + _environments() + EQUATION_HEDGES
+# the polynomial beside another value in every other way LaTeX offers: hidden, stacked, unicode, spacing primitives,
+# unknown environments, relations and operators that join two expressions (an attacker's list)
+ATTACKS = [
+    r"\boxed{x^2+1 \phantom{x^2-1}}",
+    r"\boxed{x^2+1 \color{white}{x^2-1}}",
+    r"\boxed{x^2+1 {\color{white} x^2-1}}",
+    r"\boxed{x^2+1 \textcolor{white}{, x^2-1}}",
+    r"\boxed{\underbrace{x^2+1}_{x^2-1}}",
+    r"\boxed{\overset{x^2-1}{x^2+1}}",
+    r"\boxed{x^2-1 \stackrel{?}{=} x^2+1}",
+    r"\boxed{x^2-1 \overset{?}{=} x^2+1}",
+    r"\boxed{x^2+1 \tag{x^2-1}}",
+    r"\boxed{\substack{x^2+1 \\ x^2-1}}",
+    r"\boxed{{x^2-1} \atop {x^2+1}}",
+    r"\boxed{\cancel{x^2-1} x^2+1}",
+    r"\boxed{x^2+1 \pmod{x^2-1}}",
+    r"\boxed{\begin{matrix} x^2-1 \\ x^2+1 \end{matrix}}",
+    r"\boxed{\begin{pmatrix} x^2+1 \end{pmatrix}}",
+    r"\boxed{\{x^2+1, x^2-1\}}",
+    r"\boxed{\{x^2+1\} \cup \{x^2-1\}}",
+    r"\boxed{(x^2+1, x^2-1)}",
+    r"\boxed{x^2+1 \mathrm{and} x^2-1}",
+    r"\boxed{x^2+1 \mathbf{and} x^2-1}",
+    r"\boxed{x^2-1；x^2+1}",
+    r"\boxed{x^2-1，x^2+1}",
+    "\\boxed{x^2-1\rx^2+1}",
+    "\\boxed{x^2-1\u2028x^2+1}",
+    "\\boxed{x^2-1\tx^2+1}",
+    r"\boxed{x^2-1 ∣ x^2+1}",
+    r"\boxed{x^2-1 ⇒ x^2+1}",
+    r"\boxed{x^2+1 ≥ x^2-1}",
+    r"\boxed{x^2-1 ⟺ x^2+1}",
+    r"\boxed{x^2+1 ∧ x^2-1}",
+    r"\boxed{\left. x^2-1 \right| x^2+1}",
+    r"\boxed{x^2-1 \bigm| x^2+1}",
+    r"\boxed{x^2-1 \big| x^2+1}",
+    r"\boxed{x^2-1 \parallel x^2+1}",
+    r"\boxed{x^2-1 \ldots x^2+1}",
+    r"\boxed{x^2-1 \cdots x^2+1}",
+    r"\boxed{x^2-1 \kern 1em x^2+1}",
+    r"\boxed{x^2-1 \mkern18mu x^2+1}",
+    r"\boxed{x^2-1 \hskip 1em x^2+1}",
+    r"\boxed{x^2-1 \enspace x^2+1}",
+    r"\boxed{x^2-1 \medspace x^2+1}",
+    r"\boxed{x^2-1 \hphantom{x} x^2+1}",
+    r"\boxed{\begin{foo} x^2-1 \\ x^2+1 \end{foo}}",
+    r"\boxed{\begin{smallmatrix} x^2+1 & x^2-1 \end{smallmatrix}}",
+    r"\boxed{x^2+1 \label{x^2-1}}",
+    r"\boxed{x^2+1 \hbox{x^2-1}}",
+    r"\boxed{x^2+1 % x^2-1}",
+    "\\boxed{x^2-1 % \n x^2+1}",
+    r"\boxed{x^2-1 \\ = x^2+1}",
+    r"\boxed{f(x^2-1) = x^2+1}",
+    r"\boxed{x^2-1 = y = x^2+1}",
+    r"\boxed{x^2+1 := x^2-1}",
+    r"\boxed{x^2+1 \quad \text{or four}}",
+    r"\boxed{x^2+1 \text{\quad} x^2-1}",
+    r"\boxed{x^2+1 \atop x^2-1}",
+    r"\boxed{x^2+1 \choose x^2-1}",
+    r"\boxed{x^2+1 \gets x^2-1}",
+    r"\boxed{x^2+1 \leftrightarrow x^2-1}",
+    r"\boxed{x^2+1 \models x^2-1}",
+    r"\boxed{x^2+1 \vdash x^2-1}",
+    r"\boxed{x^2+1 \oplus x^2-1}",
+    r"\boxed{x^2+1 \amalg x^2-1}",
+    r"\boxed{x^2+1 \sqcup x^2-1}",
+    r"\boxed{x^2+1 \bot x^2-1}",
+    r"\boxed{x^2+1 \top x^2-1}",
+    r"\boxed{x^2+1 \nmid x^2-1}",
+    r"\boxed{x^2+1 \backslash x^2-1}",
+    r"\boxed{x^2+1 / x^2-1}",
+    r"\boxed{x^2-1 \;/\; x^2+1}",
+    r"\boxed{x^2+1 \,\text{,}\, x^2-1}",
+    r"\boxed{x^2 + 1 ,\; x^2 - 1}",
+    r"\boxed{x^2 + 1 \quad \square \quad x^2 - 1}",
+    r"\boxed{x^2 + 1 \quad \blacksquare}",
+    r"\boxed{x^2-1 \Box x^2+1}",
+    r"\boxed{x^2-1\text{;}x^2+1}",
+    r"\boxed{x^2+1\\x^2-1}",
+    r"\boxed{x^2-1 \\\\ x^2+1}",
+    r"\boxed{x^2+1 \quad\text{(}x^2-1\text{)}}",
+    r"\boxed{x^2+1 \newline x^2-1}",
+    r"\boxed{x^2+1 \linebreak x^2-1}",
+    r"\boxed{x^2+1 \par x^2-1}",
+    r"\boxed{x^2+1 \cr x^2-1}",
+    r"\boxed{x^2+1 \crcr x^2-1}",
+    r"\boxed{x^2+1 \hfill x^2-1}",
+    r"\boxed{x^2+1 \hspace*{2em} x^2-1}",
+    r"\boxed{x^2+1 \vspace{1em} x^2-1}",
+    r"\boxed{x^2+1 \smallskip x^2-1}",
+    r"\boxed{x^2+1 \bigskip x^2-1}",
+    r"\boxed{x^2+1 \break x^2-1}",
+    r"\boxed{x^2+1 \allowbreak x^2-1}",
+    r"\boxed{\{x^2+1 \mid x^2-1\}}",
+    r"\boxed{x^2+1 \lor x^2-1}",
+    r"\boxed{\text{either } x^2+1 \text{ or } x^2-1}",
+    r"\boxed{x^2+1 \pm 0}",
+    r"\boxed{x^2+1 \quad x^2+1 \quad x^2-1}",
+    r"\boxed{x^2+1 \hspace{1em}\text{or}\hspace{1em} x^2-1}",
+    r"\boxed{x^2+1 \quad\mathrm{or}\quad x^2-1}",
+    r"\boxed{x^2+1 \operatorname{and} x^2-1}",
+    r"\boxed{x^2+1 \text{ and/or } x^2-1}",
+    r"\boxed{x^2+1 \text{ vs } x^2-1}",
+]
+
+HEDGES = _joined() + _environments() + EQUATION_HEDGES + [(r"x^2+1", c) for c in ATTACKS]
 
 PLAIN = [
     (r"x^2+1", r"\boxed{x^2+1}"),
@@ -314,3 +420,41 @@ def test_no_hedge_pays(reference, completion):
 def test_every_plain_form_pays(reference, completion):
     for ref in (reference, f"${reference}$"):
         assert math_reward(completion, ref) == 1.0, (ref, completion)
+
+
+@pytest.mark.parametrize(
+    "piece, commas, parts",
+    [
+        (r"y = 2x - 1 \\ y = 2x + 1", False, ["y = 2x - 1", "y = 2x + 1"]),
+        (r"\begin{aligned} y &= 2x + 1 \\ &= 1 + 2x \end{aligned}", False, ["y = 2x + 1 = 1 + 2x"]),
+        (r"\left\{ \begin{array}{l} a \\ b \end{array} \right.", False, ["a", "b"]),
+        (r"\begin{pmatrix} 1 & 2 \\ 3 & 4 \end{pmatrix}", False, [r"\begin{pmatrix} 1 & 2 \\ 3 & 4 \end{pmatrix}"]),
+        (r"(1, 2), (3, 4)", True, ["(1, 2)", "(3, 4)"]),
+        (r"1,234, 5", True, ["1,234", "5"]),
+        (r"10\,000", True, ["10000"]),
+        (r"x^2 \, + \, 1", True, [r"x^2 \, + \, 1"]),
+        (r"2\,\pi", True, [r"2\,\pi"]),
+        (r"4 \, 3", True, ["4", "3"]),
+        (r"\frac 1 2", True, [r"\frac 1 2"]),
+        (r"5 \text{ cm}", True, [r"5 \text{ cm}"]),
+        (r"5 \quad \text{cm}", True, ["5"]),
+        (r"a \text{ and } -b", True, ["a", "-b"]),
+        (r"a \; b", True, ["a", "b"]),
+        (r"a \; - b", True, [r"a \; - b"]),
+        (r"|x| + |y|", True, ["|x| + |y|"]),
+        (r"\phantom{x^2-1} x^2+1", True, ["x^2-1", "x^2+1"]),
+    ],
+)
+def test_a_piece_is_split_into_its_answers(piece, commas, parts):
+    assert split_answers(piece, commas) == parts
+
+
+@pytest.mark.parametrize("piece", [r"a | b", r"3 \quad \text{or four}", "a \\\\ " * 7 + "a", "x" * (MAX_TEXT + 1)])
+def test_a_piece_that_cannot_be_read_is_none(piece):
+    assert split_answers(piece, commas=True) is None
+
+
+def test_relations_are_split_at_the_top_level_only():
+    assert relation_split(r"y \le 2x = 3") == (["y", "2x", "3"], ["le", "="])
+    assert relation_split(r"\{x \mid x = 1\} = S") == ([r"\{x \mid x = 1\}", "S"], ["="])
+    assert relation_split(r"\left(x = 1\right) := y") == ([r"\left(x = 1\right)", "y"], ["="])

@@ -275,7 +275,9 @@ def math_reward(completion: str, reference: str) -> float:
     ...) or is nothing but more than one distinct number (`18, 3`) scores 0. A percent sign is
     a unit, never a division by 100. A GSM8K-style reference (`... #### N`) is reduced to N and
     a worked solution to its last box first; when math-verify cannot parse a side, the numeric
-    GSM8K comparison decides. A reference that is not one number is an expression
+    GSM8K comparison decides. A box, or the math of a `####` or answer line, that names two answers
+    or equates the number with another expression (`\\boxed{x + y = 3}`, `\\boxed{3 \\\\ \\pi}`) scores 0
+    (`_answers_pay`). A reference that is not one number is an expression
     (areal_core/reward/math_expr.py: MATH's answers).
     """
     from math_verify import parse, verify

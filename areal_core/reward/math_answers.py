@@ -13,9 +13,14 @@ variable of the value itself), with at least one side equivalent:
     x^2+1 = x^2+1 ... pays for x^2+1 (one value, written twice)        y = x^2+1, f(x) = x^2+1 pay
     x^2-1 = x^2+1, x^2+1 = 5, x = x^2+1, x^2+1 \\ge 0, y = 3x = 2x + 1 score 0
 
-A reference that is another relation (`x > 3`, `x^2 + y^2 = 25`) is compared whole by math-verify, and a part with
-more relations than it scores 0. Every part must pay; a bare list reference (`1, 2`, `x = 1, 2`) is instead paid
-when the parts' values are exactly its elements (`x = 1, x = 2` and `2 \\\\ 1` pay; `1, 2, 3` does not).
+A single equation against a named reference is also compared as an equation (`2x - y + 1 = 0` for `y = 2x + 1`).
+A reference that is another relation (`x > 3`, `x^2 + y^2 = 25`) is compared whole, and a part with more relations
+than it scores 0. Every comparison is math-verify's `parse` and `verify`: this module only decides which pieces of
+the answer are compared with which part of the reference (math-verify itself takes the right side of any equation
+it is given, so `x^2-1 = x^2+1` would pay for x^2+1, and it reads `a \\\\ b` as its last line).
+
+Every part must pay; a bare list reference (`1, 2`, `x = 1, 2`) is instead paid when the parts' values are exactly
+its elements (`x = 1, x = 2` and `2 \\\\ 1` pay; `1, 2, 3` does not).
 """
 
 from __future__ import annotations
@@ -25,10 +30,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from areal_core.reward.math_expr import MAX_PIECE, TIMEOUT_S
-from areal_core.reward.math_split import EQUALS_LIKE, NAME, relation_split, split_answers
+from areal_core.reward.math_split import EQUALS_LIKE, MAX_PARTS, NAME, relation_split, split_answers
 
-MAX_SIDES = 4
-MAX_ELEMENTS = 8
+MAX_SIDES = 4  # sides of an equation chain
+MAX_ELEMENTS = MAX_PARTS  # elements of a listed reference matched one by one (a longer list is compared whole)
 
 
 def parse_latex(latex: str) -> list[Any]:
@@ -38,12 +43,15 @@ def parse_latex(latex: str) -> list[Any]:
     return parse(f"${latex[:MAX_PIECE]}$", parsing_timeout=TIMEOUT_S)
 
 
-def same_value(gold: list[Any], latex: str) -> bool:
-    """math-verify: is `latex` equivalent to the parsed `gold`?"""
+def _verifies(gold: list[Any], pred: list[Any]) -> bool:
     from math_verify import verify
 
-    pred = parse_latex(latex)
     return bool(gold and pred and verify(gold, pred, timeout_seconds=TIMEOUT_S))
+
+
+def same_value(gold: list[Any], latex: str) -> bool:
+    """math-verify: is `latex` equivalent to the parsed `gold`?"""
+    return _verifies(gold, parse_latex(latex))
 
 
 @dataclass(frozen=True)
@@ -65,7 +73,8 @@ def read_reference(latex: str) -> Reference | None:
     if not gold:
         return None
     sides, ops = relation_split(latex)
-    named = len(ops) == 1 and ops[0] in EQUALS_LIKE and bool(NAME.match(sides[0])) and not _constant(sides[0])
+    named = len(ops) == 1 and ops[0] in EQUALS_LIKE and bool(NAME.match(sides[0]))
+    named = named and not _constant(parse_latex(sides[0]))  # `y = 2x + 1`, `x \\in [-2, 7]`; not `e = mc^2`
     value_latex = sides[1] if named else latex
     value = parse_latex(value_latex) if named else gold
     if not value:
@@ -87,20 +96,16 @@ def _named_value(item: str) -> str:
     return sides[-1] if len(ops) == 1 and ops[0] in EQUALS_LIKE and NAME.match(sides[0]) else item
 
 
-def _constant(latex: str) -> bool:
-    """The piece parses to something without free symbols (a number, π, e, a set of numbers)."""
-    parsed = parse_latex(latex)
+def _constant(parsed: list[Any]) -> bool:
+    """A parse without free symbols (a number, π, e, a set of numbers)."""
     symbols = getattr(parsed[0], "free_symbols", None) if parsed else None
     return symbols is not None and not symbols
 
 
-def _names_it(side: str, ref: Reference) -> bool:
-    """`side` only names the answer: a name (x, f(x), AB, \\theta), not a constant and not one of the value's own
-    variables (`x = x^2 + 1` is an equation in x, not a name for x^2 + 1)."""
-    if not NAME.match(side) or _constant(side):
-        return False
-    parsed = parse_latex(side)
-    return not (parsed and parsed[0] in ref.variables)
+def _names_it(side: str, parsed: list[Any], ref: Reference) -> bool:
+    """`side` (parsed: `parsed`) only names the answer: a name (x, f(x), AB, \\theta), not a constant and not one
+    of the value's own variables (`x = x^2 + 1` is an equation in x, not a name for x^2 + 1)."""
+    return bool(NAME.match(side)) and not _constant(parsed) and not (parsed and parsed[0] in ref.variables)
 
 
 def _matching_sides(part: str, ref: Reference, values: list[list[Any]]) -> set[int] | None:
@@ -111,12 +116,13 @@ def _matching_sides(part: str, ref: Reference, values: list[list[Any]]) -> set[i
         return None
     hits: set[int] | None = None
     for side in sides:
-        which = {k for k, value in enumerate(values) if same_value(value, side)}
+        parsed = parse_latex(side)
+        which = {k for k, value in enumerate(values) if _verifies(value, parsed)}
         if which:
             hits = which if hits is None else hits & which
             if not hits:
                 return None
-        elif not _names_it(side, ref):
+        elif not _names_it(side, parsed, ref):
             return None
     return hits
 
@@ -127,7 +133,7 @@ def _assignments(part: str) -> bool:
     names = []
     for item in items:
         sides, ops = relation_split(item)
-        if ops != ["="] or not NAME.match(sides[0]) or not _constant(sides[1]):
+        if ops != ["="] or not NAME.match(sides[0]) or not _constant(parse_latex(sides[1])):
             return False
         names.append(sides[0].strip())
     return len(names) > 1 and len(set(names)) == len(names)

@@ -11,8 +11,11 @@ reference's answer, or it scores 0:
     maybe, perhaps, possibly, probably, approximately, about, at least, at most), or ±, ≈,
     \\pm, \\approx, \\lor, where the reference has none
     several math segments, boxes or answer lines: each one must verify
-    an equation A = B (= C ...) where the reference has no `=`: each side without free symbols
-    must verify, and at least one must (`x = 5` pays for 5; `\\frac{\\pi}{6} = \\frac{\\pi}{3}` does not)
+    several answers in one piece (`a \\\\ b`, `a \\quad b`, `a \\text{ and } b`, rows of `cases`): each one must
+    verify (areal_core/reward/math_answers.py, math_split.py)
+    an equation or relation between two different expressions: every side must verify or only name the
+    answer, and one must verify (`x = 5` pays for 5; `x^2-1 = x^2+1` does not pay for x^2+1, nor
+    `\\frac{\\pi}{6} = \\frac{\\pi}{3}` for either)
     a base other than the reference's (`10_8` for `10_9`: math-verify drops subscripts)
 
 Each piece is parsed as `$piece$`, at most MAX_PIECE characters, at most MAX_PIECES per

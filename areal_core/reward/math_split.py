@@ -1,5 +1,6 @@
 """Reading one LaTeX answer piece (a box's contents, a math segment) as the answers it names, and an answer as the
-sides of its relations: `split_answers`, `relation_split`. Pure text, linear in the piece; no parsing of the math.
+sides of its relations: `split_answers`, `relation_split`. Pure text (no math is parsed here), at most MAX_TEXT
+characters of a piece.
 
 Parts are separated, outside braces, brackets, parentheses, `\\left..\\right` and matrix environments, by:
 
@@ -27,6 +28,7 @@ MAX_TEXT = 2_000  # characters of a piece that is read at all (math-verify parse
 _COMMAND = re.compile(r"\\(?:[a-zA-Z]+\*?|.|$)", re.DOTALL)  # a lone trailing backslash too
 # environments whose contents are one value; every other environment's rows and cells are answers
 _MATRIX_ENVS = frozenset("matrix pmatrix bmatrix Bmatrix vmatrix Vmatrix smallmatrix".split())
+_WITH_SPEC = frozenset("array subarray tabular alignat alignat*".split())  # `\\begin{array}{cc}`: a column spec
 _WITH_GROUP = frozenset(r"\hspace \hspace* \vspace \vspace*".split())  # a `{..}` argument
 _PHANTOMS = frozenset(r"\phantom \hphantom \vphantom".split())
 _WITH_LENGTH = frozenset(r"\hskip \vskip \kern \mkern \mskip \hglue".split())  # a length argument: `1em`, `-3mu`
@@ -77,6 +79,7 @@ _OPERATORS = (
 _FRACTION_ARGS = re.compile(r"(?:\\[dt]?frac|\\[dt]?binom|\\sqrt|[\^_])\s*(?:\{[^{}]*\}\s*)?\d*\s*$")
 _THOUSANDS_MARK = re.compile(r"(?<=\d)(?:,\\!|\{,\}|\\,|\\!|\\ )(?=\d{3}(?!\d))")  # 10,\!000, 1\,234
 _THOUSANDS_COMMA = re.compile(r"(?<![\d.])\d{1,3}(?:,\d{3})+(?![\d])")
+_EDGE_SPACES = re.compile(r"^(?:\s|~|\\[,;:!> ])+|(?:\s|~|\\[,;:!> ])+$")
 _CONTINUES = re.compile(r"^\s*(?:[=<>≤≥≠≈]|\\(?:[gl]eq?|neq?|approx|equiv|sim)(?![a-zA-Z]))")
 # words that name or qualify a value: a part of nothing but words may not hold one
 _VALUE_WORDS = re.compile(
@@ -174,7 +177,7 @@ class _Scan:
     bars: int = 0
 
     def cut(self) -> None:
-        self.parts.append("".join(self.current).strip())
+        self.parts.append(_EDGE_SPACES.sub("", "".join(self.current)))
         self.current = []
 
     def add(self, token: str) -> None:
@@ -206,6 +209,7 @@ def _scan_command(scan: _Scan, i: int) -> int:
             scan.envs.append((env, splits))
             if splits:
                 scan.cut()
+                return _group_end(text, _skip_spaces(text, stop)) if env in _WITH_SPEC else stop
             else:
                 scan.depth += 1
                 scan.add(text[i:stop])
@@ -244,7 +248,9 @@ def _scan_command(scan: _Scan, i: int) -> int:
         if _value_ended(scan.part) and _value_follows(text, end, sign=False):
             scan.cut()
             return end
-    elif top and tok in _THIN and _digit_pair(text, end, scan.part):
+    elif (
+        top and tok in _THIN and scan.current and scan.current[-1][-1:].isdigit() and _digit_pair(text, end, scan.part)
+    ):
         scan.cut()
         return end
     elif tok in ("\\vert", "\\|") and top:
@@ -271,7 +277,9 @@ def _scan_char(scan: _Scan, i: int) -> None:
         if _value_ended(scan.part) and _value_follows(scan.text, i + 1, sign=False):
             scan.cut()
             return
-    elif top and c in " \t" and _digit_pair(scan.text, i, scan.part):
+    elif (
+        top and c in " \t" and scan.current and scan.current[-1][-1:].isdigit() and _digit_pair(scan.text, i, scan.part)
+    ):
         scan.cut()
         return
     elif top and c == "|":
