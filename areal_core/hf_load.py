@@ -27,6 +27,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from areal_core.layout import LAYOUT
+
 NO_CODE: dict[str, Any] = {"trust_remote_code": False}
 MAX_CONFIG_BYTES = 16 * 1024**2  # a config or tokenizer_config.json (a chat template included) is KBs
 
@@ -90,7 +92,7 @@ def check_tokenizer_class(folder: str | Path) -> None:
     from transformers import PreTrainedTokenizerBase
     from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
 
-    files = ("tokenizer_config.json", "config.json")
+    files = ("tokenizer_config.json", LAYOUT.hf_config)
     check_named_class(folder, files, "tokenizer_class", tokenizer_class_from_name, PreTrainedTokenizerBase)
 
 

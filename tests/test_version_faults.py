@@ -280,18 +280,24 @@ def test_the_watcher_logs_a_failing_version_at_doublings_reports_it_and_clears_i
 
 
 class CorruptingStore(Store):
-    """The trainer's publisher writes through this store: weights/v{version} is damaged just before
-    LATEST names it, `times` times (each publication of that version until then)."""
+    """The trainer's publisher writes through this store: the weights (or delta) file of
+    weights/v{version} is written damaged (one byte flipped, the manifest's checksum of the good bytes),
+    `times` times (each publication of that version until then). Damaged as it is written, never
+    after: a republication of a version LATEST already names is never readable intact, so a reader
+    polling in between cannot load a good copy (which made the test depend on timing)."""
 
     def __init__(self, uri: str, version: int, times: int):
         super().__init__(uri)
         self.version, self.left = version, times
+        self.targets = {LAYOUT.weights_file(version, name) for name in (WEIGHTS_FILE, DELTA_FILE)}
 
-    def write_text(self, rel: str, text: str) -> None:
-        if rel == LAYOUT.latest and text.strip() == str(self.version) and self.left > 0:
+    def write_bytes(self, rel: str, data: bytes) -> None:
+        if rel in self.targets and self.left > 0:
             self.left -= 1
-            flip(self, self.version)
-        super().write_text(rel, text)
+            blob = bytearray(data)
+            blob[len(blob) // 2] ^= 0xFF
+            data = bytes(blob)
+        super().write_bytes(rel, data)
 
 
 def run_with_a_damaged_version(tmp_path, overrides, damaged: int, times: int):
