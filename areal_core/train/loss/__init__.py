@@ -38,6 +38,7 @@ from areal_core.train.loss.registry import (
     get_loss,
     known_losses,
     register,
+    settings_models,
     terms,
 )
 
@@ -64,6 +65,7 @@ __all__ = [
     "preference_pairs",
     "register",
     "sequence_logprobs",
+    "settings_models",
     "terms",
     "usable_behaviour",
 ]

@@ -208,6 +208,13 @@ def known_losses() -> list[str]:
     return sorted(_LOSSES)
 
 
+def settings_models() -> dict[str, type[LossSettings]]:
+    """`algo.<name>` -> the settings model of each registered loss and term that has settings, by name."""
+    discover()
+    table = {**_LOSSES, **_TERMS}
+    return {name: table[name].Settings for name in sorted(table) if table[name].Settings.model_fields}
+
+
 def get_loss(name: str) -> Loss:
     """The policy loss named `name`; ConfigError naming 'algo.loss' and the known losses otherwise."""
     discover()
