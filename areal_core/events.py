@@ -22,6 +22,8 @@ One JSON object per line. Every record has "t" (unix seconds, when it was record
              trainer's "train" also splits into "forward", "backward", "optimizer" (train/step.py).
   publish    {"version": int, "bytes": int, "seconds": float}   the trainer published weights v
   load       {"version": int, "seconds": float}          a worker loaded weights v (took seconds)
+  engine     {"setting": str, "engine": str, "why": str}  a rollout worker's engine, once at its start:
+             rollout.engine as set, the engine that runs, and why (rollout/engine_choice.py)
   backlog    {"ungraded": int, "graded": int, "buffered_groups": int}   shards waiting: ungraded
              shards without a graded twin, graded shards the trainer has not read yet, and groups
              read into the trainer's buffer not trained yet (trainer, at most every 2 s)

@@ -7,6 +7,8 @@ by expert over all rows; `rollout.engine=auto` picks it."""
 from __future__ import annotations
 
 import copy
+import logging
+import re
 
 import pytest
 import torch
@@ -15,6 +17,7 @@ import transformers
 from areal_core.rollout import moe_block
 from areal_core.rollout.continuous_engine import ContinuousEngine
 from areal_core.rollout.engine import SamplingParams
+from areal_core.rollout.engine_choice import choose_local_engine
 from areal_core.rollout.factory import local_engine_kind
 from tests import tiny_checkpoints as tc
 
@@ -166,3 +169,60 @@ def test_bfloat16_runs_the_same_routes_within_its_precision(tok):
     engine = ContinuousEngine(copy.deepcopy(model).to(torch.bfloat16), tok.pad_token_id, NO_EOS, slots=3, seed=1)
     gaps = engine_gaps(engine, model, len(tok))
     assert torch.isfinite(gaps).all() and float(gaps.mean()) < 0.1
+
+
+# -- rollout.engine=auto: which engine, and why, in the log, the events and the report ---------------
+
+
+@pytest.mark.parametrize(
+    ("arch", "engine", "why"),
+    [
+        ("qwen3_moe", "continuous", r"implements qwen3_moe and decodes faster"),
+        ("qwen2_moe", "continuous", r"implements qwen2_moe"),
+        ("deepseek_v3", "torch", r"does not implement deepseek_v3 .*rollout.engine=torch"),
+        ("gpt_oss", "torch", r"does not implement gpt_oss"),
+    ],
+)
+def test_auto_says_which_engine_and_why(arch, engine, why, tok):
+    model = tc.model(arch, tok=tok)
+    choice = choose_local_engine("auto", model)
+    assert (choice.setting, choice.engine) == ("auto", engine) and re.search(why, choice.why)
+    assert local_engine_kind("auto", model) == engine
+    assert choose_local_engine("torch", model).engine == "torch"
+
+
+def test_the_worker_logs_the_choice_and_the_report_shows_it(tok, caplog):
+    from areal_core.config import load_config
+    from areal_core.report import series
+    from areal_core.rollout.factory import build_local_engine
+
+    cfg = load_config(None, ["rollout.engine=auto"])
+    with caplog.at_level(logging.INFO, logger="areal.rollout"):
+        engine = build_local_engine(cfg, moe_model("qwen2_moe-shared-dense_first", tok), tok, 0, seed=0)
+    assert isinstance(engine, ContinuousEngine)
+    assert "rollout.engine=auto runs the continuous engine: the continuous engine implements qwen2_moe" in caplog.text
+    records = [{"t": 1.0, "kind": "engine", "role": "rollout", "worker": "0", **engine.choice.fields()}]
+    assert series.engine_choices(records) == [
+        "continuous (rollout.engine=auto: the continuous engine implements qwen2_moe and decodes faster than the "
+        "torch engine (docs/benchmarks.md); rollout-0)"
+    ]
+
+
+@pytest.mark.slow
+def test_three_steps_of_a_qwen3_moe_on_auto_run_the_continuous_engine(tmp_path):
+    """A run of a tiny Qwen3-MoE checkpoint with rollout.engine=auto: the worker's `engine` event
+    and the report name the continuous engine and why; at η = 0 its behaviour log-probs equal the
+    trainer's (the engine/trainer gap alone) step after step."""
+    import json
+
+    from areal_core.events import read_events
+    from areal_core.layout import LAYOUT
+    from areal_core.report.html import build_report
+    from tests.test_architectures import three_steps
+
+    store = three_steps(tc.save("qwen3_moe", tmp_path / "qwen3_moe"), tmp_path, ["rollout.engine=auto"])
+    chosen = [r for r in read_events(store) if r["kind"] == "engine"]
+    assert chosen and all(r["engine"] == "continuous" and r["setting"] == "auto" for r in chosen)
+    rows = [json.loads(line) for line in store.read_text(LAYOUT.metrics).splitlines() if line]
+    assert len(rows) == 3 and max(r["abs_dlogp_behav_prox"] for r in rows) < TOL
+    assert "continuous (rollout.engine=auto: the continuous engine implements qwen3_moe" in build_report(store.url(""))

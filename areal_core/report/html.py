@@ -78,6 +78,7 @@ def render(data: RunData, heldout: tuple[float, float] | None = None) -> str:
         ["samples dropped (abandoned version)", tot.abandoned_samples],
         ["wall time of the events (s)", f"{tot.wall_s:.1f}"],
     ]
+    summary += [["rollout engine", line] for line in series.engine_choices(recs)]
     if heldout is not None:
         summary.append(["held-out accuracy before → after RL", f"{heldout[0]:.3f} → {heldout[1]:.3f}"])
     roles = [

@@ -22,6 +22,16 @@ def kinds(records: Records, *names: str) -> Records:
     return [r for r in records if r.get("kind") in names]
 
 
+def engine_choices(records: Records) -> list[str]:
+    """The rollout engines of the run, one line per distinct (setting, engine, why) of the workers'
+    `engine` events: "continuous (rollout.engine=auto: why)", with the workers that chose it."""
+    workers: dict[tuple[str, str, str], list[str]] = {}
+    for r in kinds(records, "engine"):
+        key = (str(r.get("engine", "?")), str(r.get("setting", "?")), str(r.get("why", ""))[:300])
+        workers.setdefault(key, []).append(f"{r.get('role', 'rollout')}-{r.get('worker', '?')}")
+    return [f"{e} (rollout.engine={s}: {why}; {', '.join(sorted(set(w)))})" for (e, s, why), w in workers.items()]
+
+
 def trained(records: Records) -> Records:
     """The `trained` records, one per step: the last (by "t") of each, as a trainer resumed from
     a checkpoint trains the steps after it again and records them again (events.py)."""

@@ -19,6 +19,7 @@ from areal_core.config import RunConfig
 from areal_core.config.device import use_bf16
 from areal_core.layout import LAYOUT
 from areal_core.models import load_pretrained
+from areal_core.rollout.engine_choice import choose_local_engine, choose_remote_engine, replays_routes
 from areal_core.store import Store
 from areal_core.weights.reader import load_state_dict
 
@@ -38,10 +39,13 @@ def load_tokenizer(path: str) -> Any:
 
 
 def build_engine(cfg: RunConfig, store: Store, version: int, index: int = 0) -> tuple[Any, Any]:
-    """(engine, tokenizer): the engine of rollout worker `index` serving weights/v{version}."""
+    """(engine, tokenizer): the engine of rollout worker `index` serving weights/v{version}; its
+    `choice` attribute says which engine rollout.engine chose and why (engine_choice.py)."""
     if cfg.rollout.engine in REMOTE_ENGINES:
         tokenizer = load_tokenizer(store.url(LAYOUT.init_model))
-        return build_remote_engine(cfg, store, version, tokenizer.eos_token_id, index), tokenizer
+        engine = build_remote_engine(cfg, store, version, tokenizer.eos_token_id, index)
+        engine.choice = choose_remote_engine(cfg.rollout.engine)
+        return engine, tokenizer
     model, tokenizer = load_pretrained(store.url(LAYOUT.init_model), cfg.device)
     model.load_state_dict(load_state_dict(store, version), strict=False)
     model.to(rollout_dtype(cfg))  # later versions are cast as they are loaded
@@ -54,26 +58,26 @@ def rollout_dtype(cfg: RunConfig) -> Any:
     return torch.bfloat16 if use_bf16(choice, cfg.device) else torch.float32
 
 
-def local_engine_kind(choice: str, model: Any) -> str:
+def local_engine_kind(choice: str, model: Any, needs_routes: bool = False) -> str:
     """The built-in engine `rollout.engine` runs `model` with: "auto" is "continuous" where the
     continuous engine implements the architecture (`static_cache.check_supported`), else "torch"
-    (the model's own forward)."""
-    if choice != "auto":
-        return choice
-    from areal_core.rollout.static_cache import UnsupportedModel, check_supported
-
-    try:
-        check_supported(model)
-    except UnsupportedModel:
-        return "torch"
-    return "continuous"
+    (the model's own forward); `engine_choice.choose_local_engine` says why."""
+    return choose_local_engine(choice, model, needs_routes).engine
 
 
 def build_local_engine(cfg: RunConfig, model: Any, tokenizer: Any, version: int, seed: int) -> Any:
     """An engine over `model` in this process."""
+    choice = choose_local_engine(cfg.rollout.engine, model, replays_routes(cfg))
+    log.info("%s", choice.line())
+    engine = _local_engine(cfg, choice.engine, model, tokenizer, version, seed)
+    engine.choice = choice
+    return engine
+
+
+def _local_engine(cfg: RunConfig, kind: str, model: Any, tokenizer: Any, version: int, seed: int) -> Any:
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
     mid = cfg.rollout.swap_mid_generation
-    if local_engine_kind(cfg.rollout.engine, model) == "continuous":
+    if kind == "continuous":
         from areal_core.rollout.continuous_engine import ContinuousEngine
 
         slots = cfg.rollout.max_batch_groups * cfg.rollout.group_size

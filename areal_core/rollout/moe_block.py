@@ -97,7 +97,10 @@ def grouped_experts_into(
 def grouped_linear(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """Rows offs[e−1]..offs[e] of `x` [S, in] times w[e]ᵀ (`w` [E, out, in]): [S, out]."""
     if grouped_mm_runs(x.device, x.dtype):
-        return F.grouped_mm(x, w.transpose(-2, -1), offs=offs)
+        try:
+            return F.grouped_mm(x, w.transpose(-2, -1), offs=offs)
+        except (RuntimeError, NotImplementedError):  # a shape or stride this kernel refuses: per expert from now on
+            _GROUPED_MM_OK[(str(x.device), x.dtype)] = False
     ends = offs.tolist()
     parts = [F.linear(x[a:b], w[e]) for e, (a, b) in enumerate(zip([0, *ends[:-1]], ends)) if b > a]
     return torch.cat(parts) if parts else x.new_empty(0, w.shape[1])

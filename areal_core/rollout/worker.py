@@ -281,6 +281,8 @@ def _run(store: Store, index: int, ev: EventLog) -> dict:
         return {"worker": worker_id, "stopped": "the run ended before a version loaded"}
     engine, tokenizer, version = first
     engines.append(engine)
+    if getattr(engine, "choice", None) is not None:  # which engine rollout.engine chose, and why (the report's)
+        ev.emit("engine", **engine.choice.fields())
 
     def receive(v: int) -> None:
         t = time.time()

@@ -193,7 +193,7 @@ def check_prompt_length(ctx: Preflight) -> None:
 def check_engine(ctx: Preflight) -> None:
     if ctx.model is None or ctx.cfg.rollout.engine not in ("continuous", "auto"):
         return
-    from areal_core.rollout.factory import local_engine_kind
+    from areal_core.rollout.engine_choice import choose_local_engine, replays_routes
     from areal_core.rollout.static_cache import UnsupportedModel, check_supported
 
     if ctx.cfg.rollout.engine == "continuous":
@@ -201,7 +201,7 @@ def check_engine(ctx: Preflight) -> None:
             check_supported(ctx.model)
         except UnsupportedModel as exc:
             raise ConfigError(f"config key 'rollout.engine': {exc}") from None
-    ctx.notes["engine"] = f"{ctx.cfg.rollout.engine} runs {local_engine_kind(ctx.cfg.rollout.engine, ctx.model)}"
+    ctx.notes["engine"] = choose_local_engine(ctx.cfg.rollout.engine, ctx.model, replays_routes(ctx.cfg)).line()
 
 
 @preflight("attention")
