@@ -1,8 +1,11 @@
 """Decode throughput of the built-in engines vs `transformers` `generate`, and continuous vs
-static batching on long-tailed lengths, on the tiny default model (configs/default.yaml sizes).
+static batching on long-tailed lengths, on the tiny default model (configs/default.yaml sizes)
+or a tiny Qwen3-MoE of the same attention and active MLP width (`--model qwen3_moe`: 16 experts,
+top-4, expert width 96, norm_topk_prob, as Qwen3-30B-A3B's 128 / top-8 scaled down).
 
     PYTHONPATH=. .venv/bin/python benchmarks/engine_decode.py --threads 1
     PYTHONPATH=. .venv/bin/python benchmarks/engine_decode.py --threads 2 --skip-longtail
+    PYTHONPATH=. .venv/bin/python benchmarks/engine_decode.py --model qwen3_moe --batch 32 --slots 32
 
 Equal lengths: batch B prompts of P random tokens, exactly N new tokens each (no token ends a
 sequence), sampling at temperature 1 (top-k/top-p off); tokens/s = B·N / time of the whole call
@@ -34,6 +37,16 @@ from areal_core.rollout.static_cache import StaticCacheDecoder
 from areal_core.rollout.torch_engine import TorchEngine
 
 NO_EOS = -1  # an id no sampler returns: every sequence runs to its length
+
+
+def cpu_name() -> str:
+    """The CPU's model name as lscpu prints it (/proc/cpuinfo), else what platform knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        return f"{names[0]} ({len(names)} logical CPUs)"
+    except (OSError, IndexError):
+        return platform.processor() or platform.machine()
 
 
 def timed(fn, repeats: int) -> tuple[float, float]:
@@ -93,6 +106,10 @@ def equal_lengths(model, batch: int, plen: int, new: int, repeats: int) -> dict:
     for eng in ("continuous_engine", "torch_engine"):
         for k in ("tok_s_wall", "tok_s_cpu"):
             res[f"speedup_{eng}_vs_generate_{k[6:]}"] = round(res[eng][k] / res["transformers_generate"][k], 2)
+    for k in ("tok_s_wall", "tok_s_cpu"):
+        res[f"speedup_continuous_vs_torch_engine_{k[6:]}"] = round(
+            res["continuous_engine"][k] / res["torch_engine"][k], 2
+        )
     return res
 
 
@@ -195,8 +212,40 @@ def long_tail(model, requests: int, slots: int, plen: int, cap: int, repeats: in
     return res
 
 
+MODELS = {
+    "qwen2": "tiny Qwen2 (hidden 128, 4 layers, 4 heads / 2 kv, vocab 384), float32",
+    "qwen3_moe": "tiny Qwen3-MoE (hidden 128, 4 layers, 4 heads / 2 kv, head_dim 32, 16 experts, top-4, "
+    "expert width 96, norm_topk_prob, vocab 384), float32",
+}
+
+
+def build_model(name: str) -> torch.nn.Module:
+    """The benchmark's model `name` (MODELS), randomly initialised, float32, in eval mode."""
+    if name == "qwen2":
+        return build_tiny_model(ModelConfig(), 384, 0).eval()
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.Qwen3MoeConfig(
+        vocab_size=384,
+        hidden_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        num_experts=16,
+        num_experts_per_tok=4,
+        moe_intermediate_size=96,
+        norm_topk_prob=True,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+    )
+    return transformers.Qwen3MoeForCausalLM(cfg).float().eval()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--model", choices=sorted(MODELS), default="qwen2")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=32)
@@ -207,11 +256,13 @@ def main() -> None:
     ap.add_argument("--skip-longtail", action="store_true")
     ap.add_argument("--floor", action="store_true", help="also time the GEMM + attention floor of a decode step")
     args = ap.parse_args()
+    if args.floor and args.model != "qwen2":
+        ap.error("--floor times the dense model's GEMMs: use it with --model qwen2")
     torch.set_num_threads(args.threads)
-    model = build_tiny_model(ModelConfig(), 384, 0).eval()
+    model = build_model(args.model)
     out = {
-        "machine": f"{platform.processor() or platform.machine()}, torch {torch.__version__}, threads {args.threads}",
-        "model": "tiny Qwen2 (hidden 128, 4 layers, 4 heads / 2 kv, vocab 384), float32",
+        "machine": f"{cpu_name()}, torch {torch.__version__}, threads {args.threads}",
+        "model": MODELS[args.model],
         "equal_lengths": [
             {
                 "batch": args.batch,
