@@ -316,3 +316,20 @@ def test_only_the_named_functions_import_an_sdks_private_modules():
     assert got == PRIVATE_SDK_USES
     nested = "def f():\n    def g():\n        from flyte._x import y\n    import flytekit.core.a\nimport flyte.b._c\n"
     assert private_sdk_imports(nested) == {"g": {"flyte._x"}, "<module>": {"flyte.b._c"}}  # the scan sees them
+
+
+def imported_top_packages(path: Path) -> set[str]:
+    tops: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            tops |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            tops.add((node.module or "").split(".")[0])
+    return tops
+
+
+def test_the_spec_imports_no_sdk_and_no_front_end_and_areal_core_never_imports_it():
+    front = {"flytekit", "flytekitplugins", "flyte", "flyteplugins", "tasks", "workflows", "flyte2"}
+    for path in sorted((ROOT / "jobs").glob("*.py")):
+        assert imported_top_packages(path) & front == set(), path.name
+    assert [p for p in (ROOT / "areal_core").rglob("*.py") if "jobs" in imported_top_packages(p)] == []
