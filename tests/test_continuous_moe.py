@@ -226,3 +226,19 @@ def test_three_steps_of_a_qwen3_moe_on_auto_run_the_continuous_engine(tmp_path):
     rows = [json.loads(line) for line in store.read_text(LAYOUT.metrics).splitlines() if line]
     assert len(rows) == 3 and max(r["abs_dlogp_behav_prox"] for r in rows) < TOL
     assert "continuous (rollout.engine=auto: the continuous engine implements qwen3_moe" in build_report(store.url(""))
+
+
+def test_one_decode_step_routes_and_runs_the_experts_once_per_layer_for_all_rows(tok, monkeypatch):
+    """The experts are batched across sequences: a decode step over 5 rows calls the router once
+    and each expert weight's grouped GEMM once per sparse layer, on all 5 rows' tokens."""
+    model = moe_model("qwen2_moe-shared-dense_first", tok)
+    engine = ContinuousEngine(model, tok.pad_token_id, NO_EOS, slots=5, seed=1)
+    engine.generate([[5, 6, 7, 8]] * 5, SamplingParams(max_new_tokens=2))
+    sparse = sum(layer.moe is not None for layer in engine.runner.layers)
+    routed, gemms = [], []
+    real_route, real_linear = moe_block.route, moe_block.grouped_linear
+    monkeypatch.setattr(moe_block, "route", lambda h, g: routed.append(h.shape[0]) or real_route(h, g))
+    monkeypatch.setattr(moe_block, "grouped_linear", lambda x, w, o: gemms.append(x.shape[0]) or real_linear(x, w, o))
+    engine.runner.decode(torch.tensor([9, 10, 11, 12, 13]), torch.full((5,), 4), 5)
+    top_k = model.config.num_experts_per_tok
+    assert sparse == 2 and routed == [5] * sparse and gemms == [5 * top_k] * (2 * sparse)
