@@ -3,8 +3,9 @@ its output, its steps, its cache versions and its schedule; and the one function
 turn a job into an SDK entity with (`function`).
 
 `function(job, body, ...)` is a Python function whose signature (`inspect.signature`, read by
-`@workflow` and by Flyte 2's `@env.task`), annotations (`typing.get_type_hints`), docstring (the
-`:param` lines pyflyte and `flyte run` show as help), name and module are the job's. Calling it
+`@workflow` and by Flyte 2's `@env.task`), annotations (`typing.get_type_hints`), docstring (its
+`:param` lines: pyflyte's help, the inputs' descriptions in both SDKs' interfaces), name and module
+are the job's. Calling it
 binds the arguments against that signature (defaults applied) and hands them to `body` as one
 `Given` namespace, so an input the body does not read needs no edit of the body.
 """
@@ -105,9 +106,6 @@ class Job:
 
     def input(self, name: str) -> Input:
         return next(i for i in self.inputs if i.name == name)
-
-    def defaults(self) -> dict[str, Any]:
-        return {i.name: i.default for i in self.inputs if i.default is not REQUIRED}
 
 
 class Given(SimpleNamespace):

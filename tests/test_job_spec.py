@@ -117,6 +117,17 @@ def test_every_job_is_in_the_spec_and_each_flytekit_workflow_exposes_its_inputs_
         assert all(i.doc for i in job.inputs), job.name
 
 
+def test_every_step_of_a_job_is_one_function_of_jobs_steps():
+    """The roles (`train`) run as each front end can; every other step is one call in jobs/steps.py."""
+    from jobs import steps
+
+    named = {step for job in JOBS.values() for step in job.steps} - {"train"}
+    assert named == {n for n, f in vars(steps).items() if inspect.isfunction(f) and f.__module__ == steps.__name__} - {
+        "one_frame"
+    }
+    assert set(steps.RETRIES) <= named | {"train"} and SFT_CACHE.step in named
+
+
 def test_flytekit_schedules_and_sft_cache_are_the_specs():
     from tasks.pipeline import sft
     from tests.test_flyte import serialize
