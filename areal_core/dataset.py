@@ -42,7 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from areal_core.forks import read_fork
+from areal_core.forks import image_roots, read_fork
 from areal_core.layout import LAYOUT
 from areal_core.protocol import SCHEMA, SCHEMA_VERSION
 from areal_core.store import Store
@@ -60,13 +60,9 @@ class DatasetError(ValueError):
     """A run or layer that cannot be opened as a dataset; the message says why."""
 
 
-def _store(run: str | Store) -> Store:
-    return run if isinstance(run, Store) else Store(run)
-
-
 def shard_files(run: str | Store, layer: str = "graded") -> list[str]:
     """The layer's shard paths, relative to the run root, sorted (worker, then sequence)."""
-    store = _store(run)
+    store = Store.of(run)
     try:
         folder = LAYOUT.layer_dir(layer)
     except ValueError as exc:
@@ -79,7 +75,7 @@ def shard_files(run: str | Store, layer: str = "graded") -> list[str]:
 def shard_dataset(run: str | Store, layer: str = "graded") -> ds.FileSystemDataset:
     """The layer's shards as one lazy pyarrow dataset with the protocol schema, read through the
     store's own fsspec filesystem (s3fs on S3). Nothing is read until it is scanned."""
-    store = _store(run)
+    store = Store.of(run)
     files = [store.path(p) for p in shard_files(store, layer)]
     return ds.dataset(files, schema=SCHEMA, format="ipc", filesystem=store.fs)
 
@@ -92,7 +88,7 @@ def open_run(run: str | Store, layer: str = "graded", tokens: bool = False) -> d
 
 def samples_table(run: str | Store, layer: str = "graded", tokens: bool = False) -> pa.Table:
     """`open_run` as one pyarrow Table."""
-    store = _store(run)
+    store = Store.of(run)
     columns = SCHEMA.names if tokens else BASE_COLUMNS
     table = _with_token_stats(_rows(store, layer, columns))
     table = _with_reward_reason(table)
@@ -303,7 +299,7 @@ def read_audit(run: str | Store) -> pa.Table:
     """Every audit record as one row a listed sample: key (worker/sample id, or the sample id for
     records without workers), status, step, position in the step, trainer version, min version.
     Trained entries come first, so a key listed twice joins as trained."""
-    store = _store(run)
+    store = Store.of(run)
     rows: dict[str, list[list[Any]]] = {s: [] for s in STATUSES}
     paths = [store.path(p) for p in store.find(LAYOUT.trained_dir, ".json")]
     bodies = store.fs.cat(paths) if paths else {}  # one batched (concurrent on S3) read
@@ -336,25 +332,8 @@ def _join_audit(table: pa.Table, audit: pa.Table) -> pa.Table:
     return table.append_column("staleness", staleness)
 
 
-def image_roots(run: str | Store) -> list[Store]:
-    """The roots whose images a run's rows may name: its own, then a fork's parents (their shards
-    are read by reference) and a replay's source, recursively."""
-    out, todo, seen = [], [_store(run)], set()
-    while todo:
-        store = todo.pop(0)
-        if store.uri in seen:
-            continue
-        seen.add(store.uri)
-        out.append(store)
-        if (ref := read_fork(store)) is not None:
-            todo.append(Store(ref.parent))
-        if store.exists(LAYOUT.replay_record):
-            todo.append(Store(store.read_json(LAYOUT.replay_record)["source"]))
-    return out
-
-
 def load_images(run: str | Store, image_ids: list[str] | None) -> list[Any]:
     """The PIL images a row's `image_ids` name, from the run or the roots it derives from
-    (image_roots); vlm.images.ImageError when one is missing, altered or undecodable."""
+    (forks.image_roots); vlm.images.ImageError when one is missing, altered or undecodable."""
     roots = image_roots(run)
     return [read_from(roots, sha) for sha in image_ids or []]

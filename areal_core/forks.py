@@ -1,5 +1,6 @@
 """A forked run root's reference to its parent: `lineage/parent.json`, written by `run/fork.py`,
-read by the trainer (shards by reference) and the rollout workers (the prompt cursor).
+read by the trainer (shards by reference) and the rollout workers (the prompt cursor); and the
+roots a run derives from (`image_roots`: its own, a fork's parents, a replay's source).
 
 A fork C of run P at step k holds P's checkpoint step-k (weights v_k, optimizer, pending
 samples, consumed identities), its own config and this reference:
@@ -93,3 +94,20 @@ def read_fork(store: Store) -> ForkRef | None:
 
 def write_fork(store: Store, ref: ForkRef) -> None:
     store.write_json(LAYOUT.fork_parent, ref.to_json())
+
+
+def image_roots(run: str | Store) -> list[Store]:
+    """The roots whose images a run's rows may name: its own, then a fork's parents (their shards
+    are read by reference) and a replay's source, recursively."""
+    out, todo, seen = [], [Store.of(run)], set()
+    while todo:
+        store = todo.pop(0)
+        if store.uri in seen:
+            continue
+        seen.add(store.uri)
+        out.append(store)
+        if (ref := read_fork(store)) is not None:
+            todo.append(Store(ref.parent))
+        if store.exists(LAYOUT.replay_record):
+            todo.append(Store(store.read_json(LAYOUT.replay_record)["source"]))
+    return out

@@ -1,9 +1,9 @@
 """The run root on fsspec: the only channel between roles (paths named by `LAYOUT`, areal_core/layout.py).
 
-Objects are written whole (local: temp file + rename; S3: one PUT), and a marker written
-after them makes a multi-file publication visible. Readers ignore anything unmarked.
-Folders move with fsspec's batched put/get/copy (concurrent; server-side copy on S3), markers last;
-a file that lands on a local disk lands under a temporary name first and is renamed when whole.
+Objects are written whole (local: temp file + rename; S3: one PUT), and a marker written after them makes a
+multi-file publication visible. Readers ignore anything unmarked. Folders move with fsspec's batched put/get/copy
+(concurrent; server-side copy on S3), markers last; a file that lands on a local disk lands under a temporary name
+first and is renamed when whole.
 A temporary file (`.{name}.tmp-<32 hex>`) is removed when its write fails (ENOSPC, ...), and one left by a
 killed writer is removed by `clean_temp`, which every role runs on its own folders at start.
 """
@@ -56,7 +56,6 @@ def storage_options(uri: str) -> dict[str, Any]:
 TEMP_STALE_S = 3600.0  # a temporary file this old belongs to no live writer (a write takes seconds)
 _TEMP_NAME = re.compile(r"\.(.*\.)?tmp-[0-9a-f]{32}|\..+\.lock")  # the store's own names, nothing else
 
-
 SMALL_JSON_BYTES = 1 << 20  # a status or counter file: a few fields
 MAX_JSON_BYTES = 256 << 20  # any JSON record of a run (a checkpoint's state lists its consumed shards)
 
@@ -107,6 +106,11 @@ class Store:
         return f"Store({self.uri!r})"
 
     @classmethod
+    def of(cls, run: str | Store) -> Store:
+        """`run` as a Store: itself when it is one, else the Store of the URI it names."""
+        return run if isinstance(run, Store) else cls(run)
+
+    @classmethod
     def fence(cls, uri: str, reason: str | None) -> None:
         """Fence this process out of the root `uri` with `reason` (None lifts the fence)."""
         if reason is None:
@@ -148,9 +152,9 @@ class Store:
 
     @retried
     def read_bytes(self, rel: str, limit: int | None = None) -> bytes:
-        """The object whole. Refused with UnreadableObject, before its bytes are read: a local entry
-        that is not a regular file (a FIFO would block, a link to /dev/zero never ends) and, with
-        `limit`, an object of more than `limit` bytes."""
+        """The object whole. Refused with UnreadableObject, before its bytes are read: a local entry that is not
+        a regular file (a FIFO would block, a link to /dev/zero never ends) and, with `limit`, an object of more
+        than `limit` bytes."""
         full = self.path(rel)
         if self.local:
             fd = os.open(full, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once, and is refused below
@@ -182,9 +186,8 @@ class Store:
 
     @retried
     def write_if(self, rel: str, data: bytes, token: str | None) -> bool:
-        """Write `rel` only if it is still the version `token` (None: only if it does not exist);
-        False when another writer got there first. Local: under an O_EXCL lock file, then rename;
-        S3: a conditional PUT (If-None-Match / If-Match)."""
+        """Write `rel` only if it is still the version `token` (None: only if it does not exist); False when
+        another writer got there first. Local: under an O_EXCL lock file, then rename; S3: a conditional PUT."""
         full = self.path(rel)
         if not self.local:
             kwargs = {"mode": "create"} if token is None else {"IfMatch": token}
@@ -307,10 +310,9 @@ class Store:
             return False
 
     def clean_temp(self, *prefixes: str, older_than_s: float = TEMP_STALE_S) -> int:
-        """Remove the store's own temporary and lock files under `prefixes` ("" = the whole root)
-        not modified for `older_than_s`: what a writer killed mid-write left (a live writer's are
-        younger). Only local stores have them (an object store write is one PUT). Returns how
-        many were removed."""
+        """Remove the store's own temporary and lock files under `prefixes` ("" = the whole root) not modified
+        for `older_than_s`: what a writer killed mid-write left (a live writer's are younger). Only local stores
+        have them (an object store write is one PUT). Returns how many were removed."""
         if not self.local:
             return 0
         now, removed = time.time(), 0
@@ -482,9 +484,8 @@ def _markers_last(
 
 
 def _walk_local(folder: str, rel: str, suffix: str, out: list[str]) -> None:
-    """Append the non-hidden files under `folder` ending in `suffix`, as paths under `rel` ("."
-    for the root); like os.walk, symlinked folders are not entered and a folder that cannot be
-    read (removed meanwhile, e.g. a pruned weight version) is skipped."""
+    """Append the non-hidden files under `folder` ending in `suffix`, as paths under `rel` ("." for the root); like
+    os.walk, symlinked folders are not entered and a folder that cannot be read (removed meanwhile) is skipped."""
     prefix = "" if rel == "." else f"{rel}/"
     try:
         entries = os.scandir(folder)

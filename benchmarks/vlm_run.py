@@ -33,7 +33,7 @@ def open_vlm_run(args: argparse.Namespace, split: str = "eval") -> VlmRun:
     import torch
 
     from areal_core.context import load_run_config
-    from areal_core.dataset import image_roots
+    from areal_core.forks import image_roots
     from areal_core.layout import LAYOUT
     from areal_core.models import load_pretrained
     from areal_core.prompts import load_prompts

@@ -10,7 +10,7 @@ import json
 import math
 from typing import Any
 
-from task_data.tables import DatasetError
+from task_data.tables import TaskDataError
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_COLUMNS_BYTES = 64 * 1024  # one record's other columns as JSON; more is an error at prepare, never a silent cut
@@ -34,7 +34,7 @@ def has_field(row: dict[str, Any], path: str) -> bool:
     return field_value(row, path) is not MISSING
 
 
-def missing_field(row: dict[str, Any], path: str, where: str, setting: str) -> DatasetError:
+def missing_field(row: dict[str, Any], path: str, where: str, setting: str) -> TaskDataError:
     """The error for a path `row` lacks, naming the deepest part that exists and its fields."""
     value: Any = row
     walked: list[str] = []
@@ -44,7 +44,7 @@ def missing_field(row: dict[str, Any], path: str, where: str, setting: str) -> D
         value, walked = value[part], [*walked, part]
     at = f" ('{'.'.join(walked)}' has no '{path.split('.')[len(walked)]}')" if walked else ""
     fields = sorted(value)[:12] if isinstance(value, dict) else type(value).__name__
-    return DatasetError(f"{where}: no field '{path}'{at} (set {setting}); its fields are {fields}")
+    return TaskDataError(f"{where}: no field '{path}'{at} (set {setting}); its fields are {fields}")
 
 
 def chat_messages(value: Any, where: str, field: str) -> list[dict[str, str]] | None:
@@ -58,15 +58,15 @@ def chat_messages(value: Any, where: str, field: str) -> list[dict[str, str]] | 
     out = []
     for i, m in enumerate(value):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or "content" not in m:
-            raise DatasetError(
+            raise TaskDataError(
                 f"{where}: field '{field}' must be a non-empty string or a chat (a list of {{role, content}} "
                 f"strings); message {i} is {_shape(m)}"
             )
         if m["role"] not in CHAT_ROLES:
-            raise DatasetError(f"{where}: field '{field}' message {i} has role {m['role']!r}, not one of {CHAT_ROLES}")
+            raise TaskDataError(f"{where}: field '{field}' message {i} has role {m['role']!r}, not one of {CHAT_ROLES}")
         out.append({"role": m["role"], "content": _content_text(m["content"], f"{where}: field '{field}' message {i}")})
     if not any(m["role"] == "user" and m["content"].strip() for m in out):
-        raise DatasetError(f"{where}: field '{field}' must be a non-empty string or a chat with a user message")
+        raise TaskDataError(f"{where}: field '{field}' must be a non-empty string or a chat with a user message")
     return out
 
 
@@ -79,12 +79,12 @@ def _content_text(content: Any, where: str) -> str:
         if bad is None:
             return "".join(texts)  # type: ignore[arg-type]
         kind = bad.get("type") if isinstance(bad, dict) else type(bad).__name__
-        raise DatasetError(
+        raise TaskDataError(
             f"{where} has a content part of type {kind!r}: only text parts ({{type: text, text}}) are read "
             "into a prompt (images: a vision-language task, docs/vlm.md)"
         )
     shown = "an empty list" if isinstance(content, list) else f"of type {type(content).__name__}"
-    raise DatasetError(
+    raise TaskDataError(
         f"{where} has content {shown}, not a string or text parts (a tool call in a prompt is not rendered)"
     )
 
@@ -99,7 +99,7 @@ def prompt_of(value: Any, where: str, field: str) -> tuple[str, list[dict[str, s
     if chat is not None:
         return [m["content"] for m in chat if m["role"] == "user"][-1], chat
     if not isinstance(value, str) or not value.strip():
-        raise DatasetError(f"{where}: field '{field}' must be a non-empty string or a chat with a user message")
+        raise TaskDataError(f"{where}: field '{field}' must be a non-empty string or a chat with a user message")
     return value, None
 
 
@@ -117,10 +117,10 @@ def other_columns(row: dict[str, Any], used: tuple[str, ...], where: str) -> dic
     try:
         clean = json.loads(json.dumps(_finite(out), default=str))
     except RecursionError:  # JSON the table reader took, nested past what the interpreter can walk
-        raise DatasetError(f"{where}: the row's other columns are nested too deeply") from None
+        raise TaskDataError(f"{where}: the row's other columns are nested too deeply") from None
     size = len(json.dumps(clean))
     if size > MAX_COLUMNS_BYTES:
-        raise DatasetError(
+        raise TaskDataError(
             f"{where}: the row's other columns take {size} bytes of JSON, over {MAX_COLUMNS_BYTES}: each sample "
             "carries them; drop the large columns from the table"
         )

@@ -4,8 +4,9 @@
     math     problem / answer (MATH-500; bare LaTeX) or the last \\boxed{} of solution (MATH);
              reward: math_reward. The record's answer (the SFT demonstration and the reward's
              reference) is the solution with the final answer boxed last.
-    dataset  any table: task.prompt_field (default prompt) and task.reference_field (default
-             answer); reward: reward.function, else math_reward
+    dataset  the user's own table (`own_table_record`; `task.name=dataset` in configs): any table,
+             task.prompt_field (default prompt) and task.reference_field (default answer);
+             reward: reward.function, else math_reward
 
 Field names may be dotted paths into nested structs (`reward_model.ground_truth`, verl's layout).
 A prompt field holding a chat (a list of {role, content}: OpenAI `messages`, TRL's conversational
@@ -28,9 +29,9 @@ from typing import Any
 
 from areal_core.reward.math import boxed_contents
 from task_data.fields import MISSING, field_value, has_field, missing_field, other_columns, prompt_of
-from task_data.tables import DatasetError, MissingSplit, read_split, split_files
+from task_data.tables import MissingSplit, TaskDataError, read_split, split_files
 
-log = logging.getLogger("areal.datasets")
+log = logging.getLogger("areal.task_data")
 
 DEFAULT_FIELDS = {"gsm8k": ("question", "answer"), "math": ("problem", "answer"), "dataset": ("prompt", "answer")}
 
@@ -67,8 +68,8 @@ def gsm8k_record(row: dict, where: str, prompt_field: str, reference_field: str)
     solution = str(field_value(row, reference_field))
     try:
         final = final_answer(solution)
-    except DatasetError as exc:
-        raise DatasetError(f"{where}: {exc}") from None
+    except TaskDataError as exc:
+        raise TaskDataError(f"{where}: {exc}") from None
     record = _prompt(row, where, prompt_field)
     record.update(answer=solution, meta={**record["meta"], "final": final})
     return _with_columns(record, row, where, (prompt_field, reference_field))
@@ -82,7 +83,7 @@ def math_record(row: dict, where: str, prompt_field: str, reference_field: str) 
         boxes = boxed_contents(solution)
         final = boxes[-1] if boxes else None
     if final in (None, "") or not isinstance(final, (str, int, float)):
-        raise DatasetError(
+        raise TaskDataError(
             f"{where}: no final answer: neither a '{reference_field}' field nor a \\boxed{{}} in 'solution'"
         )
     final = str(final).strip()
@@ -95,20 +96,20 @@ def math_record(row: dict, where: str, prompt_field: str, reference_field: str) 
     return _with_columns(record, row, where, (prompt_field, reference_field, "solution"))
 
 
-def dataset_record(row: dict, where: str, prompt_field: str, reference_field: str) -> dict[str, Any]:
+def own_table_record(row: dict, where: str, prompt_field: str, reference_field: str) -> dict[str, Any]:
     record = _prompt(row, where, prompt_field)
     if not has_field(row, reference_field):
         raise missing_field(row, reference_field, where, "task.reference_field")
     reference = field_value(row, reference_field)
     if reference is None or (isinstance(reference, float) and reference != reference) or reference == "":
-        raise DatasetError(f"{where}: field '{reference_field}' is empty (null, NaN or ''): a reference is needed")
+        raise TaskDataError(f"{where}: field '{reference_field}' is empty (null, NaN or ''): a reference is needed")
     record["answer"] = reference if isinstance(reference, str) else json.dumps(reference, default=str)
     if not isinstance(reference, str):  # verl's compute_score gets a struct ground truth as the dict it is
         record["meta"]["reference"] = json.loads(record["answer"])
     return _with_columns(record, row, where, (prompt_field,))
 
 
-BUILDERS = {"gsm8k": gsm8k_record, "math": math_record, "dataset": dataset_record}
+BUILDERS = {"gsm8k": gsm8k_record, "math": math_record, "dataset": own_table_record}
 
 
 def _records(task: Any, fmt: str, split: str, rows: list[tuple[str, int, dict]]) -> list[dict[str, Any]]:
@@ -132,7 +133,7 @@ def load(task: Any, fmt: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]
     train_files = split_files(task.path, task.train_split)
     train_rows = read_split(task.path, task.train_split)
     if not train_rows:
-        raise DatasetError(
+        raise TaskDataError(
             f"dataset file '{', '.join(train_files)}' has no rows (the {task.train_split} split is empty)"
         )
     try:
@@ -145,12 +146,12 @@ def load(task: Any, fmt: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]
         _same_folder(task, train_files, eval_files)
         eval_rows = read_split(task.path, task.eval_split)
         if not eval_rows:
-            raise DatasetError(
+            raise TaskDataError(
                 f"dataset file '{', '.join(eval_files)}' has no rows (the {task.eval_split} split is empty)"
             )
     else:
         if len(train_rows) < 2:
-            raise DatasetError(f"dataset '{task.path}' has {len(train_rows)} rows: too few to hold any out")
+            raise TaskDataError(f"dataset '{task.path}' has {len(train_rows)} rows: too few to hold any out")
         k = min(task.num_eval, len(train_rows) // 2)
         log.warning("%s has no separate test split: its last %d rows are held out, not trained on", task.path, k)
         train_rows, eval_rows = train_rows[:-k], train_rows[-k:]
@@ -160,7 +161,7 @@ def load(task: Any, fmt: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]
 
 
 def _same_folder(task: Any, train_files: list[str], eval_files: list[str]) -> None:
-    """DatasetError when the splits come from different folders (two hub configs), except
+    """TaskDataError when the splits come from different folders (two hub configs), except
     `save_to_disk`'s <split>/ folders."""
 
     def folders(files: list[str]) -> set[str]:
@@ -171,7 +172,7 @@ def _same_folder(task: Any, train_files: list[str], eval_files: list[str]) -> No
         d.endswith(f"/{task.eval_split}") for d in ef
     )
     if tf != ef and not per_split:
-        raise DatasetError(
+        raise TaskDataError(
             f"dataset '{task.path}': the {task.train_split} split is in {sorted(tf)} and the {task.eval_split} split "
             f"in {sorted(ef)}: set task.path to the one folder that holds both"
         )

@@ -8,9 +8,9 @@ from typing import Any
 
 import fsspec
 
-from task_data.tables import DatasetError
+from task_data.tables import TaskDataError
 
-__all__ = ["DatasetError", "final_answer", "load_split", "read_jsonl"]
+__all__ = ["TaskDataError", "final_answer", "load_split", "read_jsonl"]
 
 
 def read_jsonl(uri: str) -> list[dict[str, Any]]:
@@ -20,7 +20,7 @@ def read_jsonl(uri: str) -> list[dict[str, Any]]:
         with fsspec.open(uri, "rt", encoding="utf-8", **storage_options(uri)) as f:
             lines = f.read().splitlines()
     except FileNotFoundError:
-        raise DatasetError(f"dataset file '{uri}' does not exist") from None
+        raise TaskDataError(f"dataset file '{uri}' does not exist") from None
     rows = []
     for i, line in enumerate(lines, 1):
         if not line.strip():
@@ -28,9 +28,9 @@ def read_jsonl(uri: str) -> list[dict[str, Any]]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise DatasetError(f"dataset file '{uri}' line {i}: not JSON ({exc.msg})") from None
+            raise TaskDataError(f"dataset file '{uri}' line {i}: not JSON ({exc.msg})") from None
         if not isinstance(row, dict) or "question" not in row or "answer" not in row:
-            raise DatasetError(f"dataset file '{uri}' line {i}: needs 'question' and 'answer' fields")
+            raise TaskDataError(f"dataset file '{uri}' line {i}: needs 'question' and 'answer' fields")
         rows.append(row)
     return rows
 
@@ -38,14 +38,14 @@ def read_jsonl(uri: str) -> list[dict[str, Any]]:
 def final_answer(solution: str) -> str:
     """The text after the last `####` of a GSM8K solution, without thousands separators."""
     if "####" not in solution:
-        raise DatasetError(f"GSM8K answer has no '####' line: {solution[-60:]!r}")
+        raise TaskDataError(f"GSM8K answer has no '####' line: {solution[-60:]!r}")
     return solution.rsplit("####", 1)[1].strip().replace(",", "")
 
 
 def load_split(root: str, split: str, limit: int = 0) -> list[dict[str, Any]]:
     rows = read_jsonl(f"{root.rstrip('/')}/{split}.jsonl")
     if limit and len(rows) < limit:  # e.g. data written for another config: said, not silently trained on
-        logging.getLogger("areal.datasets").warning(
+        logging.getLogger("areal.task_data").warning(
             "%s/%s.jsonl has %d rows, fewer than the %d asked", root, split, len(rows), limit
         )
     if limit:

@@ -46,7 +46,7 @@ from typing import Any
 from areal_core.config import ConfigError
 from task_data.gym_entries import decode, encode  # stdlib only: vs_trl.py's TRL side loads it by path
 
-log = logging.getLogger("areal.datasets")
+log = logging.getLogger("areal.task_data")
 
 EVAL_SEED_OFFSET = 1 << 30  # the held-out composite's seed, past the training one's generators
 EXAMPLE_ANSWER_KEYS = ("example_answer", "example_correct_answer", "possible_answer")

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from task_data import arithmetic, clevr, code_tasks, formats, humaneval, reasoning_gym
-from task_data.tables import DatasetError
+from task_data.tables import TaskDataError
 
 Records = list[dict[str, Any]]
 Loader = Callable[[Any, int], tuple[Records, Records]]
@@ -60,7 +60,7 @@ def checked(task: Any, result: Any, source: str) -> tuple[Records, Records]:
     """A loader plug-in's (train, eval), each record checked and given its prompt_id and meta;
     `source` names the loader in errors."""
     if not (isinstance(result, (tuple, list)) and len(result) == 2):
-        raise DatasetError(f"{source} must return (train, eval) lists, got {type(result).__name__}")
+        raise TaskDataError(f"{source} must return (train, eval) lists, got {type(result).__name__}")
     splits = []
     seen: set[str] = set()
     for split, rows in zip(("train", "test"), result):
@@ -68,16 +68,16 @@ def checked(task: Any, result: Any, source: str) -> tuple[Records, Records]:
         for i, r in enumerate(list(rows)):
             where = f"{source}: {split} record {i}"
             if not isinstance(r, dict) or not isinstance(r.get("prompt"), str) or not r["prompt"].strip():
-                raise DatasetError(f"{where}: needs a non-empty string 'prompt'")
+                raise TaskDataError(f"{where}: needs a non-empty string 'prompt'")
             if r.get("answer") is None or r.get("answer") == "":
-                raise DatasetError(f"{where}: needs a non-empty 'answer' (the reward's reference)")
+                raise TaskDataError(f"{where}: needs a non-empty 'answer' (the reward's reference)")
             pid = str(r.get("prompt_id") or f"{task.name}-{split}-{i}")
             if pid in seen:
-                raise DatasetError(f"{where}: prompt_id {pid!r} is used twice")
+                raise TaskDataError(f"{where}: prompt_id {pid!r} is used twice")
             seen.add(pid)
             meta = r.get("meta") or {}
             if not isinstance(meta, dict):
-                raise DatasetError(f"{where}: 'meta' must be a dict")
+                raise TaskDataError(f"{where}: 'meta' must be a dict")
             answer = r["answer"] if isinstance(r["answer"], str) else json.dumps(r["answer"], default=str)
             out.append({**r, "prompt_id": pid, "answer": answer, "meta": meta})
         splits.append(out[: task.num_train if split == "train" else task.num_eval])

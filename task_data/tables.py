@@ -43,12 +43,13 @@ MAX_TABLE_BYTES = 2 * 1024**3  # one split's files together
 MAX_TABLE_ROWS = 10_000_000  # rows of one table file (a column of nulls costs no bytes per row)
 
 
-class DatasetError(ValueError):
-    """A missing or malformed dataset file, named in the message."""
+class TaskDataError(ValueError):
+    """A missing or malformed task-data file (a table a task reads prompts from), named in the message.
+    Not areal_core.dataset.DatasetError, which is about reading a run's samples."""
 
 
-class MissingSplit(DatasetError):
-    """The data has no table for a split (a read or format error is a DatasetError, never this)."""
+class MissingSplit(TaskDataError):
+    """The data has no table for a split (a read or format error is a TaskDataError, never this)."""
 
 
 def _fs(uri: str) -> tuple[Any, str]:
@@ -72,12 +73,12 @@ def split_files(root: str, split: str) -> list[str]:
     if fs.isfile(base):
         return [_url(fs, base)]
     if not fs.isdir(base):
-        raise DatasetError(f"dataset file or folder '{root}' does not exist")
+        raise TaskDataError(f"dataset file or folder '{root}' does not exist")
     escaped = glob.escape(base)
     named = sorted(p for p in fs.glob(f"{escaped}/{glob.escape(split)}.*") if table_format(p))
     if len(named) > 1:
         shown = ", ".join(p.rsplit("/", 1)[-1] for p in named)
-        raise DatasetError(f"dataset '{root}' has {len(named)} tables for the {split} split ({shown}): keep one")
+        raise TaskDataError(f"dataset '{root}' has {len(named)} tables for the {split} split ({shown}): keep one")
     if named:
         return [_url(fs, named[0])]
     tried = [f"{split}.<ext>[.gz]"]
@@ -93,7 +94,7 @@ def split_files(root: str, split: str) -> list[str]:
             continue
         configs = sorted({p[len(base) + 1 :].split("/")[0] for p in found}) if pattern.startswith("*/") else []
         if len(configs) > 1:
-            raise DatasetError(
+            raise TaskDataError(
                 f"dataset '{root}' holds the {split} split of {len(configs)} configs {configs}: "
                 f"set task.path to one of them ('{root.rstrip('/')}/{configs[0]}')"
             )
@@ -109,27 +110,27 @@ def read_rows(uri: str) -> list[dict[str, Any]]:
     """Every row of one table file, as dicts (the format from the file's extension)."""
     ext = table_format(uri)
     if ext is None:
-        raise DatasetError(
+        raise TaskDataError(
             f"dataset file '{uri}': not a table format this reads ({', '.join(EXTENSIONS)}, compressed or not)"
         )
     fs, path = _fs(uri)
     compression = COMPRESSIONS.get(uri.rsplit(".", 1)[-1].lower())
     try:
         if fs.size(path) > MAX_TABLE_BYTES:
-            raise DatasetError(f"dataset file '{uri}' is larger than {MAX_TABLE_BYTES} bytes")
+            raise TaskDataError(f"dataset file '{uri}' is larger than {MAX_TABLE_BYTES} bytes")
         with fs.open(path, "rb", compression=compression) as f:
             data = f.read(MAX_TABLE_BYTES + 1)
     except FileNotFoundError:
-        raise DatasetError(f"dataset file '{uri}' does not exist") from None
+        raise TaskDataError(f"dataset file '{uri}' does not exist") from None
     except (OSError, EOFError, ValueError) as exc:  # a damaged compressed file
-        raise DatasetError(f"dataset file '{uri}': cannot decompress it ({str(exc)[:200]})") from None
+        raise TaskDataError(f"dataset file '{uri}': cannot decompress it ({str(exc)[:200]})") from None
     if len(data) > MAX_TABLE_BYTES:
-        raise DatasetError(f"dataset file '{uri}' is larger than {MAX_TABLE_BYTES} bytes uncompressed")
+        raise TaskDataError(f"dataset file '{uri}' is larger than {MAX_TABLE_BYTES} bytes uncompressed")
     if ext in ("jsonl", "json", "csv"):
         try:
             text = data.decode("utf-8-sig")
         except UnicodeDecodeError as exc:
-            raise DatasetError(f"dataset file '{uri}': not UTF-8 text (byte {exc.start})") from None
+            raise TaskDataError(f"dataset file '{uri}': not UTF-8 text (byte {exc.start})") from None
         if ext == "csv":  # every cell as its text: no type inference turns '007' into 7.0 or '' into null
             return [dict(row) for row in csv.DictReader(io.StringIO(text, newline=""))]
         return _json_rows(uri, text)
@@ -138,7 +139,7 @@ def read_rows(uri: str) -> list[dict[str, Any]]:
     try:
         table = _parquet_table(data) if ext == "parquet" else _arrow_table(data)
     except (pa.ArrowException, OSError, ValueError) as exc:  # IpcError is a ValueError
-        raise DatasetError(f"dataset file '{uri}': not a readable .{ext} table ({str(exc)[:200]})") from None
+        raise TaskDataError(f"dataset file '{uri}': not a readable .{ext} table ({str(exc)[:200]})") from None
     return table.to_pylist()
 
 
@@ -170,7 +171,7 @@ def _json_rows(uri: str, text: str) -> list[dict[str, Any]]:
     try:
         return _json_rows_unchecked(uri, text)
     except RecursionError:
-        raise DatasetError(f"dataset file '{uri}': JSON nested too deeply") from None
+        raise TaskDataError(f"dataset file '{uri}': JSON nested too deeply") from None
 
 
 def _json_rows_unchecked(uri: str, text: str) -> list[dict[str, Any]]:
@@ -179,7 +180,7 @@ def _json_rows_unchecked(uri: str, text: str) -> list[dict[str, Any]]:
         try:
             rows = json.loads(stripped)
         except json.JSONDecodeError as exc:
-            raise DatasetError(f"dataset file '{uri}': not JSON ({exc.msg} at line {exc.lineno})") from None
+            raise TaskDataError(f"dataset file '{uri}': not JSON ({exc.msg} at line {exc.lineno})") from None
         numbered = list(enumerate(rows, 1))
     else:
         numbered = []
@@ -189,10 +190,10 @@ def _json_rows_unchecked(uri: str, text: str) -> list[dict[str, Any]]:
             try:
                 numbered.append((i, json.loads(line)))
             except json.JSONDecodeError as exc:
-                raise DatasetError(f"dataset file '{uri}' line {i}: not JSON ({exc.msg}){_whole(text)}") from None
+                raise TaskDataError(f"dataset file '{uri}' line {i}: not JSON ({exc.msg}){_whole(text)}") from None
     for i, row in numbered:
         if not isinstance(row, dict):
-            raise DatasetError(f"dataset file '{uri}' row {i}: a {type(row).__name__}, not an object")
+            raise TaskDataError(f"dataset file '{uri}' row {i}: a {type(row).__name__}, not an object")
     return [row for _, row in numbered]
 
 

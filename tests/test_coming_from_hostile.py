@@ -210,7 +210,7 @@ def test_openai_text_parts_are_read_as_their_text_and_other_parts_named(tmp_path
 def test_a_chat_ending_with_an_assistant_message_is_continued_as_trl_does(tmp_path, smollm2_path, caplog):
     chat = [{"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "<think>"}]
     write_jsonl(tmp_path, [{"prompt": chat, "answer": "4"}] * 4)
-    with caplog.at_level(logging.WARNING, logger="areal.datasets"):
+    with caplog.at_level(logging.WARNING, logger="areal.task_data"):
         train, _ = load_task(task("task.name=dataset", f"task.path={tmp_path}"), 1)
     assert "end with an assistant message" in caplog.text
     tok = AutoTokenizer.from_pretrained(smollm2_path)

@@ -16,7 +16,7 @@ from areal_core.config import ConfigError, load_config
 from areal_core.reward.math import gsm8k_reward, math_reward
 from areal_core.run import pipeline
 from task_data import load_task
-from task_data.tables import DatasetError
+from task_data.tables import TaskDataError
 from tests.conftest import TINY
 
 GSM = [
@@ -88,7 +88,7 @@ def test_shards_of_one_split_are_read_in_order(tmp_path):
 def test_two_hub_configs_are_refused_by_name(tmp_path):
     for config in ("main", "socratic"):
         write(tmp_path / config / "train-00000-of-00001.parquet", GSM[:10], "parquet")
-    with pytest.raises(DatasetError, match=r"2 configs \['main', 'socratic'\].*set task.path to one of them"):
+    with pytest.raises(TaskDataError, match=r"2 configs \['main', 'socratic'\].*set task.path to one of them"):
         load_task(task("task.name=gsm8k", f"task.path={tmp_path}"), 1)
 
 
@@ -160,23 +160,23 @@ def test_a_chat_messages_column_gives_its_last_user_message(tmp_path):
 def test_a_bad_row_is_named_by_file_row_and_field(rows, overrides, message, tmp_path):
     write(tmp_path / "train.jsonl", rows * 3, "jsonl")
     write(tmp_path / "test.jsonl", rows * 3, "jsonl")
-    with pytest.raises(DatasetError, match=message):
+    with pytest.raises(TaskDataError, match=message):
         load_task(task("task.name=dataset", f"task.path={tmp_path}", *overrides), 1)
 
 
 def test_a_gsm8k_row_without_its_final_line_is_named(tmp_path):
     write(tmp_path / "train.jsonl", [*GSM[:3], {"question": "q", "answer": "no final line"}], "jsonl")
     write(tmp_path / "test.jsonl", GSM[:3], "jsonl")
-    with pytest.raises(DatasetError, match=r"train.jsonl' row 4: GSM8K answer has no '####' line"):
+    with pytest.raises(TaskDataError, match=r"train.jsonl' row 4: GSM8K answer has no '####' line"):
         load_task(task("task.name=gsm8k", f"task.path={tmp_path}"), 1)
 
 
 def test_an_unreadable_table_and_a_missing_split_say_what_was_looked_for(tmp_path):
     (tmp_path / "train.parquet").write_bytes(b"not parquet at all")
-    with pytest.raises(DatasetError, match=r"train.parquet': not a readable .parquet table"):
+    with pytest.raises(TaskDataError, match=r"train.parquet': not a readable .parquet table"):
         load_task(task("task.name=dataset", f"task.path={tmp_path}"), 1)
     (tmp_path / "train.parquet").unlink()
-    with pytest.raises(DatasetError, match=r"has no train split: looked for train.<ext>\[.gz\], .*data/train-\*"):
+    with pytest.raises(TaskDataError, match=r"has no train split: looked for train.<ext>\[.gz\], .*data/train-\*"):
         load_task(task("task.name=dataset", f"task.path={tmp_path}"), 1)
 
 
@@ -265,7 +265,7 @@ def test_compressed_tables_are_read(suffix, opener, tmp_path):
 
 def test_a_damaged_compressed_file_is_named(tmp_path):
     (tmp_path / "train.jsonl.gz").write_bytes(b"\x1f\x8b not really gzip")
-    with pytest.raises(DatasetError, match=r"train.jsonl.gz': cannot decompress it"):
+    with pytest.raises(TaskDataError, match=r"train.jsonl.gz': cannot decompress it"):
         load_task(task("task.name=dataset", f"task.path={tmp_path}"), 1)
 
 
@@ -286,14 +286,14 @@ def test_the_save_to_disk_layout_is_read(tmp_path):
 
 def test_an_empty_file_is_named(tmp_path):
     (tmp_path / "train.jsonl").write_text("\n\n")
-    with pytest.raises(DatasetError, match=r"train.jsonl' has no rows"):
+    with pytest.raises(TaskDataError, match=r"train.jsonl' has no rows"):
         load_task(task("task.name=gsm8k", f"task.path={tmp_path}"), 1)
 
 
 def test_a_damaged_test_split_is_an_error_never_replaced_by_training_rows(tmp_path):
     write(tmp_path / "train.jsonl", GSM[:20], "jsonl")
     (tmp_path / "test.jsonl").write_text('{"question": "q", "answer": "#### 1"}\n{broken\n')
-    with pytest.raises(DatasetError, match=r"test.jsonl' line 2: not JSON"):
+    with pytest.raises(TaskDataError, match=r"test.jsonl' line 2: not JSON"):
         load_task(task("task.name=gsm8k", f"task.path={tmp_path}"), 1)
 
 
@@ -316,7 +316,7 @@ def test_an_empty_reference_is_named(value, tmp_path):
     rows = [{"prompt": "p", "answer": 1.0 if isinstance(value, float) else "a"}, {"prompt": "p2", "answer": value}]
     write(tmp_path / "train.parquet", rows, "parquet")
     write(tmp_path / "test.parquet", rows[:1], "parquet")
-    with pytest.raises(DatasetError, match=r"train.parquet' row 2: field 'answer' is empty"):
+    with pytest.raises(TaskDataError, match=r"train.parquet' row 2: field 'answer' is empty"):
         load_task(task("task.name=dataset", f"task.path={tmp_path}"), 1)
 
 
@@ -328,26 +328,26 @@ def test_what_is_not_data_is_ignored_and_what_is_ambiguous_is_refused(tmp_path):
     train, held = load_task(task("task.name=gsm8k", f"task.path={folder}"), 1)
     assert (len(train), len(held)) == (20, 6) and held[0]["prompt"] == GSM[20]["question"]
     write(folder / "train.json", GSM[:20], "json")
-    with pytest.raises(DatasetError, match=r"2 tables for the train split \(train.json, train.jsonl\)"):
+    with pytest.raises(TaskDataError, match=r"2 tables for the train split \(train.json, train.jsonl\)"):
         load_task(task("task.name=gsm8k", f"task.path={folder}"), 1)
 
 
 def test_splits_from_two_configs_are_refused(tmp_path):
     write(tmp_path / "main" / "train-00000-of-00001.parquet", GSM[:20], "parquet")
     write(tmp_path / "socratic" / "test-00000-of-00001.parquet", GSM[20:], "parquet")
-    with pytest.raises(DatasetError, match=r"the train split is in .*main.* and the test split in .*socratic"):
+    with pytest.raises(TaskDataError, match=r"the train split is in .*main.* and the test split in .*socratic"):
         load_task(task("task.name=gsm8k", f"task.path={tmp_path}"), 1)
 
 
 def test_json_quirks_are_named(tmp_path):
     (tmp_path / "train.json").write_text(json.dumps({"data": GSM[:5]}, indent=2))
-    with pytest.raises(DatasetError, match=r"one JSON object \(keys \['data'\]\), not rows"):
+    with pytest.raises(TaskDataError, match=r"one JSON object \(keys \['data'\]\), not rows"):
         load_task(task("task.name=gsm8k", f"task.path={tmp_path}"), 1)
     (tmp_path / "train.json").unlink()
     (tmp_path / "train.jsonl").write_text('{"question": "q", "answer": ' + "[" * 100_000 + "\n")
-    with pytest.raises(DatasetError, match=r"nested too deeply|not JSON"):
+    with pytest.raises(TaskDataError, match=r"nested too deeply|not JSON"):
         load_task(task("task.name=gsm8k", f"task.path={tmp_path}"), 1)
     bom, latin = "\ufeff".encode(), "é".encode("cp1252")
     (tmp_path / "train.jsonl").write_bytes(bom + json.dumps(GSM[0]).encode() + b"\n" + latin)
-    with pytest.raises(DatasetError, match=r"not UTF-8 text"):
+    with pytest.raises(TaskDataError, match=r"not UTF-8 text"):
         load_task(task("task.name=gsm8k", f"task.path={tmp_path}"), 1)

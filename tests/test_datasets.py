@@ -37,13 +37,13 @@ def test_gsm8k_loader_reads_the_shared_files():
 
 
 def test_gsm8k_missing_and_malformed_files(tmp_path):
-    with pytest.raises(gsm8k.DatasetError, match="does not exist"):
+    with pytest.raises(gsm8k.TaskDataError, match="does not exist"):
         gsm8k.load_split(str(tmp_path), "train")
     (tmp_path / "train.jsonl").write_text(json.dumps({"question": "q"}) + "\n")
-    with pytest.raises(gsm8k.DatasetError, match="line 1: needs 'question' and 'answer'"):
+    with pytest.raises(gsm8k.TaskDataError, match="line 1: needs 'question' and 'answer'"):
         gsm8k.load_split(str(tmp_path), "train")
     (tmp_path / "train.jsonl").write_text("{not json\n")
-    with pytest.raises(gsm8k.DatasetError, match="line 1: not JSON"):
+    with pytest.raises(gsm8k.TaskDataError, match="line 1: not JSON"):
         gsm8k.load_split(str(tmp_path), "train")
 
 

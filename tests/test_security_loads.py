@@ -32,7 +32,7 @@ from areal_core.weights import WEIGHTS_FILE, WeightsError, sha256
 from areal_core.weights.delta import _decompress, decode_delta
 from areal_core.weights.reader import load_state_dict
 from task_data import tables
-from task_data.tables import DatasetError, read_rows
+from task_data.tables import TaskDataError, read_rows
 from tests.test_hostile_store import two_checkpoints
 
 BOMB = 32 << 20  # what each bomb inflates to; its compressed form is a few KB
@@ -141,7 +141,7 @@ def test_a_user_table_that_inflates_past_the_limit_is_a_dataset_error(tmp_path, 
     else:  # 2 MB of text in a file of a few KB: only the footer's uncompressed sizes stop it
         pq.write_table(pa.table({"a": ["x" * 1000] * 2000}), str(path), use_dictionary=False, compression="zstd")
     assert path.stat().st_size < 100_000
-    with pytest.raises(DatasetError, match="1000000"):
+    with pytest.raises(TaskDataError, match="1000000"):
         read_rows(str(path))
 
 
@@ -155,7 +155,7 @@ def test_a_user_table_of_null_rows_past_the_row_cap_is_a_dataset_error(tmp_path,
             writer.write_table(table)
     else:
         pq.write_table(table, str(path))
-    with pytest.raises(DatasetError, match="1000"):
+    with pytest.raises(TaskDataError, match="1000"):
         read_rows(str(path))
 
 
@@ -205,5 +205,5 @@ def test_a_compressed_jsonl_table_is_read_only_up_to_the_limit_after_decompressi
     path = tmp_path / f"train.jsonl.{suffix}"
     path.write_bytes(compress(b'{"question": "q", "answer": "1"}\n' * 100_000))  # 3.4 MB in a few KB
     assert path.stat().st_size < 100_000
-    with pytest.raises(DatasetError, match="larger than 1000000 bytes uncompressed"):
+    with pytest.raises(TaskDataError, match="larger than 1000000 bytes uncompressed"):
         read_rows(str(path))

@@ -11,8 +11,8 @@ import pyarrow as pa
 import pytest
 from PIL import Image
 
-from areal_core.dataset import image_roots, load_images, samples_table
-from areal_core.forks import ForkRef, write_fork
+from areal_core.dataset import load_images, samples_table
+from areal_core.forks import ForkRef, image_roots, write_fork
 from areal_core.layout import LAYOUT, BadName
 from areal_core.protocol import SCHEMA, Sample, decode_shard, encode_shard, read_shard_or_quarantine, write_shard
 from areal_core.store import Store

@@ -95,7 +95,7 @@ def _picture(roots: list[Store], sha: Any) -> tuple[str, bytes] | None:
 def _roots(store: Store) -> list[Store]:
     """Where the pictures may be: the run's root, then the roots it derives from."""
     try:
-        from areal_core.dataset import image_roots
+        from areal_core.forks import image_roots
 
         return image_roots(store)
     except Exception:  # noqa: BLE001 - a damaged lineage record: the run's own root only

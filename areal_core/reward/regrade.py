@@ -103,7 +103,7 @@ def regrade(
     """
     if pool_size < 1:
         raise RegradeError(f"pool_size={pool_size}: a re-grade needs at least one grading process")
-    store = run if isinstance(run, Store) else Store(run)
+    store = Store.of(run)
     t0 = time.monotonic()
     cfg = load_run_config(store)
     reward = reward or reward_function(cfg)

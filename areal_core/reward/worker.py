@@ -12,8 +12,8 @@ import zlib
 from collections import Counter
 
 from areal_core.context import load_run_config
-from areal_core.dataset import image_roots
 from areal_core.events import EventLog
+from areal_core.forks import image_roots
 from areal_core.layout import LAYOUT
 from areal_core.prompts import load_prompts
 from areal_core.protocol import (

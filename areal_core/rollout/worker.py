@@ -32,8 +32,8 @@ from typing import Any
 
 from areal_core.config import RunConfig
 from areal_core.context import load_run_config, set_threads, wait_for_version
-from areal_core.dataset import image_roots
 from areal_core.events import EventLog
+from areal_core.forks import image_roots
 from areal_core.layout import LAYOUT
 from areal_core.prompts import load_prompts
 from areal_core.protocol import Sample, write_shard

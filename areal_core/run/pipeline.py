@@ -286,8 +286,8 @@ def evaluate_run(run_uri: str) -> dict[str, Any]:
     import torch
 
     from areal_core.context import load_run_config
-    from areal_core.dataset import image_roots
     from areal_core.evaluate import heldout_eval
+    from areal_core.forks import image_roots
     from areal_core.models import load_pretrained
     from areal_core.prompts import load_prompts
     from areal_core.vlm.images import ImageCache

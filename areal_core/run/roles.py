@@ -66,8 +66,8 @@ def trainer_role(run_uri: str) -> dict:
     rank 0 the MLflow tracker and the held-out greedy accuracy (under the task's verifier, a VLM
     with its images)."""
     from areal_core.context import load_run_config, set_threads
-    from areal_core.dataset import image_roots
     from areal_core.evaluate import heldout_score
+    from areal_core.forks import image_roots
     from areal_core.prompts import load_prompts
     from areal_core.run.ownership import hold, renew
     from areal_core.run.tracking import Tracker

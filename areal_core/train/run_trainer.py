@@ -7,9 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from areal_core.config import RunConfig
-from areal_core.dataset import image_roots
 from areal_core.events import EventLog
-from areal_core.forks import read_fork
+from areal_core.forks import image_roots, read_fork
 from areal_core.layout import LAYOUT
 from areal_core.store import Store
 from areal_core.train.distributed import env_ranks, shutdown

@@ -20,9 +20,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from areal_core.config import RunConfig
-from areal_core.dataset import image_roots
 from areal_core.events import EventLog
-from areal_core.forks import ForkRef
+from areal_core.forks import ForkRef, image_roots
 from areal_core.layout import LAYOUT
 from areal_core.protocol import DEFAULT_LIMITS, Sample, ShardLimits, read_shard_or_quarantine, unique
 from areal_core.shard_feed import ShardFeed, ungraded_gaps

@@ -26,8 +26,8 @@ import torch
 
 from areal_core.config import RunConfig
 from areal_core.config.device import use_bf16
-from areal_core.dataset import image_roots
 from areal_core.events import EventLog
+from areal_core.forks import image_roots
 from areal_core.layout import LAYOUT
 from areal_core.models import config_dtype, load_pretrained, save_pretrained
 from areal_core.protocol import Sample

@@ -152,7 +152,7 @@ _VERIFIED_LOCK = threading.Lock()
 def image_problem(store: Store | list[Store], ids: Iterable[str]) -> str | None:
     """Why a shard naming images `ids` cannot be trained on (the first missing, altered or
     undecodable one), or None. `store`: the run's root, or its image roots in order (a fork's
-    parents, a replay's source: dataset.image_roots). Each (roots, id) is checked once per process."""
+    parents, a replay's source: forks.image_roots). Each (roots, id) is checked once per process."""
     stores = store if isinstance(store, list) else [store]
     for sha in dict.fromkeys(ids):
         key = (tuple(s.uri for s in stores), sha)
