@@ -29,8 +29,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from areal_core.reward.math_expr import MAX_PIECE, TIMEOUT_S
 from areal_core.reward.math_split import EQUALS_LIKE, MAX_PARTS, NAME, relation_split, split_answers
+
+MAX_PIECE = 500  # characters of one piece math-verify parses
+TIMEOUT_S = 5  # math-verify's parse and verify timeouts
 
 MAX_SIDES = 4  # sides of an equation chain
 MAX_ELEMENTS = MAX_PARTS  # elements of a listed reference matched one by one (a longer list is compared whole)

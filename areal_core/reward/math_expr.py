@@ -18,7 +18,7 @@ reference's answer, or it scores 0:
     `\\frac{\\pi}{6} = \\frac{\\pi}{3}` for either)
     a base other than the reference's (`10_8` for `10_9`: math-verify drops subscripts)
 
-Each piece is parsed as `$piece$`, at most MAX_PIECE characters, at most MAX_PIECES per
+Each piece is parsed as `$piece$`, at most math_answers.MAX_PIECE characters, at most MAX_PIECES per
 completion, each parse and verify under math-verify's timeout.
 """
 
@@ -33,9 +33,7 @@ from areal_core.reward.latex import boxed_spans
 if TYPE_CHECKING:
     from areal_core.reward.math_answers import Reference
 
-MAX_PIECE = 500
 MAX_PIECES = 6
-TIMEOUT_S = 5
 
 # words that offer another value or qualify one: hedges in the deciding text, and (with more) after it
 _HEDGING = (
