@@ -99,20 +99,46 @@ def _local_engine(cfg: RunConfig, kind: str, model: Any, tokenizer: Any, version
     return TorchEngine(model, pad, eos, version, seed=seed, swap_mid_generation=mid, reprefill_budget=budget)
 
 
-def vllm_native_lora(cfg: RunConfig, store: Store | None = None) -> bool:
+def vllm_native_lora(cfg: RunConfig, store: Store | None = None, server_device: str | None = None) -> bool:
     """Whether vLLM serves a LoRA run's versions as adapters by name (native LoRA) or merged into
-    whole checkpoints: `rollout.server.lora`; auto is merged on CPU, where four native-LoRA SmolLM2
-    runs learned less than all seven built-in and merged-reload runs (0.24–0.345 against 0.36–0.57
-    held-out, docs/benchmarks.md) while at a fixed adapter in float32 both sample the same policy,
-    and native elsewhere (vLLM's GPU LoRA kernels; an adapter swap costs 0.27 s, a merged reload 2.9 s),
-    but for an MoE whose default adapter holds fused expert weights (`store`'s init_model; vLLM's
-    native reading of those is per model class and untested here: docs/vllm.md)."""
+    whole checkpoints: `rollout.server.lora`; auto is merged on a CPU server, where four native-LoRA
+    SmolLM2 runs learned less than all seven built-in and merged-reload runs (0.24–0.345 against
+    0.36–0.57 held-out, docs/benchmarks.md) while at a fixed adapter in float32 both sample the same
+    policy, and native elsewhere (vLLM's GPU LoRA kernels; an adapter swap costs 0.27 s, a merged
+    reload 2.9 s), but for an MoE whose default adapter holds fused expert weights (`store`'s
+    init_model; vLLM's native reading of those is per model class and untested here: docs/vllm.md).
+    The server's device: `server_device`, what the server at rollout.server.url answers
+    (`server_device_for_lora`; "unknown" counts as CPU), else `device` (a server this worker starts
+    runs on this machine)."""
     mode = cfg.rollout.server.lora
     if "AREAL_VLLM_LORA" in os.environ:  # the variable this setting replaced
         log.warning("AREAL_VLLM_LORA is ignored: set rollout.server.lora (native | merged | auto) instead")
     if mode == "auto":
-        mode = "merged" if cfg.device == "cpu" or _expert_adapter(store) else "native"
+        cpu = (server_device or cfg.device) in ("cpu", "unknown")
+        mode = "merged" if cpu or _expert_adapter(store) else "native"
     return cfg.train.lora_rank > 0 and mode == "native"
+
+
+def server_device_for_lora(cfg: RunConfig) -> str | None:
+    """The device of the vLLM server at rollout.server.url when `rollout.server.lora=auto` must
+    choose for a LoRA run (vllm_engine.ask_server_device), else None. A server that answers without
+    a device (no worker extension, an old vLLM, a bad answer) is "unknown", served merged as on CPU,
+    with a warning naming the url; one that does not answer raises VLLMEngineError naming it."""
+    srv = cfg.rollout.server
+    if not srv.url or srv.lora != "auto" or cfg.train.lora_rank <= 0:
+        return None
+    from areal_core.rollout.vllm_engine import ask_server_device
+
+    device, why = ask_server_device(srv.url)
+    if device == "unknown":
+        log.warning(
+            "rollout.server.lora=auto: the vLLM server at %s did not say its device (%s; the worker extension "
+            "vllm_worker_ext.ReloadExtension answers it, docs/vllm.md): LoRA versions are served merged, as on a CPU "
+            "server; set rollout.server.lora=native or merged to choose",
+            srv.url,
+            why,
+        )
+    return device
 
 
 def _expert_adapter(store: Store | None) -> bool:
@@ -132,7 +158,7 @@ def build_remote_engine(cfg: RunConfig, store: Store, version: int, eos_id: int 
         from areal_core.rollout.vllm_engine import VLLMEngine
         from areal_core.rollout.vllm_server import server_spec
 
-        native = vllm_native_lora(cfg, store)
+        native = vllm_native_lora(cfg, store, server_device_for_lora(cfg))
         if srv.url:
             engine = VLLMEngine(srv.url, version, eos_id, interrupt=srv.interrupt, store=store, lora=native)
             if native:  # the server at the URL runs init_model with --enable-lora and sees this host's disk

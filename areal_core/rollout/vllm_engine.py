@@ -46,6 +46,8 @@ runs under the new weights. A user `abort()` ends requests for good: they come b
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -60,10 +62,47 @@ from areal_core.store import Store
 from areal_core.weights.reader import stage_adapter, stage_base, stage_verified
 
 INTERRUPT_MODES = ("keep", "abort")
+DEVICE_ANSWER_MAX_BYTES = 64 * 1024  # {"results": ["cuda"]}: a few bytes; more is not an answer
+DEVICE_TYPE = re.compile(r"[a-z][a-z0-9_]{0,31}")  # torch's device types: cpu, cuda, xpu, npu, hpu, ...
 
 
 class VLLMEngineError(RemoteEngineError):
     """A request or control call to the vLLM server failed; the message names the call."""
+
+
+def device_in_answer(data: Any) -> str | None:
+    """The device type in a `/collective_rpc` answer to `device_type` (`{"results": [device, ...]}`,
+    one per worker; the first is taken), or None when the answer holds none."""
+    results = data.get("results") if isinstance(data, dict) else None
+    first = results[0] if isinstance(results, list) and results else None
+    return first if isinstance(first, str) and DEVICE_TYPE.fullmatch(first) else None
+
+
+def ask_server_device(url: str, timeout_s: float = 60.0) -> tuple[str, str]:
+    """(device, why not): the device type of the vLLM server at `url`, asked through its worker
+    extension (`POST /collective_rpc {"method": "device_type"}`, vllm_worker_ext.device_type).
+    ("unknown", the reason) when the server answers without one: an error status (a server without
+    the extension, an old vLLM), a body that is not JSON or holds no device type, or one over
+    DEVICE_ANSWER_MAX_BYTES (read no further). VLLMEngineError naming the url when nothing answers."""
+    body = b""
+    try:
+        with httpx.Client(timeout=httpx.Timeout(timeout_s, connect=10.0)) as client:
+            with client.stream("POST", url.rstrip("/") + "/collective_rpc", json={"method": "device_type"}) as r:
+                for chunk in r.iter_bytes():
+                    body += chunk
+                    if len(body) > DEVICE_ANSWER_MAX_BYTES:
+                        return "unknown", f"an answer over {DEVICE_ANSWER_MAX_BYTES} bytes"
+    except httpx.HTTPError as exc:
+        raise VLLMEngineError(
+            f"vLLM POST /collective_rpc (device_type) at {url} failed: {exc!r}; is rollout.server.url a running server?"
+        ) from exc
+    if r.status_code != 200:
+        return "unknown", f"HTTP {r.status_code} {body[:200]!r}"
+    try:
+        device = device_in_answer(json.loads(body))
+    except ValueError:
+        device = None
+    return (device, "") if device else ("unknown", f"no device type in {body[:200]!r}")
 
 
 def expand_spans(spans: list[dict] | None, n: int) -> list[int]:
@@ -196,12 +235,12 @@ class VLLMEngine(RemoteEngine):
         if self._device is None:
             try:
                 r = self._call("POST", "/collective_rpc", json={"method": "device_type"})
-                device = str(r.json()["results"][0])
+                device = device_in_answer(r.json()) or "unknown"
             except VLLMEngineError as exc:
                 if isinstance(exc.__cause__, httpx.TransportError):  # no answer: not a fact about the server
                     return "unknown"
                 device = "unknown"
-            except (KeyError, IndexError, TypeError, ValueError):
+            except ValueError:  # not JSON
                 device = "unknown"
             self._device = device
             if device in ("cpu", "unknown"):
