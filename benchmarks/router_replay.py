@@ -2,7 +2,7 @@
 (64 experts, top-8), sampled by a bfloat16 torch engine and trained in float32 with
 algo.router_replay=rollout; per step, the trainer's route metrics (areal_core/train/router_replay.py).
 
-    PYTHONPATH=. python benchmarks/router_replay.py --steps 6 --out /tmp/router_replay.json
+    PYTHONPATH=. python benchmarks/router_replay.py --steps 8 --eta 0 --out /tmp/router_replay.json
 
 The table docs/benchmarks.md ("Routing replay") shows: routing agreement (the share of token-layers
 where the float32 trainer's own router picks the engine's experts), the behaviour gap mean
@@ -104,14 +104,14 @@ def save_checkpoint(out: Path, seed: int = 0) -> Path:
     return out
 
 
-def run(root: Path, steps: int, replay: str) -> list[dict]:
-    """One run to DONE; its metrics rows."""
+def run(root: Path, steps: int, replay: str, extra: list[str] = ()) -> list[dict]:
+    """One run to DONE (`extra`: more overrides); its metrics rows."""
     from areal_core.run import pipeline
     from areal_core.run.launcher import launch
 
     ckpt = save_checkpoint(root / "ckpt")
     overrides = [*RUN, f"store={root / 'run'}", f"model.path={ckpt}", f"train.steps={steps}"]
-    run_uri, _ = pipeline.prepare("", [*overrides, f"algo.router_replay={replay}"])
+    run_uri, _ = pipeline.prepare("", [*overrides, f"algo.router_replay={replay}", *extra])
     pipeline.sft(run_uri)
     launch(run_uri, 1, 1, timeout_s=1200, progress=False)
     store = Store(run_uri)
@@ -132,13 +132,15 @@ def table(rows: list[dict]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--replay", default="rollout", choices=["rollout", "none"])
+    ap.add_argument("--eta", type=int, default=0, help="train.eta (0: every sample from the trainer's own version)")
+    ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="areal-router-replay-") as tmp:
-        rows = run(Path(tmp), args.steps, args.replay)
+        rows = run(Path(tmp), args.steps, args.replay, [f"train.eta={args.eta}", f"train.lr={args.lr}"])
     from areal_core.report.doctor import routing_drift
 
     findings = [f.line() for f in routing_drift(rows)]
@@ -147,6 +149,8 @@ def main() -> None:
     result = {
         "replay": args.replay,
         "steps": args.steps,
+        "eta": args.eta,
+        "lr": args.lr,
         "rows": [{"step": r["step"], **{c: r[c] for c in COLUMNS}} for r in rows],
         "doctor": findings,
         "wall_s": round(time.perf_counter() - t0, 1),

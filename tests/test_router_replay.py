@@ -18,6 +18,7 @@ import torch
 
 from areal_core.config import load_config
 from areal_core.protocol import Sample, ShardError, ShardLimits, decode_shard, encode_shard, to_table
+from areal_core.rollout.continuous_engine import ContinuousEngine
 from areal_core.rollout.engine import SamplingParams
 from areal_core.rollout.torch_engine import TorchEngine
 from areal_core.routes import RouteShape, not_recorded
@@ -26,16 +27,20 @@ from areal_core.train.lora import set_gradient_checkpointing
 from areal_core.train.parts import make_optimizer
 from areal_core.train.router_replay import RouteReplay, RouteTally
 from areal_core.train.step import train_step
+from benchmarks import tiny_checkpoints as tc
 from benchmarks.router_replay import EXPERTS, TOP_K, tiny_moe
-from tests import tiny_checkpoints as tc
 
 TOK = tc.tokenizer()
-PROMPTS = [torch.randint(3, len(TOK), (10 + j,), generator=torch.Generator().manual_seed(j)).tolist() for j in range(8)]
+PROMPTS = [torch.randint(3, len(TOK), (10 + j,), generator=torch.Generator().manual_seed(j)).tolist() for j in range(4)]
+PROMPTS = [
+    p for p in PROMPTS for _ in range(2)
+]  # groups of 2 share their prompt (the continuous engine prefills it once)
 
 
-def generate(model: torch.nn.Module, dtype: torch.dtype) -> list[Sample]:
-    """8 samples (4 groups of 2, rewards 0 and 1) of 24 sampled tokens, by a torch engine running `model` in `dtype`."""
-    engine = TorchEngine(copy.deepcopy(model).to(dtype), TOK.pad_token_id, TOK.eos_token_id, seed=0)
+def generate(model: torch.nn.Module, dtype: torch.dtype, kind: str = "torch") -> list[Sample]:
+    """8 samples (4 groups of 2, rewards 0 and 1) of 24 sampled tokens, by an engine running `model` in `dtype`."""
+    engine_class = TorchEngine if kind == "torch" else ContinuousEngine
+    engine = engine_class(copy.deepcopy(model).to(dtype), TOK.pad_token_id, TOK.eos_token_id, seed=0)
     gens = engine.generate(PROMPTS, SamplingParams(max_new_tokens=24))
     return [
         Sample(
@@ -61,8 +66,12 @@ def model() -> torch.nn.Module:
 
 
 @pytest.fixture(scope="module")
-def rollouts(model) -> dict[torch.dtype, list[Sample]]:
-    return {dtype: generate(model, dtype) for dtype in (torch.float32, torch.bfloat16)}
+def rollouts(model) -> dict[torch.dtype | str, list[Sample]]:
+    out: dict[torch.dtype | str, list[Sample]] = {
+        dtype: generate(model, dtype) for dtype in (torch.float32, torch.bfloat16)
+    }
+    out["continuous"] = generate(model, torch.float32, "continuous")
+    return out
 
 
 def own_agreement(model: torch.nn.Module, samples: list[Sample]) -> tuple[float, int]:
@@ -76,16 +85,18 @@ def own_agreement(model: torch.nn.Module, samples: list[Sample]) -> tuple[float,
 
 def test_the_engine_records_the_routes_of_every_position_it_computed(model, rollouts):
     """Routes cover prompt and response, every position but the last (which no forward reads); a
-    float32 engine's are the trainer's own (so each is recorded at its position), while a bfloat16
-    engine and the float32 trainer disagree on at least 1% of token-layer routes."""
-    for s in rollouts[torch.float32] + rollouts[torch.bfloat16]:
+    float32 engine's, torch or continuous (a group's shared prompt prefilled once), are the trainer's
+    own (so each is recorded at its position), while a bfloat16 engine and the float32 trainer
+    disagree on at least 1% of token-layer routes."""
+    for s in rollouts[torch.float32] + rollouts[torch.bfloat16] + rollouts["continuous"]:
         assert s.routes.shape == (len(s.input_ids), 2, TOP_K) and s.routes.dtype == np.uint8
         assert (s.routes[:-1] < EXPERTS).all() and (s.routes[-1] == not_recorded(np.uint8)).all()
         assert all(len(set(choice)) == TOP_K for choice in s.routes[:-1].reshape(-1, TOP_K).tolist())
     fp32, recorded = own_agreement(model, rollouts[torch.float32])
+    continuous, _ = own_agreement(model, rollouts["continuous"])
     bf16, _ = own_agreement(model, rollouts[torch.bfloat16])
     assert recorded == 2 * sum(len(s.input_ids) - 1 for s in rollouts[torch.float32])
-    assert fp32 >= 0.998, fp32
+    assert fp32 >= 0.998 and continuous >= 0.998, (fp32, continuous)
     assert bf16 <= 0.99, bf16
 
 
@@ -194,3 +205,38 @@ def test_replayed_routes_hold_through_a_checkpointed_backward(model, rollouts):
     plain, checkpointed = stepped(False), stepped(True)
     assert any(float(d.abs().max()) > 1e-4 for n, d in plain.items() if "gate.weight" in n)  # the routers train
     assert all(torch.allclose(plain[n], checkpointed[n], atol=1e-6) for n in plain)
+
+
+def drift_rows(own: float, replay: float, prox: float) -> list[dict[str, float]]:
+    keys = dict(abs_dlogp_behav_own=own, abs_dlogp_behav_replay=replay, abs_dlogp_behav_prox=prox)
+    return [{"step": s, "route_agreement": 0.95, "iw_std_own": 0.02, "iw_std_replay": 0.001, **keys} for s in (1, 2, 3)]
+
+
+def test_the_doctor_says_when_routing_drift_not_staleness_drives_the_importance_weights():
+    from areal_core.report.doctor import diagnose, routing_drift
+
+    (finding,) = [f for f in diagnose([], drift_rows(0.005, 0.001, prox=0.005)) if "routing" in f.title]
+    assert finding.kind == "health" and finding.title == "routing drift, not staleness, drives the importance weights"
+    assert "95.0% of token-layers" in finding.evidence and "0.005 under its own routes and 0.001" in finding.evidence
+    assert "replay removes 80%" in finding.evidence and "algo.router_replay=rollout" in finding.advice
+    (replaying,) = routing_drift(drift_rows(0.005, 0.001, prox=0.001))  # the trainer already replays
+    assert replaying.kind == "info" and replaying.title == "routing replay removes the routing drift"
+    assert routing_drift(drift_rows(0.005, 0.004, prox=0.005)) == []  # replay removes 20%: not the routes
+    assert routing_drift(drift_rows(0.0005, 0.0001, prox=0.0005)) == []  # nothing to explain
+    assert routing_drift(drift_rows(0.005, 0.001, prox=0.005)[:2]) == []  # too few steps
+
+
+@pytest.mark.slow
+def test_a_short_run_with_replay_reaches_done_with_the_route_metrics(tmp_path):
+    """3 synchronous steps of the tiny MoE, a bfloat16 torch engine and the float32 trainer with
+    algo.router_replay=rollout: DONE, and every step logs the route metrics; the trainer's own gap is
+    the replayed one (it replays), below the gap under its own routes."""
+    from benchmarks.router_replay import COLUMNS, run
+
+    rows = run(tmp_path, 3, "rollout", ["train.eta=0", "train.lr=1e-4", "rollout.max_new_tokens=12"])
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for r in rows:
+        assert all(c in r for c in COLUMNS) and r["route_token_layers"] > 0
+        assert r["route_agreement"] < 0.995
+        assert abs(r["abs_dlogp_behav_prox"] - r["abs_dlogp_behav_replay"]) < 1e-6
+        assert r["abs_dlogp_behav_replay"] < r["abs_dlogp_behav_own"]

@@ -30,8 +30,10 @@ import torch
 
 from areal_core.rollout.engine import Generation, SamplingParams
 from areal_core.rollout.local_engine import LocalEngine
+from areal_core.rollout.route_recorder import RequestRoutes
 from areal_core.rollout.sampling import RowParams, sample
 from areal_core.rollout.static_cache import StaticCacheDecoder, check_supported
+from areal_core.routes import route_shape
 
 log = logging.getLogger("areal.rollout.continuous")
 
@@ -101,6 +103,8 @@ class ContinuousEngine(LocalEngine):
         keys = ("steps", "decode_steps", "prefill_chunks", "tokens", "reprefill_tokens", "prefill_shared")
         self.stats = dict.fromkeys(keys, 0)
         self.last_error: str | None = None
+        self._route_shape = route_shape(model)  # an MoE records each pass's experts (route_recorder.RequestRoutes)
+        self._routes: RequestRoutes | None = None
 
     # -- weights ------------------------------------------------------------------------------
     def _after_install(self) -> None:
@@ -140,15 +144,14 @@ class ContinuousEngine(LocalEngine):
                 f"continuous engine failed at step {step} of a {len(prompts)}-request call "
                 f"(version {self.version}, {active} active rows, {len(pending)} waiting): {self.last_error}"
             ) from exc
-        versions = self._step_versions
+        versions, record = self._step_versions, self._routes
         out = []
         for r in range(len(prompts)):
             n, s0 = int(batch.gen[r]), int(batch.start_step[r])
-            out.append(
-                Generation(
-                    batch.out_tok[r, :n].tolist(), batch.out_lp[r, :n].tolist(), versions[s0 : s0 + n], batch.reason[r]
-                )
-            )
+            routes = None if record is None else record.routes(r, len(prompts[r]) + n)
+            toks, lps = batch.out_tok[r, :n].tolist(), batch.out_lp[r, :n].tolist()
+            out.append(Generation(toks, lps, versions[s0 : s0 + n], batch.reason[r], routes=routes))
+        self._routes = None
         return out
 
     def _new_batch(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> _Batch:
@@ -171,6 +174,8 @@ class ContinuousEngine(LocalEngine):
         stop_ids = [frozenset({self.eos_id, *p.stop_token_ids}) for p in plist]
         uniform = np.array(sorted(stop_ids[0]), dtype=np.int64) if len(set(stop_ids)) == 1 else None
         self._step_versions: list[int] = []
+        if self._route_shape is not None:
+            self._routes = RequestRoutes(self._route_shape, [len(p) + int(n) for p, n in zip(prompts, max_new)])
         return _Batch(
             prompts=[list(p) for p in prompts],
             params=plist,
@@ -193,6 +198,11 @@ class ContinuousEngine(LocalEngine):
             return
         max_len = self.max_seq_len or -(-need // 64) * 64
         self.runner = StaticCacheDecoder(self.model, self.slots, max_len)
+        self.runner.on_route = self._on_route
+
+    def _on_route(self, layer: int, ids: torch.Tensor) -> None:
+        if self._routes is not None:
+            self._routes.collect(layer, ids)
 
     def _step(self, b: _Batch, pending: deque[int], n: int, step: int) -> int:
         """One engine step; returns the number of active rows after it."""
@@ -209,6 +219,8 @@ class ContinuousEngine(LocalEngine):
             pos = torch.from_numpy(b.seq_len[:n]).to(self.device)
             ids = torch.from_numpy(b.next_tok[:n]).to(self.device)
             parts.append(runner.decode(ids, pos, int(b.seq_len[:n].max()) + 1))
+            if self._routes is not None:
+                self._routes.decode(b.row_req[:n].tolist(), b.seq_len[:n].tolist())
             b.seq_len[:n] += 1
             self.stats["decode_steps"] += 1
         free = self.slots - n if (self.policy == "continuous" or n == 0) else 0
@@ -302,6 +314,8 @@ class ContinuousEngine(LocalEngine):
         dup = [i for i, j in enumerate(src) if j != i]
         self.runner.move_rows([rows[src[i]] for i in dup], [rows[i] for i in dup], max(len(seqs[i]) for i in dup))
         b.seq_len[[rows[i] for i in dup]] = [len(seqs[i]) for i in dup]
+        for i in dup if self._routes is not None else ():
+            self._routes.copy(int(b.row_req[rows[src[i]]]), int(b.row_req[rows[i]]), len(seqs[i]))
         self.stats["prefill_shared"] += len(dup)
         at = {i: k for k, i in enumerate(uniq)}
         return logits[torch.tensor([at[j] for j in src], device=logits.device)]
@@ -325,6 +339,8 @@ class ContinuousEngine(LocalEngine):
             lens = torch.tensor([len(s) for s in chunk])
             dev = self.device
             out.append(self.runner.prefill(torch.tensor(rows[i:j], device=dev), ids.to(dev), lens.to(dev)))
+            if self._routes is not None:
+                self._routes.prefill(b.row_req[rows[i:j]].tolist(), lens.tolist(), longest)
             b.seq_len[rows[i:j]] = lens.numpy()
             self.stats["prefill_chunks"] += 1
             i = j

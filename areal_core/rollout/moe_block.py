@@ -16,6 +16,7 @@ looped per row. `route` is the one place experts are chosen (routing records hoo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -59,9 +60,14 @@ def route(hidden: torch.Tensor, gate: Router) -> tuple[torch.Tensor, torch.Tenso
     return ids, weights.to(hidden.dtype)
 
 
-def moe_mlp_into(block: MoeMlp, x: torch.Tensor, normed: torch.Tensor) -> torch.Tensor:
-    """x + y: the block's output y (module docstring) for `normed` = n(x) [T, hidden], added to the residual x."""
+def moe_mlp_into(
+    block: MoeMlp, x: torch.Tensor, normed: torch.Tensor, on_route: Callable[[int, torch.Tensor], None] | None = None
+) -> torch.Tensor:
+    """x + y: the block's output y (module docstring) for `normed` = n(x) [T, hidden], added to the residual x.
+    `on_route(layer, topk_ids)`: told the experts chosen (a routing record: rollout/route_recorder.py)."""
     ids, weights = route(normed, block.router)
+    if on_route is not None:
+        on_route(block.layer, ids)
     if block.shared_gate_up is None:
         out = x.clone()
     else:

@@ -5,10 +5,11 @@ every router returns `(router_logits, top_k_weights, top_k_index)`, and the hook
 of the last call. `take()` gives the last forward's choices as [tokens, moe_layers, k], tokens in
 the order the model flattened them (row-major over [batch, positions]).
 
-`RouteBuffer` places them in a static batch's padded coordinates [rows, width, layers, k] (on the
+`RouteBuffer` (the torch engine) places them in a static batch's padded coordinates [rows, width, layers, k] (on the
 host: one small copy per decode step) and cuts each row's routes out at the end. A position
 computed again (a re-prefill after a weight swap) keeps the choices of its latest forward: the
-routes the later tokens were sampled under.
+routes the later tokens were sampled under. `RequestRoutes` does the same for the continuous
+engine, whose decoder reports each MoE layer's choice (moe_block.route) pass by pass.
 """
 
 from __future__ import annotations
@@ -20,7 +21,10 @@ import torch
 
 from areal_core.routes import RouteShape, id_dtype, moe_routers, not_recorded, route_shape
 
-RECORDING_ENGINES = ("torch",)  # the built-in engines whose Generations carry routes (algo.router_replay=rollout)
+RECORDING_ENGINES = (
+    "torch",
+    "continuous",
+)  # the built-in engines whose Generations carry routes (algo.router_replay=rollout)
 
 
 class RouteRecorder:
@@ -79,6 +83,51 @@ class RouteBuffer:
     def row(self, i: int, first: int, stop: int) -> np.ndarray:
         """Row i's routes over columns [first, stop), its last position not recorded (no forward reads it)."""
         out = self.data[i, first:stop].copy()
+        if len(out):
+            out[-1] = self.sentinel
+        return out
+
+
+class RequestRoutes:
+    """The continuous engine's routes, one [prompt + max_new, layers, k] buffer per request, filled
+    from its passes: the decoder calls `collect(layer, ids)` with each MoE layer's [tokens, k] choice
+    (`static_cache.StaticCacheDecoder.on_route`); after a pass the engine says which request and
+    position each token was (`prefill`, `decode`), and copies a shared prompt's rows (`copy`)."""
+
+    def __init__(self, shape: RouteShape, lengths: list[int]):
+        self.dtype = id_dtype(shape.experts)
+        self.sentinel = not_recorded(self.dtype)
+        self.data = [np.full((n, shape.layers, shape.top_k), self.sentinel, dtype=self.dtype) for n in lengths]
+        self._pass: dict[int, torch.Tensor] = {}
+
+    def collect(self, layer: int, ids: torch.Tensor) -> None:
+        self._pass[layer] = ids.detach()
+
+    def _take(self) -> np.ndarray:
+        """[tokens, layers, k] of the last pass, MoE layers in decoder order."""
+        out = torch.stack([self._pass[i] for i in sorted(self._pass)], dim=1).cpu().numpy().astype(self.dtype)
+        self._pass.clear()
+        return out
+
+    def prefill(self, requests: list[int], lengths: list[int], width: int) -> None:
+        """A prefill pass over right-padded rows of `width` positions: request r's first lengths[r]."""
+        block = self._take().reshape(len(requests), width, *self.data[0].shape[1:])
+        for k, (r, n) in enumerate(zip(requests, lengths)):
+            self.data[r][:n] = block[k, :n]
+
+    def decode(self, requests: list[int], positions: list[int]) -> None:
+        """A decode pass: one token per row, request requests[i] at positions[i]."""
+        block = self._take()
+        for i, (r, p) in enumerate(zip(requests, positions)):
+            self.data[r][p] = block[i]
+
+    def copy(self, src: int, dst: int, length: int) -> None:
+        """Request dst's first `length` positions were copied from src's cache (a shared prompt)."""
+        self.data[dst][:length] = self.data[src][:length]
+
+    def routes(self, request: int, tokens: int) -> np.ndarray:
+        """The request's routes over its `tokens` (prompt + generated), the last one not recorded."""
+        out = self.data[request][:tokens].copy()
         if len(out):
             out[-1] = self.sentinel
         return out

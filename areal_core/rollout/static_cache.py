@@ -32,6 +32,7 @@ the model's own HF forward, serves those.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -122,6 +123,7 @@ class StaticCacheDecoder:
         cfg = model.config
         self.model = model
         self.slots, self.max_len = slots, max_len
+        self.on_route: Callable[[int, torch.Tensor], None] | None = None  # an MoE pass's experts per layer
         self.n_heads = cfg.num_attention_heads
         self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
@@ -232,7 +234,7 @@ class StaticCacheDecoder:
         """x + W_down·(silu(W_gate·n(x)) ⊙ W_up·n(x)), the residual folded into the GEMM; a sparse
         layer's routed (and shared) experts instead (`moe_block.moe_mlp_into`)."""
         if L.moe is not None:
-            return moe_mlp_into(L.moe, x, self._rms(x, L.ln2))
+            return moe_mlp_into(L.moe, x, self._rms(x, L.ln2), self.on_route)
         g, u = F.linear(self._rms(x, L.ln2), L.w_gate_up, L.b_gate_up).chunk(2, dim=-1)
         out = torch.addmm(x, F.silu(g).mul_(u), L.w_down.t())
         return out if L.b_down is None else out.add_(L.b_down)
