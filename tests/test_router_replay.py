@@ -240,3 +240,25 @@ def test_a_short_run_with_replay_reaches_done_with_the_route_metrics(tmp_path):
         assert r["route_agreement"] < 0.995
         assert abs(r["abs_dlogp_behav_prox"] - r["abs_dlogp_behav_replay"]) < 1e-6
         assert r["abs_dlogp_behav_replay"] < r["abs_dlogp_behav_own"]
+
+
+def test_prepare_refuses_router_replay_without_an_moe_whose_engine_records_routes(model):
+    from areal_core.config import ConfigError
+    from areal_core.run.preflight import Preflight
+    from areal_core.run.preflight_routing import check_router_replay
+
+    def check(overrides: list[str], m: torch.nn.Module | None) -> str:
+        ctx = Preflight(load_config(None, ["algo.router_replay=rollout", *overrides]), [], model=m)
+        check_router_replay(ctx)
+        return ctx.notes["router_replay"]
+
+    for engine in ("torch", "continuous", "auto"):
+        note = check(["model.path=/ckpt", f"rollout.engine={engine}"], model)
+        assert note.endswith("engine records 2 MoE layers × top-8 of 64 experts")
+    with pytest.raises(ConfigError, match="needs a mixture-of-experts model; Qwen2ForCausalLM has no router"):
+        check(["model.path=/ckpt"], tc.model("qwen2"))
+    with pytest.raises(ConfigError, match="the run trains the project's tiny dense Qwen2"):
+        check([], None)
+    with pytest.raises(ConfigError, match="the sglang engine records none .* set rollout.engine=torch"):
+        check(["model.path=/ckpt", "rollout.engine=sglang", "rollout.server.url=http://127.0.0.1:30000"], model)
+    assert load_config(None, []).algo.router_replay == "none"
