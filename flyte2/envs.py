@@ -11,7 +11,8 @@ $AREAL_CLUSTER_SPEC, so a pod rebuilds the very environments it was deployed wit
 | environment     | cluster config pod | what runs there                                           |
 |-----------------|--------------------|-----------------------------------------------------------|
 | `areal_driver`  | small              | the jobs (flyte2/grpo.py ...): they await the other tasks |
-| `areal_small`   | small              | prepare, start_run, register                              |
+| `areal_small`   | small              | start_run, register                                       |
+| `areal_prepare` | prepare            | prepare, prepare_cluster (the preflight loads model.path) |
 | `areal_single`  | single             | SFT (cached) and evaluation                               |
 | `areal_rollout` | rollout            | rollout workers: ReusePolicy(replicas), interruptible     |
 | `areal_reward`  | reward             | reward workers: ReusePolicy(replicas), interruptible      |
@@ -144,6 +145,7 @@ def environment(name: str, role: str, cluster: ClusterConfig, **kwargs: Any) -> 
 
 CLUSTER = registered_cluster()
 SMALL = environment("areal_small", "small", CLUSTER)
+PREPARE = environment("areal_prepare", "prepare", CLUSTER)
 SINGLE = environment("areal_single", "single", CLUSTER)
 ROLLOUT = environment(
     "areal_rollout", "rollout", CLUSTER, reusable=reuse(CLUSTER.rollout, CLUSTER.device), interruptible=True
@@ -160,5 +162,5 @@ ONE_MACHINE = flyte.TaskEnvironment(
     description="AReaL-Flyte: single-machine tasks (online retraining, replay, fork, regrade)",
 )
 DRIVER = environment(
-    "areal_driver", "small", CLUSTER, depends_on=[SMALL, SINGLE, ROLLOUT, REWARD, TRAINER, ONE_MACHINE]
+    "areal_driver", "small", CLUSTER, depends_on=[SMALL, PREPARE, SINGLE, ROLLOUT, REWARD, TRAINER, ONE_MACHINE]
 )

@@ -18,7 +18,7 @@ import flyte
 from areal_core.config import RunConfig
 from areal_core.run import cluster, pipeline
 from areal_core.run.tracking import Execution
-from flyte2.envs import CLUSTER, SINGLE, SMALL, task_settings
+from flyte2.envs import CLUSTER, PREPARE, SINGLE, SMALL, task_settings
 from jobs import steps
 from jobs.catalog import SFT_CACHE
 from jobs.spec import doc_of
@@ -47,13 +47,13 @@ def image_name() -> str:
     return os.environ.get(cluster.IMAGE_ENV) or image_for(CLUSTER.device).uri
 
 
-@SMALL.task(**task_settings(CLUSTER.small))
+@PREPARE.task(**task_settings(CLUSTER.prepare))
 @doc_of(steps.prepare)
 def prepare(cfg: RunConfig, config: str, overrides: str, resume: bool) -> tuple[str, str]:
     return steps.prepare(cfg, config, overrides, resume)
 
 
-@SMALL.task(**task_settings(CLUSTER.small))
+@PREPARE.task(**task_settings(CLUSTER.prepare))
 @doc_of(steps.prepare_cluster)
 def prepare_cluster(
     cfg: RunConfig, config: str, overrides: str, resume_run: bool, kickoff_time: datetime.datetime

@@ -37,9 +37,10 @@ from tasks.resources import SECRETS, image_name
 from tasks.roles import reward_worker, rollout_worker
 
 SMALL_POD = Pod("small")
+PREPARE_POD = Pod("prepare")  # the preflight loads model.path: sized by run/prepare_memory.py
 
 
-@task(task_config=SMALL_POD, secret_requests=SECRETS)
+@task(task_config=PREPARE_POD, secret_requests=SECRETS)
 @doc_of(steps.prepare_cluster)
 def prepare_cluster(
     cfg: RunConfig, config: str, overrides: str, resume_run: bool, kickoff_time: datetime.datetime

@@ -45,7 +45,7 @@ from tasks.resources import image_name, task_kwargs
 @dataclasses.dataclass(frozen=True)
 class Pod:
     """A task's pod: `role` names a pod of the cluster config (rollout, reward, trainer, small,
-    single); '' is a single-machine task."""
+    prepare, single); '' is a single-machine task."""
 
     role: str = ""
 

@@ -26,7 +26,7 @@ from jobs.catalog import ACCURACY, SFT_CACHE
 from jobs.spec import doc_of
 from tasks.deferred import ONE_MACHINE
 from tasks.execution import bind_execution
-from tasks.resources import ROLE, SECRETS, SMALL
+from tasks.resources import PREPARE, ROLE, SECRETS
 
 CACHE = Cache(version=SFT_CACHE.version, ignored_inputs=SFT_CACHE.ignored)  # the job spec's
 
@@ -51,7 +51,7 @@ def model_dir(run_uri: str, name: str) -> FlyteDirectory:
     return FlyteDirectory(str(store.local_path(name)) if store.local else store.url(name), remote_directory=False)
 
 
-@task(task_config=ONE_MACHINE, requests=SMALL, secret_requests=SECRETS)
+@task(task_config=ONE_MACHINE, requests=PREPARE, secret_requests=SECRETS)
 @doc_of(steps.prepare)
 def prepare(cfg: RunConfig, config: str, overrides: str, resume: bool) -> Prepared:
     return Prepared(*steps.prepare(cfg, config, overrides, resume))

@@ -143,11 +143,11 @@ def test_register_and_start_tasks_serialize():
     from tasks.cluster import prepare_cluster, start_run
     from tasks.register import register
 
-    small = cluster_yaml()["small"]
-    for task in (prepare_cluster, start_run, register):
+    pods = cluster_yaml()
+    for task, pod in ((prepare_cluster, "prepare"), (start_run, "small"), (register, "small")):
         t = serialize(task).template
-        assert t.metadata.retries.retries == small["retries"]
-        assert resources(t.container.resources.requests) == small["requests"]
+        assert t.metadata.retries.retries == pods[pod]["retries"]
+        assert resources(t.container.resources.requests) == pods[pod]["requests"]
     assert set(serialize(register).template.interface.inputs) == {"run_uri", "model_name", "before", "after"}
 
 

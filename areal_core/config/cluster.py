@@ -47,6 +47,15 @@ class PodSpec(ConfigModel):
     timeout_s: Int = Field(0, ge=0)  # 0: no timeout
 
 
+def prepare_pod() -> PodSpec:
+    """The prepare pod's default: the memory prepare needs for the largest checkpoint it loads
+    (run/prepare_memory.py: prepare_pod_memory; docs/cluster.md), one CPU."""
+    from areal_core.run.prepare_memory import prepare_pod_memory
+
+    quantities = {"cpu": "1", "mem": prepare_pod_memory()}
+    return PodSpec(requests=quantities, limits=dict(quantities))
+
+
 class PoolSpec(PodSpec):
     replicas: Int = Field(1, ge=1)
 
@@ -103,6 +112,7 @@ class ClusterConfig(ConfigModel):
     reward: PoolSpec = Field(default_factory=PoolSpec)
     trainer: TrainerSpec = Field(default_factory=TrainerSpec)
     small: PodSpec = Field(default_factory=PodSpec)
+    prepare: PodSpec = Field(default_factory=prepare_pod)  # prepare loads model.path for its checks
     single: PodSpec = Field(default_factory=PodSpec)  # SFT and evaluation
     schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
 
@@ -115,7 +125,7 @@ class ClusterConfig(ConfigModel):
         t = self.trainer
         if t.backend == "megatron" and self.device != "cuda":
             raise Invalid("trainer.backend", "megatron needs device cuda")
-        for name in ("rollout", "reward", "trainer", "small", "single"):
+        for name in ("rollout", "reward", "trainer", "small", "prepare", "single"):
             if getattr(self, name).accelerators and self.device == "cpu":
                 raise Invalid(f"{name}.accelerators", "must be 0 on device cpu")
         if self.device != "cpu" and t.accelerators and t.nproc_per_node != t.accelerators:

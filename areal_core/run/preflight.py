@@ -23,7 +23,7 @@ shapes): every check but the agreement, which needs the weights, runs.
 
 from __future__ import annotations
 
-import copy
+import gc
 import logging
 import time
 from collections.abc import Callable
@@ -33,6 +33,8 @@ from typing import Any
 import torch
 
 from areal_core.config import ConfigError, RunConfig
+from areal_core.config.run import is_remote_engine
+from areal_core.run.prepare_memory import MAX_WEIGHT_BYTES, cast_copy, meta_copy
 
 log = logging.getLogger("areal.preflight")
 
@@ -40,7 +42,6 @@ AGREEMENT_TOL = 1e-5  # mean |Δ log p| in float32 (measured: ≤ 5e-7 max on ev
 AGREEMENT_PROMPTS = 2
 AGREEMENT_TOKENS = 12
 PROMPT_LENGTH_PROBES = 64  # the longest training prompts (by characters) tokenized by the prompt_length check
-MAX_WEIGHT_BYTES = 2 * 1024**3  # larger checkpoints are checked without their weights (no agreement check)
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 SIDE_FILE_SUFFIXES = (".json", ".txt", ".model", ".jinja", ".tiktoken")  # config and tokenizer files (no .py)
 MAX_SIDE_FILE_BYTES = 64 * 1024**2
@@ -110,6 +111,7 @@ def load_for_checks(path: str) -> tuple[Any, Any, bool]:
     MAX_WEIGHT_BYTES, else its config on the meta device (architecture, engine and LoRA checks
     need no weights; prepare's pod then needs no model-sized memory, and a remote checkpoint is
     read without its weights)."""
+    import tempfile
     from pathlib import Path
 
     from transformers import AutoModelForCausalLM
@@ -125,11 +127,12 @@ def load_for_checks(path: str) -> tuple[Any, Any, bool]:
     else:
         store = Store(path)
         size = sum(store.fs.size(store.path(n)) for n in store.listdir("") if Path(n).suffix in WEIGHT_SUFFIXES)
-    if size <= MAX_WEIGHT_BYTES:
-        model, tokenizer = load_pretrained(path)
-        return model, tokenizer, True
-    import tempfile
-
+    if size <= MAX_WEIGHT_BYTES and not remote:
+        return (*load_pretrained(path), True)
+    if size <= MAX_WEIGHT_BYTES:  # downloaded to a folder removed once loaded (the pod's disk holds one copy)
+        with tempfile.TemporaryDirectory(prefix="areal-preflight-") as tmp:
+            store.get_dir("", tmp)
+            return (*load_pretrained(tmp), True)
     with tempfile.TemporaryDirectory(prefix="areal-preflight-") as tmp:
         if remote:  # the config and tokenizer files only (never weights of any format), then removed
             for name in store.listdir(""):
@@ -228,9 +231,9 @@ def check_lora(ctx: Preflight) -> None:
     from areal_core.train.lora import adapted_names, apply_lora
 
     train = ctx.cfg.train
-    try:
+    try:  # on a weightless copy: the targets are a question of module names and shapes
         wrapped = apply_lora(
-            copy.deepcopy(ctx.model), train.lora_rank, train.lora_alpha, target_modules=train.lora_target_modules
+            meta_copy(ctx.model), train.lora_rank, train.lora_alpha, target_modules=train.lora_target_modules
         )
     except UnsupportedArchitecture as exc:
         raise ConfigError(f"config key 'train.lora_target_modules': {exc}") from None
@@ -241,7 +244,7 @@ def check_lora(ctx: Preflight) -> None:
 def check_agreement(ctx: Preflight) -> None:
     cfg = ctx.cfg
     rows = [r for r in ctx.train[:AGREEMENT_PROMPTS] if isinstance(r.get("prompt"), str)]
-    if ctx.model is None or cfg.rollout.engine not in ("torch", "continuous", "auto") or not rows:
+    if ctx.model is None or is_remote_engine(cfg.rollout.engine) or not rows:
         return
     if not ctx.weights_loaded:
         ctx.notes["agreement"] = (
@@ -290,10 +293,12 @@ def measure_agreement(model: Any, tokenizer: Any, cfg: RunConfig, rows: list[dic
     dtypes = [torch.float32] + ([rollout_dtype(cfg)] if rollout_dtype(cfg) != torch.float32 else [])
     tau = cfg.rollout.temperature
     out: dict[str, Any] = {"kind": local_engine_kind(cfg.rollout.engine, model)}
-    for dtype in dtypes:
-        engine_model = copy.deepcopy(model).to(dtype)
-        engine = build_local_engine(cfg, engine_model, tokenizer, version=0, seed=cfg.seed)
+    sized = engine_config(cfg, len(prompts))
+    for dtype in dtypes:  # float32: the engine runs the model itself; else a cast copy, freed after
+        engine = build_local_engine(sized, engine_weights(model, dtype), tokenizer, version=0, seed=cfg.seed)
         gens = engine.generate(prompts, params)
+        del engine
+        gc.collect()
         seqs = [p + g.token_ids for p, g in zip(prompts, gens)]
         with torch.no_grad():
             ones = [torch.ones(1, len(s), dtype=torch.long) for s in seqs]
@@ -316,6 +321,19 @@ def measure_agreement(model: Any, tokenizer: Any, cfg: RunConfig, rows: list[dic
                 lp = token_logprobs(model, ids, mask, tau)
         out["trainer"] = _mean_gap([(h[1:], lp[i, 1 : len(s)]) for i, (h, s) in enumerate(zip(hf, seqs))])
     return out
+
+
+def engine_config(cfg: RunConfig, prompts: int) -> RunConfig:
+    """The run's config with the rollout engine's batch sized to the `prompts` the agreement samples:
+    the continuous engine's KV cache is then `prompts` rows, not max_batch_groups · group_size."""
+    rollout = cfg.rollout.model_copy(update={"max_batch_groups": 1, "group_size": prompts})
+    return cfg.model_copy(update={"rollout": rollout})
+
+
+def engine_weights(model: Any, dtype: torch.dtype) -> Any:
+    """The model a preflight engine in `dtype` runs: `model` itself in its own dtype (the engines
+    only read it), else a copy cast tensor by tensor (run/prepare_memory.py)."""
+    return model if next(model.parameters()).dtype == dtype else cast_copy(model, dtype)
 
 
 def _mean_gap(pairs: list[tuple[Any, Any]]) -> float:
