@@ -2,7 +2,7 @@
 
 Single-machine tasks (tasks/pipeline.py, fork, replay, regrade, online) request SMALL or ROLE;
 prepare requests PREPARE, the memory of the largest checkpoint its preflight loads
-(areal_core/run/prepare_memory.py, docs/cluster.md).
+(areal_core/config/pod_memory.py, docs/cluster.md).
 The cluster's tasks take their pods from the cluster config (areal_core/config/cluster.py), read
 when a task is serialized for registration, never at import (tasks/deferred.py):
 
@@ -22,7 +22,7 @@ from flytekit import ImageSpec, PodTemplate, Resources, Secret
 
 from areal_core.config.cluster import PodSpec
 from areal_core.config.device import Device
-from areal_core.run.prepare_memory import prepare_pod_memory
+from areal_core.config.pod_memory import prepare_pod_memory
 
 SMALL = Resources(cpu="1", mem="2Gi")
 PREPARE = Resources(cpu="1", mem=prepare_pod_memory())

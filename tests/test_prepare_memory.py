@@ -9,16 +9,15 @@ import pytest
 import torch
 import yaml
 
-from areal_core.run import preflight
-from areal_core.run.prepare_memory import (
+from areal_core.config.pod_memory import (
     PREPARE_RAM_BASE_BYTES,
     PREPARE_RAM_HEADROOM,
     PREPARE_RAM_PER_WEIGHT_BYTE,
-    cast_copy,
-    meta_copy,
     prepare_memory_bytes,
     quantity_bytes,
 )
+from areal_core.run import preflight
+from areal_core.run.prepare_memory import cast_copy, meta_copy
 from benchmarks import tiny_checkpoints as tc
 from benchmarks.prepare_memory import float32_weight_bytes, measure, tiny_llama
 from tests.conftest import ROOT

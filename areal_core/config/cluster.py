@@ -49,8 +49,8 @@ class PodSpec(ConfigModel):
 
 def prepare_pod() -> PodSpec:
     """The prepare pod's default: the memory prepare needs for the largest checkpoint it loads
-    (run/prepare_memory.py: prepare_pod_memory; docs/cluster.md), one CPU."""
-    from areal_core.run.prepare_memory import prepare_pod_memory
+    (config/pod_memory.py: prepare_pod_memory; docs/cluster.md), one CPU."""
+    from areal_core.config.pod_memory import prepare_pod_memory
 
     quantities = {"cpu": "1", "mem": prepare_pod_memory()}
     return PodSpec(requests=quantities, limits=dict(quantities))
