@@ -64,6 +64,15 @@ COLUMNS = [
 ]
 
 
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what platform knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
 def hash_reward(completion: str) -> float:
     """1 for about a third of completions, by a stable hash: mixed groups, so every step trains."""
     return float(int(hashlib.sha256(completion.encode()).hexdigest(), 16) % 3 == 0)
@@ -154,8 +163,7 @@ def main() -> None:
         "rows": [{"step": r["step"], **{c: r[c] for c in COLUMNS}} for r in rows],
         "doctor": findings,
         "wall_s": round(time.perf_counter() - t0, 1),
-        "host": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads()},
-        "cpus": os.cpu_count(),
+        "host": {"cpu": cpu_name(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads()},
     }
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))

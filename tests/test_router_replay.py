@@ -22,7 +22,7 @@ from areal_core.rollout.continuous_engine import ContinuousEngine
 from areal_core.rollout.engine import SamplingParams
 from areal_core.rollout.torch_engine import TorchEngine
 from areal_core.routes import RouteShape, not_recorded
-from areal_core.train.batch import collate
+from areal_core.train.batch import collate, route_sentinel
 from areal_core.train.lora import set_gradient_checkpointing
 from areal_core.train.parts import make_optimizer
 from areal_core.train.router_replay import RouteReplay, RouteTally
@@ -126,7 +126,7 @@ def ipc(table) -> bytes:  # noqa: ANN001 - an Arrow table as the shard file a wr
     return sink.getvalue().to_pybytes()
 
 
-def dense_forced_block(block: torch.nn.Module, recorded: torch.Tensor):
+def dense_forced_block(block: torch.nn.Module, recorded: torch.Tensor, known: torch.Tensor):
     """A Qwen3-MoE block's forward written out here, on the recorded experts: z = W_g h, p = softmax(z),
     e = the recorded experts (the top-k of p where none), w = p_e (/ Σ p_e with norm_topk_prob), and
     Σ_j w_j · expert_{e_j}(h), every expert computed densely and the chosen ones gathered."""
@@ -134,7 +134,7 @@ def dense_forced_block(block: torch.nn.Module, recorded: torch.Tensor):
     def forward(h: torch.Tensor) -> torch.Tensor:
         x = h.reshape(-1, h.shape[-1])
         p = torch.softmax(x @ block.gate.weight.T, dim=-1)
-        e = torch.where((recorded >= 0).all(-1, keepdim=True), recorded, p.topk(TOP_K, dim=-1).indices)
+        e = torch.where(known[:, None], recorded, p.topk(TOP_K, dim=-1).indices)
         w = p.gather(-1, e)
         if block.gate.norm_topk_prob:
             w = w / w.sum(-1, keepdim=True)
@@ -157,9 +157,9 @@ def forced_reference(model: torch.nn.Module, batch) -> torch.Tensor:  # noqa: AN
     """The log-probs of an independent forward forced to the batch's recorded routes (dense_forced_block)."""
     forced = copy.deepcopy(model)
     blocks = [m for m in forced.modules() if type(m).__name__ == "Qwen3MoeSparseMoeBlock"]
-    routes = batch.routes.reshape(-1, len(blocks), TOP_K).long()
+    routes, sentinel = batch.routes.reshape(-1, len(blocks), TOP_K).long(), route_sentinel(batch.routes)
     for layer, block in enumerate(blocks):
-        block.forward = dense_forced_block(block, routes[:, layer])
+        block.forward = dense_forced_block(block, routes[:, layer], (routes[:, layer] != sentinel).all(-1))
     return logprobs(forced, batch)
 
 
@@ -262,3 +262,40 @@ def test_prepare_refuses_router_replay_without_an_moe_whose_engine_records_route
     with pytest.raises(ConfigError, match="the sglang engine records none .* set rollout.engine=torch"):
         check(["model.path=/ckpt", "rollout.engine=sglang", "rollout.server.url=http://127.0.0.1:30000"], model)
     assert load_config(None, []).algo.router_replay == "none"
+
+
+@pytest.mark.parametrize("name", ["qwen2_moe", "qwen3_moe", "deepseek_v3", "gpt_oss", "mixtral"])
+def test_replaying_a_models_own_routes_recomputes_its_own_gate_weights(name):
+    """Each architecture's gating formula (router_replay.GATES): forced to the experts its own router
+    chose, the model computes what it computes unforced (softmax-then-top-k with or without
+    norm_topk_prob, DeepSeek-V3's sigmoid with its scaling, gpt-oss's softmax over the k logits);
+    forced to other experts, something else."""
+    from areal_core.rollout.route_recorder import RouteRecorder
+    from tests.test_moe_lora import build
+
+    m = build(name)
+    seq = torch.randint(3, 250, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), RouteRecorder(m) as recorder:
+        plain = m(input_ids=seq).logits
+        own = recorder.take()
+    shape = recorder.shape
+    routes = own.view(2, 16, shape.layers, shape.top_k).to(torch.int16)
+    with torch.no_grad(), RouteReplay(m, routes):
+        replayed = m(input_ids=seq).logits
+    with torch.no_grad(), RouteReplay(m, (routes + 1) % shape.experts):
+        other = m(input_ids=seq).logits
+    assert float((replayed - plain).abs().max()) < 1e-6
+    assert float((other - plain).abs().max()) > 1e-4
+
+
+def test_routes_of_more_than_254_experts_are_uint16():
+    """DeepSeek-V3 has 256 experts: its ids are uint16 (65535: not recorded), read back as such, and
+    the trainer's tensor is int16 with −1 where nothing was recorded."""
+    from areal_core.routes import decode_routes, encode_routes, id_dtype
+
+    assert id_dtype(254) == np.uint8 and id_dtype(255) == np.dtype("<u2")
+    routes = np.array([[[255, 3]], [[65535, 65535]]], dtype="<u2")  # 2 tokens, 1 layer, k = 2
+    assert np.array_equal(decode_routes(encode_routes(routes), 2), routes)
+    s = Sample("s", "g", "p", "w", [1, 2], 1, [0, 1], [0.0, -1.0], [-1, 0], routes=routes)
+    batch = collate([s, s], 0)
+    assert batch.routes.dtype == torch.int16 and batch.routes[0].tolist() == [[[255, 3]], [[-1, -1]]]

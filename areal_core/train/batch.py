@@ -23,7 +23,7 @@ class TrainBatch:
     versions: torch.Tensor  # [N, T]
     rewards: torch.Tensor  # [N]
     group_index: torch.Tensor  # [N]
-    routes: torch.Tensor | None = None  # [N, T, moe_layers, k] int16 recorded expert ids, −1 where none (route_tensor)
+    routes: torch.Tensor | None = None  # [N, T, moe_layers, k] recorded expert ids on the host (route_tensor)
 
 
 def collate(samples: list[Sample], pad_id: int) -> TrainBatch:
@@ -53,20 +53,28 @@ def collate(samples: list[Sample], pad_id: int) -> TrainBatch:
 
 def route_tensor(samples: list[Sample], width: int) -> torch.Tensor | None:
     """The samples' recorded routes (areal_core/routes.py) as one right-padded [N, width, layers, k]
-    int16 tensor, −1 at positions not recorded, past a row's end and in rows without routes; None
-    when no sample has any. ValueError when two samples' routes differ in layers or k."""
+    tensor on the host, NOT_RECORDED (route_sentinel) at positions not recorded, past a row's end and
+    in rows without routes: uint8 (sentinel 255) when every sample's ids are uint8, else int16
+    (sentinel −1). None when no sample has any; ValueError when two samples' [layers, k] differ."""
     shapes = {s.routes.shape[1:] for s in samples if s.routes is not None}
     if not shapes:
         return None
     if len(shapes) > 1:
         raise ValueError(f"samples whose routes differ in [layers, k]: {sorted(shapes)}")
-    out = np.full((len(samples), width, *shapes.pop()), -1, dtype=np.int16)
+    narrow = all(s.routes.dtype == np.uint8 for s in samples if s.routes is not None)
+    dtype, fill = (np.uint8, not_recorded(np.uint8)) if narrow else (np.int16, -1)
+    out = np.full((len(samples), width, *shapes.pop()), fill, dtype=dtype)
     for i, s in enumerate(samples):
         if s.routes is not None:
-            ids = s.routes.astype(np.int16)  # at most 65534 experts + the sentinel; the sentinel becomes −1
-            ids[s.routes == not_recorded(s.routes.dtype)] = -1
+            ids = s.routes.astype(dtype)  # uint16 ids fit int16 (no model has 32k experts); its sentinel becomes −1
+            ids[s.routes == not_recorded(s.routes.dtype)] = fill
             out[i, : len(ids)] = ids
     return torch.from_numpy(out)
+
+
+def route_sentinel(routes: torch.Tensor) -> int:
+    """What route_tensor writes where nothing was recorded: 255 in uint8, −1 in int16."""
+    return 255 if routes.dtype == torch.uint8 else -1
 
 
 class GroupBuffer:

@@ -19,7 +19,8 @@ architecture's own gating (transformers' router classes):
 
 `RouteReplay(model, routes, force)` patches every router's `forward` while entered (forward and
 backward: a checkpointed layer recomputes its router in the backward) and restores it on exit.
-`routes` [rows, T, layers, k] hold −1 where nothing was recorded: those token-layers keep the
+`routes` [rows, T, layers, k] (train/batch.py:route_tensor, on the host; one layer's slice moves to
+the device per call) hold its sentinel where nothing was recorded: those token-layers keep the
 trainer's own choice and weights. With `force=False` it only observes: the trainer's own routes,
 and the tally of how often they are the recorded ones. The forward must see the rows unpacked
 ([rows·T] tokens in row-major order): the step runs replayed forwards unpacked.
@@ -37,6 +38,7 @@ from typing import Any
 import torch
 
 from areal_core.routes import moe_routers
+from areal_core.train.batch import route_sentinel
 
 
 def softmax_gate(logits: torch.Tensor, experts: torch.Tensor, normalise: bool) -> torch.Tensor:
@@ -90,7 +92,7 @@ class RouteTally:
 
 
 class RouteReplay:
-    """While entered, `model`'s routers take `routes` ([rows, T, layers, k], −1: not recorded) when
+    """While entered, `model`'s routers take `routes` ([rows, T, layers, k]; route_sentinel: not recorded) when
     `force`, and count in `tally` how often their own choice agrees (module docstring)."""
 
     def __init__(
@@ -102,7 +104,8 @@ class RouteReplay:
         unknown = sorted({type(r).__name__ for r in self.routers} - set(GATES))
         if unknown and force:
             raise ValueError(f"no replayed gating for router classes {unknown}")
-        self.routes = routes.reshape(-1, *routes.shape[-2:])  # [rows·T, layers, k]
+        self.routes = routes.reshape(-1, *routes.shape[-2:])  # [rows·T, layers, k], on the host
+        self.sentinel = route_sentinel(routes)
         self.force = force
         self.tally = tally if tally is not None else RouteTally()
 
@@ -128,7 +131,7 @@ class RouteReplay:
                     "(replayed forwards must run unpacked, one row per sample)"
                 )
             recorded = self.routes[:, layer].to(own.device, torch.long)
-            known = (recorded >= 0).all(-1)
+            known = (recorded != self.sentinel).all(-1)
             self.tally.add(own, recorded, known)
             if not self.force:
                 return logits, weights, own

@@ -117,7 +117,7 @@ def _routes(
     replays them, "observe" counts agreement into `tally`; "" (or a batch without routes) nothing."""
     if not routing or batch.routes is None:
         return nullcontext()
-    routes = batch.routes if rows is None else batch.routes[rows]
+    routes = batch.routes if rows is None else batch.routes[rows.cpu()]  # kept on the host (a layer at a time moves)
     return RouteReplay(model, routes, force=routing == "force", tally=tally)
 
 
@@ -367,11 +367,8 @@ def _device(model: torch.nn.Module) -> torch.device:
 def _to(batch: TrainBatch, device: torch.device) -> TrainBatch:
     if device.type == "cpu":
         return batch
-    return TrainBatch(*(_on(getattr(batch, f.name), device) for f in dataclasses.fields(TrainBatch)))
-
-
-def _on(value: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
-    return None if value is None else value.to(device)
+    moved = {f.name: getattr(batch, f.name).to(device) for f in dataclasses.fields(TrainBatch) if f.name != "routes"}
+    return TrainBatch(**moved, routes=batch.routes)  # routes stay on the host: RouteReplay moves a layer per forward
 
 
 def _scatter(values: torch.Tensor, rows: torch.Tensor | None, batch: TrainBatch) -> torch.Tensor:
