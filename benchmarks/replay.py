@@ -36,7 +36,7 @@ from areal_core.run.replay import replay
 
 def short_run(folder: Path, steps: int) -> str:
     from areal_core.run import pipeline
-    from tests.conftest import TINY
+    from benchmarks.tiny_run import TINY
 
     run_uri, _ = pipeline.prepare("", [*TINY, f"store={folder / 'run'}", f"train.steps={steps}"])
     pipeline.run_async_rl(run_uri, pipeline.sft(run_uri))

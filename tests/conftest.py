@@ -14,41 +14,13 @@ from pathlib import Path
 import pytest
 
 from benchmarks.fault_kit import Forwarder, wait_http
+from benchmarks.tiny_run import TINY
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
 # GSM8K's train.jsonl and test.jsonl: $AREAL_GSM8K, else ../shared/datasets/gsm8k beside the checkout
 GSM8K = Path(os.environ.get("AREAL_GSM8K") or SHARED / "datasets" / "gsm8k")
 BIN = Path(sys.executable).parent
-
-TINY = [
-    "task.num_train=400",
-    "task.num_eval=40",
-    "task.min_value=1",
-    "task.max_value=9",
-    "model.hidden_size=32",
-    "model.num_layers=1",
-    "model.num_heads=2",
-    "model.num_kv_heads=1",
-    "model.intermediate_size=64",
-    "model.vocab_size=300",
-    "sft.steps=3",
-    "sft.batch_size=8",
-    "rollout.group_size=4",
-    "rollout.max_batch_groups=2",
-    "rollout.max_new_tokens=8",
-    "train.batch_groups=2",
-    "train.steps=4",
-    "train.checkpoint_every=2",
-    "eval.num_samples=20",
-    "eval.max_new_tokens=8",
-    "tracking.enabled=false",
-    "launcher.progress=false",
-    "launcher.timeout_s=300",
-    # a reward call of these runs takes milliseconds; the default 5 s (a freshly forked grader
-    # included) only has to fire on a hang, and must not on a loaded CI machine (issue 46)
-    "reward.timeout_s=60",
-]
 
 
 def gsm8k_file(split: str = "test") -> Path:

@@ -53,7 +53,6 @@ LAYERS: dict[str, int] = {
     "areal_core.agents": 6,  # beside proxy/: MCP servers as agent environments, over its AgentWorkflow
     "areal_core.train": 7,
     "areal_core.megatron": 7,  # the Megatron backend: conversion, TP sharding, GPTModel, checks
-    "areal_core.megatron_backend": 7,  # re-exports areal_core.megatron for its old importers
     "areal_core.evaluate": 7,
     "areal_core.environments": 7,  # environments other frameworks wrote (verifiers, OpenEnv), run as agents over proxy/
     "areal_core.run": 8,

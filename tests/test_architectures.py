@@ -1,4 +1,4 @@
-"""Bring your own model: for tiny random checkpoints of real transformers classes (tests/tiny_checkpoints.py),
+"""Bring your own model: for tiny random checkpoints of real transformers classes (benchmarks/tiny_checkpoints.py),
 the trainer's forward (padded, packed, tree-packed), every built-in engine and the published weights
 compute what the HF model computes, on rows longer than the attention window, full and LoRA; what
 cannot be run exactly is refused at prepare, before any work."""
@@ -25,7 +25,7 @@ from areal_core.train.logprobs import token_logprobs
 from areal_core.train.lora import adapted_names, adapter_files, apply_lora, merge_adapter
 from areal_core.train.packing import packed_token_logprobs
 from areal_core.weights.adapter import ADAPTER_CONFIG
-from tests import tiny_checkpoints as tc
+from benchmarks import tiny_checkpoints as tc
 from tests.conftest import TINY
 
 VOCAB = len(tc.tokenizer())  # the random tokens drawn: any id of the real tokenizer
@@ -313,7 +313,7 @@ def test_the_docs_table_is_what_the_code_does():
     """docs/architectures.md's table, regenerated from the checkpoints, is what is committed."""
     doc = tc.Path(__file__).resolve().parent.parent / "docs" / "architectures.md"
     text = doc.read_text()
-    assert tc.docs_with_table(text) == text, "regenerate it: python -m tests.tiny_checkpoints --docs"
+    assert tc.docs_with_table(text) == text, "regenerate it: python -m benchmarks.tiny_checkpoints --docs"
     assert "| phi3 | `Phi3ForCausalLM` | continuous, torch | down_proj, gate_up_proj, o_proj, qkv_proj | 8/8 |" in text
 
 

@@ -336,12 +336,8 @@ def test_a_local_run_of_the_trainer_task_runs_it_once_in_process(tmp_path, monke
 # -- megatron backend (config checks only: unverified without a GPU) ------------------------------
 def test_megatron_config_checks():
     from areal_core.config import ConfigError, load_config
-    from areal_core.megatron_backend import (
-        MegatronParallel,
-        check_megatron_config,
-        import_megatron,
-        transformer_config_kwargs,
-    )
+    from areal_core.megatron.checks import check_megatron_config, import_megatron
+    from areal_core.megatron.shapes import MegatronParallel, transformer_config_kwargs
 
     cfg = load_config(
         None,

@@ -27,9 +27,9 @@ from areal_core.store import Store
 from areal_core.train.batch import GroupBuffer
 from areal_core.train.counters import TrainerCounters
 from areal_core.train.sources import record_ids, screen
+from benchmarks import tiny_checkpoints as tc
 from examples.coming_from import trl_rewards, verl_gsm8k
 from task_data import load_task
-from tests import tiny_checkpoints as tc
 from tests.conftest import TINY
 from tests.test_flyte import pyflyte
 

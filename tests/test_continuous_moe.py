@@ -19,12 +19,12 @@ from areal_core.rollout.continuous_engine import ContinuousEngine
 from areal_core.rollout.engine import SamplingParams
 from areal_core.rollout.engine_choice import choose_local_engine
 from areal_core.rollout.factory import local_engine_kind
-from tests import tiny_checkpoints as tc
+from benchmarks import tiny_checkpoints as tc
 
 TOL = 1e-5
 NO_EOS = -1  # every request runs to its max_new_tokens
 
-# name -> (architecture, config settings beyond tests/tiny_checkpoints.py's)
+# name -> (architecture, config settings beyond benchmarks/tiny_checkpoints.py's)
 CASES = {
     "qwen3_moe-norm_topk-dense_layer": ("qwen3_moe", {"norm_topk_prob": True, "mlp_only_layers": [1]}),
     "qwen3_moe-8_experts-top3": ("qwen3_moe", {"num_experts": 8, "num_experts_per_tok": 3, "mlp_only_layers": [2]}),

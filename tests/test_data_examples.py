@@ -12,7 +12,7 @@ import pytest
 from areal_core.run import pipeline
 from areal_core.run.launcher import launch
 from areal_core.store import Store
-from tests import tiny_checkpoints as tc
+from benchmarks import tiny_checkpoints as tc
 from tests.conftest import ROOT, TINY
 from tests.test_flyte import pyflyte
 

@@ -20,7 +20,7 @@ from areal_core.protocol import decode_shard
 from areal_core.train.lora import adapter_files, apply_lora, merge_adapter
 from areal_core.weights.adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_target
 from areal_core.weights.reader import read_manifest, read_version_file, stage_verified
-from tests import tiny_checkpoints as tc
+from benchmarks import tiny_checkpoints as tc
 from tests.test_architectures import three_steps
 
 EXPERTS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]

@@ -446,7 +446,7 @@ def test_pyflyte_run_trains_on_an_openenv_environment_to_done(echo_url, tmp_path
     every stored row's reward is the sum of what the environment paid for that row's completions."""
     from areal_core.protocol import decode_shard
     from areal_core.store import Store
-    from tests import tiny_checkpoints as tc
+    from benchmarks import tiny_checkpoints as tc
     from tests.conftest import TINY
     from tests.test_flyte import pyflyte
 

@@ -10,7 +10,7 @@ import pytest
 
 from areal_core.config import ConfigError
 from areal_core.run import pipeline
-from tests import tiny_checkpoints as tc
+from benchmarks import tiny_checkpoints as tc
 from tests.conftest import TINY
 
 

@@ -21,9 +21,9 @@ from areal_core.protocol import decode_shard
 from areal_core.reward.pool import RewardPool, reward_function
 from areal_core.run import pipeline
 from areal_core.store import Store
+from benchmarks import tiny_checkpoints as tc
 from task_data import load_task
 from task_data.reasoning_gym import EVAL_SEED_OFFSET, check_specs, composite, decode, encode, gym_reward
-from tests import tiny_checkpoints as tc
 from tests.conftest import TINY
 from tests.test_flyte import pyflyte
 

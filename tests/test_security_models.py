@@ -1,6 +1,6 @@
 """A model folder is data, never code (issue 54, docs/security.md "Models, proxy, MCP and sandbox").
 
-Tiny real Llama checkpoints (tests/tiny_checkpoints.py) are given what an attacker would plant:
+Tiny real Llama checkpoints (benchmarks/tiny_checkpoints.py) are given what an attacker would plant:
 an `auto_map` naming a module of the folder that writes a file when imported, a tokenizer class
 that is a model, a pickle gadget as pytorch_model.bin, a chat template that reaches for `os`.
 Each load must refuse (or ignore the planted part) and the marker file must never appear.
@@ -25,7 +25,7 @@ from areal_core import hf_load
 from areal_core.config import ConfigError
 from areal_core.hf_load import CheckpointNeedsCode
 from areal_core.models import load_pretrained
-from tests import tiny_checkpoints as tc
+from benchmarks import tiny_checkpoints as tc
 from tests.conftest import TINY
 
 ROOT = Path(__file__).resolve().parents[1]

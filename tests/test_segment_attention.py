@@ -1,7 +1,7 @@
 """Issue 44: packed rows attend per span without an [L, L] mask (train/segment_attention.py), and a
 minibatch runs as micro-batches under a token budget with its gradient accumulated
 (train/micro_batches.py). Both are checked against the HF forward of real architectures
-(tests/tiny_checkpoints.py) and against the step without them."""
+(benchmarks/tiny_checkpoints.py) and against the step without them."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from areal_core.train import packing
 from areal_core.train.micro_batches import combine, split_rows
 from areal_core.train.packing import packed_token_logprobs, segments_agree
 from areal_core.train.segment_attention import SpanPlan, use_segments
-from tests import tiny_checkpoints as tc
+from benchmarks import tiny_checkpoints as tc
 from tests.conftest import ROOT, TINY
 from tests.test_architectures import TOL, hf_logprobs, lora_model, padded, rows
 from tests.test_config_misuse import SMALL

@@ -31,6 +31,13 @@ from areal_core.config.operations import LauncherConfig, LeaseConfig, OnlineConf
 from areal_core.config.task import TaskConfig
 
 DEFAULT_VLLM_PYTHON = ".venv-vllm/bin/python"  # made by `make vllm-venv`
+REMOTE_ENGINES = ("vllm", "sglang")  # rollout.engine values served by a server process; the rest run in the worker
+
+
+def is_remote_engine(engine: str) -> bool:
+    """Whether `rollout.engine` names a server engine (vLLM, SGLang): the worker holds no model, stages
+    each version on disk for the server, and the server has its own dtype (rollout.server.dtype)."""
+    return engine in REMOTE_ENGINES
 
 
 def resolve_python(python: str) -> Path:

@@ -13,15 +13,15 @@ from __future__ import annotations
 from typing import Any
 
 from areal_core.proxy.guard import ProxyError
-from areal_core.proxy.schemas import ChatCompletionRequest, CompletionRequest, _SamplingFields
+from areal_core.proxy.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 
 
-def check_n(req: _SamplingFields) -> None:
+def check_n(req: SamplingFields) -> None:
     if req.n != 1:
         raise ProxyError(400, "n > 1 is not supported: send one request per sample", "unsupported_n")
 
 
-def check_sampling(req: _SamplingFields, forced: bool) -> None:
+def check_sampling(req: SamplingFields, forced: bool) -> None:
     """Penalties and logit_bias change the sampling distribution, which the engines cannot do. With
     forced sampling (training) the request's sampling options are all ignored by design, these too."""
     if forced:

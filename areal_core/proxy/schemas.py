@@ -87,7 +87,9 @@ class StreamOptions(_Lenient):
     include_usage: bool = False
 
 
-class _SamplingFields(_Lenient):
+class SamplingFields(_Lenient):
+    """The fields a chat and a text completion share: the model and how to sample."""
+
     model: str = Field(min_length=1, max_length=256)
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
@@ -114,7 +116,7 @@ class _SamplingFields(_Lenient):
         return stops
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     tools: list[ToolSpec] | None = None
@@ -125,7 +127,7 @@ class ChatCompletionRequest(_SamplingFields):
     response_format: ResponseFormat | None = None
 
 
-class CompletionRequest(_SamplingFields):
+class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str] = Field(min_length=1)
     logprobs: int | None = Field(default=None, ge=0, le=5)
     echo: bool = False

@@ -20,7 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from areal_core.proxy.guard import ApiKeys, ProxyError, ProxyLimits
 from areal_core.proxy.images import ImageRefused
 from areal_core.proxy.manager import SessionManager
-from areal_core.proxy.schemas import _SamplingFields
+from areal_core.proxy.schemas import SamplingFields
 from areal_core.proxy.sessions import Session, TurnPlan
 from areal_core.proxy.templating import ChatTemplate, TemplateError
 from areal_core.rollout.engine import MIN_TEMPERATURE, Generation, SamplingParams
@@ -61,7 +61,7 @@ class ProxyState:
         when the proxy follows no source."""
         return None if self.follower is None else self.follower.label(version)
 
-    def sampling_for(self, req: _SamplingFields, max_new: int) -> SamplingParams:
+    def sampling_for(self, req: SamplingFields, max_new: int) -> SamplingParams:
         """The server defaults with `max_new`; the request's temperature, top_p and top_k
         unless sampling is forced."""
         d = self.defaults
@@ -110,7 +110,7 @@ class ProxyState:
         sid: str,
         owner: str,
         plan_fn: Callable[[Session], TurnPlan],
-        req: _SamplingFields,
+        req: SamplingFields,
         explicit: int | None,
     ) -> Turn:
         """Plan, generate and return one turn under the session's lock (the caller commits it, then
@@ -127,7 +127,7 @@ class ProxyState:
         raise ProxyError(409, f"session {sid!r} ended while the request waited", "session_ended")
 
     async def _generate(
-        self, session: Session, plan_fn: Callable[[Session], TurnPlan], req: _SamplingFields, explicit: int | None
+        self, session: Session, plan_fn: Callable[[Session], TurnPlan], req: SamplingFields, explicit: int | None
     ) -> Turn:
         """Plan and generate one turn; the caller holds the session's lock."""
         try:  # tokenising and templating are CPU work: off the event loop, /health stays live

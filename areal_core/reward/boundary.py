@@ -23,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from areal_core.reward.sandbox import Limits, Sandbox, Spawned, TestOutcome, _parse_status, explain
+from areal_core.reward.sandbox import Limits, Sandbox, Spawned, TestOutcome, explain, parse_status
 
 HERE = Path(__file__).resolve().parent
 HARNESS = HERE / "harness.py"
@@ -157,7 +157,7 @@ def _reason(run: Spawned, record: dict[str, Any], limits: Limits) -> str:
     """The record's reason, with the sandbox's own account where the program died."""
     reason = str(record.get("reason") or "")
     if record.get("ended"):  # the test's worker died; the zygote said how
-        rc = _parse_status((str(record["ended"]) + "\n").encode())
+        rc = parse_status((str(record["ended"]) + "\n").encode())
         return _died(rc, run.stderr_tail(), limits, reason)
     if record.get("lost") == "ended":  # the whole sandbox went: ask it how
         if not run.wait(SLACK_S):

@@ -358,7 +358,7 @@ class Spawned:
         capped = max(sizes.values()) >= limits.fsize_mb * 2**20
         stdout = _read(work / "stdout", out_limit) if self.mode == "main" else ""
         stderr = self.stderr_tail()
-        status = _parse_status((work / "status").read_bytes()[:64])
+        status = parse_status((work / "status").read_bytes()[:64])
         if status is None and not timed_out:
             last = stderr.strip().splitlines()[-1:] or [f"bwrap exit code {self.proc.returncode}"]
             reason = (
@@ -417,7 +417,7 @@ def _read(path: Path, limit: int, tail: bool = False) -> str:
         return f.read(limit).decode("utf-8", "replace")
 
 
-def _parse_status(raw: bytes) -> int | None:
+def parse_status(raw: bytes) -> int | None:
     """The runner's one line: `exit N` -> N, `signal N` -> -N; anything else -> None."""
     m = re.fullmatch(rb"(exit|signal) (\d{1,3})\n", raw)
     if not m:

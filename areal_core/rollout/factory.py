@@ -17,13 +17,12 @@ import torch
 
 from areal_core.config import RunConfig
 from areal_core.config.device import use_bf16
+from areal_core.config.run import is_remote_engine
 from areal_core.layout import LAYOUT
 from areal_core.models import load_pretrained
 from areal_core.rollout.engine_choice import choose_local_engine, choose_remote_engine, replays_routes
 from areal_core.store import Store
 from areal_core.weights.reader import load_state_dict
-
-REMOTE_ENGINES = ("vllm", "sglang")
 
 log = logging.getLogger("areal.rollout")
 
@@ -41,7 +40,7 @@ def load_tokenizer(path: str) -> Any:
 def build_engine(cfg: RunConfig, store: Store, version: int, index: int = 0) -> tuple[Any, Any]:
     """(engine, tokenizer): the engine of rollout worker `index` serving weights/v{version}; its
     `choice` attribute says which engine rollout.engine chose and why (engine_choice.py)."""
-    if cfg.rollout.engine in REMOTE_ENGINES:
+    if is_remote_engine(cfg.rollout.engine):
         tokenizer = load_tokenizer(store.url(LAYOUT.init_model))
         engine = build_remote_engine(cfg, store, version, tokenizer.eos_token_id, index)
         engine.choice = choose_remote_engine(cfg.rollout.engine)

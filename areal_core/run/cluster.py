@@ -87,7 +87,8 @@ def cluster_overrides(
 def check_backend(run_cfg: RunConfig, cluster: ClusterConfig) -> None:
     """The trainer backend's constraints on the model, checked before any work."""
     if cluster.trainer.backend == "megatron":
-        from areal_core.megatron_backend import MegatronParallel, check_megatron_config
+        from areal_core.megatron.checks import check_megatron_config
+        from areal_core.megatron.shapes import MegatronParallel
 
         check_megatron_config(
             run_cfg,

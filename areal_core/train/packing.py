@@ -182,7 +182,7 @@ def _masks(model, rows: PackedRows | TreeRows, dev: torch.device) -> torch.Tenso
     return attention_masks(config, lambda window: rows.attention_mask_4d(dtype, window).to(dev))
 
 
-def _unpack(values: torch.Tensor, packed: PackedRows) -> torch.Tensor:
+def unpack(values: torch.Tensor, packed: PackedRows) -> torch.Tensor:
     """Per-position values [R, L] (value at p for predicting token p) -> padded [N, T], 0 at t = 0
     of every sequence and on padding. Differentiable."""
     n, t = packed.shape
@@ -251,11 +251,11 @@ def packed_token_logprobs(
             lp = z.gather(-1, target[..., None]).squeeze(-1) - torch.logsumexp(z, dim=-1)
             h = entropy_from_logits(z) if ent is not None else None
         lp = torch.nn.functional.pad(lp, (1, 0))
-        sub = torch.nn.functional.pad(_unpack(lp, packed), (0, t - sub_t))
+        sub = torch.nn.functional.pad(unpack(lp, packed), (0, t - sub_t))
         logp = logp.index_put((idx,), sub.to(dev))
         if ent is not None:
             h = torch.nn.functional.pad(h, (1, 0))
-            ent = ent.index_put((idx,), torch.nn.functional.pad(_unpack(h, packed), (0, t - sub_t)).to(dev))
+            ent = ent.index_put((idx,), torch.nn.functional.pad(unpack(h, packed), (0, t - sub_t)).to(dev))
     return (logp, ent) if with_entropy else logp
 
 

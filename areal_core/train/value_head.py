@@ -35,7 +35,7 @@ from safetensors.torch import save as st_save
 
 from areal_core.layout import LAYOUT
 from areal_core.store import Store
-from areal_core.train.packing import _unpack, micro_batches_by_tokens, pack
+from areal_core.train.packing import micro_batches_by_tokens, pack, unpack
 
 CRITIC_FILE = "critic.safetensors"
 CRITIC_OPTIMIZER_FILE = "critic_optimizer.pt"
@@ -106,9 +106,9 @@ class ValueModel(torch.nn.Module):
             sub_t = int(lengths[idx].max())
             packed = pack(input_ids[idx, :sub_t].cpu(), attention_mask[idx, :sub_t].cpu(), 0, pad_id)
             v = self.position_values(packed.input_ids.to(dev), None, packed.position_ids.to(dev))
-            # shift: the value at packed position p is read from p − 1; sequence starts are dropped by _unpack
+            # shift: the value at packed position p is read from p − 1; sequence starts are dropped by unpack
             v = torch.nn.functional.pad(v[:, :-1], (1, 0))
-            sub = torch.nn.functional.pad(_unpack(v, packed), (0, t - sub_t))
+            sub = torch.nn.functional.pad(unpack(v, packed), (0, t - sub_t))
             out = out.index_put((idx,), sub.to(dev))
         return out
 

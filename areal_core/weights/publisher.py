@@ -33,6 +33,7 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from areal_core.config.run import is_remote_engine
 from areal_core.layout import LAYOUT
 from areal_core.store import Store
 from areal_core.weights import DELTA_FILE, WEIGHTS_FILE, sha256
@@ -64,7 +65,7 @@ def published_dtype(cfg) -> str:
     chosen = cfg.train.weight_dtype
     if chosen != "auto":
         return chosen
-    server = cfg.rollout.engine in ("vllm", "sglang")
+    server = is_remote_engine(cfg.rollout.engine)
     engine = str(cfg.rollout.server.dtype if server else cfg.rollout.dtype)
     return "bfloat16" if engine in ("bfloat16", "bf16") else "float32"
 

@@ -12,7 +12,7 @@ from fastapi.security import HTTPBearer
 
 from areal_core.proxy.decoding import sse_stream
 from areal_core.proxy.guard import ProxyError
-from areal_core.proxy.schemas import ErrorResponse, _SamplingFields
+from areal_core.proxy.schemas import ErrorResponse, SamplingFields
 from areal_core.proxy.sessions import session_id_for_key
 
 ERRORS = {
@@ -78,7 +78,7 @@ def session_of(request: Request, x_session_id: str | None) -> tuple[str, str]:
 
 
 def reply(
-    req: _SamplingFields,
+    req: SamplingFields,
     cid: str,
     objects: tuple[str, str],
     choice: dict,

@@ -2,8 +2,8 @@
 (config.json, model.safetensors, a real tokenizer with a chat template), so that loading them
 takes the code path a user's checkpoint takes.
 
-    python -m tests.tiny_checkpoints OUT_DIR [NAME ...]    # write folders, e.g. to try `pyflyte run`
-    python -m tests.tiny_checkpoints --docs                 # regenerate docs/architectures.md's table
+    python -m benchmarks.tiny_checkpoints OUT_DIR [NAME ...]    # write folders, e.g. to try `pyflyte run`
+    python -m benchmarks.tiny_checkpoints --docs                 # regenerate docs/architectures.md's table
 
 Every windowed architecture gets a window (8) shorter than the rows the tests use (> 20 tokens).
 """
@@ -106,7 +106,7 @@ def save(name: str, out_dir: str | Path, seed: int = 0, chat_template: bool = Tr
 
 # -- the supported-architecture table of docs/architectures.md, generated here --------------------
 
-TABLE_BEGIN, TABLE_END = "<!-- table: python -m tests.tiny_checkpoints --docs -->", "<!-- end of table -->"
+TABLE_BEGIN, TABLE_END = "<!-- table: python -m benchmarks.tiny_checkpoints --docs -->", "<!-- end of table -->"
 
 
 def support_row(name: str) -> list[str]:
