@@ -33,7 +33,6 @@ from typing import Any
 import torch
 
 from areal_core.config import ConfigError, RunConfig
-from areal_core.config.run import is_remote_engine
 from areal_core.config.pod_memory import MAX_WEIGHT_BYTES
 from areal_core.config.run import is_remote_engine
 from areal_core.run.prepare_memory import cast_copy, meta_copy
