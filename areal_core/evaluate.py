@@ -15,8 +15,8 @@ from areal_core.reward.signatures import reward_job
 from areal_core.rollout.engine import SamplingParams
 from areal_core.rollout.torch_engine import TorchEngine
 from areal_core.vlm.images import ImageCache
-from areal_core.vlm.processor import VisionProcessor
 from areal_core.vlm.records import record_image_ids
+from areal_core.vlm_processor import VisionProcessor
 
 ANSWER_CHARS = 2000  # of a question, reference or answer kept for the report (a text run's long ones)
 

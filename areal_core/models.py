@@ -142,7 +142,7 @@ def load_pretrained(path: str, device: str = "cpu") -> tuple[Any, Any]:
     if "vision_config" in json.loads((Path(local) / LAYOUT.hf_config).read_text()):  # model.kind vlm (docs/vlm.md)
         from transformers import AutoModelForImageTextToText
 
-        from areal_core.vlm.processor import VisionProcessor
+        from areal_core.vlm_processor import VisionProcessor
 
         model = load_model(AutoModelForImageTextToText, local, dtype=torch.float32).to(device)
         return model, VisionProcessor.from_pretrained(local)  # the tokenizer, and the image processor
@@ -186,7 +186,7 @@ def config_dtype(cfg: dict) -> torch.dtype:
 
 
 def save_pretrained(model: Any, tokenizer: Any, out_dir: str | Path, dtype: torch.dtype | None = None) -> None:
-    """`model` and `tokenizer` (or a VLM's areal_core.vlm.model.VisionProcessor) as an HF folder;
+    """`model` and `tokenizer` (or a VLM's areal_core.vlm_processor.VisionProcessor) as an HF folder;
     with a half-precision `dtype`, the weights are written in it (the model itself is unchanged)."""
     from areal_core.logs import quiet_libraries
 

@@ -40,7 +40,8 @@ LAYERS: dict[str, int] = {
     "areal_core.events": 2,
     "areal_core.pretrained": 2,
     "areal_core.hf_load": 2,  # beside models.py: an HF folder loaded without running its code
-    "areal_core.vlm": 2,  # beside models.py: the VLM, its processor, images, multimodal inputs
+    "areal_core.vlm": 2,  # beside models.py: the VLM, images, multimodal inputs
+    "areal_core.vlm_processor": 2,  # below models.py, which returns one for a VLM folder; vlm/ imports models.py
     "areal_core.shard_feed": 2,  # beside protocol.py: the shards of a layer, listed from a cursor
     "areal_core.writer_claim": 2,  # beside protocol.py: one live writer per shard writer id
     "areal_core.routes": 2,  # beside protocol.py: an MoE's routers and its recorded routes column
@@ -167,6 +168,55 @@ def test_layers_import_only_downward():
                 if name.startswith(low) and dep.startswith(high):
                     bad.append(f"{name} imports {dep}: roles do not import each other")
     assert bad == []
+
+
+MAX_LAYERS = 13  # issue 56: the modules and folders of areal_core/ stack at most this high
+
+
+def unit(name: str) -> str:
+    """The top-level module or folder of areal_core that `name` belongs to."""
+    return ".".join(name.split(".")[:2])
+
+
+def unit_graph(g: dict[str, set[str]]) -> dict[str, set[str]]:
+    """`g` between areal_core's top-level modules and folders (`models.py`, `vlm/`)."""
+    out: dict[str, set[str]] = {}
+    for name, deps in g.items():
+        if name != "areal_core":
+            out.setdefault(unit(name), set()).update(unit(d) for d in deps if unit(d) != unit(name))
+    return out
+
+
+def stacked_layers(g: dict[str, set[str]]) -> dict[str, int]:
+    """Each node's layer in an acyclic graph: 1 for a node importing nothing, else one above the
+    highest layer it imports. Every import then goes down, and max() is the number of layers."""
+    layer: dict[str, int] = {}
+
+    def of(n: str) -> int:
+        if n not in layer:
+            layer[n] = 1 + max((of(d) for d in g.get(n, ())), default=0)
+        return layer[n]
+
+    for n in g:
+        of(n)
+    return layer
+
+
+def test_the_layer_count_follows_the_longest_import_chain():
+    assert stacked_layers({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == {"a": 3, "b": 2, "c": 1}
+    assert unit_graph({"areal_core.vlm.model": {"areal_core.models"}, "areal_core.models": set()}) == {
+        "areal_core.vlm": {"areal_core.models"},
+        "areal_core.models": set(),
+    }
+
+
+def test_modules_and_folders_import_no_cycle_and_stack_at_most_13_layers():
+    """Between folders too: no folder imports a module that imports the folder back (the VLM
+    processor sits beside models.py, below vlm/, since models.py returns one for a VLM folder)."""
+    units = unit_graph(graph())
+    assert find_cycle(units) is None
+    layers = stacked_layers(units)
+    assert max(layers.values()) <= MAX_LAYERS, sorted(layers.items(), key=lambda kv: kv[1])
 
 
 def test_config_imports_nothing_from_the_runtime():

@@ -30,7 +30,7 @@ from PIL import Image
 
 from areal_core.proxy.templating import TemplateError, image_parts, url_of
 from areal_core.vlm.images import MAX_IMAGE_BYTES, ImageError, decode_image, image_id
-from areal_core.vlm.processor import VISION_TOKENS, MMInputs, VisionProcessor
+from areal_core.vlm_processor import VISION_TOKENS, MMInputs, VisionProcessor
 
 MAX_REQUEST_PIXELS = 1024 * 1024  # the default of ProxyLimits.max_image_pixels (--max-image-pixels)
 MAX_ASPECT = 200  # Qwen2-VL's smart_resize refuses a more elongated image (a ValueError, not a 4xx)

@@ -47,7 +47,7 @@ from areal_core.proxy.images import RequestImage, prompt_images
 from areal_core.proxy.segments import Segment, TurnRecord, segment_row
 from areal_core.proxy.templating import ChatTemplate, TemplateError, fingerprint
 from areal_core.rollout.engine import Generation
-from areal_core.vlm.processor import MMInputs
+from areal_core.vlm_processor import MMInputs
 
 
 class SessionProblem(Exception):

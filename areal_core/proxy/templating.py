@@ -49,7 +49,7 @@ from typing import Any
 import jinja2
 
 from areal_core.proxy import strictjson
-from areal_core.vlm.processor import VisionProcessor
+from areal_core.vlm_processor import VisionProcessor
 
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 _TOOL_CALL_RE = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)" + re.escape(TOOL_CALL_CLOSE), re.DOTALL)

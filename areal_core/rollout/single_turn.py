@@ -14,8 +14,8 @@ from areal_core.models import record_prompt
 from areal_core.protocol import Sample
 from areal_core.rollout.workflow import BadPrompt, RolloutWorkflow, WorkflowContext
 from areal_core.vlm.images import ImageError
-from areal_core.vlm.processor import MMInputs, VisionProcessor
 from areal_core.vlm.records import record_image_ids
+from areal_core.vlm_processor import MMInputs, VisionProcessor
 
 MM_CACHE = 64  # prompts whose pixel values are kept (a group's rows share one)
 

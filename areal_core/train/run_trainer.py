@@ -18,7 +18,7 @@ from areal_core.train.sources import GradedShards
 from areal_core.train.trainer import Evaluate, MetricsTracker, Trainer
 from areal_core.vlm.images import ImageCache
 from areal_core.vlm.inputs import PlaceholderCheck
-from areal_core.vlm.processor import VisionProcessor
+from areal_core.vlm_processor import VisionProcessor
 from areal_core.weights.publisher import WeightPublisher, published_dtype
 
 

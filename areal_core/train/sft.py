@@ -33,9 +33,9 @@ from areal_core.prompts import load_prompts
 from areal_core.store import Store
 from areal_core.train.schedule import lr_factor
 from areal_core.vlm.images import ImageCache
-from areal_core.vlm.processor import VisionProcessor
 from areal_core.vlm.records import record_image_ids
 from areal_core.vlm.sft import Demonstration, demonstration, vision_sft_loss
+from areal_core.vlm_processor import VisionProcessor
 
 log = logging.getLogger("areal.sft")
 

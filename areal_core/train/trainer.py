@@ -46,7 +46,7 @@ from areal_core.train.sources import Batch, BatchSource
 from areal_core.train.step import train_step
 from areal_core.vlm.images import ImageCache
 from areal_core.vlm.inputs import MultimodalRows
-from areal_core.vlm.processor import VisionProcessor
+from areal_core.vlm_processor import VisionProcessor
 from areal_core.weights.publisher import state_dict_bytes
 
 log = logging.getLogger("areal.trainer")

@@ -24,7 +24,7 @@ from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
 from areal_core.layout import LAYOUT
 from areal_core.models import BOS, EOS, PAD, build_tokenizer
-from areal_core.vlm.processor import (  # noqa: F401 - re-exported: the VLM's names in one place
+from areal_core.vlm_processor import (  # noqa: F401 - re-exported: the VLM's names in one place
     IMAGE_PAD,
     VIDEO_PAD,
     VISION_END,

@@ -1,6 +1,8 @@
 """A vision-language model's processor: its tokenizer (chat template included) and its image
 processor, turning prompts with images into token ids and MMInputs (docs/vlm.md). Every role
-that loads a VLM folder holds one in place of a tokenizer (models.load_pretrained).
+that loads a VLM folder holds one in place of a tokenizer (models.load_pretrained). It imports
+nothing of areal_core and sits beside models.py, below vlm/ (which imports models.py), so the two
+never import each other.
 """
 
 from __future__ import annotations
