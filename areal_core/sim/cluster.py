@@ -135,178 +135,196 @@ def capacities(cfg: SimConfig) -> dict[str, float]:
 
 
 def simulate(cfg: SimConfig) -> SimResult:
-    from areal_core.train.batch import GroupBuffer
+    """The cluster run `cfg` describes, event by event, until `cfg.steps` trainer steps."""
+    return _Simulation(cfg).run()
 
-    rng_len = random.Random(cfg.seed * 1_000_003 + 1)
-    rng_reward = random.Random(cfg.seed * 1_000_003 + 2)
-    B, G, R = cfg.batch_groups, cfg.group_size, cfg.rollout_workers
-    workers = [_Worker(i) for i in range(R)]
-    events: list[tuple[float, int, str, Any]] = []
-    counter = 0
 
-    def push(t: float, kind: str, payload: Any) -> None:
-        nonlocal counter
-        counter += 1
-        heapq.heappush(events, (t, counter, kind, payload))
+class _Simulation:
+    """One simulated run: rollout workers, a reward pool and a trainer meeting in an event queue
+    (time, sequence, kind, payload). Kinds: "worker" (a worker's next finished sample or end of
+    pause), "graded" (a sample's reward), "trained" (a step done)."""
 
-    # trainer state
-    buffer = GroupBuffer()
-    trainer_version = 0
-    trainer_busy = False
-    trainer_busy_s = 0.0
-    step = 0
-    step_end: list[float] = []
-    trained_tokens_after_warmup = 0
-    dropped = 0
-    hist: Counter[int] = Counter()
-    violations = 0
-    total_started = 0
-    # reward state
-    reward_free = cfg.reward_workers
-    reward_queue: deque[_Sample] = deque()
-    graded_in_group: Counter[str] = Counter()
-    group_samples: dict[str, list[_Sample]] = {}
+    def __init__(self, cfg: SimConfig):
+        from areal_core.train.batch import GroupBuffer
 
-    def step_s(n: int) -> float:
-        return cfg.decode.step_s(n)
+        self.cfg = cfg
+        self.rng_len = random.Random(cfg.seed * 1_000_003 + 1)
+        self.rng_reward = random.Random(cfg.seed * 1_000_003 + 2)
+        self.workers = [_Worker(i) for i in range(cfg.rollout_workers)]
+        self.events: list[tuple[float, int, str, Any]] = []
+        self.counter = 0
+        # trainer state
+        self.buffer = GroupBuffer()
+        self.trainer_version = 0
+        self.trainer_busy = False
+        self.trainer_busy_s = 0.0
+        self.step = 0
+        self.step_end: list[float] = []
+        self.trained_tokens_after_warmup = 0
+        self.dropped = 0
+        self.hist: Counter[int] = Counter()
+        self.violations = 0
+        self.total_started = 0
+        # reward state
+        self.reward_free = cfg.reward_workers
+        self.reward_queue: deque[_Sample] = deque()
+        self.graded_in_group: Counter[str] = Counter()
+        self.group_samples: dict[str, list[_Sample]] = {}
 
-    def advance(w: _Worker, t: float) -> None:
+    def push(self, t: float, kind: str, payload: Any) -> None:
+        self.counter += 1
+        heapq.heappush(self.events, (t, self.counter, kind, payload))
+
+    def step_s(self, n: int) -> float:
+        return self.cfg.decode.step_s(n)
+
+    def advance(self, w: _Worker, t: float) -> None:
         start = max(w.last_t, w.paused_until)
         if t > start and w.active:
-            w.k += (t - start) / step_s(len(w.active))
+            w.k += (t - start) / self.step_s(len(w.active))
             w.busy_slot_s += (t - start) * len(w.active)
         w.last_t = t
 
-    def reschedule(w: _Worker, t: float) -> None:
+    def reschedule(self, w: _Worker, t: float) -> None:
         w.epoch += 1
         if w.paused_until > t + EPS:
-            push(w.paused_until, "worker", (w.index, w.epoch))
+            self.push(w.paused_until, "worker", (w.index, w.epoch))
         elif w.active:
-            nxt = t + max(0.0, w.active[0][0] - w.k) * step_s(len(w.active))
-            push(nxt, "worker", (w.index, w.epoch))
+            nxt = t + max(0.0, w.active[0][0] - w.k) * self.step_s(len(w.active))
+            self.push(nxt, "worker", (w.index, w.epoch))
 
-    def admit(w: _Worker, t: float) -> None:
+    def admit(self, w: _Worker, t: float) -> None:
         """Start groups while a slot is free and admission allows; their samples fill free slots."""
-        nonlocal violations, total_started
+        cfg, B, R = self.cfg, self.cfg.batch_groups, self.cfg.rollout_workers
         while len(w.active) + len(w.queue) < cfg.slots:
             if cfg.admission and groups_admissible(w.started, w.version, cfg.eta, B, w.index, R) <= 0:
                 break
             gid = f"w{w.index}-g{w.started}"
             w.started += 1
-            total_started += 1
-            if cfg.admission and total_started > admission_capacity(max(x.version for x in workers), cfg.eta, B):
-                violations += 1
-            group = [_Sample(gid, w.version, cfg.lengths.sample(rng_len), w.index) for _ in range(G)]
-            group_samples[gid] = group
+            self.total_started += 1
+            if cfg.admission and self.total_started > admission_capacity(
+                max(x.version for x in self.workers), cfg.eta, B
+            ):
+                self.violations += 1
+            group = [_Sample(gid, w.version, cfg.lengths.sample(self.rng_len), w.index) for _ in range(cfg.group_size)]
+            self.group_samples[gid] = group
             w.queue.extend(group)
             # prefill of the group's prompts stalls this engine's decoding
-            w.paused_until = max(w.paused_until, t) + G * cfg.prompt_tokens / cfg.decode.prefill_tokens_per_s
+            prefill_s = cfg.group_size * cfg.prompt_tokens / cfg.decode.prefill_tokens_per_s
+            w.paused_until = max(w.paused_until, t) + prefill_s
         while w.queue and len(w.active) < cfg.slots:
             s = w.queue.popleft()
             s.finish_k = w.k + s.length
             heapq.heappush(w.active, (s.finish_k, id(s), s))
 
-    def start_grading(t: float) -> None:
-        nonlocal reward_free
-        while reward_free and reward_queue:
-            s = reward_queue.popleft()
-            reward_free -= 1
-            push(t + cfg.reward.sample(rng_reward), "graded", s)
+    def start_grading(self, t: float) -> None:
+        while self.reward_free and self.reward_queue:
+            s = self.reward_queue.popleft()
+            self.reward_free -= 1
+            self.push(t + self.cfg.reward.sample(self.rng_reward), "graded", s)
 
-    def try_train(t: float) -> None:
-        nonlocal trainer_busy, dropped
-        if trainer_busy or step >= cfg.steps or len(buffer) < B:
+    def try_train(self, t: float) -> None:
+        cfg = self.cfg
+        if self.trainer_busy or self.step >= cfg.steps or len(self.buffer) < cfg.batch_groups:
             return
-        dropped += len(buffer.drop_stale(trainer_version, cfg.eta))
-        samples = buffer.take(B)
+        self.dropped += len(self.buffer.drop_stale(self.trainer_version, cfg.eta))
+        samples = self.buffer.take(cfg.batch_groups)
         if samples is None:
             return
-        trainer_busy = True
+        self.trainer_busy = True
         tokens = sum(s.length + cfg.prompt_tokens for s in samples)
         duration = cfg.train.step_s(tokens, cfg.trainer_workers) + cfg.train.publish_s
-        push(t + duration, "trained", (samples, duration))
+        self.push(t + duration, "trained", (samples, duration))
 
-    def publish(t: float, version: int) -> None:
-        for w in workers:
-            advance(w, t)
+    def publish(self, t: float, version: int) -> None:
+        cfg = self.cfg
+        for w in self.workers:
+            self.advance(w, t)
             in_flight = sum(cfg.prompt_tokens + max(0.0, w.k - (f - s.length)) for f, _, s in w.active)
             w.paused_until = max(w.paused_until, t) + cfg.weight_sync_s + in_flight / cfg.decode.prefill_tokens_per_s
             w.pending_version = version
-            reschedule(w, t)
+            self.reschedule(w, t)
 
-    for w in workers:
-        admit(w, 0.0)
-        reschedule(w, 0.0)
+    def on_worker(self, t: float, payload: tuple[int, int]) -> None:
+        index, epoch = payload
+        w = self.workers[index]
+        if epoch != w.epoch:
+            return
+        self.advance(w, t)
+        if w.pending_version is not None and t + EPS >= w.paused_until:
+            w.version, w.pending_version = w.pending_version, None
+        while w.active and w.active[0][0] <= w.k + 1e-6:
+            _, _, s = heapq.heappop(w.active)
+            self.reward_queue.append(s)
+        self.start_grading(t)
+        if t + EPS >= w.paused_until:
+            self.admit(w, t)
+        self.reschedule(w, t)
 
-    t = 0.0
-    while events and step < cfg.steps:
-        t, _, kind, payload = heapq.heappop(events)
-        if kind == "worker":
-            index, epoch = payload
-            w = workers[index]
-            if epoch != w.epoch:
-                continue
-            advance(w, t)
-            if w.pending_version is not None and t + EPS >= w.paused_until:
-                w.version, w.pending_version = w.pending_version, None
-            while w.active and w.active[0][0] <= w.k + 1e-6:
-                _, _, s = heapq.heappop(w.active)
-                reward_queue.append(s)
-            start_grading(t)
-            if t + EPS >= w.paused_until:
-                admit(w, t)
-            reschedule(w, t)
-        elif kind == "graded":
-            s = payload
-            reward_free += 1
-            graded_in_group[s.group_id] += 1
-            if graded_in_group[s.group_id] == G:
-                buffer.add(group_samples.pop(s.group_id))
-                del graded_in_group[s.group_id]
-            start_grading(t)
-            try_train(t)
-        elif kind == "trained":
-            samples, duration = payload
-            trainer_busy_s += duration
-            for s in samples:
-                hist[trainer_version - s.version] += 1
-            if step >= cfg.warmup_steps:
-                trained_tokens_after_warmup += sum(s.length for s in samples)
-            step += 1
-            trainer_version += 1
-            step_end.append(t)
-            trainer_busy = False
-            publish(t, trainer_version)
-            for w in workers:  # a worker idle at its admission limit wakes up after the pause
-                if not w.active:
-                    w.epoch += 1
-                    push(w.paused_until, "worker", (w.index, w.epoch))
-            try_train(t)
+    def on_graded(self, t: float, s: _Sample) -> None:
+        self.reward_free += 1
+        self.graded_in_group[s.group_id] += 1
+        if self.graded_in_group[s.group_id] == self.cfg.group_size:
+            self.buffer.add(self.group_samples.pop(s.group_id))
+            del self.graded_in_group[s.group_id]
+        self.start_grading(t)
+        self.try_train(t)
 
-    if step < cfg.steps:
-        raise RuntimeError(f"simulation stalled at step {step}/{cfg.steps} (t={t:.1f}s)")
-    t0 = step_end[cfg.warmup_steps - 1] if cfg.warmup_steps else 0.0
-    span = step_end[-1] - t0
-    measured = cfg.steps - cfg.warmup_steps
-    throughput = measured * B * G / span
-    cap = capacities(cfg)
-    end = step_end[-1]
-    busy = sum(w.busy_slot_s for w in workers)
-    return SimResult(
-        config=cfg,
-        steps=step,
-        sim_time_s=end,
-        throughput=throughput,
-        token_throughput=trained_tokens_after_warmup / span,
-        capacity=cap,
-        efficiency=throughput / cap["ideal"],
-        rollout_utilization=busy / (end * R * cfg.slots),
-        trainer_utilization=trainer_busy_s / end,
-        dropped_samples=dropped,
-        staleness_histogram=dict(sorted(hist.items())),
-        admission_violations=violations,
-        step_end_s=step_end,
-    )
+    def on_trained(self, t: float, payload: tuple[list[_Sample], float]) -> None:
+        samples, duration = payload
+        self.trainer_busy_s += duration
+        for s in samples:
+            self.hist[self.trainer_version - s.version] += 1
+        if self.step >= self.cfg.warmup_steps:
+            self.trained_tokens_after_warmup += sum(s.length for s in samples)
+        self.step += 1
+        self.trainer_version += 1
+        self.step_end.append(t)
+        self.trainer_busy = False
+        self.publish(t, self.trainer_version)
+        for w in self.workers:  # a worker idle at its admission limit wakes up after the pause
+            if not w.active:
+                w.epoch += 1
+                self.push(w.paused_until, "worker", (w.index, w.epoch))
+        self.try_train(t)
+
+    def run(self) -> SimResult:
+        for w in self.workers:
+            self.admit(w, 0.0)
+            self.reschedule(w, 0.0)
+        handlers = {"worker": self.on_worker, "graded": self.on_graded, "trained": self.on_trained}
+        t = 0.0
+        while self.events and self.step < self.cfg.steps:
+            t, _, kind, payload = heapq.heappop(self.events)
+            handlers[kind](t, payload)
+        if self.step < self.cfg.steps:
+            raise RuntimeError(f"simulation stalled at step {self.step}/{self.cfg.steps} (t={t:.1f}s)")
+        return self.result()
+
+    def result(self) -> SimResult:
+        cfg, step_end = self.cfg, self.step_end
+        t0 = step_end[cfg.warmup_steps - 1] if cfg.warmup_steps else 0.0
+        span = step_end[-1] - t0
+        measured = cfg.steps - cfg.warmup_steps
+        throughput = measured * cfg.batch_groups * cfg.group_size / span
+        cap = capacities(cfg)
+        end = step_end[-1]
+        busy = sum(w.busy_slot_s for w in self.workers)
+        return SimResult(
+            config=cfg,
+            steps=self.step,
+            sim_time_s=end,
+            throughput=throughput,
+            token_throughput=self.trained_tokens_after_warmup / span,
+            capacity=cap,
+            efficiency=throughput / cap["ideal"],
+            rollout_utilization=busy / (end * cfg.rollout_workers * cfg.slots),
+            trainer_utilization=self.trainer_busy_s / end,
+            dropped_samples=self.dropped,
+            staleness_histogram=dict(sorted(self.hist.items())),
+            admission_violations=self.violations,
+            step_end_s=step_end,
+        )
 
 
 def compare(cfg: SimConfig) -> dict[str, Any]:
