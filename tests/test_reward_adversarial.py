@@ -329,6 +329,7 @@ class _Forged:
         bytearray(b"x"),
         range(3),
     ],
+    ids=lambda v: type(v).__name__,  # never an object's repr: its address differs between pytest-xdist's workers
 )
 def test_codec_refuses_anything_but_plain_data(value):
     with pytest.raises(codec.Uncrossable):
