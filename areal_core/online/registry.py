@@ -293,14 +293,8 @@ def register_if_better(
     Returns {"registered": bool, "model_uri": "models:/name/N" of the champion after the call
     ('' when there is none; with `key`, the candidate's version when it was registered), "run_id"}.
     """
-    import hashlib
-
     client = mlflow_client(tracking_uri)
-    digest = hashlib.sha256(key.encode()).hexdigest()[:32] if key else ""
-    run_id = (_keyed_run(client, experiment, digest) if key else None) or new_run(
-        client, experiment, run_name, {CANDIDATE_TAG: digest} if key else None
-    )
-    earlier = _version_for(client, model_name, run_id, "online") if key else None
+    run_id, earlier = _open_run(client, model_name, experiment, run_name, key)
     for k, v in (params or {}).items():
         client.log_param(run_id, k, str(v)[:500])
     client.log_metric(run_id, "candidate_score", candidate_score)
@@ -317,37 +311,24 @@ def register_if_better(
         out.update(registered=True, model_uri=f"models:/{model_name}/{current.version}")  # a retry of a move made
         client.set_terminated(run_id)
         return out
-    recorded = _recorded_score(current)
-    if current is not None and recorded is None:
-        measured = score_current(f"models:/{model_name}/{current.version}") if score_current is not None else None
-        if measured is None or not math.isfinite(measured):
-            out["refused"] = f"champion v{current.version} has no recorded held-out score: score it before replacing it"
-        else:
-            recorded = float(measured)
-            client.set_model_version_tag(model_name, current.version, "heldout_score", f"{recorded:.4f}")
+    recorded, out["refused"] = _champion_score(client, model_name, current, score_current)
     bars = [x for x in (current_score, recorded) if x is not None]
     bar = max(bars) if bars else None
     if recorded is not None:
         client.log_metric(run_id, "champion_score", recorded)
-    better = not out["refused"] and (bar is None or candidate_score > bar + min_gain)
-    if better:
+    if not out["refused"] and (bar is None or candidate_score > bar + min_gain):
+        labels = {**(tags or {}), "kind": "online", "heldout_score": f"{candidate_score:.4f}"}
         mv = earlier or create_version(
             client,
             model_name,
             run_id,
             "model",
             model,
-            {**(tags or {}), "kind": "online", "heldout_score": f"{candidate_score:.4f}"},
+            labels,
             f"online retrain {run_name}",
             "AReaL-Flyte online retraining",
         )
-        if current is None or int(current.version) < int(mv.version):  # not promoted yet
-            now = aliased(client, model_name)  # compare-and-set: the champion compared against is still it
-            if (now and str(now.version)) != (current and str(current.version)):
-                out["refused"] = f"the champion moved to v{now.version if now else '-'} while this was compared"
-            else:
-                client.set_registered_model_alias(model_name, CANDIDATE, mv.version)
-                promote(client, model_name, mv.version)
+        out["refused"] = _promote_unless_moved(client, model_name, current, mv.version)
         out.update(registered=not out["refused"], model_uri=f"models:/{model_name}/{mv.version}")
     client.set_tag(run_id, "registered", str(out["registered"]).lower())
     client.set_terminated(run_id)
@@ -358,3 +339,43 @@ def register_if_better(
         f"registered {out['model_uri']}" if out["registered"] else "not registered",
     )
     return out
+
+
+def _open_run(client: Any, model_name: str, experiment: str, run_name: str, key: str) -> tuple[str, Any]:
+    """(run id, the version an earlier call with `key` registered or None): the keyed candidate's
+    MLflow run when an earlier call made one (a retried task), else a new run."""
+    import hashlib
+
+    digest = hashlib.sha256(key.encode()).hexdigest()[:32] if key else ""
+    run_id = (_keyed_run(client, experiment, digest) if key else None) or new_run(
+        client, experiment, run_name, {CANDIDATE_TAG: digest} if key else None
+    )
+    return run_id, (_version_for(client, model_name, run_id, "online") if key else None)
+
+
+def _champion_score(
+    client: Any, model_name: str, current: Any, score_current: Callable[[str], float | None] | None
+) -> tuple[float | None, str]:
+    """(the champion's held-out score, why nothing may move: '' when something may). A champion
+    without a recorded score is scored by `score_current` and tagged; one it cannot score is kept."""
+    recorded = _recorded_score(current)
+    if current is None or recorded is not None:
+        return recorded, ""
+    measured = score_current(f"models:/{model_name}/{current.version}") if score_current is not None else None
+    if measured is None or not math.isfinite(measured):
+        return None, f"champion v{current.version} has no recorded held-out score: score it before replacing it"
+    client.set_model_version_tag(model_name, current.version, "heldout_score", f"{float(measured):.4f}")
+    return float(measured), ""
+
+
+def _promote_unless_moved(client: Any, model_name: str, current: Any, version: Any) -> str:
+    """Make `version` the champion (compare-and-set: only if the champion is still `current`);
+    why it did not ('' when it did, or when it already was promoted)."""
+    if current is not None and int(current.version) >= int(version):  # promoted already
+        return ""
+    now = aliased(client, model_name)
+    if (now and str(now.version)) != (current and str(current.version)):
+        return f"the champion moved to v{now.version if now else '-'} while this was compared"
+    client.set_registered_model_alias(model_name, CANDIDATE, version)
+    promote(client, model_name, version)
+    return ""
