@@ -82,20 +82,7 @@ def create_app(
     keys = api_keys if isinstance(api_keys, ApiKeys) else ApiKeys(api_keys)
     backend = as_backend(engine_backend)
     template = ChatTemplate(tokenizer, tool_prompt=tool_prompt)
-    manager = SessionManager(
-        template,
-        worker_id=worker_id,
-        turn_discount=turn_discount,
-        store=store,
-        session_ttl_s=limits.session_ttl_s,
-        max_sessions=limits.max_sessions,
-        max_sessions_per_key=limits.max_sessions_per_key,
-        reward_range=(limits.reward_min, limits.reward_max),
-        max_key_session_segments=limits.max_key_session_segments,
-        max_key_session_tokens=limits.max_key_session_tokens,
-        admission=admission,
-        max_session_rows=limits.max_session_rows,
-    )
+    manager = _session_manager(template, limits, worker_id, turn_discount, store, admission)
     state = ProxyState(
         backend=backend,
         owns_backend=backend is not engine_backend,
@@ -112,6 +99,38 @@ def create_app(
         image_refusal=image_refusal(tokenizer, backend),
         vision_tokens=vision_token_ids(tokenizer),
     )
+    return _app_over(state)
+
+
+def _session_manager(
+    template: ChatTemplate,
+    limits: ProxyLimits,
+    worker_id: str,
+    turn_discount: float,
+    store: Any,
+    admission: Any,
+) -> SessionManager:
+    """The proxy's sessions, bounded by `limits` (create_app's docstring for the rest)."""
+    return SessionManager(
+        template,
+        worker_id=worker_id,
+        turn_discount=turn_discount,
+        store=store,
+        session_ttl_s=limits.session_ttl_s,
+        max_sessions=limits.max_sessions,
+        max_sessions_per_key=limits.max_sessions_per_key,
+        reward_range=(limits.reward_min, limits.reward_max),
+        max_key_session_segments=limits.max_key_session_segments,
+        max_key_session_tokens=limits.max_key_session_tokens,
+        admission=admission,
+        max_session_rows=limits.max_session_rows,
+    )
+
+
+def _app_over(state: ProxyState) -> FastAPI:
+    """The FastAPI app serving `state`: its guard (keys, limits), error handlers and routes."""
+    backend, manager, keys, limits = state.backend, state.sessions, state.api_keys, state.limits
+    template = state.template
     app = FastAPI(
         title="AReaL-Flyte agent proxy",
         version="1.0",
