@@ -156,6 +156,12 @@ def _health(records: list[dict[str, Any]], rows: Sequence[dict[str, Any]], stall
         )
         for name, behind in stalled_workers(records, stall_s)
     ]
+    return out + _reward_collapse(rows) + _exploding_weight(rows) + _stored_state_damage(records) + _drops(records)
+
+
+def _reward_collapse(rows: Sequence[dict[str, Any]]) -> list[Finding]:
+    """The mean reward of the last window of steps below half the best window's (and 0.1 under it)."""
+    out: list[Finding] = []
     rewards = [float(r["reward_mean"]) for r in rows if r.get("reward_mean") is not None]
     if len(rewards) >= 6:
         w = max(3, len(rewards) // 10)
@@ -171,6 +177,12 @@ def _health(records: list[dict[str, Any]], rows: Sequence[dict[str, Any]], stall
                     "lower the learning rate or η; check the reward",
                 )
             )
+    return out
+
+
+def _exploding_weight(rows: Sequence[dict[str, Any]]) -> list[Finding]:
+    """An importance weight above IW_MAX, or KL(behav‖prox) above KL_MAX, at any step."""
+    out: list[Finding] = []
     iw = [(r["step"], float(r["importance_weight_max"])) for r in rows if r.get("importance_weight_max") is not None]
     kl = [(r["step"], float(r["kl_behav_prox"])) for r in rows if r.get("kl_behav_prox") is not None]
     big = max(iw, key=lambda x: x[1], default=None)
@@ -187,6 +199,12 @@ def _health(records: list[dict[str, Any]], rows: Sequence[dict[str, Any]], stall
                 "lower η or cap the weight (algo.behav_high)",
             )
         )
+    return out
+
+
+def _stored_state_damage(records: list[dict[str, Any]]) -> list[Finding]:
+    """Checkpoints skipped, versions republished or unloadable, readers retired: the events."""
+    out: list[Finding] = []
     for r in (r for r in records if r.get("kind") == "checkpoint_skipped"):
         out.append(
             Finding(
@@ -222,6 +240,12 @@ def _health(records: list[dict[str, Any]], rows: Sequence[dict[str, Any]], stall
                 "readers went on",
             )
         )
+    return out
+
+
+def _drops(records: list[dict[str, Any]]) -> list[Finding]:
+    """More than DROP_FRAC of the samples the trainer saw dropped as too stale."""
+    out: list[Finding] = []
     trained, dropped = dropped_share(records)
     if dropped > DROP_FRAC * (trained + dropped) > 0:
         out.append(
