@@ -1,6 +1,6 @@
 """What megatron-core does with a converted Qwen3-MoE at expert parallel 2, on 2 gloo ranks (CPU):
 
-    python -m areal_core.megatron.ep_check CASE.pt OUT_DIR [--device cuda]
+    python -m areal_core.megatron.ep_check CASE.pt OUT_DIR [--device cpu|cuda]
 
 CASE.pt (torch.save) is {"shape": ModelShape.as_dict(), "moe": MoeShape.as_dict(), "megatron": the
 EP = 1 state dict (`moe.qwen3_moe_to_megatron`), "ids": LongTensor [b, s], "hf_logits": the HF
@@ -134,8 +134,8 @@ def _worker(rank: int, case_path: str, out_dir: str, port: int, device: str) -> 
 
 def main(argv: list[str]) -> int:
     device = "cpu"
-    if argv[2:] == ["--device", "cuda"]:
-        device, argv = "cuda", argv[:2]
+    if len(argv) == 4 and argv[2] == "--device" and argv[3] in ("cpu", "cuda"):
+        device, argv = argv[3], argv[:2]
     if len(argv) != 2:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
