@@ -124,7 +124,7 @@ def test_world_size_one_needs_no_process_group(minibatches, algo):
 
 
 def test_groups_are_split_contiguously_and_a_rank_may_get_none():
-    from areal_core.train.step import rank_groups
+    from areal_core.train.minibatches import rank_groups
 
     groups = torch.arange(5)
     assert [rank_groups(groups, r, 2).tolist() for r in range(2)] == [[0, 1, 2], [3, 4]]

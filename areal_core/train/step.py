@@ -28,7 +28,6 @@ denominator) and the critic's value term (the critic of `value_head.py` is not s
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -41,28 +40,17 @@ from areal_core.protocol import Sample
 from areal_core.routes import moe_routers
 from areal_core.train.algorithm import compute_advantages, required_inputs, total_loss
 from areal_core.train.batch import TrainBatch, collate
-from areal_core.train.distributed import DistContext, clip_grad_norm
+from areal_core.train.distributed import DistContext
 from areal_core.train.entropy import token_logprobs_and_entropy
 from areal_core.train.logprobs import token_logprobs
 from areal_core.train.loss.common import behaviour_abs_diff
 from areal_core.train.loss.registry import LossInputs, check_algorithm
-from areal_core.train.micro_batches import SUMMED, aligned, combine, split_rows
+from areal_core.train.micro_batches import aligned, split_rows
+from areal_core.train.minibatches import Minibatch, minibatch_algo, minibatch_update, plan_minibatches
 from areal_core.train.packing import packed_token_logprobs
 from areal_core.train.router_replay import RouteReplay, RouteTally, route_gap_metrics
 from areal_core.train.value_head import Critic
 from areal_core.vlm.inputs import MultimodalRows, vision_token_ids
-
-
-@dataclass
-class Minibatch:
-    """This rank's rows of one minibatch and the minibatch's denominators (over every rank)."""
-
-    rows: torch.Tensor  # row indices into the batch
-    dummy: bool  # no group of this minibatch is this rank's: one masked row keeps collectives aligned
-    global_tokens: float
-    global_seqs: float
-    max_row_tokens: float
-
 
 FULL_LOGITS_MAX = 2**25  # logit values (128 MB in float32) under which the head runs on all tokens at once
 
@@ -131,32 +119,250 @@ def route_probe(logprobs: Callable[[str, RouteTally | None], torch.Tensor], batc
     return route_gap_metrics(own, replayed, batch.behav_logprobs, batch.loss_mask, tally)
 
 
-def rank_groups(groups: torch.Tensor, rank: int, world: int) -> torch.Tensor:
-    """This rank's contiguous block of `groups` (group indices), possibly empty."""
-    return torch.tensor_split(groups, world)[rank]
+@dataclass
+class StepBatch:
+    """One step's batch and what its forwards share: micro-batching, images, the replayed routes."""
+
+    batch: TrainBatch
+    cfg: RunConfig
+    pad_id: int
+    ctx: DistContext
+    mm: MultimodalRows | None
+    moe: bool  # the model routes experts and the batch carries the rollout's routes
+
+    def __post_init__(self) -> None:
+        self.budget = self.cfg.train.max_tokens_per_micro_batch
+        self.lengths = self.batch.attention_mask.sum(1)
+        # "force": the rollout's routes replayed on the policy's forwards (algo.router_replay); else ""
+        self.replay = "force" if self.moe and self.cfg.algo.router_replay == "rollout" else ""
+
+    def passes(self, rows: torch.Tensor) -> list[tuple[torch.Tensor, bool]]:
+        """`rows` as micro-batches, (rows, padding) each, as many on every rank (module docstring)."""
+        if self.budget <= 0:
+            return [(rows, False)]
+        return aligned(split_rows(rows, self.batch.group_index, self.lengths, self.budget), self.ctx)
+
+    def no_grad_logprobs(
+        self, m: torch.nn.Module, rows: torch.Tensor | None, routing: str = "", tally: RouteTally | None = None
+    ) -> torch.Tensor:
+        """[N, T] log-probs of `rows` (all when None) under `m`, a micro-batch at a time; `routing`
+        "force" / "observe": the recorded routes replayed / compared (`_routes`)."""
+        batch, cfg, pad_id, mm = self.batch, self.cfg, self.pad_id, self.mm
+        if self.budget <= 0:
+            with _routes(m, batch, rows, routing, tally):
+                values = policy_logprobs(m, batch, rows, cfg, pad_id, mm=mm, unpacked=bool(routing))
+            return _scatter(values, rows, batch)
+        out = torch.zeros(batch.loss_mask.shape, device=batch.loss_mask.device)
+        every = torch.arange(len(batch.rewards), device=out.device) if rows is None else rows
+        for part, padding in self.passes(every):
+            with _routes(m, batch, part, routing, tally):
+                values = policy_logprobs(m, batch, part, cfg, pad_id, mm=mm, unpacked=bool(routing))
+            if not padding:
+                out[part] = values
+        return out
 
 
-def plan_minibatches(batch: TrainBatch, n_mb: int, rank: int, world: int) -> list[Minibatch]:
-    """Minibatch mb holds the groups g with g mod n_mb = mb; this rank's share of each."""
-    plan = []
-    for mb in range(n_mb):
-        in_mb = (batch.group_index % n_mb) == mb
-        groups = torch.unique(batch.group_index[in_mb])
-        rows = torch.nonzero(torch.isin(batch.group_index, rank_groups(groups, rank, world)) & in_mb).flatten()
-        dummy = len(rows) == 0
-        if dummy:
-            rows = torch.nonzero(in_mb).flatten()[:1]
-        per_row = batch.loss_mask[in_mb].sum(1)
-        plan.append(
-            Minibatch(
-                rows,
-                dummy,
-                global_tokens=float(per_row.sum().clamp(min=1)),
-                global_seqs=float((per_row > 0).sum().clamp(min=1)),
-                max_row_tokens=float(per_row.max().clamp(min=1)),
+@dataclass
+class FrozenLogprobs:
+    """[N, T] log-probs before the update, None where not needed: π_prox (only with several
+    minibatches or kl_as_reward), π_ref and the teacher's; and the route probe's metrics."""
+
+    prox: torch.Tensor | None
+    ref: torch.Tensor | None
+    teacher: torch.Tensor | None
+    route_stats: dict[str, float]
+
+
+@dataclass
+class Advantages:
+    """The whole batch's advantages [N, T], GAE returns and the critic's pre-update values (else None)."""
+
+    advantages: torch.Tensor
+    returns: torch.Tensor | None
+    old_values: torch.Tensor | None
+    stats: dict[str, float]
+
+
+@dataclass
+class PolicyPass:
+    """One micro-batch's forward: log π_θ (with gradient) and its entropy, π_prox, the loss mask
+    (zeros on a dummy or padding pass) and the critic's values (with gradient)."""
+
+    rows: torch.Tensor
+    logp: torch.Tensor
+    entropy: torch.Tensor | None
+    prox: torch.Tensor
+    mask: torch.Tensor
+    values: torch.Tensor | None
+
+
+def check_step_inputs(
+    need: set[str],
+    ctx: DistContext,
+    ref_model: torch.nn.Module | None,
+    teacher_model: torch.nn.Module | None,
+    critic: Critic | None,
+    mm: MultimodalRows | None,
+) -> None:
+    """ValueError when the algorithm's inputs (`need`, `required_inputs`) lack their model."""
+    if "ref_logp" in need and ref_model is None:
+        raise ValueError("this algorithm needs a reference model")
+    if "teacher_logp" in need and teacher_model is None:
+        raise ValueError("this algorithm needs a teacher model (algo.distill.teacher_path)")
+    if "values" in need and critic is None:
+        raise ValueError("algo.adv_estimator=gae needs a critic (areal_core/train/value_head.py)")
+    if mm is not None and (critic is not None or ctx.distributed):
+        raise ValueError("image batches train on one rank without a critic for now (docs/vlm.md)")
+
+
+def frozen_logprobs(
+    model: torch.nn.Module,
+    step: StepBatch,
+    plan: list[Minibatch],
+    need: set[str],
+    ref_model: torch.nn.Module | None,
+    teacher_model: torch.nn.Module | None,
+) -> FrozenLogprobs:
+    """The no-grad passes before the update. kl_as_reward shapes the rewards with π_prox vs π_ref
+    on the whole batch before the group statistics: every rank computes them on all rows;
+    otherwise each rank only on its rows. The route probe runs on every rank, every row (the same
+    collective forwards), when the model is an MoE with recorded routes and algo.route_metrics."""
+    algo, ctx = step.cfg.algo, step.ctx
+    prox = ref = teacher = None
+    with torch.no_grad():
+        rows_needed = None if (algo.kl_as_reward or not ctx.distributed) else torch.cat([m.rows for m in plan])
+        if step.cfg.train.ppo_minibatches > 1 or algo.kl_as_reward:
+            prox = step.no_grad_logprobs(model, rows_needed, step.replay)
+        if "ref_logp" in need:
+            ref = step.no_grad_logprobs(ref_model, rows_needed)
+        if "teacher_logp" in need:
+            teacher = step.no_grad_logprobs(teacher_model, rows_needed)
+        route_stats = {}
+        if step.moe and algo.route_metrics:
+            route_stats = route_probe(
+                lambda routing, tally: step.no_grad_logprobs(model, None, routing, tally), step.batch
             )
-        )
-    return plan
+    return FrozenLogprobs(prox, ref, teacher, route_stats)
+
+
+def batch_advantages(step: StepBatch, frozen: FrozenLogprobs, critic: Critic | None) -> Advantages:
+    """`compute_advantages` on the whole batch (group and batch statistics), with the critic's
+    values before the update (gae) and, under kl_as_reward, the reward r − β·KL(π_prox‖π_ref)."""
+    batch, algo = step.batch, step.cfg.algo
+    old_values = None
+    if critic is not None:
+        old_values = critic.token_values(batch.input_ids, batch.attention_mask, grad=False, **_value_kwargs(step))
+    advantages, returns, stats = compute_advantages(
+        algo,
+        batch.rewards,
+        batch.group_index,
+        batch.loss_mask,
+        prox_logp=frozen.prox if algo.kl_as_reward else None,
+        ref_logp=frozen.ref if algo.kl_as_reward else None,
+        old_values=old_values,
+    )
+    return Advantages(advantages, returns, old_values, stats)
+
+
+def policy_pass(
+    model: torch.nn.Module,
+    step: StepBatch,
+    rows: torch.Tensor,
+    masked: bool,
+    entropy: bool,
+    frozen: FrozenLogprobs,
+    critic: Critic | None,
+) -> PolicyPass:
+    """The forward of `rows` with gradient. π_prox is the parameters before this update: with one
+    minibatch that is this very forward pass (detached), else the no-grad pass's. `masked`: a
+    dummy or padding pass, its loss mask zero."""
+    batch = step.batch
+    out = policy_logprobs(
+        model, batch, rows, step.cfg, step.pad_id, entropy=entropy, mm=step.mm, unpacked=bool(step.replay)
+    )
+    logp, ent = out if isinstance(out, tuple) else (out, None)
+    prox = logp.detach() if frozen.prox is None else frozen.prox[rows]
+    mask = torch.zeros_like(batch.loss_mask[rows]) if masked else batch.loss_mask[rows]
+    values = None
+    if critic is not None:  # the critic's values of these rows, with gradient
+        values = critic.token_values(batch.input_ids[rows], batch.attention_mask[rows], **_value_kwargs(step))
+    return PolicyPass(rows, logp, ent, prox, mask, values)
+
+
+def loss_inputs(
+    batch: TrainBatch, fwd: PolicyPass, frozen: FrozenLogprobs, adv: Advantages, mb: Minibatch, split: bool
+) -> LossInputs:
+    """The loss's view of one micro-batch: `fwd`'s rows of every per-row tensor; `split` (several
+    ranks or micro-batches): the minibatch's denominators, not these rows'."""
+    rows = fwd.rows
+
+    def pick(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t[rows]
+
+    return LossInputs(
+        logp=fwd.logp,
+        prox_logp=fwd.prox,
+        behav_logp=batch.behav_logprobs[rows],
+        mask=fwd.mask.float(),
+        rewards=batch.rewards[rows],
+        group_index=batch.group_index[rows],
+        advantages=adv.advantages[rows],
+        returns=pick(adv.returns),
+        ref_logp=pick(frozen.ref),
+        values=fwd.values,
+        old_values=pick(adv.old_values),
+        entropy=fwd.entropy,
+        teacher_logp=pick(frozen.teacher),
+        global_tokens=mb.global_tokens if split else None,
+        global_seqs=mb.global_seqs if split else None,
+    )
+
+
+def minibatch_backward(
+    model: torch.nn.Module,
+    step: StepBatch,
+    mb: Minibatch,
+    frozen: FrozenLogprobs,
+    adv: Advantages,
+    critic: Critic | None,
+    lap: _Laps,
+) -> tuple[list[tuple[dict[str, float], float]], int]:
+    """Forward, loss and backward of each micro-batch of `mb`, the gradients accumulated; returns
+    (metrics, policy tokens) per micro-batch and the number of micro-batches. The backward is of
+    W · L_r (module docstring), so FSDP's average over ranks is the minibatch's gradient."""
+    algo, need = minibatch_algo(step.cfg.algo, mb), required_inputs(step.cfg.algo)
+    sync = getattr(model, "set_requires_gradient_sync", None)  # FSDP2: reduce gradients after the last micro-batch
+    parts = []
+    micro = step.passes(mb.rows)
+    split = step.ctx.distributed or len(micro) > 1  # the minibatch's denominators, not these rows'
+    for k, (rows, padding) in enumerate(micro):
+        lap("forward")
+        # algo.router_replay: the rollout's experts, held through the backward (checkpointed layers recompute)
+        with _routes(model, step.batch, rows, step.replay):
+            fwd = policy_pass(model, step, rows, mb.dummy or padding, "entropy" in need, frozen, critic)
+            inputs = loss_inputs(step.batch, fwd, frozen, adv, mb, split)
+            loss, micro_stats = total_loss(algo, inputs)
+            micro_stats["abs_dlogp_behav_prox"] = behaviour_abs_diff(fwd.prox, inputs.behav_logp, inputs.mask)
+            parts.append((micro_stats, float(fwd.mask.sum())))
+            lap("forward")
+            if sync is not None and len(micro) > 1:
+                sync(k == len(micro) - 1)
+            (loss * step.ctx.world_size).backward()
+            lap("backward")
+    return parts, len(micro)
+
+
+def step_metrics(
+    averaged: dict[str, float], adv: Advantages, frozen: FrozenLogprobs, step: StepBatch
+) -> dict[str, float]:
+    """The minibatches' mean metrics, the whole batch's advantage metrics (not a minibatch's added
+    to them), the route probe's, and the batch's reward mean, image rows and policy tokens."""
+    stats = {**averaged, **adv.stats, **frozen.route_stats}
+    stats["reward_mean"] = step.batch.rewards.mean().item()
+    if step.mm is not None:  # the rows trained with their images in the forward passes
+        stats["image_rows"] = float(sum(m is not None for m in step.mm.per_row))
+    stats["response_tokens"] = step.batch.loss_mask.sum().item()
+    return stats
 
 
 def train_step(
@@ -179,163 +385,41 @@ def train_step(
     `critic` (needed for adv_estimator=gae) is trained on the same loss (its value term) with
     its own optimizer. `mm`: the samples' images (a VLM batch; areal_core/vlm/inputs.py).
     `phase(name, seconds)` (e.g. `EventLog.add`) is told the seconds spent in
-    "forward" (no-grad passes and the loss), "backward" and "optimizer" (clipping and the step)."""
+    "forward" (no-grad passes and the loss), "backward" and "optimizer" (clipping and the step).
+
+    The steps: load (the batch and the minibatch plan) → the no-grad passes and advantages →
+    per minibatch M, backward then update → metrics, each minibatch's weighted 1/n_mb."""
     t0 = time.perf_counter()
     ctx = ctx or DistContext()
-    world = ctx.world_size
     algo, n_mb = cfg.algo, cfg.train.ppo_minibatches
     # ConfigError: an unknown loss, or one that needs all rows at once on several ranks or micro-batches
     check_algorithm(algo, distributed=ctx.distributed, micro_batches=cfg.train.max_tokens_per_micro_batch > 0)
     need = required_inputs(algo)
-    if "ref_logp" in need and ref_model is None:
-        raise ValueError("this algorithm needs a reference model")
-    if "teacher_logp" in need and teacher_model is None:
-        raise ValueError("this algorithm needs a teacher model (algo.distill.teacher_path)")
-    if "values" in need and critic is None:
-        raise ValueError("algo.adv_estimator=gae needs a critic (areal_core/train/value_head.py)")
-    if mm is not None and (critic is not None or ctx is not None and ctx.distributed):
-        raise ValueError("image batches train on one rank without a critic for now (docs/vlm.md)")
+    check_step_inputs(need, ctx, ref_model, teacher_model, critic, mm)
     batch = _to(collate(samples, pad_id), ctx.torch_device if ctx.distributed else _device(model))
-    plan = plan_minibatches(batch, n_mb, ctx.rank, world)
+    plan = plan_minibatches(batch, n_mb, ctx.rank, ctx.world_size)
     lap = _Laps(phase, t0)
     lap("collate")  # the batch tensors and the minibatch plan (the laps start at the call)
+    step = StepBatch(batch, cfg, pad_id, ctx, mm, moe=batch.routes is not None and bool(moe_routers(model)))
 
-    budget = cfg.train.max_tokens_per_micro_batch
-    lengths = batch.attention_mask.sum(1)
-
-    def passes(rows: torch.Tensor) -> list[tuple[torch.Tensor, bool]]:
-        """`rows` as micro-batches, (rows, padding) each, as many on every rank (module docstring)."""
-        if budget <= 0:
-            return [(rows, False)]
-        return aligned(split_rows(rows, batch.group_index, lengths, budget), ctx)
-
-    def no_grad_logprobs(
-        m: torch.nn.Module, rows: torch.Tensor | None, routing: str = "", tally: RouteTally | None = None
-    ) -> torch.Tensor:
-        """[N, T] log-probs of `rows` (all when None) under `m`, a micro-batch at a time; `routing`
-        "force" / "observe": the recorded routes replayed / compared (`_routes`)."""
-        if budget <= 0:
-            with _routes(m, batch, rows, routing, tally):
-                values = policy_logprobs(m, batch, rows, cfg, pad_id, mm=mm, unpacked=bool(routing))
-            return _scatter(values, rows, batch)
-        out = torch.zeros(batch.loss_mask.shape, device=batch.loss_mask.device)
-        every = torch.arange(len(batch.rewards), device=out.device) if rows is None else rows
-        for part, padding in passes(every):
-            with _routes(m, batch, part, routing, tally):
-                values = policy_logprobs(m, batch, part, cfg, pad_id, mm=mm, unpacked=bool(routing))
-            if not padding:
-                out[part] = values
-        return out
-
-    moe = batch.routes is not None and bool(moe_routers(model))
-    replay = "force" if moe and algo.router_replay == "rollout" else ""
-
-    prox_all = ref_all = teacher_all = None
-    with torch.no_grad():
-        # kl_as_reward shapes the rewards with π_prox vs π_ref on the whole batch before the group
-        # statistics: every rank computes them on all rows. Otherwise each rank only on its rows.
-        rows_needed = None if (algo.kl_as_reward or not ctx.distributed) else torch.cat([m.rows for m in plan])
-        if n_mb > 1 or algo.kl_as_reward:
-            prox_all = no_grad_logprobs(model, rows_needed, replay)
-        if "ref_logp" in need:
-            ref_all = no_grad_logprobs(ref_model, rows_needed)
-        if "teacher_logp" in need:
-            teacher_all = no_grad_logprobs(teacher_model, rows_needed)
-        route_stats = {}
-        if moe and algo.route_metrics:  # every rank, every row: the same collective forwards
-            route_stats = route_probe(lambda routing, tally: no_grad_logprobs(model, None, routing, tally), batch)
-    vkw = {"packing": cfg.train.packing, "pad_id": pad_id}
-    old_v = None
-    if critic is not None:
-        old_v = critic.token_values(batch.input_ids, batch.attention_mask, grad=False, **vkw)
-    adv, returns, stats = compute_advantages(
-        algo,
-        batch.rewards,
-        batch.group_index,
-        batch.loss_mask,
-        prox_logp=prox_all if algo.kl_as_reward else None,
-        ref_logp=ref_all if algo.kl_as_reward else None,
-        old_values=old_v,
-    )
+    frozen = frozen_logprobs(model, step, plan, need, ref_model, teacher_model)
+    adv = batch_advantages(step, frozen, critic)
 
     averaged: dict[str, float] = {}
-    sync = getattr(model, "set_requires_gradient_sync", None)  # FSDP2: reduce gradients after the last micro-batch
     for mb in plan:
         optimizer.zero_grad(set_to_none=True)
         if critic is not None:
             critic.zero_grad()
-        mb_algo = algo
-        if algo.aggregation == "seq_mean_token_sum_norm" and algo.norm_const <= 0:
-            mb_algo = algo.model_copy(update={"norm_const": mb.max_row_tokens})
-        parts = []
-        micro = passes(mb.rows)
-        for k, (rows, padding) in enumerate(micro):
-            lap("forward")
-            # algo.router_replay: the rollout's experts, held through the backward (checkpointed layers recompute)
-            with _routes(model, batch, rows, replay):
-                out = policy_logprobs(
-                    model, batch, rows, cfg, pad_id, entropy="entropy" in need, mm=mm, unpacked=bool(replay)
-                )
-                logp, ent = out if isinstance(out, tuple) else (out, None)
-                # π_prox: the parameters before this update; with one minibatch that is this very forward pass
-                prox = logp.detach() if prox_all is None else prox_all[rows]
-                mask = torch.zeros_like(batch.loss_mask[rows]) if mb.dummy or padding else batch.loss_mask[rows]
-                values = None
-                if critic is not None:  # the critic's values of these rows, with gradient
-                    values = critic.token_values(batch.input_ids[rows], batch.attention_mask[rows], **vkw)
-                split = ctx.distributed or len(micro) > 1  # the minibatch's denominators, not these rows'
-                inputs = LossInputs(
-                    logp=logp,
-                    prox_logp=prox,
-                    behav_logp=batch.behav_logprobs[rows],
-                    mask=mask.float(),
-                    rewards=batch.rewards[rows],
-                    group_index=batch.group_index[rows],
-                    advantages=adv[rows],
-                    returns=None if returns is None else returns[rows],
-                    ref_logp=None if ref_all is None else ref_all[rows],
-                    values=values,
-                    old_values=None if old_v is None else old_v[rows],
-                    entropy=ent,
-                    teacher_logp=None if teacher_all is None else teacher_all[rows],
-                    global_tokens=mb.global_tokens if split else None,
-                    global_seqs=mb.global_seqs if split else None,
-                )
-                loss, micro_stats = total_loss(mb_algo, inputs)
-                micro_stats["abs_dlogp_behav_prox"] = behaviour_abs_diff(
-                    prox, inputs.behav_logp, inputs.mask
-                )  # mismatch
-                parts.append((micro_stats, float(mask.sum())))
-                lap("forward")
-                if sync is not None and len(micro) > 1:
-                    sync(k == len(micro) - 1)
-                (loss * world).backward()
-                lap("backward")
-        mb_stats = combine(parts)
-        grad_norm = clip_grad_norm(model, cfg.train.grad_clip or float("inf"))
-        # a NaN/inf gradient (the global norm: every rank skips alike) would poison the weights and
-        # AdamW's moments, and the next published version with them: skip the update, count it
-        finite = math.isfinite(grad_norm)
-        if finite:
-            optimizer.step()
-        mb_stats["nonfinite_grad_frac"] = 0.0 if finite else 1.0
-        if critic is not None:
-            mb_stats["critic_grad_norm"] = critic.step()  # skipped, like the policy's, when not finite
-            mb_stats["critic_nonfinite_grad_frac"] = 0.0 if math.isfinite(mb_stats["critic_grad_norm"]) else 1.0
-        if ctx.distributed:
-            rank_tokens = sum(t for _, t in parts)
-            mb_stats = _reduce(mb_stats, rank_tokens / mb.global_tokens, ctx)
-        mb_stats["grad_norm"] = grad_norm
-        mb_stats["micro_batches"] = float(len(micro))
+        parts, n_micro = minibatch_backward(model, step, mb, frozen, adv, critic, lap)
+        mb_stats = minibatch_update(model, optimizer, cfg.train.grad_clip, ctx, mb, critic, parts, n_micro)
         for k, v in mb_stats.items():
             averaged[k] = averaged.get(k, 0.0) + v / n_mb
         lap("optimizer")
-    stats = {**averaged, **stats, **route_stats}  # the whole batch's advantage metrics, not a minibatch's added to them
-    stats["reward_mean"] = batch.rewards.mean().item()
-    if mm is not None:  # the rows trained with their images in the forward passes
-        stats["image_rows"] = float(sum(m is not None for m in mm.per_row))
-    stats["response_tokens"] = batch.loss_mask.sum().item()
-    return stats
+    return step_metrics(averaged, adv, frozen, step)
+
+
+def _value_kwargs(step: StepBatch) -> dict:
+    return {"packing": step.cfg.train.packing, "pad_id": step.pad_id}
 
 
 class _Laps:
@@ -350,14 +434,6 @@ class _Laps:
             now = time.perf_counter()
             self.phase(name, now - self.t)
             self.t = now
-
-
-def _reduce(mb_stats: dict[str, float], share: float, ctx: DistContext) -> dict[str, float]:
-    """One minibatch's metrics over every rank: the loss and counts summed, means token-weighted
-    (`share` = this rank's fraction of the minibatch's tokens). Collective."""
-    keys = ["loss", *sorted(k for k in mb_stats if k != "loss")]
-    weights = [1.0 if k == "loss" or k in SUMMED else share for k in keys]
-    return dict(zip(keys, ctx.all_reduce_sum([mb_stats[k] * w for k, w in zip(keys, weights)])))
 
 
 def _device(model: torch.nn.Module) -> torch.device:
