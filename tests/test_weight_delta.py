@@ -3,15 +3,19 @@ over a chain of real AdamW steps, readers joining mid-chain, refusal of corrupt 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
+import zstandard
 from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
 
 from areal_core.config import ConfigError, ModelConfig, load_config
 from areal_core.layout import LAYOUT
 from areal_core.models import build_tiny_model
 from areal_core.store import Store
 from areal_core.weights import DELTA_FILE, WEIGHTS_FILE, WeightsError, sha256
+from areal_core.weights import delta as delta_module
 from areal_core.weights.delta import decode_delta, encode_delta
 from areal_core.weights.publisher import WeightPublisher, prune, state_dict_bytes
 from areal_core.weights.reader import load_state_dict, load_weights_bytes, stage_verified
@@ -183,3 +187,110 @@ def test_a_run_with_delta_publication_trains_and_its_rollout_workers_follow(tiny
         if m
     }
     assert produced & {1, 2, 3}, produced  # step 3 trains tokens of v1..v3: all delta-published
+
+
+# --- the codec itself (issue 57: format 2, the changed elements only) ---------------------------
+
+SPECIAL_BF16 = [0x0000, 0x8000, 0x7F80, 0xFF80, 0x7FC0, 0xFFC1, 0x0001, 0x7F7F]  # ±0, ±inf, NaNs, tiny, max
+
+
+def bf16_file(bits: np.ndarray) -> bytes:
+    """safetensors bytes of one bf16 tensor holding exactly these 16-bit patterns."""
+    return st_save({"w": torch.from_numpy(bits.astype(np.uint16).view(np.int16)).view(torch.bfloat16)})
+
+
+def changed_bits(n: int, frac: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Random bf16 bit patterns (the special ones among them) and a copy with `frac` of them changed
+    (±1 ulp, or to and from the special patterns)."""
+    rng = np.random.default_rng(seed)
+    old = rng.integers(0, 1 << 16, n, dtype=np.uint16)
+    old[: min(n, len(SPECIAL_BF16))] = SPECIAL_BF16[:n]
+    new = old.copy()
+    moved = rng.choice(n, round(frac * n), replace=False)
+    new[moved] += rng.choice(np.array([1, 65535], np.uint16), moved.size)  # ±1 mod 2**16
+    special = moved[: moved.size // 4]
+    new[special] = rng.choice(np.array(SPECIAL_BF16, np.uint16), special.size)
+    return old, new
+
+
+@pytest.mark.parametrize("n", [1, 3, 37, 4099, 70_001])
+@pytest.mark.parametrize("frac", [0.0, 0.04, 1.0])
+def test_bf16_round_trip_is_bit_exact(n, frac, monkeypatch):
+    monkeypatch.setattr(delta_module, "_WORDS", 256)  # many passes and both threads at these sizes
+    old_bits, new_bits = changed_bits(n, frac, seed=n)
+    old, new = bf16_file(old_bits), bf16_file(new_bits)
+    for codec in ("zstd", "zlib"):
+        payload, info = encode_delta(old, new, codec=codec)
+        assert decode_delta(old, payload, info) == new
+        assert info["format"] == (1 if frac == 1.0 else 2)  # all changed: denser than the data, format 1
+        if info["format"] == 2:
+            assert info["changed"] == int((old_bits != new_bits).sum())
+
+
+def test_special_bit_patterns_and_minus_zero_round_trip():
+    old_bits = np.array(SPECIAL_BF16 * 5, np.uint16)
+    new_bits = old_bits.copy()
+    new_bits[::3] = np.roll(old_bits, 1)[::3]  # +0 -> -0, inf -> NaN, ...: equal as floats, not as bits
+    old, new = bf16_file(old_bits), bf16_file(new_bits)
+    payload, info = encode_delta(old, new)
+    assert decode_delta(old, payload, info) == new
+    assert info["format"] == 2 and info["changed"] == int((old_bits != new_bits).sum()) == 14
+
+
+def test_a_4_percent_bf16_delta_is_stored_smaller_than_format_1():
+    old_bits, new_bits = changed_bits(200_000, 0.04, seed=1)
+    old, new = bf16_file(old_bits), bf16_file(new_bits)
+    payload, info = encode_delta(old, new, codec="zstd")
+    start, width = info["start"], info["width"]
+    a, b = (np.frombuffer(x, f"<u{width}", offset=start) for x in (old, new))
+    format_1 = delta_module._compress(delta_module._planes_of_differences(a, b), "zstd")
+    assert info["format"] == 2 and info["changed"] == 8000 and info["gap_width"] == 1
+    assert len(payload) < 0.75 * len(format_1)
+
+
+def test_other_widths_round_trip():
+    gen = torch.Generator().manual_seed(0)
+    old_sd = {"f": torch.randn(1001, generator=gen), "h": torch.randn(7, generator=gen).half()}  # mixed: width 1
+    for old_t in (old_sd, {"f": old_sd["f"]}, {"d": old_sd["f"].double()}):
+        new_t = {k: v.clone() for k, v in old_t.items()}
+        for v in new_t.values():
+            v[::50] += 1
+        old, new = st_save(old_t), st_save(new_t)
+        payload, info = encode_delta(old, new)
+        assert decode_delta(old, payload, info) == new and info["format"] == 2
+
+
+# Made by the codec before issue 57 (format 1, no "format" key) from bf16_file(OLD_FORMAT_BITS) to
+# bf16_file(OLD_FORMAT_NEW_BITS): such deltas in a store keep decoding.
+OLD_FORMAT_BITS = np.array([(i * 7919 + 32768) % 65536 for i in range(37)], np.uint16)
+OLD_FORMAT_NEW_BITS = OLD_FORMAT_BITS.copy()
+OLD_FORMAT_NEW_BITS[[0, 5, 17, 36]] = [OLD_FORMAT_BITS[0] + 1, 0x7FC0, 0x8000, 0x7F80]
+OLD_FORMAT = {
+    "zstd": "28b52ffd204add00008002000000002a00bd003700ca001b00b4051000130366f1c4b011",
+    "zlib": "7801636200022d1001057b610c046d0e669e4208304823b1a1cc2d005a7f02ba",
+}
+
+
+@pytest.mark.parametrize("codec", ["zstd", "zlib"])
+def test_an_old_format_delta_still_decodes(codec):
+    old, new = bf16_file(OLD_FORMAT_BITS), bf16_file(OLD_FORMAT_NEW_BITS)
+    info = {"codec": codec, "start": 72, "width": 2, "size": 146}  # the manifest entry of then
+    assert decode_delta(old, bytes.fromhex(OLD_FORMAT[codec]), info) == new
+
+
+def test_a_format_2_bomb_or_bad_positions_are_refused():
+    old = bf16_file(np.zeros(1000, np.uint16))
+    info = {"format": 2, "codec": "zstd", "start": 72, "width": 2, "size": len(old), "changed": 10, "gap_width": 2}
+    bomb = zstandard.ZstdCompressor(level=19).compress(bytes(32 << 20))  # declares 32 MiB
+    assert len(bomb) < 4096
+    with pytest.raises(ValueError, match="holds 41 bytes, expected 40"):  # stopped at the expected size + 1
+        decode_delta(old, bomb, info)
+    with pytest.raises(ValueError, match="does not fit 1000 elements"):  # more than the data: never inflated
+        decode_delta(old, bomb, {**info, "changed": 501})
+    past_the_end = np.zeros(40, np.uint8)
+    past_the_end[9] = 250  # the 10th gap's low byte: its position lands at 9 + 250 * 4 > 999
+    past_the_end[19] = 250
+    with pytest.raises(ValueError, match="not ascending within 1000 elements"):
+        decode_delta(old, zstandard.ZstdCompressor().compress(past_the_end.tobytes()), info)
+    with pytest.raises(ValueError, match="unknown delta format 3"):
+        decode_delta(old, bomb, {**info, "format": 3})
