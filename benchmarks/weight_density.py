@@ -13,20 +13,33 @@ here), and read back by a reader following every version (reader.load_state_dict
 the stored bytes against a full file of the dtype, the density (elements whose bits changed), the
 publish and load seconds; every rebuilt version is checked bit for bit against the cast bytes.
 One JSON line per (lr, dtype, store), then a markdown table.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/weight_density.py --codec [--mib 256] [--frac 0.04] [--before REV]
+
+--codec (issue 57): the codec alone on a synthetic bf16 file of --mib MiB with --frac of its
+elements changed by one ulp: encode and decode GB/s (of the bf16 file) of areal_core/weights/delta.py
+at git revision --before and now, beside a memcpy of the same bytes, all in one run; with the CPU's
+model name and the load average before and after.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
 import tempfile
 import time
+import types
 import uuid
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from areal_core.store import Store
+from areal_core.weights import delta
 from areal_core.weights.publisher import WeightPublisher, cast_safetensors
 from areal_core.weights.reader import load_state_dict, load_weights_bytes
 from benchmarks.moto_local import start_moto
@@ -71,13 +84,109 @@ def measure(store: Store, versions: list[bytes], dtype: str) -> dict:
     }
 
 
+def bf16_pair(mib: int, frac: float, seed: int = 0) -> tuple[bytes, bytes]:
+    """Two safetensors files of one bf16 tensor of `mib` MiB; `frac` of its elements (random
+    positions) moved by ±1 in their bits (one bf16 ulp: the typical change of a small AdamW step)."""
+    import torch
+    from safetensors.torch import save
+
+    rng = np.random.default_rng(seed)
+    n = (mib << 20) // 2
+    old = torch.from_numpy(rng.standard_normal(n, np.float32)).to(torch.bfloat16)
+    bits = old.view(torch.int16).numpy().copy()
+    moved = rng.choice(n, int(frac * n), replace=False)
+    bits[moved] += rng.choice(np.array([-1, 1], np.int16), moved.size)
+    return save({"w": old}), save({"w": torch.from_numpy(bits).view(torch.bfloat16)})
+
+
+def codec_at(rev: str) -> Any:
+    """areal_core/weights/delta.py as it was at git revision `rev` (our own history), as a module."""
+    source = subprocess.run(["git", "show", f"{rev}:areal_core/weights/delta.py"], capture_output=True, check=True)
+    module = types.ModuleType(f"delta_{rev}")
+    exec(compile(source.stdout, f"delta.py@{rev}", "exec"), module.__dict__)  # noqa: S102 - our git history
+    return module
+
+
+def best_s(fn: Callable[[], Any], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def codec_speed(mib: int, frac: float, before: str, repeats: int) -> list[dict]:
+    """Encode and decode GB/s (of the bf16 file) of the codec before (`before`) and now, beside a
+    memcpy of the same bytes: into a buffer already allocated (np.copyto) and into a new bytes
+    (what decode_delta must return: Python allocates it on 4 KiB pages)."""
+    old, new = bf16_pair(mib, frac)
+    src, dst = np.frombuffer(new, np.uint8), np.empty(len(new), np.uint8)
+    rows = [
+        {"what": "memcpy into an allocated buffer", "s": best_s(lambda: np.copyto(dst, src), repeats)},
+        {"what": "memcpy into a new bytes", "s": best_s(src.tobytes, repeats)},
+    ]
+    for label, codec in ((f"before ({before})", codec_at(before)), ("now", delta)):
+        payload, info = codec.encode_delta(old, new, "zstd")
+        if codec.decode_delta(old, payload, info) != new:
+            raise AssertionError(f"{label}: the decoded file differs")
+        enc = best_s(lambda codec=codec: codec.encode_delta(old, new, "zstd"), repeats)
+        dec = best_s(lambda codec=codec, p=payload, i=info: codec.decode_delta(old, p, i), repeats)
+        rows.append({"what": f"encode, {label}", "s": enc, "delta_mb": len(payload) / 2**20})
+        rows.append({"what": f"decode to a new bytes, {label}", "s": dec, "delta_mb": len(payload) / 2**20})
+    base = np.frombuffer(old, np.uint8)
+
+    def apply_in_place() -> None:
+        np.copyto(dst, base)
+        delta.apply_delta(dst, payload, info)
+
+    apply_in_place()
+    if dst.tobytes() != new:
+        raise AssertionError("apply_delta: the decoded file differs")
+    rows.append(
+        {"what": "decode into an allocated buffer (copy + apply_delta), now", "s": best_s(apply_in_place, repeats)}
+    )
+    for r in rows:
+        r["gbps"] = round(len(new) / r["s"] / 1e9, 2)
+        r["of_memcpy"] = round(rows[0]["s"] / r["s"], 3)
+        r["of_memcpy_new_bytes"] = round(rows[1]["s"] / r["s"], 3)
+        r["s"] = round(r["s"], 4)
+    return rows
+
+
+def codec_main(a: argparse.Namespace) -> None:
+    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
+    print(json.dumps({"cpu": cpu, "cores": os.cpu_count(), "loadavg_before": os.getloadavg()}), flush=True)
+    rows = codec_speed(a.mib, a.frac, a.before, a.repeats)
+    for r in rows:
+        print(json.dumps(r), flush=True)
+    print(json.dumps({"loadavg_after": os.getloadavg()}))
+    print(
+        f"| {a.mib} MiB bf16, {a.frac:.0%} changed | s (best of {a.repeats}) | GB/s | of memcpy (allocated) | "
+        "of memcpy (new bytes) | delta MB |"
+    )
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        mb = f"{r['delta_mb']:.2f}" if "delta_mb" in r else ""
+        print(
+            f"| {r['what']} | {r['s']} | {r['gbps']} | {r['of_memcpy']:.0%} | {r['of_memcpy_new_bytes']:.0%} | {mb} |"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lrs", type=float, nargs="*", default=[1e-6, 1e-5, 1e-4])
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--s3", action="store_true")
+    ap.add_argument("--codec", action="store_true", help="the codec's speed against memcpy only")
+    ap.add_argument("--mib", type=int, default=256)
+    ap.add_argument("--frac", type=float, default=0.04)
+    ap.add_argument("--before", default="a4963f6", help="git revision of the codec to compare with")
+    ap.add_argument("--repeats", type=int, default=3)
     a = ap.parse_args()
+    if a.codec:
+        return codec_main(a)
     import torch
 
     from areal_core import pretrained
