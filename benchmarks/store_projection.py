@@ -9,8 +9,8 @@ Assumptions, all stated in the output: H100s at 40% MFU (989 TFLOP/s bf16 peak) 
 weights once); 16 trainer GPUs, 64 rollout workers of 64 slots, B = 64 groups of 16, 256-token
 prompts, the simulator's default answer lengths, η = 4. A version is written once by the trainer
 and read by every rollout worker at the store's bandwidth per client (1 or 10 GB/s); a delta also
-costs its encoding and decoding at `--codec-gbps` of bf16 input (this repo's numpy + zstd codec on
-one core of the benchmark machine: measure with benchmarks/weight_density.py). `--delta-frac` is
+costs its encoding and decoding at `--codec-gbps` of bf16 input (this repo's codec on the benchmark
+machine: measure with benchmarks/weight_density.py --codec). `--delta-frac` is
 a delta's size as a fraction of a full bf16 file (benchmarks/weight_density.py at lr 1e-5).
 """
 
