@@ -7,7 +7,7 @@ pod's memory"; tests/test_prepare_memory.py holds it to one copy).
 Each measurement is a fresh process: it imports what prepare imports, reads its resident set (RSS),
 runs `pipeline.prepare` on the checkpoint at PATH with LoRA on and each rollout engine and dtype of
 ENGINES (every check that needs the weights runs: the LoRA targets, the agreement in float32 and,
-for bfloat16, in bfloat16 too), and reads the process's peak RSS (`resource.getrusage(...).ru_maxrss`).
+for bfloat16, in bfloat16 too), and reads the process's peak RSS (VmHWM).
 It prints one JSON line:
 weights_mb (the checkpoint's weights in float32), start_mb (RSS after the imports), peak_mb and
 growth_mb = peak_mb - start_mb.
@@ -37,6 +37,17 @@ def _current_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def _peak_mb() -> float:
+    """This process's peak resident set (VmHWM of /proc/self/status), in MiB. Not getrusage's ru_maxrss:
+    Linux carries the parent's high-water mark into a child across fork and execve, so a child of a
+    large process (a pytest worker that ran other tests) reports the parent's peak."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def child(path: str, overrides: list[str], warmup: str = "") -> dict[str, float]:
     """Run prepare on the checkpoint at `path` in this process; its memory, in MiB. `warmup`: a
     checkpoint prepared first, so that what the first prepare of a process loads once (modules,
@@ -53,7 +64,7 @@ def child(path: str, overrides: list[str], warmup: str = "") -> dict[str, float]
             pipeline.prepare("", [f"store={tmp}/warm", f"model.path={warmup}", *CHECK_OVERRIDES, *overrides])
         start = _current_mb()
         pipeline.prepare("", [f"store={tmp}/run", f"model.path={path}", *CHECK_OVERRIDES, *overrides])
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = _peak_mb()
     return {
         "weights_mb": float32_weight_bytes(path) / 2**20,
         "start_mb": start,
@@ -78,7 +89,7 @@ def float32_weight_bytes(folder: str | Path) -> int:
 
 
 def measure(path: str | Path, overrides: list[str] = (), warmup: str | Path = "") -> dict[str, float]:
-    """`child` in a fresh process (so ru_maxrss is prepare's own peak)."""
+    """`child` in a fresh process (so its VmHWM is prepare's own peak)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, str(Path(__file__).resolve()), "child", str(path), str(warmup), *overrides]
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
