@@ -26,6 +26,7 @@ from areal_core.run import pipeline
 from areal_core.store import Store
 from areal_core.train.batch import GroupBuffer
 from areal_core.train.counters import TrainerCounters
+from areal_core.train.drops import DropLog
 from areal_core.train.sources import record_ids, screen
 from benchmarks import tiny_checkpoints as tc
 from examples.coming_from import trl_rewards, verl_gsm8k
@@ -280,11 +281,15 @@ def test_the_trainer_drops_skipped_samples_counted():
             self.seen.append((kind, kw))
 
     ev = Events()
-    out = screen(buf, 0, 2, [], False, counters, ev)
+    drops = DropLog()
+    out = screen(buf, 0, 2, [], False, counters, ev, drops)
     # group a keeps its 3 graded samples; group b is left with one and goes whole
     assert [s.sample_id for s in buf.samples()] == ["a-1", "a-2", "a-3"]
     assert len(out.skipped) == 5 and counters.skipped_samples == 5
     assert ev.seen == [("drop", {"reason": "reward_skipped", "n": 5})]
+    # each skipped sample has its drop record (issue 54's accounting), with the reason and the trainer's version
+    assert sorted(r["sample_id"] for r in drops.pending) == sorted(s.sample_id for s in out.skipped)
+    assert {(r["reason"], r["trainer_version"]) for r in drops.pending} == {("reward_skipped", 0)}
 
 
 # --- through pyflyte run ---

@@ -26,6 +26,7 @@ from areal_core.reward.worker import grade_samples
 from areal_core.run import pipeline
 from areal_core.train.batch import GroupBuffer
 from areal_core.train.counters import TrainerCounters
+from areal_core.train.drops import DropLog
 from areal_core.train.sources import screen
 from task_data import load_task
 from tests.conftest import TINY
@@ -257,9 +258,12 @@ def test_only_groups_holding_a_skipped_sample_are_counted_as_skipped():
     buf.add([graded("b", i, 0.0 if i == 0 else float(i), SKIPPED if i == 0 else GRADED) for i in range(3)])
     # an agent's own info that says "skipped" is not the reward functions' None
     buf.add([graded("c", i, float(i), {"skipped": True, "reward_source": "agent"}) for i in range(2)])
-    counters, ev = TrainerCounters(), Events()
-    out = screen(buf, 0, 2, [], False, counters, ev)
+    counters, ev, drops = TrainerCounters(), Events(), DropLog()
+    out = screen(buf, 0, 2, [], False, counters, ev, drops)
     assert [s.sample_id for s in out.skipped] == ["b-0"] and counters.skipped_samples == 1
+    assert [(r["reason"], r["sample_id"]) for r in drops.pending if r["reason"] == "reward_skipped"] == [
+        ("reward_skipped", "b-0")
+    ]
     assert ("drop", {"reason": "reward_skipped", "n": 1}) in ev.seen
     assert [s.sample_id for s in out.dropped] == ["one-0"]  # the short group goes by the staleness rule, as before
     assert sorted(s.sample_id for s in buf.samples()) == ["b-1", "b-2", "c-0", "c-1"]
@@ -273,8 +277,9 @@ def test_a_labelled_reward_unskips_a_sample_and_pairs_leave_skipped_ones_out():
     assert group[0].reward_info["label"]["model_skipped"] is True
     buf = GroupBuffer()
     buf.add(group)
-    out = screen(buf, 0, 2, [], False, TrainerCounters(), Events())
-    assert not out.skipped and len(buf.samples()) == 3
+    drops = DropLog()
+    out = screen(buf, 0, 2, [], False, TrainerCounters(), Events(), drops)
+    assert not out.skipped and len(buf.samples()) == 3 and not drops.pending
 
 
 def test_a_session_meta_of_any_shape_neither_crashes_grading_nor_moves_the_ground_truth(tmp_path):
