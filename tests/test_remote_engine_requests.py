@@ -142,7 +142,9 @@ def test_how_vllm_serves_a_lora_run_follows_rollout_server_lora(overrides, nativ
     from areal_core.config import load_config
     from areal_core.rollout.factory import vllm_native_lora
 
-    assert vllm_native_lora(load_config(None, ["rollout.engine=vllm", *overrides])) is native
+    # a server at a url (none answers: the device is the run's, as for a server this worker starts) needs no vLLM venv
+    cfg = load_config(None, ["rollout.engine=vllm", "rollout.server.url=http://127.0.0.1:9", *overrides])
+    assert vllm_native_lora(cfg) is native
 
 
 def test_a_misspelled_lora_mode_is_refused_at_prepare():
