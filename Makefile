@@ -3,6 +3,9 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# `make test` runs the test files on this many processes (pytest-xdist; a file stays on one process, so its
+# fixtures and order hold). CI has 2 cores; TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= 2
 
 .PHONY: run test lint format venv vllm-venv flyte2-venv flyte2-run clean
 
@@ -35,7 +38,7 @@ run: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -m "slow or not slow" --durations=30 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "slow or not slow" -n $(TEST_WORKERS) --dist loadfile --durations=30 $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check --fix .
