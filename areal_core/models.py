@@ -127,11 +127,13 @@ def record_prompt(tokenizer: Any, record: dict[str, Any], system: str = "", prom
     return task_prompt(tokenizer, record["prompt"], system, prompt_format, (record.get("meta") or {}).get("chat"))
 
 
-def load_pretrained(path: str, device: str = "cpu") -> tuple[Any, Any]:
+def load_pretrained(path: str, device: str = "cpu", tokenizer: bool = True) -> tuple[Any, Any]:
     """(model, tokenizer) from a local folder or an fsspec URI of an HF checkpoint, checked against
     its MANIFEST.json when it has one (init_model/ does: areal_core/manifest.py), loaded without
     running anything it holds (areal_core/hf_load.py). A vision-language folder gives its
-    VisionProcessor as the tokenizer (it answers as one, and holds the image processor)."""
+    VisionProcessor as the tokenizer (it answers as one, and holds the image processor).
+    `tokenizer=False` loads the model only (the tokenizer is None): a weights-only reader needs no
+    tokenizer files."""
     from areal_core.hf_load import load_model, load_tokenizer
     from areal_core.logs import quiet_libraries
     from areal_core.manifest import verify_local_dir
@@ -145,13 +147,13 @@ def load_pretrained(path: str, device: str = "cpu") -> tuple[Any, Any]:
         from areal_core.vlm_processor import VisionProcessor
 
         model = load_model(AutoModelForImageTextToText, local, dtype=torch.float32).to(device)
-        return model, VisionProcessor.from_pretrained(local)  # the tokenizer, and the image processor
-    tokenizer = load_tokenizer(local)
-    if tokenizer.pad_token_id is None and tokenizer.eos_token is not None:  # base Llama/Mistral: pad with EOS
-        tokenizer.pad_token = tokenizer.eos_token
+        return model, VisionProcessor.from_pretrained(local) if tokenizer else None  # and the image processor
+    tok = load_tokenizer(local) if tokenizer else None
+    if tok is not None and tok.pad_token_id is None and tok.eos_token is not None:  # base Llama/Mistral: pad with EOS
+        tok.pad_token = tok.eos_token
     model = load_model(AutoModelForCausalLM, local, dtype=torch.float32).to(device)
     model.stored_dtype = checkpoint_dtype(local)  # trained in float32; written back as the user stored it
-    return model, tokenizer
+    return model, tok
 
 
 def localize(path: str) -> str:

@@ -165,7 +165,7 @@ def base_model(store: Store) -> Any:
     with _last_lock:
         if store.uri in _model_bases:
             return _model_bases[store.uri]
-    model = load_pretrained(store.url(LAYOUT.init_model))[0]
+    model = load_pretrained(store.url(LAYOUT.init_model), tokenizer=False)[0]  # weights: no tokenizer
     with _last_lock:
         return _model_bases.setdefault(store.uri, model)
 
