@@ -69,7 +69,7 @@ ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
         {"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32, "head_dim": 16}
         | {"sliding_window": WINDOW},
     ),
-    "gpt2": ("GPT2Config", {}),
+    "gpt2": ("GPT2Config", {"attn_pdrop": 0.0, "resid_pdrop": 0.0, "embd_pdrop": 0.0}),  # no dropout, as the rest
 }
 
 CORPUS = [f"What is {a} + {b}? The answer is {a + b}.\n#### {a + b}" for a in range(10) for b in range(10)]

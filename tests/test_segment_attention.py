@@ -26,7 +26,8 @@ from tests.conftest import ROOT, TINY
 from tests.test_architectures import TOL, hf_logprobs, lora_model, padded, rows
 from tests.test_config_misuse import SMALL
 
-EAGER = {"gemma2"}  # runs eager attention (its logit soft-capping): stays on masks
+# run eager attention, which per-span attention refuses: stay on masks (refusal asserted below)
+EAGER = {"gemma2": "Gemma2ForCausalLM", "gpt_oss": "GptOssForCausalLM"}  # logit soft-capping; attention sinks
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +39,7 @@ def grads(model) -> torch.Tensor:
     return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
 
 
-@pytest.mark.parametrize("name", sorted(set(tc.ARCHS) - EAGER))
+@pytest.mark.parametrize("name", sorted(set(tc.ARCHS) - set(EAGER)))
 def test_per_span_attention_equals_the_hf_forward_and_the_masks_gradient(name, tok):
     """Tree rows (a group's prompt once) and packed rows, per span: log-probs equal to the HF forward
     of each sequence alone to 1e-5 and gradients equal to the 4D-mask path's, on rows longer than
@@ -60,6 +61,27 @@ def test_per_span_attention_equals_the_hf_forward_and_the_masks_gradient(name, t
         g0 = results["mask"][1]
         assert (g - g0).abs().max() < 1e-5 * max(1.0, float(g0.abs().max())), (name, kwargs)
     assert model.config._attn_implementation == "areal_segments"
+
+
+@pytest.mark.parametrize("name", sorted(EAGER))
+def test_per_span_attention_is_refused_by_name_for_eager_architectures(name, tok):
+    seqs, groups = rows()
+    ids, mask = padded(seqs)
+    model = tc.model(name, tok=tok)
+    with pytest.raises(ValueError, match=f"{EAGER[name]} cannot attend per span .*eager"):
+        packed_token_logprobs(model, ids, mask, group_index=groups, attention="segments")
+
+
+def test_dropout_does_not_keep_a_model_off_per_span_attention(tok):
+    """The first-use check compares in eval mode: GPT-2 as its checkpoints ship (dropout 0.1) in
+    train mode attends per span, and is left in train mode."""
+    from transformers import AutoModelForCausalLM
+
+    cfg = tc.config("gpt2", tok)
+    cfg.attn_pdrop = cfg.resid_pdrop = cfg.embd_pdrop = 0.1
+    model = AutoModelForCausalLM.from_config(cfg).train()
+    ids, _ = padded(rows()[0])
+    assert use_segments(model) and segments_agree(model, ids) and model.training
 
 
 @pytest.mark.parametrize("name", ["qwen2_window", "phi3", "qwen3_moe"])

@@ -380,10 +380,16 @@ CHECK_TOL = 1e-4
 def segments_agree(model, input_ids: torch.Tensor) -> bool:
     """Once per model: the per-span forward of a small tree (two sequences sharing a prompt, one
     more in a group of its own) equals the same rows under their 4D masks, else the model stays on
-    masks (logged). The caller has switched it with `use_segments`."""
+    masks (logged). The caller has switched it with `use_segments`. Compared in eval mode: dropout
+    (GPT-2's checkpoints ship 0.1) would make two forwards differ whatever the attention."""
     base = base_model(model)
     if base not in _CHECKED:
-        _CHECKED[base] = _compare(model, input_ids)
+        training = model.training
+        model.eval()
+        try:
+            _CHECKED[base] = _compare(model, input_ids)
+        finally:
+            model.train(training)
     return _CHECKED[base]
 
 
