@@ -259,13 +259,21 @@ def test_a_step_in_micro_batches_equals_the_step_at_once(algo, minibatches):
 
     base = [*MODEL, *algo, f"train.ppo_minibatches={minibatches}", "train.batch_groups=2", "train.lr=3e-3"]
     results = []
-    for budget in (0, 16):
-        cfg = load_config(None, [*base, f"train.max_tokens_per_micro_batch={budget}"])
-        model = make_model(cfg)
-        ref = make_model(cfg) if cfg.algo.kl_coef else None
-        opt = make_optimizer(model, cfg)
-        stats = [train_step(model, opt, b, cfg, 0, ref_model=ref) for b in fixed_batches()[:2]]
-        results.append((stats, {k: v.clone() for k, v in model.state_dict().items()}))
+    # one intra-op thread: on two, a reduction's order follows how rows split between threads, which differs
+    # between the whole batch and its micro-batches; Adam turned that float32 noise into one element 1.7e-5 apart
+    # (dr_grpo, 2 minibatches, AMD EPYC), so the comparison measured the thread split, not micro-batching
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for budget in (0, 16):
+            cfg = load_config(None, [*base, f"train.max_tokens_per_micro_batch={budget}"])
+            model = make_model(cfg)
+            ref = make_model(cfg) if cfg.algo.kl_coef else None
+            opt = make_optimizer(model, cfg)
+            stats = [train_step(model, opt, b, cfg, 0, ref_model=ref) for b in fixed_batches()[:2]]
+            results.append((stats, {k: v.clone() for k, v in model.state_dict().items()}))
+    finally:
+        torch.set_num_threads(threads)
     (whole, sd0), (micro, sd1) = results
     assert all(s["micro_batches"] > 1 for s in micro) and all(s["micro_batches"] == 1 for s in whole)
     for a, b in zip(whole, micro):
