@@ -15,15 +15,6 @@ from areal_core.layout import LAYOUT
 from areal_core.procs import free_port
 from areal_core.store import Store
 
-# a tiny policy: one layer, 32 wide (with a task's vocabulary and the SFT warm start)
-MODEL = [
-    "model.hidden_size=32",
-    "model.num_layers=1",
-    "model.num_heads=2",
-    "model.num_kv_heads=1",
-    "model.intermediate_size=64",
-]
-
 
 def flip_byte(store: Store, version: int) -> None:
     """Flip one byte of the weights (or delta) file of `version`, leaving its manifest as it was."""

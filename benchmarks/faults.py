@@ -136,7 +136,8 @@ def main() -> None:
     from areal_core.run import pipeline
     from areal_core.run.tracking import mlflow_client
     from areal_core.store import Store
-    from benchmarks.fault_kit import MODEL, Forwarder
+    from benchmarks.fault_kit import Forwarder
+    from benchmarks.tiny_run import MODEL
     from task_data.arithmetic import generate
 
     root = Path(a.root).resolve()

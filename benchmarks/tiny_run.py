@@ -4,6 +4,15 @@ the benchmarks (benchmarks/replay.py) take it from here; benchmarks import no te
 
 from __future__ import annotations
 
+# the tiny policy alone: one layer, 32 wide (the online tests, the proxy tests and the fault benchmark)
+MODEL = [
+    "model.hidden_size=32",
+    "model.num_layers=1",
+    "model.num_heads=2",
+    "model.num_kv_heads=1",
+    "model.intermediate_size=64",
+]
+
 TINY = [
     "task.num_train=400",
     "task.num_eval=40",

@@ -21,16 +21,9 @@ from areal_core.proxy.sessions import session_id_for_key
 from areal_core.rollout.engine import SamplingParams
 from areal_core.rollout.torch_engine import TorchEngine
 from areal_core.store import Store
+from benchmarks.tiny_run import MODEL
 from task_data.arithmetic import generate
 from tests.test_flyte import serialize
-
-MODEL = [
-    "model.hidden_size=32",
-    "model.num_layers=1",
-    "model.num_heads=2",
-    "model.num_kv_heads=1",
-    "model.intermediate_size=64",
-]
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -20,16 +20,10 @@ from areal_core.proxy.runner import ProxyServer
 from areal_core.proxy.versions import Folder, MlflowAlias, RunWeights, make_source
 from areal_core.store import Store
 from areal_core.weights.publisher import hf_side_files, publish, state_dict_bytes
+from benchmarks.tiny_run import MODEL
 from task_data.arithmetic import generate
 from tests.conftest import wait_until
 
-MODEL = [
-    "model.hidden_size=32",
-    "model.num_layers=1",
-    "model.num_heads=2",
-    "model.num_kv_heads=1",
-    "model.intermediate_size=64",
-]
 KEY = "sk-follow"
 PROBE = [{"role": "user", "content": "3 + 4 ="}]
 
