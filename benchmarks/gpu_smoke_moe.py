@@ -117,7 +117,7 @@ def moe_engines(device: str, tiny: bool) -> dict[str, Any]:
     from areal_core.rollout.continuous_engine import ContinuousEngine
     from areal_core.rollout.engine import SamplingParams
     from areal_core.rollout.torch_engine import TorchEngine
-    from benchmarks.gpu_smoke import sync
+    from benchmarks.gpu_smoke import engine_rates
 
     batch, plen, new = (4, 16, 8) if tiny else (32, 64, 128)
     model = moe_model(TINY_MOE if tiny else QWEN3_30B_A3B_SCALED, device).eval()
@@ -127,18 +127,7 @@ def moe_engines(device: str, tiny: bool) -> dict[str, Any]:
         "torch_engine": lambda: TorchEngine(model, 0, -1).generate(prompts.tolist(), params),
         "continuous_engine": lambda: ContinuousEngine(model, 0, -1, slots=batch).generate(prompts.tolist(), params),
     }
-    out: dict[str, Any] = {"batch": batch, "prompt_len": plen, "new_tokens": new}
-    for name, fn in runs.items():
-        try:
-            fn()  # warm-up
-            sync(device)
-            t0 = time.perf_counter()
-            fn()
-            sync(device)
-            out[name] = {"tok_s": round(batch * new / (time.perf_counter() - t0), 1)}
-        except Exception as exc:  # one engine failing is a figure too
-            out[name] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
-    return out
+    return {"batch": batch, "prompt_len": plen, "new_tokens": new, **engine_rates(runs, batch * new, device)}
 
 
 def megatron_python() -> str | None:
