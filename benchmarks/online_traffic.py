@@ -175,13 +175,7 @@ def summarize(sim: dict[str, Any], store, t_start: float) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> None:
-    from areal_core.layout import LAYOUT
-    from areal_core.logs import setup_logging
-    from areal_core.prompts import load_prompts
-    from areal_core.run import pipeline
-    from areal_core.store import Store
-
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--users", type=int, default=32)
     ap.add_argument("--steps", type=int, default=60)
@@ -192,9 +186,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--root", default="runs/online-traffic")
     ap.add_argument("overrides", nargs="*")
-    args = ap.parse_args(argv)
-    setup_logging()
-    root = Path(args.root).resolve()
+    return ap.parse_args(argv)
+
+
+def prepare_run(args: argparse.Namespace, root: Path) -> tuple[str, str]:
+    """The calculator agent's run prepared under `root` and its SFT warm start: (run URI, checkpoint)."""
+    from areal_core.run import pipeline
+
     ov = [
         f"store={root / 'run'}",
         f"train.steps={args.steps}",
@@ -206,7 +204,81 @@ def main(argv: list[str] | None = None) -> None:
         *args.overrides,
     ]
     run_uri, _ = pipeline.prepare(str(ROOT / "configs/agent_calculator.yaml"), ov)
-    checkpoint = pipeline.sft(run_uri)
+    return run_uri, pipeline.sft(run_uri)
+
+
+def start_trainer(run_uri: str, checkpoint: str, env: dict[str, str], logs: Path) -> subprocess.Popen:
+    """`online/continuous.py`'s trainer on the run's live sessions, logging to logs/trainer.log."""
+    code = "import sys; from areal_core.online.continuous import continuous_task; continuous_task(*sys.argv[1:])"
+    return subprocess.Popen(
+        [sys.executable, "-c", code, run_uri, checkpoint], env=env, stdout=open(logs / "trainer.log", "w"),
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+
+
+def start_proxy(
+    args: argparse.Namespace, run_uri: str, root: Path, keys: list[str], port: int, env: dict[str, str], logs: Path
+) -> subprocess.Popen:
+    """The proxy following the run's weights and writing its sessions into it, logging to logs/proxy.log."""
+    from areal_core.layout import LAYOUT
+    from areal_core.store import Store
+
+    follow = Store(run_uri).url(LAYOUT.weights_root)
+    proxy_cmd = [
+        *(sys.executable, "-m", "areal_core.proxy", "--follow", follow, "--store", run_uri),
+        *("--engine", args.engine, "--port", str(port), "--threads", "1", "--poll-interval-s", "0.5"),
+        *("--config", str(root / "run" / LAYOUT.config), "--default-max-tokens", "40", "--tool-prompt", "none"),
+        *(a for k in keys for a in ("--api-key", k)),
+    ]
+    return subprocess.Popen(proxy_cmd, env=env, stdout=open(logs / "proxy.log", "w"), stderr=subprocess.STDOUT)
+
+
+def wait_healthy(url: str, processes: list[subprocess.Popen], logs: Path) -> None:
+    """Until the proxy answers /health (at most 10 minutes); SystemExit when a process exits first."""
+    for _ in range(1200):
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if any(p.poll() is not None for p in processes):
+            raise SystemExit(f"a process exited early; see {logs}")
+        time.sleep(0.5)
+
+
+def stop(proxy: subprocess.Popen, trainer: subprocess.Popen) -> None:
+    """Both processes stopped (the trainer only if it still runs), each waited for."""
+    proxy.terminate()
+    if trainer.poll() is None:
+        trainer.terminate()
+    proxy.wait(timeout=60)
+    trainer.wait(timeout=60)
+
+
+def report(args: argparse.Namespace, root: Path, trainer_rc: int | None, measured: dict[str, Any]) -> None:
+    """ROOT/online_traffic.json and the RESULT line (without the served versions)."""
+    res = {
+        "users": args.users,
+        "engine": args.engine,
+        "steps": args.steps,
+        "trainer_rc": trainer_rc,
+        "cpu": next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), ""),
+        "load_1min_after": os.getloadavg()[0],
+        **measured,
+    }
+    (root / "online_traffic.json").write_text(json.dumps(res, indent=2))
+    print("RESULT", json.dumps({k: v for k, v in res.items() if k != "served_versions"}), flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from areal_core.logs import setup_logging
+    from areal_core.prompts import load_prompts
+    from areal_core.store import Store
+
+    args = parse_args(argv)
+    setup_logging()
+    root = Path(args.root).resolve()
+    run_uri, checkpoint = prepare_run(args, root)
     store = Store(run_uri)
     tasks = load_prompts(store, "train")
     keys = [f"sk-user-{i}" for i in range(args.users)]
@@ -214,48 +286,16 @@ def main(argv: list[str] | None = None) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     logs = root / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    code = "import sys; from areal_core.online.continuous import continuous_task; continuous_task(*sys.argv[1:])"
     t_start = time.time()
-    trainer = subprocess.Popen(
-        [sys.executable, "-c", code, run_uri, checkpoint], env=env, stdout=open(logs / "trainer.log", "w"),
-        stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    proxy_cmd = [
-        *(sys.executable, "-m", "areal_core.proxy", "--follow", store.url(LAYOUT.weights_root), "--store", run_uri),
-        *("--engine", args.engine, "--port", str(port), "--threads", "1", "--poll-interval-s", "0.5"),
-        *("--config", str(root / "run" / LAYOUT.config), "--default-max-tokens", "40", "--tool-prompt", "none"),
-        *(a for k in keys for a in ("--api-key", k)),
-    ]
-    proxy = subprocess.Popen(proxy_cmd, env=env, stdout=open(logs / "proxy.log", "w"), stderr=subprocess.STDOUT)
+    trainer = start_trainer(run_uri, checkpoint, env, logs)
+    proxy = start_proxy(args, run_uri, root, keys, port, env, logs)
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(1200):
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proxy.poll() is not None or trainer.poll() is not None:
-                raise SystemExit(f"a process exited early; see {logs}")
-            time.sleep(0.5)
+        wait_healthy(url, [proxy, trainer], logs)
         sim = asyncio.run(simulate(args, url, keys, tasks, lambda: trainer.poll() is None))
     finally:
-        proxy.terminate()
-        if trainer.poll() is None:
-            trainer.terminate()
-        proxy.wait(timeout=60)
-        trainer.wait(timeout=60)
-    res = {
-        "users": args.users,
-        "engine": args.engine,
-        "steps": args.steps,
-        "trainer_rc": trainer.returncode,
-        "cpu": next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), ""),
-        "load_1min_after": os.getloadavg()[0],
-        **summarize(sim, store, t_start),
-    }
-    (root / "online_traffic.json").write_text(json.dumps(res, indent=2))
-    print("RESULT", json.dumps({k: v for k, v in res.items() if k != "served_versions"}), flush=True)
+        stop(proxy, trainer)
+    report(args, root, trainer.returncode, summarize(sim, store, t_start))
 
 
 if __name__ == "__main__":

@@ -403,7 +403,7 @@ def markdown(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="tiny,large", help="comma list of tiny, large, smollm2")
     ap.add_argument("--lora-rank", type=int, default=16, help="pretrained models: the LoRA chain's rank")
@@ -432,45 +432,31 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default="", help="write the results as JSON here")
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    shapes = {
-        "tiny": ModelConfig(),
-        "large": ModelConfig(hidden_size=args.hidden, num_layers=args.layers, intermediate_size=args.intermediate),
-    }
-    root = Path(args.root or tempfile.mkdtemp(prefix="weight-transfer-"))
-    moto = None
+    return ap.parse_args()
+
+
+def measure_shape(
+    name: str, cfg: ModelConfig, root: Path, bucket: str | None, args: argparse.Namespace
+) -> tuple[list[dict], list[dict]]:
+    """One model shape's version chain, measured on the local store (and S3's `bucket`), and its
+    delta sizes at --lr and every --lrs: (results, sizes)."""
     results, sizes = [], []
-    try:
-        if args.s3:
-            moto, bucket = start_moto()
-        for name in args.models.split(","):
-            if name == "smollm2":
-                results.append(measure_pretrained(name, root, args, moto and bucket))
-                continue
-            cfg = shapes[name]
-            label = f"{name} (h{cfg.hidden_size} L{cfg.num_layers} i{cfg.intermediate_size})"
-            t_chain, (model, blobs) = timed(
-                lambda cfg=cfg: version_chain(cfg, args.lr, args.steps, args.warmup, args.batch, args.seed)
-            )
-            print(f"{label}: {len(blobs[0]) / 1e6:.1f} MB, {args.steps} steps in {t_chain:.0f}s", flush=True)
-            sizes.append({"model": label, "lr": args.lr, **delta_sizes(blobs)})
-            uris = [str(root / name)] + ([f"{bucket}/{name}"] if moto else [])
-            for uri in uris:
-                results.append({"model": label, **measure(uri, model, blobs, args)})
-                print(markdown(results[-1:]), flush=True)
-            for lr in [float(x) for x in args.lrs.split(",") if x]:
-                _, (_, other) = timed(
-                    lambda cfg=cfg, lr=lr: version_chain(cfg, lr, args.steps, args.warmup, args.batch, args.seed)
-                )
-                sizes.append({"model": label, "lr": lr, **delta_sizes(other)})
-            del model, blobs
-    finally:
-        if moto is not None:
-            moto.terminate()
-            moto.wait(timeout=10)
-        if not args.root:
-            shutil.rmtree(root, ignore_errors=True)
+    label = f"{name} (h{cfg.hidden_size} L{cfg.num_layers} i{cfg.intermediate_size})"
+    t_chain, (model, blobs) = timed(lambda: version_chain(cfg, args.lr, args.steps, args.warmup, args.batch, args.seed))
+    print(f"{label}: {len(blobs[0]) / 1e6:.1f} MB, {args.steps} steps in {t_chain:.0f}s", flush=True)
+    sizes.append({"model": label, "lr": args.lr, **delta_sizes(blobs)})
+    uris = [str(root / name)] + ([f"{bucket}/{name}"] if bucket else [])
+    for uri in uris:
+        results.append({"model": label, **measure(uri, model, blobs, args)})
+        print(markdown(results[-1:]), flush=True)
+    for lr in [float(x) for x in args.lrs.split(",") if x]:
+        _, (_, other) = timed(lambda lr=lr: version_chain(cfg, lr, args.steps, args.warmup, args.batch, args.seed))
+        sizes.append({"model": label, "lr": lr, **delta_sizes(other)})
+    return results, sizes
+
+
+def print_tables(results: list[dict], sizes: list[dict]) -> None:
+    """The timing table, then the delta sizes, as markdown."""
     print()
     print(markdown(results))
     print()
@@ -482,6 +468,35 @@ def main() -> None:
             f"{100 * s['delta_saving']:.1f}% |"
             f" {100 * s['zstd_of_full_saving']:.1f}% |"
         )
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    shapes = {
+        "tiny": ModelConfig(),
+        "large": ModelConfig(hidden_size=args.hidden, num_layers=args.layers, intermediate_size=args.intermediate),
+    }
+    root = Path(args.root or tempfile.mkdtemp(prefix="weight-transfer-"))
+    moto, bucket = None, None
+    results, sizes = [], []
+    try:
+        if args.s3:
+            moto, bucket = start_moto()
+        for name in args.models.split(","):
+            if name == "smollm2":
+                results.append(measure_pretrained(name, root, args, bucket))
+                continue
+            shape_results, shape_sizes = measure_shape(name, shapes[name], root, bucket, args)
+            results += shape_results
+            sizes += shape_sizes
+    finally:
+        if moto is not None:
+            moto.terminate()
+            moto.wait(timeout=10)
+        if not args.root:
+            shutil.rmtree(root, ignore_errors=True)
+    print_tables(results, sizes)
     meta = {"machine": platform.processor() or platform.machine(), "torch": torch.__version__, "load": os.getloadavg()}
     meta.update(vars(args))
     if args.out:

@@ -258,8 +258,6 @@ LONG_FUNCTIONS = {
     "benchmarks/search_agent_probe.py:main": "a probe script; not split yet",
     "benchmarks/agent_rl_probe.py:main": "a probe script; not split yet",
     "benchmarks/vs_trl_side.py:trl_side": "TRL's side of the comparison, in TRL's venv; not split yet",
-    "benchmarks/weight_transfer.py:main": "a measurement script; not split yet",
-    "benchmarks/online_traffic.py:main": "a load script; not split yet",
 }
 
 
