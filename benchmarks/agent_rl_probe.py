@@ -13,11 +13,14 @@ import asyncio
 import json
 import random
 import time
+from typing import Any
 
 import torch
 
+AGENT = "areal_core.proxy.examples:calculator_agent"
 
-def main() -> None:
+
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     for name, typ, default in [
         ("sft", int, 150),
@@ -35,24 +38,14 @@ def main() -> None:
         ("seed", int, 1),
     ]:
         ap.add_argument(f"--{name.replace('_', '-')}", type=typ, default=default)
-    a = ap.parse_args()
-    torch.set_num_threads(1)
-    from areal_core.config import load_config
-    from areal_core.evaluate import agent_success
-    from areal_core.models import build_tiny_model, build_tokenizer
-    from areal_core.proxy.agent_workflow import AgentWorkflow
-    from areal_core.proxy.examples import calculator_corpus, calculator_sft_examples, sft_calculator
-    from areal_core.rollout.admission import prompt_order
-    from areal_core.rollout.engine import SamplingParams
-    from areal_core.rollout.torch_engine import TorchEngine
-    from areal_core.train.sft import sft_examples
-    from areal_core.train.step import train_step
-    from task_data.arithmetic import generate
+    return ap.parse_args()
 
-    agent = "areal_core.proxy.examples:calculator_agent"
-    train, held = generate(a.seed, 400, a.eval_n, ops="+-", lo=1, hi=9, max_steps=1)
-    tok = build_tokenizer(calculator_corpus(train), 400)
-    cfg = load_config(
+
+def probe_config(a: argparse.Namespace) -> Any:
+    """The run config of the probe: the tiny model's shape, lr, η = 0, B groups of G."""
+    from areal_core.config import load_config
+
+    return load_config(
         None,
         [
             f"model.hidden_size={a.hidden}",
@@ -67,7 +60,15 @@ def main() -> None:
             f"rollout.temperature={a.temperature}",
         ],
     )
-    model = build_tiny_model(cfg.model, len(tok), a.seed)
+
+
+def warm_start(a: argparse.Namespace, model: Any, tok: Any, train: list[dict]) -> None:
+    """SFT of `model` on agent episodes (share --mix) mixed with plain answers, as
+    areal_core.train.sft.agent_sft_examples mixes them."""
+    import areal_core.proxy.examples as ex
+    from areal_core.proxy.examples import calculator_sft_examples, sft_calculator
+    from areal_core.train.sft import sft_examples
+
     rng = random.Random(5)
     examples = []
     for r in train:  # the same mix as areal_core.train.sft.agent_sft_examples
@@ -76,22 +77,26 @@ def main() -> None:
         else:
             ids, plen = sft_examples(tok, [r])[0]
             examples.append((ids, [0] * plen + [1] * (len(ids) - plen)))
-    import areal_core.proxy.examples as ex
-
     ex.calculator_sft_examples = lambda _tok, _records: examples  # sft_calculator trains on these
-    t0 = time.time()
     sft_calculator(model, tok, train, steps=a.sft, lr=3e-3, batch_size=32, seed=a.seed)
-    out = {"args": vars(a), "sft_s": round(time.time() - t0, 1), "success": {}, "reward_mean": []}
-    out["success"][0] = agent_success(model, tok, agent, held, a.max_new_tokens)
-    print(json.dumps(out), flush=True)
+
+
+def rl_steps(
+    a: argparse.Namespace, model: Any, tok: Any, cfg: Any, train: list[dict], held: list[dict], out: dict
+) -> None:
+    """--steps synchronous GRPO steps of B agent groups each; the mean reward of each step and
+    held-out success every --eval-every steps go into `out` (printed at each evaluation)."""
+    from areal_core.evaluate import agent_success
+    from areal_core.proxy.agent_workflow import AgentWorkflow
+    from areal_core.rollout.admission import prompt_order
+    from areal_core.rollout.engine import SamplingParams
+    from areal_core.rollout.torch_engine import TorchEngine
+    from areal_core.train.step import train_step
+
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.0, betas=(0.9, 0.99))
     engine = TorchEngine(model, tok.pad_token_id, tok.eos_token_id, seed=7)
-    workflow = AgentWorkflow(
-        tok,
-        agent,
-        group_size=a.g,
-        sampling=SamplingParams(max_new_tokens=a.max_new_tokens, temperature=a.temperature),
-    )
+    sampling = SamplingParams(max_new_tokens=a.max_new_tokens, temperature=a.temperature)
+    workflow = AgentWorkflow(tok, AGENT, group_size=a.g, sampling=sampling)
 
     async def groups(tasks: list[dict]) -> list:
         out = await asyncio.gather(*(workflow.arun_episode(engine, t) for t in tasks))
@@ -109,10 +114,30 @@ def main() -> None:
             engine.version += 1
             out["reward_mean"].append(round(m["reward_mean"], 3))
             if step % a.eval_every == 0 or step == a.steps:
-                out["success"][step] = agent_success(model, tok, agent, held, a.max_new_tokens)
+                out["success"][step] = agent_success(model, tok, AGENT, held, a.max_new_tokens)
                 print(json.dumps(out), flush=True)
     finally:
         workflow.close()
+
+
+def main() -> None:
+    a = parse_args()
+    torch.set_num_threads(1)
+    from areal_core.evaluate import agent_success
+    from areal_core.models import build_tiny_model, build_tokenizer
+    from areal_core.proxy.examples import calculator_corpus
+    from task_data.arithmetic import generate
+
+    train, held = generate(a.seed, 400, a.eval_n, ops="+-", lo=1, hi=9, max_steps=1)
+    tok = build_tokenizer(calculator_corpus(train), 400)
+    cfg = probe_config(a)
+    model = build_tiny_model(cfg.model, len(tok), a.seed)
+    t0 = time.time()
+    warm_start(a, model, tok, train)
+    out = {"args": vars(a), "sft_s": round(time.time() - t0, 1), "success": {}, "reward_mean": []}
+    out["success"][0] = agent_success(model, tok, AGENT, held, a.max_new_tokens)
+    print(json.dumps(out), flush=True)
+    rl_steps(a, model, tok, cfg, train, held, out)
     out["wall_s"] = round(time.time() - t0, 1)
     print(json.dumps(out))
 
