@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -75,18 +76,12 @@ def trl_reward(kind: str) -> Callable[..., list[float]]:
     return reward
 
 
-def trl_side(spec_path: str) -> None:
-    """Runs in .venv-trl: TRL's GRPOTrainer with the spec's settings; writes result.json."""
-    spec = json.loads(Path(spec_path).read_text())
+def load_policy(spec: dict) -> tuple[Any, Any]:
+    """(tokenizer, model) of the spec's init folder in float32, no code of the folder run; SystemExit when TRL's
+    chat template gives other prompt tokens than ours; wrapped in the spec's LoRA when it has one."""
     import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    torch.set_num_threads(spec["threads"])
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-
-    lr_factor = _module("areal_core/train/schedule.py").lr_factor
-    out = Path(spec["out"])
     tok = AutoTokenizer.from_pretrained(spec["init"], trust_remote_code=False)  # no code of the folder runs
     model = AutoModelForCausalLM.from_pretrained(spec["init"], dtype=torch.float32, trust_remote_code=False)
     ids = list(
@@ -111,23 +106,37 @@ def trl_side(spec_path: str) -> None:
             task_type="CAUSAL_LM",
         )
         model = get_peft_model(model, config)
-    ds = Dataset.from_list(spec["prompts"])  # "prompt" (chat messages), and the reward's columns
+    return tok, model
 
+
+def optimizer_and_schedule(spec: dict, model: Any) -> tuple[Any, Any]:
+    """Our optimizer (AdamW, the trainer's betas) over the trainable weights and our lr schedule (its factor loaded
+    from areal_core/train/schedule.py)."""
+    import torch
+
+    lr_factor = _module("areal_core/train/schedule.py").lr_factor
     steps, lr = spec["steps"], spec["lr"]
     warmup, schedule, floor = spec["schedule"]
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.99), weight_decay=spec["weight_decay"])
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, steps, warmup, schedule, floor))
-    cfg = GRPOConfig(
+    return optimizer, scheduler
+
+
+def grpo_config(spec: dict, out: Path) -> Any:
+    """TRL's GRPOConfig with the spec's sampling, batch, clip, KL and schedule length, on the CPU."""
+    from trl import GRPOConfig
+
+    return GRPOConfig(
         output_dir=str(out / "trainer"),
-        max_steps=steps,
+        max_steps=spec["steps"],
         per_device_train_batch_size=spec["batch"],
         num_generations=spec["group"],
         generation_batch_size=spec["batch"],
         temperature=spec["temperature"],
         top_p=spec["top_p"],
         max_completion_length=spec["max_new"],
-        learning_rate=lr,
+        learning_rate=spec["lr"],
         epsilon=spec["clip"][0],
         epsilon_high=spec["clip"][1],
         beta=spec["kl"],
@@ -141,35 +150,66 @@ def trl_side(spec_path: str) -> None:
         logging_steps=50,
         disable_dropout=True,
     )
-    snaps: dict[int, str] = {}
-    step_end: dict[int, float] = {}  # step -> time.time() at its end, the snapshots before it taken out
-    excluded = {"wall": 0.0, "cpu": 0.0}
+
+
+class Timeline:
+    """What the snapshot callback records: step -> its snapshot's folder, step -> time.time() at its end (the
+    snapshots before it taken out), and the wall and CPU seconds the snapshots took (left out of the figures)."""
+
+    def __init__(self) -> None:
+        self.snaps: dict[int, str] = {}
+        self.step_end: dict[int, float] = {}
+        self.excluded = {"wall": 0.0, "cpu": 0.0}
+
+
+def snapshot_callback(spec: dict, out: Path, tok: Any, timeline: Timeline) -> Any:
+    """A TrainerCallback that saves the policy (under LoRA, the adapter) every spec["eval_every"] steps and at the
+    last, into OUT/step-{N}, timing each save into `timeline`."""
+    from transformers import TrainerCallback
 
     class Snapshot(TrainerCallback):
         def on_step_end(self, args, state, control, model=None, **_):
-            step_end[state.global_step] = time.time() - excluded["wall"]
-            if state.global_step % spec["eval_every"] == 0 or state.global_step == steps:
+            timeline.step_end[state.global_step] = time.time() - timeline.excluded["wall"]
+            if state.global_step % spec["eval_every"] == 0 or state.global_step == spec["steps"]:
                 w, c = time.perf_counter(), time.process_time()
                 path = out / f"step-{state.global_step}"
                 model.save_pretrained(path)  # under LoRA: the adapter (merged in at evaluation)
                 tok.save_pretrained(path)
-                snaps[state.global_step] = str(path)
-                excluded["wall"] += time.perf_counter() - w
-                excluded["cpu"] += time.process_time() - c
+                timeline.snaps[state.global_step] = str(path)
+                timeline.excluded["wall"] += time.perf_counter() - w
+                timeline.excluded["cpu"] += time.process_time() - c
 
+    return Snapshot()
+
+
+def trl_side(spec_path: str) -> None:
+    """Runs in .venv-trl: TRL's GRPOTrainer with the spec's settings; writes result.json."""
+    spec = json.loads(Path(spec_path).read_text())
+    import torch
+
+    torch.set_num_threads(spec["threads"])
+    from datasets import Dataset
+    from trl import GRPOTrainer
+
+    out = Path(spec["out"])
+    tok, model = load_policy(spec)
+    ds = Dataset.from_list(spec["prompts"])  # "prompt" (chat messages), and the reward's columns
+    optimizers = optimizer_and_schedule(spec, model)
+    timeline = Timeline()
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=trl_reward(spec["reward"]),
-        args=cfg,
+        args=grpo_config(spec, out),
         train_dataset=ds,
         processing_class=tok,
-        optimizers=(optimizer, scheduler),
-        callbacks=[Snapshot()],
+        optimizers=optimizers,
+        callbacks=[snapshot_callback(spec, out, tok, timeline)],
     )
     w, c = time.perf_counter(), time.process_time()
     trainer.train()
+    excluded = timeline.excluded
     wall, cpu = time.perf_counter() - w - excluded["wall"], time.process_time() - c - excluded["cpu"]
-    result = {"wall_s": wall, "cpu_s": cpu, "snapshots": snaps, "step_end": step_end}
+    result = {"wall_s": wall, "cpu_s": cpu, "snapshots": timeline.snaps, "step_end": timeline.step_end}
     (out / "result.json").write_text(json.dumps(result))
 
 

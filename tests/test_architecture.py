@@ -256,7 +256,6 @@ LONG_FUNCTIONS = {
     "benchmarks/proxy_load.py:main": "a load script; not split yet",
     "benchmarks/sim_cluster.py:main": "a sweep script; not split yet",
     "benchmarks/search_agent_probe.py:main": "a probe script; not split yet",
-    "benchmarks/vs_trl_side.py:trl_side": "TRL's side of the comparison, in TRL's venv; not split yet",
 }
 
 
