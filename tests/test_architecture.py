@@ -255,7 +255,6 @@ LONG_FUNCTIONS = {
     "benchmarks/faults.py:main": "one scripted fault scenario after another; not split yet",
     "benchmarks/proxy_load.py:main": "a load script; not split yet",
     "benchmarks/sim_cluster.py:main": "a sweep script; not split yet",
-    "benchmarks/search_agent_probe.py:main": "a probe script; not split yet",
 }
 
 
