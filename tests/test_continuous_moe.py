@@ -180,7 +180,7 @@ def test_bfloat16_runs_the_same_routes_within_its_precision(tok):
         ("qwen3_moe", "continuous", r"implements qwen3_moe and decodes faster"),
         ("qwen2_moe", "continuous", r"implements qwen2_moe"),
         ("deepseek_v3", "torch", r"does not implement deepseek_v3 .*rollout.engine=torch"),
-        ("gpt_oss", "torch", r"does not implement gpt_oss"),
+        ("gpt_oss", "continuous", r"implements gpt_oss"),
     ],
 )
 def test_auto_says_which_engine_and_why(arch, engine, why, tok):

@@ -89,15 +89,21 @@ def grouped_experts_into(
 
     The T·k pairs are sorted by expert (stable), so expert e's tokens are the rows offs[e−1]..offs[e]
     of the gathered input and one grouped GEMM per weight computes every expert over its own rows."""
-    k = ids.shape[1]
-    by_expert, order = torch.sort(ids.reshape(-1), stable=True)
-    token = order // k
-    experts = torch.arange(gate_up.shape[0], device=ids.device, dtype=by_expert.dtype)
-    offs = torch.searchsorted(by_expert, experts, right=True).to(torch.int32)  # end of each expert's rows
+    _, order, token, offs = expert_order(ids, gate_up.shape[0])
     g, u = grouped_linear(x.index_select(0, token), gate_up, offs).chunk(2, dim=-1)
     y = grouped_linear(F.silu(g).mul_(u), down, offs)
     y.mul_(weights.reshape(-1).index_select(0, order)[:, None])
     return out.index_add_(0, token, y)
+
+
+def expert_order(ids: torch.Tensor, experts: int) -> tuple[torch.Tensor, ...]:
+    """(by_expert, order, token, offs) of the T·k (token, expert) pairs `ids` [T, k] sorted by expert
+    (stable): pair j is ids.flatten()[order[j]] = by_expert[j], of token token[j]; offs[e] is the
+    end of expert e's rows (int32, as `grouped_linear` takes it)."""
+    by_expert, order = torch.sort(ids.reshape(-1), stable=True)
+    every = torch.arange(experts, device=ids.device, dtype=by_expert.dtype)
+    offs = torch.searchsorted(by_expert, every, right=True).to(torch.int32)
+    return by_expert, order, order // ids.shape[1], offs
 
 
 def grouped_linear(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:

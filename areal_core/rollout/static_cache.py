@@ -1,6 +1,7 @@
 """A Llama-family decoder (Qwen2, Qwen3, Llama, Mistral, Phi-3; tied or untied embeddings, with or
 without attention / MLP biases, fused or separate projections, sliding windows per layer; Qwen2-MoE
-and Qwen3-MoE, whose sparse MLPs are `moe_block.py`'s) run over a pre-allocated per-slot KV cache.
+and Qwen3-MoE, whose sparse MLPs are `moe_block.py`'s; gpt-oss, whose attention sinks and biased
+clamped-SwiGLU experts are `gpt_oss_block.py`'s) run over a pre-allocated per-slot KV cache.
 
 The cache is one static buffer per layer, `KV: [2, slots, kv_heads, max_len, head_dim]`, allocated
 once; a slot (row) holds one sequence from position 0, so every row has its own length and
@@ -39,9 +40,17 @@ import torch
 import torch.nn.functional as F
 
 from areal_core.architecture import UnsupportedArchitecture, attention_windows
+from areal_core.rollout.gpt_oss_block import (
+    GptOssMoe,
+    gpt_oss_mlp_into,
+    read_gpt_oss,
+    sink_attention,
+    sink_softmax,
+    unsupported_gpt_oss,
+)
 from areal_core.rollout.moe_block import MoeMlp, moe_mlp_into, read_moe, unsupported_moe
 
-SUPPORTED = {"qwen2", "qwen3", "llama", "mistral", "phi3", "qwen2_moe", "qwen3_moe"}
+SUPPORTED = {"qwen2", "qwen3", "llama", "mistral", "phi3", "qwen2_moe", "qwen3_moe", "gpt_oss"}
 
 
 class UnsupportedModel(ValueError):
@@ -62,7 +71,8 @@ class _Layer:
     b_down: torch.Tensor | None
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
-    moe: MoeMlp | None = None
+    moe: MoeMlp | GptOssMoe | None = None
+    sinks: torch.Tensor | None = None  # [H]: gpt-oss's attention sinks (gpt_oss_block.py)
 
 
 def check_supported(model: torch.nn.Module) -> None:
@@ -86,7 +96,7 @@ def check_supported(model: torch.nn.Module) -> None:
         raise UnsupportedModel(f"continuous engine needs a position-only RoPE table, not {rope!r}")
     if float(getattr(cfg, "partial_rotary_factor", 1.0) or 1.0) != 1.0:
         raise UnsupportedModel("continuous engine needs RoPE over the whole head (partial_rotary_factor 1)")
-    moe = unsupported_moe(model)
+    moe = unsupported_gpt_oss(model) if kind == "gpt_oss" else unsupported_moe(model)
     if moe:
         raise UnsupportedModel(f"continuous engine: {moe}")
 
@@ -167,7 +177,7 @@ class StaticCacheDecoder:
             bias = None
             if b is not None:
                 bias = torch.cat([self._permute_heads(b[0], H), self._permute_heads(b[1], KVH), b[2]])
-            moe = read_moe(m, i)
+            moe = read_gpt_oss(m, i) or read_moe(m, i)
             gate_up, gate_up_bias = (None, None) if moe else _mlp_weights(m)
             q_norm = getattr(getattr(a, "q_norm", None), "weight", None)
             k_norm = getattr(getattr(a, "k_norm", None), "weight", None)
@@ -187,6 +197,7 @@ class StaticCacheDecoder:
                         q_norm=None if q_norm is None else q_norm[self._perm].clone(),
                         k_norm=None if k_norm is None else k_norm[self._perm].clone(),
                         moe=moe,
+                        sinks=getattr(a, "sinks", None),
                     )
                 )
             else:  # copy into the existing buffers: no reallocation per swap
@@ -234,7 +245,8 @@ class StaticCacheDecoder:
         """x + W_down·(silu(W_gate·n(x)) ⊙ W_up·n(x)), the residual folded into the GEMM; a sparse
         layer's routed (and shared) experts instead (`moe_block.moe_mlp_into`)."""
         if L.moe is not None:
-            return moe_mlp_into(L.moe, x, self._rms(x, L.ln2), self.on_route)
+            into = gpt_oss_mlp_into if isinstance(L.moe, GptOssMoe) else moe_mlp_into
+            return into(L.moe, x, self._rms(x, L.ln2), self.on_route)
         g, u = F.linear(self._rms(x, L.ln2), L.w_gate_up, L.b_gate_up).chunk(2, dim=-1)
         out = torch.addmm(x, F.silu(g).mul_(u), L.w_down.t())
         return out if L.b_down is None else out.add_(L.b_down)
@@ -265,7 +277,9 @@ class StaticCacheDecoder:
             self.kv[i][0, rows, :, :P] = k
             self.kv[i][1, rows, :, :P] = v
             w = self.windows[i]
-            if w and w < P:  # key k visible from query q iff q − w < k ≤ q
+            if L.sinks is not None:
+                att = sink_attention(q, k, v, near[w] if w and w < P else causal, L.sinks, self.scale)
+            elif w and w < P:  # key k visible from query q iff q − w < k ≤ q
                 att = F.scaled_dot_product_attention(q, k, v, attn_mask=near[w], scale=self.scale, enable_gqa=True)
             else:
                 att = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale, enable_gqa=True)
@@ -310,7 +324,7 @@ class StaticCacheDecoder:
             vals = cache[1, :n, :, :span].reshape(n * KVH, span, D)
             q = qkv[:, : H * D].reshape(n * KVH, G, D)
             scores = torch.baddbmm(biases[self.windows[i]], q, keys.transpose(1, 2), alpha=self.scale)
-            att = torch.bmm(torch.softmax(scores, dim=-1), vals)  # [n·KVH, G, d]
+            att = torch.bmm(sink_softmax(scores, L.sinks), vals)  # [n·KVH, G, d]
             x = self._attn_out_into(L, x, att.view(n, H * D))
             x = self._mlp_into(L, x)
         return self.logits(x)
