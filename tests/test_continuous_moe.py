@@ -179,7 +179,7 @@ def test_bfloat16_runs_the_same_routes_within_its_precision(tok):
     [
         ("qwen3_moe", "continuous", r"implements qwen3_moe and decodes faster"),
         ("qwen2_moe", "continuous", r"implements qwen2_moe"),
-        ("deepseek_v3", "torch", r"does not implement deepseek_v3 .*rollout.engine=torch"),
+        ("deepseek_v3", "continuous", r"implements deepseek_v3"),
         ("gpt_oss", "continuous", r"implements gpt_oss"),
     ],
 )

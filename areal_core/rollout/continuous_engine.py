@@ -30,9 +30,10 @@ import torch
 
 from areal_core.rollout.engine import Generation, SamplingParams
 from areal_core.rollout.local_engine import LocalEngine
+from areal_core.rollout.mla_decoder import MlaCacheDecoder
 from areal_core.rollout.route_recorder import RequestRoutes
 from areal_core.rollout.sampling import RowParams, sample
-from areal_core.rollout.static_cache import StaticCacheDecoder, check_supported
+from areal_core.rollout.static_cache import StaticCacheDecoder, build_decoder, check_supported
 from areal_core.routes import route_shape
 
 log = logging.getLogger("areal.rollout.continuous")
@@ -98,7 +99,7 @@ class ContinuousEngine(LocalEngine):
         self.tokenizer, self.policy = tokenizer, policy
         self.step_delay_s = step_delay_s  # benchmarks: a slower engine at the same sampling
         self.generator = torch.Generator().manual_seed(seed)  # draws request seeds
-        self.runner: StaticCacheDecoder | None = None
+        self.runner: StaticCacheDecoder | MlaCacheDecoder | None = None
         # prefill_shared: rows whose prefill was copied from an identical sequence's row
         keys = ("steps", "decode_steps", "prefill_chunks", "tokens", "reprefill_tokens", "prefill_shared")
         self.stats = dict.fromkeys(keys, 0)
@@ -197,7 +198,7 @@ class ContinuousEngine(LocalEngine):
         if self.runner is not None and (self.max_seq_len is not None or self.runner.max_len >= need):
             return
         max_len = self.max_seq_len or -(-need // 64) * 64
-        self.runner = StaticCacheDecoder(self.model, self.slots, max_len)
+        self.runner = build_decoder(self.model, self.slots, max_len)
         self.runner.on_route = self._on_route
 
     def _on_route(self, layer: int, ids: torch.Tensor) -> None:

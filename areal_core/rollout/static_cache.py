@@ -26,6 +26,9 @@ A mixture-of-experts layer replaces the MLP line by `moe_block.moe_mlp_into` (to
 experts, grouped by expert over all the pass's tokens, plus Qwen2-MoE's gated shared expert);
 dense layers between them (mlp_only_layers, decoder_sparse_step) keep the line above.
 
+DeepSeek-V3 (multi-head latent attention) runs on `mla_decoder.MlaCacheDecoder` instead, with the
+same interface; `build_decoder` picks the decoder of a model.
+
 Anything else (another architecture, activation, layer type, a context-dependent or partial RoPE) is
 refused by `check_supported` with an `UnsupportedModel` naming it; the torch engine, which runs
 the model's own HF forward, serves those.
@@ -48,9 +51,10 @@ from areal_core.rollout.gpt_oss_block import (
     sink_softmax,
     unsupported_gpt_oss,
 )
+from areal_core.rollout.mla_decoder import MlaCacheDecoder, unsupported_mla
 from areal_core.rollout.moe_block import MoeMlp, moe_mlp_into, read_moe, unsupported_moe
 
-SUPPORTED = {"qwen2", "qwen3", "llama", "mistral", "phi3", "qwen2_moe", "qwen3_moe", "gpt_oss"}
+SUPPORTED = {"qwen2", "qwen3", "llama", "mistral", "phi3", "qwen2_moe", "qwen3_moe", "gpt_oss", "deepseek_v3"}
 
 
 class UnsupportedModel(ValueError):
@@ -85,6 +89,10 @@ def check_supported(model: torch.nn.Module) -> None:
             f"continuous engine supports {sorted(SUPPORTED)} decoders, not {kind!r} ({arch}): "
             "use rollout.engine=torch (the model's own forward; rollout.engine=auto picks it) or vllm"
         )
+    if kind == "deepseek_v3":  # MLA: mla_decoder.py, not this runner
+        if why := unsupported_mla(model):
+            raise UnsupportedModel(f"continuous engine: {why}")
+        return
     if getattr(cfg, "hidden_act", "silu") != "silu":
         raise UnsupportedModel(f"continuous engine needs hidden_act=silu, got {cfg.hidden_act!r}")
     try:
@@ -125,6 +133,14 @@ def _refreshed_moe(old: MoeMlp, new: MoeMlp) -> MoeMlp:
     if old.shared_gate_up is not None:
         new.shared_gate_up = old.shared_gate_up.copy_(new.shared_gate_up)
     return new
+
+
+def build_decoder(model: torch.nn.Module, slots: int, max_len: int) -> StaticCacheDecoder | MlaCacheDecoder:
+    """The continuous engine's decoder of `model`: DeepSeek-V3's MLA one (mla_decoder.py) or this module's."""
+    check_supported(model)
+    if model.config.model_type == "deepseek_v3":
+        return MlaCacheDecoder(model, slots, max_len)
+    return StaticCacheDecoder(model, slots, max_len)
 
 
 class StaticCacheDecoder:
