@@ -323,6 +323,14 @@ class TrainConfig(ConfigModel):
             "on accelerators and CPUs with avx512_bf16 or AMX only"
         ),
     )
+    compile: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description=(
+            "the trainer's decoder forward and backward compiled by torch.compile (inductor, dynamic shapes; "
+            "areal_core/train/compiled_step.py); auto: off (measured on CPU: a cold compile, ~35 CPU-s, is repaid "
+            "after ~900 default-job steps; docs/benchmarks.md); on: compiled except under FSDP2, eager past 6 graphs"
+        ),
+    )
 
     @model_validator(mode="after")
     def _minibatches_divide(self) -> Self:

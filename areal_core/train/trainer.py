@@ -36,6 +36,7 @@ from areal_core.staleness import staleness_histogram
 from areal_core.store import Store
 from areal_core.train import checkpoint, lora
 from areal_core.train.audit import audit_record
+from areal_core.train.compiled_step import CompiledDecoder, step_eager_reason
 from areal_core.train.distributed import full_state_dict, indexed_optimizer_state, state_dict_bytes_rank0
 from areal_core.train.drops import discard_after
 from areal_core.train.metrics_file import MetricsFile
@@ -90,6 +91,8 @@ class Trainer:
         self.tracker = tracker if self.dist.is_main else None
         self._evaluate, self._guard, self._check_finite, self._on_step = evaluate, guard, check_finite, on_step
         self._bf16 = use_bf16(cfg.train.bf16_autocast, cfg.device)  # "auto": only where bf16 is fast
+        # train.compile: the decoder compiled for the step (train/compiled_step.py); its choice and reason logged
+        self.compiled = CompiledDecoder.for_run(self.model, cfg.train.compile, cfg.device, self.dist.distributed)
         self._unaudited: tuple[list[Sample], list[Sample]] = ([], [])  # drops while waiting: in the next record
         self._full_copy: torch.nn.Module | None = None  # rank 0's unsharded model for eval / final_model
         self.metrics_file = MetricsFile(store, self.state.step) if self.dist.is_main else None
@@ -190,7 +193,12 @@ class Trainer:
         lr = set_lr(self.optimizer, cfg.train, st.step)
         t0 = time.perf_counter()
         mm = self.images_of(samples)
-        with self.ev.span("train"), torch.autocast(cfg.device, torch.bfloat16, enabled=self._bf16):
+        eager_reason = step_eager_reason(mm, any(s.routes is not None for s in samples))
+        with (
+            self.ev.span("train"),
+            torch.autocast(cfg.device, torch.bfloat16, enabled=self._bf16),
+            self.compiled.active(eager_reason),
+        ):
             metrics = train_step(
                 self.model,
                 self.optimizer,
