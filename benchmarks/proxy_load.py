@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import torch
@@ -161,33 +162,40 @@ def direct_engine(model, tok, prompts: list[list[int]], max_tokens: int, reps: i
     return {"single": single, "batch_s": time.perf_counter() - t0}
 
 
-def main() -> None:
+SHARED_KEY = "sk-load-shared"
+
+
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sessions", type=int, default=200)
     ap.add_argument("--turns", type=int, default=5)
     ap.add_argument("--max-tokens", type=int, default=12)
     ap.add_argument("--sequential-calls", type=int, default=100)
     ap.add_argument("--out", default="")
-    args = ap.parse_args()
-    torch.set_num_threads(1)
+    return ap.parse_args()
+
+
+def tiny_checkpoint() -> tuple[Any, Any, str]:
+    """A tiny random Qwen2 (hidden 32, 1 layer) and its tokenizer, saved to a temp folder: (tok, model, folder)."""
     tok = build_tokenizer(CORPUS, 300)
     cfg = ModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
     cfg.max_position_embeddings = 512
     model = build_tiny_model(cfg, len(tok), 0)
     tmp = tempfile.mkdtemp(prefix="proxy-load-")
     save_pretrained(model, tok, tmp)
+    return tok, model, tmp
 
-    n_own = args.sessions // 2
-    own_keys = [f"sk-load-{i}" for i in range(n_own)]
-    shared_key = "sk-load-shared"
-    port = free_port()
-    env = {**os.environ, "AREAL_PROXY_KEYS": ",".join([shared_key, *own_keys]), "PYTHONPATH": str(ROOT)}
-    server = subprocess.Popen(
+
+def start_proxy(folder: str, keys: list[str], port: int) -> subprocess.Popen:
+    """The proxy over `folder` as its own process (one torch thread), accepting `keys`
+    ($PROXY_LOAD_SERVER: another module to start instead of areal_core.proxy)."""
+    env = {**os.environ, "AREAL_PROXY_KEYS": ",".join(keys), "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(
         [
             sys.executable,
             *os.environ.get("PROXY_LOAD_SERVER", "-m areal_core.proxy").split(),
             "--model",
-            tmp,
+            folder,
             "--port",
             str(port),
             "--threads",
@@ -197,81 +205,82 @@ def main() -> None:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
-    try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.time() > deadline or server.poll() is not None:
-                raise SystemExit(f"proxy did not start: {server.stderr.read().decode()[-2000:]}")
-            time.sleep(0.2)
 
-        async def run_all():
-            # sequential: one call at a time, a fresh session per call (no batching, no queue)
-            conn = Conn(port)
-            seq = []
-            for k in range(3):  # warm-up (first forward passes, allocator)
-                await conn.post(
-                    "/chat/completions",
-                    {"model": "m", "messages": [{"role": "user", "content": "warm up"}], "max_tokens": args.max_tokens},
-                    {"Authorization": f"Bearer {shared_key}", "X-Session-Id": f"warm-{k}"},
-                )
-            for k in range(args.sequential_calls):
-                t0 = time.perf_counter()
-                body = await conn.post(
-                    "/chat/completions",
-                    {
-                        "model": "m",
-                        "messages": [{"role": "user", "content": user_text(k, 0)}],
-                        "max_tokens": args.max_tokens,
-                        "temperature": 0,
-                    },
-                    {"Authorization": f"Bearer {shared_key}", "X-Session-Id": f"seq-{k}"},
-                )
-                seq.append({"latency": time.perf_counter() - t0, **body["areal"]})
-            conn.close()
-            t0 = time.perf_counter()
-            results = await asyncio.gather(
-                *(
-                    session(port, i, own_keys[i] if i < n_own else shared_key, args.turns, args.max_tokens, i >= n_own)
-                    for i in range(args.sessions)
-                )
-            )
-            return seq, results, time.perf_counter() - t0
 
-        seq, results, load_s = asyncio.run(run_all())
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+def wait_started(server: subprocess.Popen, port: int) -> None:
+    """Until the proxy answers /health; SystemExit with its stderr's end after 120 s or if it exits."""
+    deadline = time.time() + 120
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.time() > deadline or server.poll() is not None:
+            raise SystemExit(f"proxy did not start: {server.stderr.read().decode()[-2000:]}")
+        time.sleep(0.2)
 
-    verdict = check(results, tok, args.turns)
-    calls = [c for r in results for c in r["calls"]]
-    lat = [c["latency"] for c in calls]
-    over = [c["latency"] - c["timing"]["engine_s"] for c in calls]
-    queue = [c["timing"]["queue_s"] for c in calls]
-    server = [c["timing"]["server_s"] for c in calls]
-    engine_s = [c["timing"]["engine_s"] for c in calls]
-    batch = [c["timing"]["batch_size"] for c in calls]
-    seq_lat = [c["latency"] for c in seq]
-    seq_over = [c["latency"] - c["timing"]["engine_s"] for c in seq]
 
-    # direct engine on the same first-turn prompts
+async def sequential_calls(port: int, args: argparse.Namespace) -> list[dict]:
+    """One call at a time, a fresh session per call (no batching, no queue), after 3 warm-up calls."""
+    conn = Conn(port)
+    seq = []
+    for k in range(3):  # warm-up (first forward passes, allocator)
+        await conn.post(
+            "/chat/completions",
+            {"model": "m", "messages": [{"role": "user", "content": "warm up"}], "max_tokens": args.max_tokens},
+            {"Authorization": f"Bearer {SHARED_KEY}", "X-Session-Id": f"warm-{k}"},
+        )
+    for k in range(args.sequential_calls):
+        t0 = time.perf_counter()
+        body = await conn.post(
+            "/chat/completions",
+            {
+                "model": "m",
+                "messages": [{"role": "user", "content": user_text(k, 0)}],
+                "max_tokens": args.max_tokens,
+                "temperature": 0,
+            },
+            {"Authorization": f"Bearer {SHARED_KEY}", "X-Session-Id": f"seq-{k}"},
+        )
+        seq.append({"latency": time.perf_counter() - t0, **body["areal"]})
+    conn.close()
+    return seq
+
+
+async def load(port: int, args: argparse.Namespace, own_keys: list[str]) -> tuple[list[dict], list[dict], float]:
+    """The sequential calls, then every session at once (the first half under their own keys, the rest by
+    X-Session-Id under the shared key): (sequential calls, sessions, the sessions' wall seconds)."""
+    seq = await sequential_calls(port, args)
+    n_own = len(own_keys)
+    t0 = time.perf_counter()
+    results = await asyncio.gather(
+        *(
+            session(port, i, own_keys[i] if i < n_own else SHARED_KEY, args.turns, args.max_tokens, i >= n_own)
+            for i in range(args.sessions)
+        )
+    )
+    return seq, results, time.perf_counter() - t0
+
+
+def engine_alone(model, tok, seq: list[dict], results: list[dict], args: argparse.Namespace) -> tuple[dict, float]:
+    """The direct engine on the same first-turn prompts (single calls), and the same load on the engine alone,
+    perfectly batched: one generate() per turn over the prompts the proxy fed at that turn (all sessions at
+    once): (direct_engine's timings, the batched rounds' seconds)."""
     t = ChatTemplate(tok, tool_prompt="none")
     prompts = [
         t.render([{"role": "user", "content": user_text(k, 0)}], generation_prompt=True) for k in range(len(seq))
     ]
     direct = direct_engine(model, tok, prompts, args.max_tokens, len(seq))
-    # the same load on the engine alone, perfectly batched: one generate() per turn over the
-    # prompts the proxy fed at that turn (all sessions at once)
     rounds = [[r["calls"][t]["prompt_token_ids"] for r in results] for t in range(args.turns)]
     direct_rounds_s = sum(direct_engine(model, tok, prompts_t, args.max_tokens, 0)["batch_s"] for prompts_t in rounds)
+    return direct, direct_rounds_s
 
+
+def correctness_section(args: argparse.Namespace, n_calls: int, verdict: dict) -> list[str]:
     cpu = platform.processor() or platform.machine()
     machine = f"{os.cpu_count()} vCPU, {cpu}, Python {platform.python_version()}, torch {torch.__version__}"
-    lines = [
+    return [
         "# Proxy load test",
         "",
         f"`benchmarks/proxy_load.py --sessions {args.sessions} --turns {args.turns} --max-tokens {args.max_tokens}` "
@@ -285,12 +294,25 @@ def main() -> None:
         "",
         "| sessions | turns each | calls | lost turns | mixed turns | distinct session ids |",
         "|---|---|---|---|---|---|",
-        f"| {args.sessions} | {args.turns} | {len(calls)} | {verdict['lost']} | {verdict['mixed']} | "
+        f"| {args.sessions} | {args.turns} | {n_calls} | {verdict['lost']} | {verdict['mixed']} | "
         f"{verdict['distinct_sessions']} |",
         "",
         "Each session's row must equal the ids served to it turn by turn, hold exactly its own user "
         "messages in order, and have loss_mask on exactly the served tokens.",
         "",
+    ]
+
+
+def latency_section(args: argparse.Namespace, seq: list[dict], calls: list[dict], direct: dict) -> list[str]:
+    lat = [c["latency"] for c in calls]
+    over = [c["latency"] - c["timing"]["engine_s"] for c in calls]
+    queue = [c["timing"]["queue_s"] for c in calls]
+    server_s = [c["timing"]["server_s"] for c in calls]
+    engine_s = [c["timing"]["engine_s"] for c in calls]
+    batch = [c["timing"]["batch_size"] for c in calls]
+    seq_lat = [c["latency"] for c in seq]
+    seq_over = [c["latency"] - c["timing"]["engine_s"] for c in seq]
+    return [
         "## Latency and overhead per call (ms)",
         "",
         "| mode | p50 latency | p99 latency | p50 overhead | p99 overhead | p50 queue | p99 queue | mean batch |",
@@ -302,8 +324,8 @@ def main() -> None:
         f"{ms(pct(over, 50))} | {ms(pct(over, 99))} | {ms(pct(queue, 50))} | {ms(pct(queue, 99))} | "
         f"{statistics.mean(batch):.1f} |",
         "",
-        f"Under load, the server-side time (request arrival to response built) was p50 {ms(pct(server, 50))} / "
-        f"p99 {ms(pct(server, 99))} ms, of which the batched generate() call p50 {ms(pct(engine_s, 50))} / "
+        f"Under load, the server-side time (request arrival to response built) was p50 {ms(pct(server_s, 50))} / "
+        f"p99 {ms(pct(server_s, 99))} ms, of which the batched generate() call p50 {ms(pct(engine_s, 50))} / "
         f"p99 {ms(pct(engine_s, 99))} ms.",
         "",
         "| direct engine (in-process), same first-turn prompts | p50 | p99 |",
@@ -312,18 +334,46 @@ def main() -> None:
         f"| proxy − direct, sequential | {ms(pct(seq_lat, 50) - pct(direct['single'], 50))} | "
         f"{ms(pct(seq_lat, 99) - pct(direct['single'], 99))} |",
         "",
+    ]
+
+
+def throughput_section(args: argparse.Namespace, n_calls: int, load_s: float, direct_rounds_s: float) -> list[str]:
+    return [
         "## Throughput",
         "",
         "| | wall s | calls/s |",
         "|---|---|---|",
         f"| proxy, {args.sessions} sessions x {args.turns} turns (+{args.sessions} session ends) | {load_s:.2f} | "
-        f"{len(calls) / load_s:.0f} |",
+        f"{n_calls / load_s:.0f} |",
         f"| engine alone: {args.turns} generate() calls of {args.sessions} prompts (the prompts the proxy fed) | "
-        f"{direct_rounds_s:.2f} | {len(calls) / direct_rounds_s:.0f} |",
+        f"{direct_rounds_s:.2f} | {n_calls / direct_rounds_s:.0f} |",
         "",
         "overhead = latency − engine time of the generate() call the request was batched into; queue = "
         "time waiting for the engine thread while it ran earlier batches (included in overhead).",
     ]
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(1)
+    tok, model, folder = tiny_checkpoint()
+    own_keys = [f"sk-load-{i}" for i in range(args.sessions // 2)]
+    port = free_port()
+    server = start_proxy(folder, [SHARED_KEY, *own_keys], port)
+    try:
+        wait_started(server, port)
+        seq, results, load_s = asyncio.run(load(port, args, own_keys))
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    verdict = check(results, tok, args.turns)
+    calls = [c for r in results for c in r["calls"]]
+    direct, direct_rounds_s = engine_alone(model, tok, seq, results, args)
+    lines = (
+        correctness_section(args, len(calls), verdict)
+        + latency_section(args, seq, calls, direct)
+        + throughput_section(args, len(calls), load_s, direct_rounds_s)
+    )
     report = "\n".join(lines) + "\n"
     print(report)
     if args.out:
