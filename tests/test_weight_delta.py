@@ -14,7 +14,7 @@ from areal_core.config import ConfigError, ModelConfig, load_config
 from areal_core.layout import LAYOUT
 from areal_core.models import build_tiny_model
 from areal_core.store import Store
-from areal_core.weights import DELTA_FILE, WEIGHTS_FILE, WeightsError, sha256
+from areal_core.weights import DELTA_FILE, WEIGHTS_FILE, WeightsError, delta_words, sha256
 from areal_core.weights import delta as delta_module
 from areal_core.weights.delta import decode_delta, encode_delta
 from areal_core.weights.publisher import WeightPublisher, prune, state_dict_bytes
@@ -189,7 +189,7 @@ def test_a_run_with_delta_publication_trains_and_its_rollout_workers_follow(tiny
     assert produced & {1, 2, 3}, produced  # step 3 trains tokens of v1..v3: all delta-published
 
 
-# --- the codec itself (issue 57: format 2, the changed elements only) ---------------------------
+# --- the codec itself (issue 57: format 3, the changed words and lanes only) ---------------------
 
 SPECIAL_BF16 = [0x0000, 0x8000, 0x7F80, 0xFF80, 0x7FC0, 0xFFC1, 0x0001, 0x7F7F]  # ±0, ±inf, NaNs, tiny, max
 
@@ -216,15 +216,20 @@ def changed_bits(n: int, frac: float, seed: int) -> tuple[np.ndarray, np.ndarray
 @pytest.mark.parametrize("n", [1, 3, 37, 4099, 70_001])
 @pytest.mark.parametrize("frac", [0.0, 0.04, 1.0])
 def test_bf16_round_trip_is_bit_exact(n, frac, monkeypatch):
-    monkeypatch.setattr(delta_module, "_WORDS", 256)  # many passes and both threads at these sizes
+    monkeypatch.setattr(delta_words, "CHUNK_WORDS", 64)  # many passes and both threads at these sizes
+    monkeypatch.setattr(delta_words, "MIN_WORDS_PER_THREAD", 256)
+    monkeypatch.setattr(delta_words.os, "cpu_count", lambda: 3)
     old_bits, new_bits = changed_bits(n, frac, seed=n)
     old, new = bf16_file(old_bits), bf16_file(new_bits)
     for codec in ("zstd", "zlib"):
         payload, info = encode_delta(old, new, codec=codec)
         assert decode_delta(old, payload, info) == new
-        assert info["format"] == (1 if frac == 1.0 else 2)  # all changed: denser than the data, format 1
-        if info["format"] == 2:
-            assert info["changed"] == int((old_bits != new_bits).sum())
+        # all changed: denser than the data, format 1 (below one word there is only the tail: format 3)
+        assert info["format"] == (1 if frac == 1.0 and n >= 4 else 3)
+        if info["format"] == 3:  # counted in the whole words; the tail (n % 4 elements) goes whole
+            a, b = old_bits[: n // 4 * 4], new_bits[: n // 4 * 4]
+            assert info["changed"] == int((a != b).sum())
+            assert info["words"] == int((a != b).reshape(-1, 4).any(1).sum())
 
 
 def test_special_bit_patterns_and_minus_zero_round_trip():
@@ -234,7 +239,7 @@ def test_special_bit_patterns_and_minus_zero_round_trip():
     old, new = bf16_file(old_bits), bf16_file(new_bits)
     payload, info = encode_delta(old, new)
     assert decode_delta(old, payload, info) == new
-    assert info["format"] == 2 and info["changed"] == int((old_bits != new_bits).sum()) == 14
+    assert info["format"] == 3 and info["changed"] == int((old_bits != new_bits).sum()) == 14
 
 
 def test_a_4_percent_bf16_delta_is_stored_smaller_than_format_1():
@@ -244,8 +249,9 @@ def test_a_4_percent_bf16_delta_is_stored_smaller_than_format_1():
     start, width = info["start"], info["width"]
     a, b = (np.frombuffer(x, f"<u{width}", offset=start) for x in (old, new))
     format_1 = delta_module._compress(delta_module._planes_of_differences(a, b), "zstd")
-    assert info["format"] == 2 and info["changed"] == 8000 and info["gap_width"] == 1
+    assert info["format"] == 3 and info["changed"] == 8000
     assert len(payload) < 0.75 * len(format_1)
+    assert len(payload) < 1.25 * 15838  # format 2 (git 041935a) stored these versions in 15,838 bytes
 
 
 def test_other_widths_round_trip():
@@ -257,7 +263,7 @@ def test_other_widths_round_trip():
             v[::50] += 1
         old, new = st_save(old_t), st_save(new_t)
         payload, info = encode_delta(old, new)
-        assert decode_delta(old, payload, info) == new and info["format"] == 2
+        assert decode_delta(old, payload, info) == new and info["format"] == 3
 
 
 # Made by the codec before issue 57 (format 1, no "format" key) from bf16_file(OLD_FORMAT_BITS) to
@@ -292,5 +298,72 @@ def test_a_format_2_bomb_or_bad_positions_are_refused():
     past_the_end[19] = 250
     with pytest.raises(ValueError, match="not ascending within 1000 elements"):
         decode_delta(old, zstandard.ZstdCompressor().compress(past_the_end.tobytes()), info)
-    with pytest.raises(ValueError, match="unknown delta format 3"):
-        decode_delta(old, bomb, {**info, "format": 3})
+    with pytest.raises(ValueError, match="unknown delta format 4"):
+        decode_delta(old, bomb, {**info, "format": 4})
+
+
+# Made by format 2's encoder (git 041935a) from bf16_file(OLD_FORMAT_BITS) to bf16_file(OLD_FORMAT_NEW_BITS):
+# stored runs of format 2 keep decoding.
+FORMAT_2 = {
+    "zstd": "28b52ffd200c61000000040b12016bdf1c00650da6",
+    "zlib": "78016360e11662ccbe2fc390cabb0c000bf202a1",
+}
+
+
+@pytest.mark.parametrize("codec", ["zstd", "zlib"])
+def test_a_format_2_delta_still_decodes(codec):
+    old, new = bf16_file(OLD_FORMAT_BITS), bf16_file(OLD_FORMAT_NEW_BITS)
+    info = {"format": 2, "codec": codec, "start": 72, "width": 2, "size": 146, "changed": 4, "gap_width": 1}
+    assert decode_delta(old, bytes.fromhex(FORMAT_2[codec]), info) == new
+
+
+def format_3_pair() -> tuple[bytes, bytes, bytes, dict]:
+    """1000 bf16 elements (250 words), 40 of them changed: old, new, the zstd payload, its manifest entry."""
+    old_bits, new_bits = changed_bits(1000, 0.04, seed=3)
+    old, new = bf16_file(old_bits), bf16_file(new_bits)
+    payload, info = encode_delta(old, new, codec="zstd")
+    assert info["format"] == 3 and info["changed"] == 40 and decode_delta(old, payload, info) == new
+    return old, new, payload, info
+
+
+def test_a_format_3_bomb_or_counts_beyond_the_data_are_refused_before_inflating():
+    old, _, _, info = format_3_pair()
+    expected = 32 + (info["words"] * 4 + 7) // 8 + 2 * 40  # word bits, lane bits, values (no tail)
+    bomb = zstandard.ZstdCompressor(level=19).compress(bytes(32 << 20))  # declares 32 MiB
+    with pytest.raises(ValueError, match=f"holds {expected + 1} bytes, expected {expected}"):
+        decode_delta(old, bomb, info)  # stopped at the expected size + 1
+    for words, changed in ((251, 251), (10, 41), (40, 30), (-1, 40)):  # more words than the data, ...
+        with pytest.raises(ValueError, match="does not fit 250 words"):
+            decode_delta(old, bomb, {**info, "words": words, "changed": changed})
+    with pytest.raises(ValueError, match="does not fit 2000 bytes of data"):  # every lane of every word: 2157 bytes
+        decode_delta(old, bomb, {**info, "words": 250, "changed": 1000})
+
+
+def test_a_truncated_or_corrupt_format_3_frame_is_refused():
+    old, _, payload, info = format_3_pair()
+    with pytest.raises(ValueError, match="holds 0 bytes, expected"):  # a frame cut short
+        decode_delta(old, payload[:-5], info)
+    raw = bytearray(zstandard.ZstdDecompressor().decompress(payload))
+    with pytest.raises(ValueError, match="holds"):  # a frame one byte short of what the counts give
+        decode_delta(old, zstandard.ZstdCompressor().compress(bytes(raw[:-1])), info)
+    raw[0] ^= 0xFF  # eight words flipped in the word bitmap
+    with pytest.raises(ValueError, match="word bitmap does not name"):
+        decode_delta(old, zstandard.ZstdCompressor().compress(bytes(raw)), info)
+    raw[0] ^= 0xFF
+    raw[32] ^= 0x01  # one lane flipped in the lane bitmap
+    with pytest.raises(ValueError, match="lane bitmap does not name 40"):
+        decode_delta(old, zstandard.ZstdCompressor().compress(bytes(raw)), info)
+
+
+@pytest.mark.parametrize("nbytes", [0, 7, 8, 9, 1023])
+def test_width_1_data_of_any_length_round_trips_with_its_tail(nbytes):
+    rng = np.random.default_rng(nbytes)
+    old_t = {
+        "f": torch.from_numpy(rng.standard_normal(3).astype(np.float32)),
+        "b": torch.zeros(nbytes, dtype=torch.uint8),
+    }
+    new_t = {"f": old_t["f"].clone(), "b": torch.from_numpy(rng.integers(0, 2, nbytes, dtype=np.uint8))}
+    new_t["f"][1] = -0.0
+    old, new = st_save(old_t), st_save(new_t)
+    payload, info = encode_delta(old, new)
+    assert info["width"] == 1 and decode_delta(old, payload, info) == new

@@ -1,33 +1,35 @@
 """The delta codec of delta weight publication: consecutive safetensors files, bit-exact.
 
-Format 2 (written now, issue 57): only the elements whose bits changed, found by integer compares
-(eight bytes at a time, then lane by lane in the words that differ, over every core): the gaps
-between their positions (in the fewest bytes, 1, 2, 4 or 8, that hold the largest) and their XOR
-with the old bits, each as byte planes (byte k of every number together: the high bytes are mostly
-zero), compressed with multi-threaded zstd (zlib where zstandard is missing). numpy, not torch, on
-the CPU: torch's compares and nonzero ran 10-25x slower than numpy's on the benchmark machine.
-A delta whose payload would exceed the data itself (a float32 step changes ~99% of the
+Format 3 (written now, issue 57; delta_words.py): the data read as 64-bit words, XORed in chunks
+that stay in cache, over every core: a bitmap of the words that changed, a bitmap of the lanes
+(elements) that changed in those words, and the nonzero lanes' XOR as byte planes (the high bytes
+are mostly zero), compressed as one frame with multi-threaded zstd (zlib where zstandard is
+missing). A delta whose payload would exceed the data itself (a float32 step changes ~99% of the
 elements) is written in format 1.
 
-Format 1 (manifests without "format"; still decoded): the element-wise integer difference of the
-raw bits (mod 2**bits), zigzag coded so small ± changes become small numbers, as byte planes of
-every element, compressed as above.
+Format 2 (issue 57's first codec; still decoded): the changed elements' gaps between positions (in
+1, 2, 4 or 8 bytes) and their XOR, each as byte planes, compressed as above.
 
-Whatever a payload's frame declares, decoding inflates at most the base's data size + 1 bytes.
+Format 1 (manifests without "format"; still decoded, and written for dense deltas): the
+element-wise integer difference of the raw bits (mod 2**bits), zigzag coded so small ± changes
+become small numbers, as byte planes of every element, compressed as above.
+
+Whatever a payload's frame declares, decoding inflates at most the size the manifest's counts give
+(never more than the base's data size) + 1 bytes.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import zlib
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
+from areal_core.weights.delta_words import apply_words, encode_words, sizes, unplanes
+
 _ITEMSIZE = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2}
-FORMAT = 2  # what encode_delta writes for a sparse delta; decode_delta reads 1 and 2
+FORMAT = 3  # what encode_delta writes for a sparse delta; decode_delta reads 1, 2 and 3
 
 
 def _layout(blob: bytes) -> tuple[int, int] | None:
@@ -81,84 +83,6 @@ def _decompress(data: bytes, codec: str, size: int) -> bytes:
     raise ValueError(f"unknown codec {codec!r}")
 
 
-_WORDS = 1 << 16  # int64 words compared per pass: the mask stays in cache
-
-
-_Found = tuple[list[np.ndarray], list[np.ndarray]]
-
-
-def _changed_in(
-    a64: np.ndarray, b64: np.ndarray, words: range, shift: int, found: dict[int, int], limit: int
-) -> _Found | None:
-    """changed_elements over `words` (positions, xors in pieces); None once the threads together
-    have found (`found`: each one's count, keyed by its first word) more than `limit` elements."""
-    lo, hi = words.start, words.stop
-    mask = np.empty(min(_WORDS, max(hi - lo, 0)), bool)
-    positions, xors, lane = [], [], (1 << shift) - 1
-    dtype = np.dtype(f"<u{8 >> shift}")
-    for i in range(lo, hi, _WORDS):
-        j = min(i + _WORDS, hi)
-        m = mask[: j - i]
-        np.not_equal(a64[i:j], b64[i:j], out=m)
-        w = np.flatnonzero(m)
-        w += i
-        x = (a64[w] ^ b64[w]).view(dtype)  # lane e of word w: element w << shift | e
-        e = np.flatnonzero(x != 0)
-        positions.append(w[e >> shift] << shift | e & lane)
-        xors.append(x[e])
-        found[lo] += e.size
-        if sum(found.values()) > limit:
-            return None
-    return positions, xors
-
-
-def changed_elements(a: np.ndarray, b: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """(positions i, ascending, where a[i] != b[i]; a[i] ^ b[i] there) for two unsigned arrays of
-    one dtype and size; None once more than `limit` differ. Compared as int64 words (one compare
-    covers 8 // itemsize elements), then lane by lane only in the words that differ; the words
-    split among os.cpu_count() threads (numpy lets go of the GIL in these loops)."""
-    shift = {1: 3, 2: 2, 4: 1, 8: 0}[a.itemsize]  # element = word << shift | lane
-    whole = a.size >> shift << shift
-    a64, b64 = a[:whole].view(np.uint64), b[:whole].view(np.uint64)
-    parts = max(1, min(os.cpu_count() or 1, a64.size // _WORDS))
-    bounds = [a64.size * k // parts for k in range(parts + 1)]
-    found = dict.fromkeys(bounds[:-1], 0)
-    with ThreadPoolExecutor(parts) as pool:
-        runs = [
-            pool.submit(_changed_in, a64, b64, range(bounds[k], bounds[k + 1]), shift, found, limit)
-            for k in range(parts)
-        ]
-        results = [r.result() for r in runs]
-    tail = np.flatnonzero(a[whole:] != b[whole:])
-    if any(r is None for r in results) or sum(found.values()) + tail.size > limit:
-        return None
-    positions = [p for r in results for p in r[0]] + [tail + whole]
-    xors = [x for r in results for x in r[1]] + [a[whole:][tail] ^ b[whole:][tail]]
-    return np.concatenate(positions), np.concatenate(xors)
-
-
-def _planes_into(out: np.ndarray, values: np.ndarray) -> None:
-    """Byte k of every value together (byte plane k), planes in order, written into `out`."""
-    raw, n, width = values.view(np.uint8), values.size, values.itemsize
-    for k in range(width):  # one strided copy a plane
-        out[k * n : (k + 1) * n] = raw[k::width]
-
-
-def _unplanes(raw: np.ndarray, dtype: np.dtype, count: int) -> np.ndarray:
-    """Inverse of `_planes_into`: `count` values of `dtype` from their byte planes in `raw`."""
-    values = np.empty(count, dtype)
-    out, width = values.view(np.uint8), dtype.itemsize
-    for k in range(width):
-        out[k::width] = raw[k * count : (k + 1) * count]
-    return values
-
-
-def _gap_width(gaps: np.ndarray) -> int:
-    """The fewest bytes (1, 2, 4 or 8) that hold every gap."""
-    top = int(gaps.max(initial=0))
-    return next(w for w in (1, 2, 4, 8) if top < 1 << (8 * w))
-
-
 def encode_delta(old: bytes, new: bytes, codec: str | None = None) -> tuple[bytes, dict[str, Any]] | None:
     """The compressed delta turning `old` into `new`, and its manifest entry (without base and
     sha256); None when the two are not safetensors files of the same layout (full publish then)."""
@@ -168,35 +92,43 @@ def encode_delta(old: bytes, new: bytes, codec: str | None = None) -> tuple[byte
     start, width = layout
     codec = codec or _codec()
     info = {"format": FORMAT, "codec": codec, "start": start, "width": width, "size": len(new)}
-    dtype = np.dtype(f"<u{width}")
-    a, b = np.frombuffer(old, dtype, offset=start), np.frombuffer(new, dtype, offset=start)
-    found = changed_elements(a, b, limit=(len(new) - start) // (1 + width))
+    a, b = np.frombuffer(old, np.uint8, offset=start), np.frombuffer(new, np.uint8, offset=start)
+    found = encode_words(a, b, width)
     if found is not None:
-        positions, xors = found
-        gaps = positions.copy()  # unchanged elements before each changed one
-        np.subtract(positions[1:], positions[:-1], out=gaps[1:])
-        gaps[1:] -= 1
-        gap_width, k = _gap_width(gaps), positions.size
-        if k * (gap_width + width) <= len(new) - start:  # never more than the data itself
-            payload = np.empty(k * (gap_width + width), np.uint8)
-            _planes_into(payload[: k * gap_width], gaps.astype(f"<u{gap_width}"))
-            _planes_into(payload[k * gap_width :], xors)
-            return _compress(payload, codec), {**info, "changed": k, "gap_width": gap_width}
+        payload, words, lanes = found
+        return _compress(payload, codec), {**info, "words": words, "changed": lanes}
     # denser: every element's difference (format 1)
-    return _compress(_planes_of_differences(a, b), codec), {**info, "format": 1}
+    dtype = np.dtype(f"<u{width}")
+    return _compress(_planes_of_differences(a.view(dtype), b.view(dtype)), codec), {**info, "format": 1}
 
 
 def apply_delta(data: np.ndarray, payload: bytes, info: dict[str, Any]) -> None:
-    """Apply a delta from `encode_delta` (format 1 or 2) in place to `data`, the base file's bytes
+    """Apply a delta from `encode_delta` (format 1, 2 or 3) in place to `data`, the base file's bytes
     (a writable uint8 array); ValueError (or the codec's error) if it does not fit."""
     start, width, size = int(info["start"]), int(info["width"]), int(info["size"])
     if data.size != size or width not in (1, 2, 4, 8) or not 0 <= start <= size or (size - start) % width:
         raise ValueError(f"the delta (width {width}, {size} bytes) does not fit a base of {data.size} bytes")
     version = info.get("format", 1)
-    if version not in (1, 2):
+    if version not in (1, 2, 3):
         raise ValueError(f"unknown delta format {version!r}")
+    if version == 3:
+        return _apply_words(data[start:], width, payload, info)
     elements = data[start:].view(f"<u{width}")
     (_apply_changes if version == 2 else _apply_differences)(elements, payload, info)
+
+
+def _apply_words(data: np.ndarray, width: int, payload: bytes, info: dict[str, Any]) -> None:
+    """Format 3: check the counts against the data, inflate at most the size they give, apply."""
+    words, lanes, nw = int(info["words"]), int(info["changed"]), data.size // 8
+    if not (0 <= words <= nw and words <= lanes <= words * (8 // width)):
+        raise ValueError(f"a delta of {words} words and {lanes} elements changed does not fit {nw} words")
+    expected = sum(sizes(data.size, width, words, lanes))
+    if expected > data.size:
+        raise ValueError(f"a delta of {expected} bytes does not fit {data.size} bytes of data")
+    raw = _decompress(payload, str(info["codec"]), expected)
+    if len(raw) != expected:
+        raise ValueError(f"delta holds {len(raw)} bytes, expected {expected}")
+    apply_words(data, np.frombuffer(raw, np.uint8), width, words, lanes)
 
 
 def decode_delta(old: bytes, payload: bytes, info: dict[str, Any]) -> bytes:
@@ -216,13 +148,13 @@ def _apply_changes(elements: np.ndarray, payload: bytes, info: dict[str, Any]) -
     if len(raw) != expected:
         raise ValueError(f"delta holds {len(raw)} bytes, expected {expected}")
     raw_u8 = np.frombuffer(raw, np.uint8)
-    positions = _unplanes(raw_u8, np.dtype(f"<u{gap_width}"), changed).astype(np.int64)  # the gaps
+    positions = unplanes(raw_u8, np.dtype(f"<u{gap_width}"), changed).astype(np.int64)  # the gaps
     positions += 1
     np.cumsum(positions, out=positions)  # a gap of 2**63 or more turns negative: refused below
     positions -= 1
     if changed and (positions[0] < 0 or positions[-1] >= n or np.any(positions[1:] <= positions[:-1])):
         raise ValueError(f"the delta's positions are not ascending within {n} elements")
-    elements[positions] ^= _unplanes(raw_u8[changed * gap_width :], elements.dtype, changed)
+    elements[positions] ^= unplanes(raw_u8[changed * gap_width :], elements.dtype, changed)
 
 
 _CHUNK = 1 << 18  # elements per numpy pass of format 1: the temporaries stay in cache
