@@ -20,7 +20,8 @@ The rules (`RULES`; the correction w = π_prox/π_behav is `algo.behav_correctio
   uncapped  decoupled PPO, w uncapped (AReaL's paper config)
   trunc5    decoupled PPO, w truncated at 5 (our default; AReaL's opt-in `action: clamp`)
   drop_pos  the mechanism control: uncapped, and the tokens with A > 0 and w > 1 + ε_high dropped
-            (`algo.behav_clip_drop=positive`: the half of naive PPO's clip that acts on stale gains)
+            (`algo.decoupled_ppo.behav_clip_drop=positive`: the half of naive PPO's clip that acts on
+            stale gains)
   drop_both uncapped, and both halves dropped (A < 0 with w < 1 − ε_low too): with one minibatch
             naive PPO's gradient exactly (tests/test_clip_drop.py)
   ppo, decoupled_ppo   the issue-27 cells: naive PPO and decoupled PPO with w truncated at 5 (the default
@@ -48,8 +49,8 @@ Per cell, from trainer/metrics.jsonl and the trainer's events:
 - the staleness actually trained (versions behind, mean and max), KL(behaviour‖proximal) (the mean
   over steps of mean_t (log π_behav − log π_prox));
 - the share of policy tokens the correction masked (`behav_masked_frac` − `behav_nonfinite_frac`)
-  or truncated (`behav_truncated_frac`), or dropped by `algo.behav_clip_drop`, means over steps; the
-  importance-weight range (median over steps of the per-step smallest and largest w and its
+  or truncated (`behav_truncated_frac`), or dropped by `algo.decoupled_ppo.behav_clip_drop`, means over
+  steps; the importance-weight range (median over steps of the per-step smallest and largest w and its
   extremes); the clip fraction, all and split by the sign of A; the sampled tokens' entropy
   (mean −log π_behav, `sampled_entropy`) over the first and the last 10 steps.
 
@@ -90,11 +91,16 @@ RULES: dict[str, tuple[str, list[str]]] = {
     "trunc5": ("decoupled, w truncated at 5", [DECOUPLED, "algo.behav_correction=truncate", "algo.behav_high=5.0"]),
     "drop_pos": (
         "decoupled uncapped, drop A > 0 with w > 1 + ε",
-        [DECOUPLED, "algo.behav_correction=truncate", "algo.behav_high=0", "algo.behav_clip_drop=positive"],
+        [
+            DECOUPLED,
+            "algo.behav_correction=truncate",
+            "algo.behav_high=0",
+            "algo.decoupled_ppo.behav_clip_drop=positive",
+        ],
     ),
     "drop_both": (
         "decoupled uncapped, drop what naive PPO clips",
-        [DECOUPLED, "algo.behav_correction=truncate", "algo.behav_high=0", "algo.behav_clip_drop=both"],
+        [DECOUPLED, "algo.behav_correction=truncate", "algo.behav_high=0", "algo.decoupled_ppo.behav_clip_drop=both"],
     ),
     "ppo": ("naive PPO", ["algo.loss=ppo"]),
     "decoupled_ppo": ("decoupled PPO", [DECOUPLED, "algo.behav_correction=truncate", "algo.behav_high=5.0"]),

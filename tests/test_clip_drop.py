@@ -1,5 +1,6 @@
-"""The staleness study's mechanism control (issue 47): `algo.behav_clip_drop` drops from decoupled PPO
-the tokens naive PPO's clip against π_behav removes, and the step's metrics.
+"""The staleness study's mechanism control (issue 47): `algo.decoupled_ppo.behav_clip_drop` (decoupled PPO's own
+setting; `algo.behav_clip_drop` before issue 56) drops from decoupled PPO the tokens naive PPO's clip against π_behav
+removes, and the step's metrics.
 
 With one minibatch (π_θ = π_prox at the update), naive PPO's gradient is decoupled PPO's with w
 uncapped minus those tokens: A > 0 with w > 1 + ε_high and A < 0 with w < 1 − ε_low. So decoupled,
@@ -20,6 +21,11 @@ from tests.test_fsdp import MODEL, fixed_batches, make_model, make_optimizer
 
 UNCAPPED = {"loss": "decoupled_ppo", "behav_correction": "truncate", "behav_high": 0.0}
 EPS = {"eps_low": 0.2, "eps_high": 0.2}
+
+
+def drop(mode: str) -> dict:
+    """The setting, as AlgorithmConfig takes it: decoupled PPO's section."""
+    return {"decoupled_ppo": {"behav_clip_drop": mode}}
 
 
 def inputs(seed: int = 0, n: int = 24, t: int = 9, spread: float = 0.5) -> tuple[LossInputs, torch.Tensor]:
@@ -53,7 +59,7 @@ def grad_of(cfg: AlgorithmConfig, x: LossInputs, leaf: torch.Tensor) -> tuple[to
 def test_decoupled_uncapped_with_both_drops_is_naive_ppo_at_one_minibatch(seed):
     x, leaf = inputs(seed)
     naive, naive_stats = grad_of(AlgorithmConfig(loss="ppo", **EPS), x, leaf)
-    both, both_stats = grad_of(AlgorithmConfig(**UNCAPPED, **EPS, behav_clip_drop="both"), x, leaf)
+    both, both_stats = grad_of(AlgorithmConfig(**UNCAPPED, **EPS, **drop("both")), x, leaf)
     plain, _ = grad_of(AlgorithmConfig(**UNCAPPED, **EPS), x, leaf)
     assert torch.allclose(both, naive, atol=1e-7, rtol=1e-6)
     assert not torch.allclose(plain, naive, atol=1e-4)  # without the drop the two differ
@@ -70,7 +76,7 @@ def test_positive_drops_only_the_tokens_whose_probability_rose_and_whose_advanta
     assert rising.any() and falling.any()
     naive, _ = grad_of(AlgorithmConfig(loss="ppo", **EPS), x, leaf)
     plain, _ = grad_of(AlgorithmConfig(**UNCAPPED, **EPS), x, leaf)
-    positive, stats = grad_of(AlgorithmConfig(**UNCAPPED, **EPS, behav_clip_drop="positive"), x, leaf)
+    positive, stats = grad_of(AlgorithmConfig(**UNCAPPED, **EPS, **drop("positive")), x, leaf)
     assert torch.count_nonzero(positive[rising]) == 0 and torch.count_nonzero(plain[rising]) > 0
     assert torch.equal(positive[~rising], plain[~rising])
     assert torch.allclose(positive[~falling], naive[~falling], atol=1e-7, rtol=1e-6)  # naive also drops `falling`
@@ -81,7 +87,7 @@ def test_the_drop_composes_with_a_truncated_weight_and_leaves_other_tokens_as_th
     x, leaf = inputs(4, spread=2.5)  # w beyond 5 on some tokens
     trunc = {"loss": "decoupled_ppo", "behav_correction": "truncate", "behav_high": 5.0, **EPS}
     plain, plain_stats = grad_of(AlgorithmConfig(**trunc), x, leaf)
-    both, stats = grad_of(AlgorithmConfig(**trunc, behav_clip_drop="both"), x, leaf)
+    both, stats = grad_of(AlgorithmConfig(**trunc, **drop("both")), x, leaf)
     assert plain_stats["behav_truncated_frac"] > 0
     assert stats["behav_truncated_frac"] == plain_stats["behav_truncated_frac"]
     kept = both != 0
@@ -98,20 +104,37 @@ def test_split_clip_fractions_and_the_sampled_entropy():
     assert stats["sampled_entropy"] == pytest.approx(masked_mean(-x.behav_logp, x.mask).item(), rel=1e-6)
 
 
+SETTING = "algo.decoupled_ppo.behav_clip_drop"
+
+
 def test_the_drop_is_refused_outside_token_level_decoupled_ppo():
+    """Decoupled PPO's own setting: set under another loss (its variants too), or the old flat key under
+    another loss, it is refused, not a run that trains without the drop; so is a sequence-level correction."""
     from areal_core.train.loss import check_algorithm
 
     for loss in ("ppo", "gspo", "gspo_token", "distill", "cispo", "sapo"):
-        cfg = load_config(None, [f"algo.loss={loss}", "algo.behav_clip_drop=positive"]).algo
-        with pytest.raises(ConfigError, match=r"behav_clip_drop.*the losses that do: \['decoupled_ppo'\]"):
-            check_algorithm(cfg)
-    with pytest.raises(ConfigError, match="behav_clip_drop"):
-        load_config(None, ["algo.behav_level=geometric", "algo.behav_clip_drop=positive"])
-    with pytest.raises(ConfigError, match="behav_clip_drop"):
-        load_config(None, ["algo.behav_clip_drop=sideways"])
-    assert [loss.name for loss in check_algorithm(load_config(None, ["algo.behav_clip_drop=both"]).algo)] == [
-        "decoupled_ppo"
-    ]
+        for given in (f"{SETTING}=positive", "algo.behav_clip_drop=positive"):
+            cfg = load_config(None, [f"algo.loss={loss}", given]).algo
+            with pytest.raises(ConfigError, match=rf"'{SETTING}': algo.loss={loss} does not apply it; .*decoupled_ppo"):
+                check_algorithm(cfg)
+    with pytest.raises(ConfigError, match=r"'algo\.decoupled_ppo\.behav_clip_drop' applies to a token-level"):
+        check_algorithm(load_config(None, ["algo.behav_level=geometric", f"{SETTING}=positive"]).algo)
+    with pytest.raises(ConfigError, match=r"'algo\.decoupled_ppo\.behav_clip_drop'"):
+        check_algorithm(load_config(None, [f"{SETTING}=sideways"]).algo)
+    assert [loss.name for loss in check_algorithm(load_config(None, [f"{SETTING}=both"]).algo)] == ["decoupled_ppo"]
+    assert check_algorithm(load_config(None, ["algo.loss=gspo", f"{SETTING}=none"]).algo)  # its default: no drop
+
+
+def test_the_previous_releases_flat_key_still_drops_with_a_warning():
+    with pytest.warns(DeprecationWarning, match=r"'algo\.behav_clip_drop' is deprecated .* write algo\.decoupled_ppo"):
+        cfg = load_config(None, ["algo.behav_clip_drop=both", "algo.behav_correction=truncate", "algo.behav_high=0"])
+    assert cfg.algo.section("decoupled_ppo") == {"behav_clip_drop": "both"}
+    x, leaf = inputs(7)
+    old, stats = grad_of(cfg.algo.model_copy(update=EPS), x, leaf)
+    new, _ = grad_of(AlgorithmConfig(**UNCAPPED, **EPS, **drop("both")), x, leaf)
+    assert torch.equal(old, new) and stats["behav_clip_dropped_frac"] > 0
+    # a stored config.yaml of the previous release holds `behav_clip_drop: none`: dropped without a word
+    assert "behav_clip_drop" not in AlgorithmConfig(behav_clip_drop="none").model_dump()
 
 
 def trained(algo: list[str]) -> dict[str, torch.Tensor]:
@@ -133,7 +156,7 @@ def cfg_overrides() -> list[str]:
 def test_through_the_trainer_step_decoupled_with_both_drops_trains_as_naive_ppo():
     torch.set_num_threads(1)
     naive, naive_stats = trained(["algo.loss=ppo"])
-    both, stats = trained(["algo.behav_correction=truncate", "algo.behav_high=0", "algo.behav_clip_drop=both"])
+    both, stats = trained(["algo.behav_correction=truncate", "algo.behav_high=0", f"{SETTING}=both"])
     plain, _ = trained(["algo.behav_correction=truncate", "algo.behav_high=0"])
     assert stats["behav_clip_dropped_frac"] > 0.05 and naive_stats["clip_frac"] > 0.05
     assert all(torch.allclose(both[k], naive[k], atol=1e-6) for k in naive)
@@ -166,7 +189,7 @@ def test_prepare_refuses_the_drop_for_a_loss_that_ignores_it_before_writing_the_
     from areal_core.run import pipeline
 
     store = tmp_path / "run"
-    with pytest.raises(ConfigError, match=r"^config key 'algo.behav_clip_drop': algo.loss=ppo does not apply it"):
+    with pytest.raises(ConfigError, match=r"^config key 'algo.decoupled_ppo.behav_clip_drop': algo.loss=ppo does not"):
         pipeline.prepare(
             "configs/default.yaml",
             ["algo.loss=ppo", "algo.behav_clip_drop=positive", f"store={store}", "tracking.enabled=false"],

@@ -56,7 +56,7 @@ def test_every_loss_setting_is_read_from_its_section():
     given = {"dpo": DpoSettings(beta=0.3, label_smoothing=0.2), "ipo": IpoSettings(beta=0.7)}
     cfg = AlgorithmConfig(loss="ipo", **{name: s.model_dump() for name, s in given.items()})
     assert get_loss("ipo").settings(cfg) == given["ipo"] and DpoSettings.of(cfg) == given["dpo"]
-    assert set(settings_models()) == {"critic", "distill", "dpo", "ipo", "kpop", "m2po", "sapo"}
+    assert set(settings_models()) == {"critic", "decoupled_ppo", "distill", "dpo", "ipo", "kpop", "m2po", "sapo"}
     for name, model in settings_models().items():  # each model is its own loss's, bound to its name
         assert model.section == name and model.of(AlgorithmConfig()) == model()
 
@@ -175,6 +175,7 @@ def old_shape(cfg: RunConfig, **flat: object) -> str:
         "distill_rl_coef": 1.0,
         "dpo_beta": 0.1,
         "dpo_label_smoothing": 0.0,
+        "behav_clip_drop": "none",
     }
     lines = "".join(f"  {k}: {flat.get(k, v)}\n" for k, v in defaults.items())
     head, sep, rest = text.partition("algo:\n")

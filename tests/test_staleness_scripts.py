@@ -9,6 +9,7 @@ import pytest
 
 from areal_core.config import load_config
 from areal_core.train.loss import check_algorithm
+from areal_core.train.loss.decoupled_ppo import DecoupledPpoSettings
 from benchmarks import staleness_ablation as ablation
 from benchmarks import staleness_mechanism as mechanism
 
@@ -30,7 +31,7 @@ def test_every_rule_in_every_setting_is_a_valid_config_with_the_documented_corre
         "drop_pos": ("decoupled_ppo", "truncate", 0.0, "positive"),
         "drop_both": ("decoupled_ppo", "truncate", 0.0, "both"),
     }[rule]
-    assert algo.loss == want[0] and algo.behav_clip_drop == want[3]
+    assert algo.loss == want[0] and DecoupledPpoSettings.of(algo).behav_clip_drop == want[3]
     if want[1] is not None:
         assert (algo.behav_correction, algo.behav_high) == want[1:3]
     if setting == "faithful":

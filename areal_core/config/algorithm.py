@@ -52,7 +52,6 @@ AdvEstimator = Literal[
 Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
 BehavCorrection = Literal["none", "truncate", "mask"]
 BehavLevel = Literal["token", "sequence", "geometric"]
-BehavClipDrop = Literal["none", "positive", "both"]
 KlEstimator = Literal["k1", "k2", "k3"]
 RouterReplay = Literal["none", "rollout"]
 
@@ -60,14 +59,18 @@ ADV_ESTIMATORS: tuple[str, ...] = get_args(AdvEstimator)
 AGGREGATIONS: tuple[str, ...] = get_args(Aggregation)
 BEHAV_CORRECTIONS: tuple[str, ...] = get_args(BehavCorrection)
 BEHAV_LEVELS: tuple[str, ...] = get_args(BehavLevel)
-BEHAV_CLIP_DROPS: tuple[str, ...] = get_args(BehavClipDrop)
 KL_ESTIMATORS: tuple[str, ...] = get_args(KlEstimator)
 
 
 class AlgorithmConfig(ConfigModel):
     """What every loss shares. A loss's own settings are a mapping under its name, `algo.<loss>.<key>`
     (`algo.sapo.tau_pos`), kept here as given (`section`) and validated at prepare by the settings model
-    the loss registers (areal_core/train/loss/registry.py `check_settings`); any other unknown key is refused."""
+    the loss registers (areal_core/train/loss/registry.py `check_settings`); any other unknown key is refused.
+
+    Each key here is read by more than one loss, or by the step around every loss: `eps_low`/`eps_high` by the
+    four clipped-surrogate losses (decoupled_ppo, ppo, gspo, gspo_token) and cispo; `dual_clip` by those four
+    (they share `decoupled_ppo_loss`); the behaviour correction, aggregation and regularisers by all. A knob of
+    one loss alone lives in its section (`algo.decoupled_ppo.behav_clip_drop`, once `algo.behav_clip_drop`)."""
 
     model_config = ConfigDict(extra="allow", validate_assignment=True)
 
@@ -89,9 +92,6 @@ class AlgorithmConfig(ConfigModel):
     behav_low: Float = Field(0.0, ge=0)  # mask: lower bound on w (0: none)
     behav_high: Float = Field(5.0, ge=0)  # truncate: cap on w; mask: upper bound (0: none)
     behav_level: BehavLevel = "token"
-    # decoupled_ppo only (check_algorithm), a control of the staleness study: drop the tokens naive PPO's clip against
-    # π_behav removes, A > 0 with w > 1 + ε_high (positive), and A < 0 with w < 1 − ε_low (both)
-    behav_clip_drop: BehavClipDrop = "none"
     # regularisers
     kl_coef: Float = Field(0.0, ge=0)  # β for KL(π_θ‖π_ref); needs reference log-probs when > 0
     kl_estimator: KlEstimator = "k3"
@@ -144,8 +144,6 @@ class AlgorithmConfig(ConfigModel):
     def _cross_checks(self) -> Self:
         if self.behav_correction == "mask" and self.behav_high and self.behav_low >= self.behav_high:
             raise Invalid("behav_low", "must be < behav_high for masking")
-        if self.behav_clip_drop != "none" and self.behav_level != "token":
-            raise Invalid("behav_clip_drop", "applies to a token-level correction only (behav_level=token)")
         if self.overlong_buffer > self.overlong_max_len:
             raise Invalid("overlong_buffer", "must be <= overlong_max_len")
         return self

@@ -37,6 +37,7 @@ MOVED_KEYS: dict[str, tuple[str, str, Any]] = {
     "value_coef": ("critic", "coef", 0.5),
     "value_clip": ("critic", "clip", 0.2),
     "critic_lr": ("critic", "lr", 0.0),
+    "behav_clip_drop": ("decoupled_ppo", "behav_clip_drop", "none"),
 }
 _warned: set[str] = set()
 

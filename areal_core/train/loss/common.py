@@ -16,16 +16,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 
-from areal_core.config.algorithm import (
-    AGGREGATIONS,
-    BEHAV_CLIP_DROPS,
-    BEHAV_CORRECTIONS,
-    BEHAV_LEVELS,
-    KL_ESTIMATORS,
-)
+from areal_core.config.algorithm import AGGREGATIONS, BEHAV_CORRECTIONS, BEHAV_LEVELS, KL_ESTIMATORS
+
+# decoupled PPO's control of the staleness study (`algo.decoupled_ppo.behav_clip_drop`, `drop_clipped`)
+BehavClipDrop = Literal["none", "positive", "both"]
+BEHAV_CLIP_DROPS: tuple[str, ...] = get_args(BehavClipDrop)
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -197,7 +196,7 @@ def drop_clipped(
 
     With one minibatch (π_θ = π_prox at the update) decoupled PPO with w uncapped and `both` has naive
     PPO's gradient (tests/test_clip_drop.py): the control that tells whether naive PPO's clip, acting
-    as a one-sided filter on stale tokens, is what separates the two (`algo.behav_clip_drop`).
+    as a one-sided filter on stale tokens, is what separates the two (`algo.decoupled_ppo.behav_clip_drop`).
     The dropped share is `behav_clip_dropped_frac`; dropped tokens stay in the denominator."""
     if mode == "none":
         return b

@@ -14,12 +14,25 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
+from pydantic import Field
 
-from areal_core.train.loss.common import Behaviour, drop_clipped, masked_mean, per_row
-from areal_core.train.loss.registry import Loss, LossInputs, register
+from areal_core.config.base import ConfigError
+from areal_core.train.loss.common import BehavClipDrop, Behaviour, drop_clipped, masked_mean, per_row
+from areal_core.train.loss.registry import Loss, LossInputs, LossSettings, register
 
 if TYPE_CHECKING:
     from areal_core.config.algorithm import AlgorithmConfig
+
+
+class DecoupledPpoSettings(LossSettings):
+    """`algo.decoupled_ppo.*`: decoupled PPO's own settings (its variants, `ppo`, `gspo`, `gspo_token`, have none)."""
+
+    behav_clip_drop: BehavClipDrop = Field(
+        "none",
+        description="a control of the staleness study: also drop the tokens naive PPO's clip against π_behav "
+        "removes, A > 0 with π_prox/π_behav > 1 + ε_high (positive), and A < 0 with π_prox/π_behav < 1 − ε_low "
+        "(both); a token-level correction only (algo.behav_level=token)",
+    )
 
 
 def clipped_surrogate(
@@ -49,6 +62,7 @@ def decoupled_ppo_loss(
     level: str = "token",
     seq_advantage: bool = False,
     behaviour: Behaviour | None = None,
+    clip_drop: str = "none",
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Decoupled PPO (AReaL) on `x`, aggregated as `algo.aggregation`:
 
@@ -61,7 +75,8 @@ def decoupled_ppo_loss(
     the GSPO paper's GSPO-token).
     A token with a non-finite log π_behav or log π_prox is masked (w = 0, no gradient, NaN-free)
     and stays in the denominator, as IcePop-masked tokens do.
-    `algo.behav_clip_drop` also drops the tokens naive PPO's clip would remove (`drop_clipped`).
+    `clip_drop` (`algo.decoupled_ppo.behav_clip_drop`; with `behaviour` not given) also drops the tokens
+    naive PPO's clip would remove (`drop_clipped`).
     Returns (loss, stats): clip fractions (all, low side, high side, among A > 0, among A < 0, dual)
     and the ratio mean over the kept tokens (`Behaviour.keep`: not masked by the correction, dropped
     nor non-finite), importance-weight statistics and KL(behaviour‖proximal) = mean(log π_behav − log π_prox).
@@ -69,7 +84,7 @@ def decoupled_ppo_loss(
     m = x.mask.float()
     if behaviour is None:
         b = x.behaviour(cfg)
-        b = drop_clipped(b, x.prox_logp, x.behav_logp, x.advantages, m, cfg.behav_clip_drop, cfg.eps_low, cfg.eps_high)
+        b = drop_clipped(b, x.prox_logp, x.behav_logp, x.advantages, m, clip_drop, cfg.eps_low, cfg.eps_high)
     else:
         b = behaviour
     log_ratio = x.logp - b.anchor(x.prox_logp, x.logp)
@@ -107,10 +122,32 @@ class DecoupledPPO(Loss):
     old policy and the correction (`ppo.py`)."""
 
     name = "decoupled_ppo"
+    Settings = DecoupledPpoSettings  # its subclasses have none: they set LossSettings
     needs = frozenset({"advantages"})
     level = "token"
-    clip_drop = True  # `algo.behav_clip_drop` (`drop_clipped`); its subclasses do not apply it
     seq_advantage = False  # with level "sequence": each row's mean advantage Ā_i instead of A_t
 
+    def clip_drop(self, cfg: AlgorithmConfig) -> str:
+        """`algo.decoupled_ppo.behav_clip_drop` for decoupled PPO itself; "none" for its variants."""
+        return DecoupledPpoSettings.of(cfg).behav_clip_drop if self.Settings is DecoupledPpoSettings else "none"
+
+    def check(self, cfg: AlgorithmConfig, active: bool) -> None:
+        """`behav_clip_drop` set: refused unless decoupled PPO itself is the loss (not a run that silently trains
+        without the drop) and the correction is token-level."""
+        if DecoupledPpoSettings.of(cfg).behav_clip_drop == "none":
+            return
+        if not (active and self.Settings is DecoupledPpoSettings):
+            raise ConfigError(
+                f"config key 'algo.decoupled_ppo.behav_clip_drop': algo.loss={cfg.loss} does not apply it; "
+                f"the losses that do: ['{DecoupledPPO.name}']"
+            )
+        if cfg.behav_level != "token":
+            raise ConfigError(
+                f"config key 'algo.decoupled_ppo.behav_clip_drop' applies to a token-level correction only "
+                f"(algo.behav_level=token), got algo.behav_level={cfg.behav_level}"
+            )
+
     def __call__(self, cfg: AlgorithmConfig, x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
-        return decoupled_ppo_loss(cfg, x, level=self.level, seq_advantage=self.seq_advantage)
+        return decoupled_ppo_loss(
+            cfg, x, level=self.level, seq_advantage=self.seq_advantage, clip_drop=self.clip_drop(cfg)
+        )

@@ -10,7 +10,7 @@ Zheng et al., "Group Sequence Policy Optimization" (2025), the GSPO objective; A
 from __future__ import annotations
 
 from areal_core.train.loss.decoupled_ppo import DecoupledPPO
-from areal_core.train.loss.registry import register
+from areal_core.train.loss.registry import LossSettings, register
 
 
 @register
@@ -20,6 +20,6 @@ class GSPO(DecoupledPPO):
     L_t = w · max(−Ā_i·r_i, −Ā_i·clip(r_i, 1−ε_low, 1+ε_high))."""
 
     name = "gspo"
-    clip_drop = False
+    Settings = LossSettings  # none of its own (decoupled PPO's behav_clip_drop is not applied)
     level = "sequence"
     seq_advantage = True

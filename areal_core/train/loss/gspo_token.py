@@ -9,7 +9,7 @@ equals GSPO's when nothing clips; its gradient weights ∇log π_θ(t) by A_t in
 from __future__ import annotations
 
 from areal_core.train.loss.decoupled_ppo import DecoupledPPO
-from areal_core.train.loss.registry import register
+from areal_core.train.loss.registry import LossSettings, register
 
 
 @register
@@ -18,6 +18,6 @@ class GSPOToken(DecoupledPPO):
     token's own A_t: L_t = w · max(−A_t·s_{i,t}, −A_t·clip(s_{i,t}, 1−ε_low, 1+ε_high))."""
 
     name = "gspo_token"
-    clip_drop = False
+    Settings = LossSettings  # none of its own (decoupled PPO's behav_clip_drop is not applied)
     level = "sequence"
     seq_advantage = False

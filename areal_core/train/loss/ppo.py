@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from areal_core.train.loss.common import behaviour_kl
 from areal_core.train.loss.decoupled_ppo import DecoupledPPO, decoupled_ppo_loss
-from areal_core.train.loss.registry import LossInputs, register
+from areal_core.train.loss.registry import LossInputs, LossSettings, register
 
 if TYPE_CHECKING:
     import torch
@@ -27,7 +27,7 @@ class NaivePPO(DecoupledPPO):
     r = π_θ/π_behav, w = 1 (`behav_correction` ignored): decoupled PPO with π_prox := π_behav."""
 
     name = "ppo"
-    clip_drop = False
+    Settings = LossSettings  # none of its own (decoupled PPO's behav_clip_drop is not applied)
 
     def __call__(self, cfg: AlgorithmConfig, x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
         coupled = dataclasses.replace(x, prox_logp=x.behav_logp)

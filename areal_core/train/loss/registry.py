@@ -34,7 +34,9 @@ What a loss declares (checked at registration):
   level        'token' or 'sequence': the unit its ratio (or log-probability) is formed over
   distributed  False: refused with more than one FSDP rank (its reduction has no global denominator)
   kl_term      False: `algo.kl_coef` adds no KL loss term (the loss holds its own β towards π_ref)
-  clip_drop    True: it applies `algo.behav_clip_drop` (else a ConfigError when that is set)
+  check        what its settings require (`algo.decoupled_ppo.behav_clip_drop`: a token-level correction, and
+               decoupled PPO itself as the loss), checked at prepare for each active loss and each loss whose
+               section the config sets; a ConfigError naming the key
 """
 
 from __future__ import annotations
@@ -126,7 +128,6 @@ class Loss:
     level: ClassVar[str] = "token"
     distributed: ClassVar[bool] = True
     kl_term: ClassVar[bool] = True
-    clip_drop: ClassVar[bool] = False
 
     def __call__(self, cfg: AlgorithmConfig, x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
         raise NotImplementedError
@@ -134,6 +135,11 @@ class Loss:
     def settings(self, cfg: AlgorithmConfig) -> LossSettings:
         """This loss's settings as `cfg` gives them (`algo.<name>`; ConfigError naming a bad key)."""
         return self.Settings.from_data(cfg.section(self.name), prefix=f"algo.{self.name}")
+
+    def check(self, cfg: AlgorithmConfig, active: bool) -> None:
+        """What this loss's settings require, checked by `check_algorithm` for each active loss and each loss
+        whose section `cfg` sets (`active`: whether this loss is one of the active ones); a ConfigError naming
+        the key. Nothing by default."""
 
     def enabled(self, cfg: AlgorithmConfig, policy: Loss) -> bool:
         """A term: whether it joins `policy` under `cfg` (policy losses: never called)."""
@@ -251,13 +257,10 @@ def check_algorithm(cfg: AlgorithmConfig, distributed: bool = False, micro_batch
             f"config key 'algo.loss': {', '.join(refused)} cannot run {where}: it needs all of a minibatch's rows "
             f"at once (algo.loss={cfg.loss}, algo.adv_estimator={cfg.adv_estimator})"
         )
-    policy = get_loss(cfg.loss)
-    if cfg.behav_clip_drop != "none" and not policy.clip_drop:
-        raise ConfigError(
-            f"config key 'algo.behav_clip_drop': algo.loss={cfg.loss} does not apply it; the losses that do: "
-            f"{sorted(name for name in known_losses() if get_loss(name).clip_drop)}"
-        )
     check_settings(cfg)
+    names = [loss.name for loss in active]
+    for loss in active + [_LOSSES.get(name) or _TERMS[name] for name in cfg.sections() if name not in names]:
+        loss.check(cfg, loss.name in names)
     return active
 
 
