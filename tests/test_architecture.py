@@ -253,7 +253,6 @@ MAX_FUNCTION_LINES = 80
 # function -> why it may run longer (each entry must still need it: test_long_function_exceptions_are_current)
 LONG_FUNCTIONS = {
     "benchmarks/faults.py:main": "one scripted fault scenario after another; not split yet",
-    "benchmarks/sim_cluster.py:main": "a sweep script; not split yet",
 }
 
 
