@@ -187,6 +187,14 @@ def test_a_weight_install_is_read_back(tok):
     assert float(engine_gaps(engine, old, len(tok)).max()) > 1e-3
 
 
+def test_bfloat16_runs_within_its_precision(tok):
+    """A bfloat16 engine (the default on GPUs) samples with log-probs near the float32 HF forward's."""
+    model = gpt_oss_model("4_layers-8_experts-top3-limit1", tok)
+    engine = ContinuousEngine(copy.deepcopy(model).to(torch.bfloat16), tok.pad_token_id, NO_EOS, slots=3, seed=1)
+    gaps = engine_gaps(engine, model, len(tok))
+    assert torch.isfinite(gaps).all() and float(gaps.mean()) < 0.1
+
+
 def test_auto_picks_the_continuous_engine_for_gpt_oss(tok):
     model = tc.model("gpt_oss", tok=tok)
     choice = choose_local_engine("auto", model)
