@@ -122,7 +122,7 @@ def test_a_step_with_images_or_replayed_routes_runs_eager():
 
 def test_a_bogus_compile_choice_is_refused_at_prepare(tmp_path):
     root = tmp_path / "run"
-    with pytest.raises(ConfigError, match="train.compile"):
+    with pytest.raises(ConfigError, match=r"'train.compile' must be one of 'auto', 'on' or 'off', got 'bogus'"):
         pipeline.prepare("", [*TINY, f"store={root}", "train.compile=bogus"])
     assert not root.exists() or not any(root.iterdir())  # nothing claimed, nothing written
     with pytest.raises(ValueError, match="train.compile"):
@@ -140,6 +140,7 @@ def test_choices_resolve_as_documented(choice, device, want):
     enabled, reason = resolve_compile(choice, device)
     assert enabled is want and f"train.compile={choice}" in reason
     assert load_config("configs/default.yaml", []).train.compile == "auto"
+    assert load_config(None, [f"train.compile={choice}"]).train.compile == choice  # YAML's on/off booleans: words
 
 
 def test_the_log_says_whether_the_step_is_compiled_and_why(caplog):

@@ -8,9 +8,9 @@ choices and bounds; the checks across fields are the model validators.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, Self
+from typing import Annotated, Literal, Self
 
-from pydantic import Field, model_validator
+from pydantic import BeforeValidator, Field, model_validator
 
 from areal_core.config.agent import AgentConfig
 from areal_core.config.algorithm import AlgorithmConfig
@@ -242,6 +242,11 @@ class RewardConfig(ConfigModel):
         return self
 
 
+def _on_off(value: object) -> object:
+    """YAML reads on/off as booleans (train.compile=on is True): back to the words."""
+    return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+
+
 class TrainConfig(ConfigModel):
     steps: Int = Field(200, gt=0, description="RL training steps")
     batch_groups: Int = Field(8, gt=0, description="B: groups per training step")
@@ -323,7 +328,7 @@ class TrainConfig(ConfigModel):
             "on accelerators and CPUs with avx512_bf16 or AMX only"
         ),
     )
-    compile: Literal["auto", "on", "off"] = Field(
+    compile: Annotated[Literal["auto", "on", "off"], BeforeValidator(_on_off)] = Field(
         "auto",
         description=(
             "the trainer's decoder forward and backward compiled by torch.compile (inductor, dynamic shapes; "
