@@ -1,11 +1,13 @@
 """Decode throughput of the built-in engines vs `transformers` `generate`, and continuous vs
 static batching on long-tailed lengths, on the tiny default model (configs/default.yaml sizes)
 or a tiny Qwen3-MoE of the same attention and active MLP width (`--model qwen3_moe`: 16 experts,
-top-4, expert width 96, norm_topk_prob, as Qwen3-30B-A3B's 128 / top-8 scaled down).
+top-4, expert width 96, norm_topk_prob, as Qwen3-30B-A3B's 128 / top-8 scaled down) or a tiny
+DeepSeek-V3 of the same widths (`--model deepseek_v3`: MLA, a dense first layer, group-limited routing).
 
     PYTHONPATH=. .venv/bin/python benchmarks/engine_decode.py --threads 1
     PYTHONPATH=. .venv/bin/python benchmarks/engine_decode.py --threads 2 --skip-longtail
     PYTHONPATH=. .venv/bin/python benchmarks/engine_decode.py --model qwen3_moe --batch 32 --slots 32
+    PYTHONPATH=. .venv/bin/python benchmarks/engine_decode.py --model deepseek_v3 --batch 32 --slots 32
 
 Equal lengths: batch B prompts of P random tokens, exactly N new tokens each (no token ends a
 sequence), sampling at temperature 1 (top-k/top-p off); tokens/s = B·N / time of the whole call
@@ -216,6 +218,8 @@ MODELS = {
     "qwen2": "tiny Qwen2 (hidden 128, 4 layers, 4 heads / 2 kv, vocab 384), float32",
     "qwen3_moe": "tiny Qwen3-MoE (hidden 128, 4 layers, 4 heads / 2 kv, head_dim 32, 16 experts, top-4, "
     "expert width 96, norm_topk_prob, vocab 384), float32",
+    "deepseek_v3": "tiny DeepSeek-V3 (hidden 128, 4 layers, the first dense, 4 heads of MLA: q rank 64, kv rank 32, "
+    "nope 32 + rope 16, v 32; 16 experts in 4 groups (2 kept), top-4, expert width 96, 1 shared, vocab 384), float32",
 }
 
 
@@ -223,6 +227,8 @@ def build_model(name: str) -> torch.nn.Module:
     """The benchmark's model `name` (MODELS), randomly initialised, float32, in eval mode."""
     if name == "qwen2":
         return build_tiny_model(ModelConfig(), 384, 0).eval()
+    if name == "deepseek_v3":
+        return tiny_deepseek_v3()
     import transformers
 
     torch.manual_seed(0)
@@ -241,6 +247,35 @@ def build_model(name: str) -> torch.nn.Module:
         tie_word_embeddings=True,
     )
     return transformers.Qwen3MoeForCausalLM(cfg).float().eval()
+
+
+def tiny_deepseek_v3() -> torch.nn.Module:
+    """MODELS["deepseek_v3"]: Qwen3-MoE's attention width and experts, as MLA and DeepSeek-V3's router."""
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.DeepseekV3Config(
+        vocab_size=384,
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        q_lora_rank=64,
+        kv_lora_rank=32,
+        qk_nope_head_dim=32,
+        qk_rope_head_dim=16,
+        v_head_dim=32,
+        n_routed_experts=16,
+        n_group=4,
+        topk_group=2,
+        num_experts_per_tok=4,
+        moe_intermediate_size=96,
+        n_shared_experts=1,
+        first_k_dense_replace=1,
+        max_position_embeddings=512,
+    )
+    return transformers.DeepseekV3ForCausalLM(cfg).float().eval()
 
 
 def main() -> None:
