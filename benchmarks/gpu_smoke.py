@@ -22,6 +22,9 @@ others still run):
   moe_trainer, moe_engines, megatron_ep  the mixture-of-experts sections (benchmarks/gpu_smoke_moe.py:
             a Qwen3-30B-A3B-like shape at 4 layers, MFU over the active parameters only; expert
             parallel 2 through megatron-core);
+  delta_codec  the delta codec's compare and compaction on the device (benchmarks/gpu_smoke_codec.py,
+            issue 57): encode and copy + apply GB/s of a 1 GiB bf16 tensor (4% changed) against a
+            device copy of it (`--tiny`: 4 MiB);
   rl        the default job for `--rl-steps` RL steps (50; `--tiny`: 3) on the device, through
             the run launcher as `make run` does: wall s/step, the last steps' mean reward.
 All figures go to one JSON file (`--out`), printed at the end too.
@@ -50,7 +53,7 @@ sys.path.insert(0, str(ROOT))
 from areal_core.config import ModelConfig, load_config  # noqa: E402
 from areal_core.models import build_tiny_model, build_tokenizer, num_params, save_pretrained  # noqa: E402
 from areal_core.protocol import Sample  # noqa: E402
-from benchmarks import gpu_smoke_moe  # noqa: E402
+from benchmarks import gpu_smoke_codec, gpu_smoke_moe  # noqa: E402
 
 SCALED = {"hidden_size": 768, "num_layers": 12, "num_heads": 12, "num_kv_heads": 4, "intermediate_size": 2048}
 # Qwen2-0.5B's transformer (its 151k vocabulary aside: the task's tokenizer has ~300 tokens)
@@ -321,6 +324,7 @@ def main(argv: list[str] | None = None) -> dict:
     section(out, "moe_trainer", lambda: gpu_smoke_moe.moe_trainer(args.device, args.tiny, args.peak_tflops))
     section(out, "moe_engines", lambda: gpu_smoke_moe.moe_engines(args.device, args.tiny))
     section(out, "megatron_ep", lambda: gpu_smoke_moe.megatron_ep(args.device))
+    section(out, "delta_codec", lambda: gpu_smoke_codec.delta_codec(args.device, args.tiny))
     with tempfile.TemporaryDirectory() as root:
         steps = args.rl_steps or (3 if args.tiny else 50)
         section(out, "rl", lambda: rl(args.device, args.tiny, steps, root))

@@ -49,3 +49,11 @@ def test_the_torch_decoder_refuses_a_payload_that_does_not_match_its_counts():
     with pytest.raises(ValueError, match="lane bitmap"):
         apply_words_torch(data, torch.from_numpy(bad), 2, words, lanes)
     assert np.array_equal(data.numpy(), a)  # refused before anything was written
+
+
+def test_gpu_smokes_delta_codec_section_runs_on_the_cpu():
+    from benchmarks.gpu_smoke_codec import delta_codec
+
+    figures = delta_codec("cpu", tiny=True)
+    assert figures["mib"] == 4 and figures["changed"] == int(0.04 * (4 << 19))
+    assert all(figures["gbps"][k] > 0 for k in ("copy", "encode", "copy_apply"))
