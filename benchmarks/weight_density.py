@@ -17,9 +17,11 @@ One JSON line per (lr, dtype, store), then a markdown table.
     PYTHONPATH=. .venv/bin/python benchmarks/weight_density.py --codec [--mib 256] [--frac 0.04] [--before REV]
 
 --codec (issue 57): the codec alone on a synthetic bf16 file of --mib MiB with --frac of its
-elements changed by one ulp: encode and decode GB/s (of the bf16 file) of areal_core/weights/delta.py
-at git revision --before and now, beside a memcpy of the same bytes, all in one run; with the CPU's
-model name and the load average before and after.
+elements changed by one ulp: encode and decode GB/s (of the bf16 file's bytes) of
+areal_core/weights/delta.py at git revision --before and now, beside a memcpy of the same bytes, all
+in one run, by wall time and by the process's CPU time (every thread's: on a shared machine the
+steadier figure; per core when the codec's threads add up), best of --repeats each; with the CPU's
+model name, the codec's threads and the load average before and after.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from areal_core.store import Store
-from areal_core.weights import delta
+from areal_core.weights import delta, delta_words
 from areal_core.weights.publisher import WeightPublisher, cast_safetensors
 from areal_core.weights.reader import load_state_dict, load_weights_bytes
 from benchmarks.moto_local import start_moto
@@ -107,13 +109,16 @@ def codec_at(rev: str) -> Any:
     return module
 
 
-def best_s(fn: Callable[[], Any], repeats: int) -> float:
-    times = []
+def best_s(fn: Callable[[], Any], repeats: int) -> tuple[float, float]:
+    """(wall s, process CPU s) of `fn`, each the best of `repeats` calls: on a shared machine the
+    CPU seconds (all of the process's threads) are the steadier figure."""
+    walls, cpus = [], []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+        walls.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+    return min(walls), min(cpus)
 
 
 def codec_speed(mib: int, frac: float, before: str, repeats: int) -> list[dict]:
@@ -146,30 +151,33 @@ def codec_speed(mib: int, frac: float, before: str, repeats: int) -> list[dict]:
     rows.append(
         {"what": "decode into an allocated buffer (copy + apply_delta), now", "s": best_s(apply_in_place, repeats)}
     )
+    (memcpy_wall, memcpy_cpu), new_bytes_cpu = rows[0]["s"], rows[1]["s"][1]
     for r in rows:
-        r["gbps"] = round(len(new) / r["s"] / 1e9, 2)
-        r["of_memcpy"] = round(rows[0]["s"] / r["s"], 3)
-        r["of_memcpy_new_bytes"] = round(rows[1]["s"] / r["s"], 3)
-        r["s"] = round(r["s"], 4)
+        wall, cpu = r.pop("s")
+        r.update(s=round(wall, 4), cpu_s=round(cpu, 4), gbps=round(len(new) / wall / 1e9, 2))
+        r.update(gbps_cpu=round(len(new) / cpu / 1e9, 2), of_memcpy=round(memcpy_wall / wall, 3))
+        r.update(of_memcpy_cpu=round(memcpy_cpu / cpu, 3), of_memcpy_new_bytes_cpu=round(new_bytes_cpu / cpu, 3))
     return rows
 
 
 def codec_main(a: argparse.Namespace) -> None:
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
-    print(json.dumps({"cpu": cpu, "cores": os.cpu_count(), "loadavg_before": os.getloadavg()}), flush=True)
+    head = {"cpu": cpu, "cores": os.cpu_count(), "codec_threads": len(delta_words.word_split(a.mib << 17)) - 1}
+    print(json.dumps({**head, "loadavg_before": os.getloadavg()}), flush=True)
     rows = codec_speed(a.mib, a.frac, a.before, a.repeats)
     for r in rows:
         print(json.dumps(r), flush=True)
     print(json.dumps({"loadavg_after": os.getloadavg()}))
     print(
-        f"| {a.mib} MiB bf16, {a.frac:.0%} changed | s (best of {a.repeats}) | GB/s | of memcpy (allocated) | "
-        "of memcpy (new bytes) | delta MB |"
+        f"| {a.mib} MiB bf16, {a.frac:.0%} changed (best of {a.repeats}) | wall s | CPU s | GB/s wall | GB/s CPU | "
+        "of memcpy, wall | of memcpy, CPU | of memcpy into new bytes, CPU | delta MB |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         mb = f"{r['delta_mb']:.2f}" if "delta_mb" in r else ""
         print(
-            f"| {r['what']} | {r['s']} | {r['gbps']} | {r['of_memcpy']:.0%} | {r['of_memcpy_new_bytes']:.0%} | {mb} |"
+            f"| {r['what']} | {r['s']} | {r['cpu_s']} | {r['gbps']} | {r['gbps_cpu']} | {r['of_memcpy']:.0%} | "
+            f"{r['of_memcpy_cpu']:.0%} | {r['of_memcpy_new_bytes_cpu']:.0%} | {mb} |"
         )
 
 
@@ -182,7 +190,7 @@ def main() -> None:
     ap.add_argument("--codec", action="store_true", help="the codec's speed against memcpy only")
     ap.add_argument("--mib", type=int, default=256)
     ap.add_argument("--frac", type=float, default=0.04)
-    ap.add_argument("--before", default="a4963f6", help="git revision of the codec to compare with")
+    ap.add_argument("--before", default="041935a", help="git revision of the codec to compare with (format 2)")
     ap.add_argument("--repeats", type=int, default=3)
     a = ap.parse_args()
     if a.codec:
