@@ -23,7 +23,10 @@ The cache holds the decompressed per-head keys and values, each in its own buffe
 width (nope + rope) and v_head_dim may differ: K [slots, H, max_len, nope + rope] and
 V [slots, H, max_len, v_head_dim] per layer. That is exact (the same products as transformers'
 forward); caching the latent (kv_lora_rank + rope per token, shared by the heads) and absorbing
-W_kvb into q and W_o would store less but reorders the sums.
+W_kvb into q and W_o would store less but reorders the sums. The price is memory: at DeepSeek-V3's
+full size (128 heads, 192 + 128 wide, 61 layers) a token takes 128·320·61·2 B ≈ 5 MB of cache in
+bfloat16, against 576·61·2 B ≈ 70 kB for the latent, so this decoder suits small MLA models; a
+671B checkpoint needs the latent cache (vLLM/SGLang's MLA kernels).
 """
 
 from __future__ import annotations
@@ -221,7 +224,9 @@ class MlaCacheDecoder:
 
         Attention is two batched matmuls over (row, head): S = α·q·Kᵀ + M, O = softmax(S)·V."""
         n, H = ids.shape[0], self.n_heads
-        row = torch.arange(n, device=ids.device)
+        # (row i, head h, position pos_i) of a cache viewed as [slots·H·max_len, d]
+        row_head = torch.arange(n * H, device=ids.device).view(n, H)
+        flat = (row_head * self.max_len + pos[:, None]).reshape(-1)
         x = F.embedding(ids, self.embed)
         cos, sin = self.cos[pos], self.sin[pos]
         later = torch.arange(span, device=ids.device)[None, None, :] > pos[:, None, None]
@@ -229,8 +234,8 @@ class MlaCacheDecoder:
         bias = bias.expand(n, H, span).reshape(n * H, 1, span)
         for i, L in enumerate(self.layers):
             q, k, v = self._qkv(L, x, cos, sin)
-            self.k_cache[i][row, :, pos] = k
-            self.v_cache[i][row, :, pos] = v
+            self.k_cache[i].view(-1, k.shape[-1]).index_copy_(0, flat, k.reshape(n * H, -1))
+            self.v_cache[i].view(-1, v.shape[-1]).index_copy_(0, flat, v.reshape(n * H, -1))
             keys = self.k_cache[i][:n, :, :span].reshape(n * H, span, -1)
             vals = self.v_cache[i][:n, :, :span].reshape(n * H, span, -1)
             scores = torch.baddbmm(bias, q.reshape(n * H, 1, -1), keys.transpose(1, 2), alpha=self.scale)
