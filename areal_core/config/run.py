@@ -332,8 +332,10 @@ class TrainConfig(ConfigModel):
         "auto",
         description=(
             "the trainer's decoder forward and backward compiled by torch.compile (inductor, dynamic shapes; "
-            "areal_core/train/compiled_step.py); auto: off (measured on CPU: a cold compile, ~35 CPU-s, is repaid "
-            "after ~900 default-job steps; docs/benchmarks.md); on: compiled except under FSDP2, eager past 6 graphs"
+            "areal_core/train/compiled_step.py); auto: eager (measured at the default job's shapes on CPU: a cold "
+            "compile costs ~63 CPU-s and a step saves ~0.01 of ~0.17 CPU-s, repaid after ~4,000-6,500 steps, past "
+            "the job's 800; accelerators not measured; docs/benchmarks.md); on: compiled, except under FSDP2, for "
+            "image or replayed-route batches, and past 6 graphs (then eager, logged)"
         ),
     )
 
