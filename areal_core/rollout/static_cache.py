@@ -75,6 +75,7 @@ class _Layer:
     b_down: torch.Tensor | None
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
+    qk_norm: torch.Tensor | None  # [H + KVH, d]: q_norm per query head, then k_norm per kv head
     moe: MoeMlp | GptOssMoe | None = None
     sinks: torch.Tensor | None = None  # [H]: gpt-oss's attention sinks (gpt_oss_block.py)
 
@@ -181,6 +182,12 @@ class StaticCacheDecoder:
         """Rows (or entries) of a [heads·d, …] projection reordered within each head by `_perm`."""
         return w.unflatten(0, (heads, self.head_dim))[:, self._perm].flatten(0, 1)
 
+    def _qk_norm(self, q_norm: torch.Tensor, k_norm: torch.Tensor) -> torch.Tensor:
+        """[H + KVH, d]: the permuted q_norm weight for each query head, then k_norm for each kv head,
+        so one normalisation covers q and k (`_qkv`)."""
+        q, k = q_norm[self._perm], k_norm[self._perm]
+        return torch.cat([q.expand(self.n_heads, -1), k.expand(self.n_kv, -1)]).contiguous()
+
     @torch.no_grad()
     def refresh(self) -> None:
         """Re-read the model's weights into the fused matrices (after a weight swap)."""
@@ -212,6 +219,7 @@ class StaticCacheDecoder:
                         b_down=None if moe else m.down_proj.bias,
                         q_norm=None if q_norm is None else q_norm[self._perm].clone(),
                         k_norm=None if k_norm is None else k_norm[self._perm].clone(),
+                        qk_norm=None if q_norm is None else self._qk_norm(q_norm, k_norm),
                         moe=moe,
                         sinks=getattr(a, "sinks", None),
                     )
@@ -230,6 +238,7 @@ class StaticCacheDecoder:
                 if q_norm is not None:
                     L.q_norm.copy_(q_norm[self._perm])
                     L.k_norm.copy_(k_norm[self._perm])
+                    L.qk_norm.copy_(self._qk_norm(q_norm, k_norm))
         self.embed = self.model.model.embed_tokens.weight
         self.norm = self.model.model.norm.weight
         self.lm_head = self.model.lm_head.weight
@@ -244,15 +253,14 @@ class StaticCacheDecoder:
         H, KVH, D = self.n_heads, self.n_kv, self.head_dim
         qkv = F.linear(self._rms(x, L.ln1), L.w_qkv, L.b_qkv)
         qk = qkv[..., : (H + KVH) * D].unflatten(-1, (H + KVH, D))
-        if L.q_norm is not None:
-            qk[..., :H, :] = self._rms(qk[..., :H, :], L.q_norm)
-            qk[..., H:, :] = self._rms(qk[..., H:, :], L.k_norm)
-        pairs = qk.unflatten(-1, (D // 2, 2))
-        if self.complex_rope:
-            torch.view_as_complex(pairs).mul_(rot)
+        # Qwen3's per-head q/k RMSNorm: all q and k heads in one normalisation, then one weight multiply
+        src = qk if L.qk_norm is None else F.rms_norm(qk, (D,), None, self.eps).mul_(L.qk_norm)
+        pairs, src_pairs = qk.unflatten(-1, (D // 2, 2)), src.unflatten(-1, (D // 2, 2))
+        if self.complex_rope:  # written into qkv's q|k columns
+            torch.mul(torch.view_as_complex(src_pairs), rot, out=torch.view_as_complex(pairs))
         else:
             c, s = rot[..., 0], rot[..., 1]
-            a, b = pairs[..., 0].clone(), pairs[..., 1].clone()
+            a, b = src_pairs[..., 0].clone(), src_pairs[..., 1].clone()
             pairs[..., 0] = a * c - b * s
             pairs[..., 1] = a * s + b * c
         return qkv
