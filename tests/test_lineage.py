@@ -89,6 +89,7 @@ def train_steps(trainer, n: int) -> None:
         batch = trainer.source.next_batch(trainer.state)
         assert batch.samples is not None
         trainer.step(batch.samples, batch.dropped, batch.abandoned)
+    trainer.sink.drain(trainer)  # the versions published before a kill (train.background_publish)
 
 
 def started(run_uri: str, cfg):

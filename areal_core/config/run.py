@@ -307,6 +307,13 @@ class TrainConfig(ConfigModel):
     weight_full_every: Int = Field(
         8, gt=0, description="with weight_delta: a full snapshot when the version is a multiple of this"
     )
+    background_publish: Bool = Field(
+        True,
+        description=(
+            "write each version to the store on a helper thread while the next step trains (one in flight; "
+            "drained before a checkpoint, a repair and the final model); false: on the trainer's thread"
+        ),
+    )
     lora_rank: Int = Field(
         0, ge=0, description="LoRA rank r (0: full fine-tuning); >0 trains and publishes only the adapter"
     )

@@ -10,6 +10,10 @@
 Checkpoint before publishing: a restart then republishes identical weights under the same number
 (or, from an older checkpoint, continues after the newest published one). The methods are
 collective: every rank calls them; rank 0 alone writes.
+
+With `train.background_publish` a version's store writes (publisher, prune) run on a helper thread
+while the next step trains (train/in_flight.py: one in flight, in order; drained before a checkpoint,
+a repair and the final model); its bytes are taken on the trainer's thread first.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from areal_core.events import EventLog
 from areal_core.layout import LAYOUT
 from areal_core.store import Store
 from areal_core.train.checkpoint import TrainerState
+from areal_core.train.in_flight import InFlight
 from areal_core.train.lineage import newest_published, resume_version
 from areal_core.weights.faults import (
     RepairPolicy,
@@ -71,6 +76,12 @@ class Sink:
     def while_waiting(self, trainer: Trainer) -> None:
         """Called (collectively) while the trainer waits for a batch."""
 
+    def drain(self, trainer: Trainer) -> None:
+        """Before a checkpoint: every version before it in the store (nothing left in flight)."""
+
+    def finish(self, trainer: Trainer) -> None:
+        """Before the final model: nothing left in flight."""
+
 
 class NullSink(Sink):
     """Publishes and checkpoints nothing (replay, online retraining)."""
@@ -98,6 +109,22 @@ class PublishingSink(CheckpointSink):
         self.repair_policy = RepairPolicy()
         self._check: VersionCheck | None = None
         self._next_fault_check = 0.0
+        self._in_flight: InFlight | None = None
+
+    def in_flight(self, trainer: Trainer) -> InFlight:
+        """Where rank 0's publications run (train.background_publish: a helper thread)."""
+        if self._in_flight is None:
+            self._in_flight = InFlight(trainer.cfg.train.background_publish)
+        return self._in_flight
+
+    def drain(self, trainer: Trainer) -> None:
+        if self._in_flight is not None:
+            self._in_flight.drain()
+
+    def finish(self, trainer: Trainer) -> None:
+        if self._in_flight is not None:
+            self._in_flight.close()
+            self._in_flight = None
 
     def while_waiting(self, trainer: Trainer) -> None:
         """The readers' reports of the newest version (weights/faults.py), read at most every
@@ -106,6 +133,8 @@ class PublishingSink(CheckpointSink):
         be repaired, or no reader left, stops the run with the reason (VersionUnloadable on every
         rank). The check is advice: a store error in it is logged and the trainer goes on waiting."""
         decision: tuple[str, str] | None = None
+        if trainer.dist.is_main:
+            self.in_flight(trainer).drain()  # the readers' reports are of the newest version: in the store first
         if trainer.dist.is_main and time.monotonic() >= self._next_fault_check:
             version, store = trainer.state.version, trainer.store
             if self._check is None:
@@ -170,22 +199,39 @@ class PublishingSink(CheckpointSink):
                 self.publish(trainer, blob)
 
     def after_step(self, trainer: Trainer) -> float:
+        """Returns the seconds the trainer's thread spent publishing (with background_publish:
+        taking the bytes and waiting for the previous version; the writes overlap the next step)."""
+        t0 = time.perf_counter()
         with trainer.ev.span("publish"):
             blob = None if trainer.lora else trainer.weights_bytes()  # collective: every rank
+        main = trainer.dist.is_main
         if checkpoint_due(trainer):
+            if main:
+                self.drain(trainer)  # every earlier version in the store before the checkpoint
             with trainer.ev.span("checkpoint"):
                 trainer.save_checkpoint(blob, gathered=True)
-        if not trainer.dist.is_main:
+            t0 = time.perf_counter()
+        if not main:
             return 0.0
-        with trainer.ev.span("publish"):
-            seconds = self.publish(trainer, blob)
-            prune(trainer.store, trainer.state.version - max(8, 2 * trainer.cfg.train.eta + 2))
-        return seconds
+        version, eta = trainer.state.version, trainer.cfg.train.eta
+        weights = trainer.adapter_files() if trainer.lora else blob  # read here: the next step changes the model
 
-    def publish(self, trainer: Trainer, blob: bytes | None) -> float:
-        """Publish the trainer's current version (rank 0): the full weights `blob`, or under LoRA
-        the adapter files; and its `publish` event."""
-        version = trainer.state.version
-        seconds = self.publisher.publish(version, trainer.adapter_files() if trainer.lora else blob)
+        def write() -> float:
+            with trainer.ev.span("publish"):
+                seconds = self.publish(trainer, weights, version)
+                prune(trainer.store, version - max(8, 2 * eta + 2))
+            return seconds
+
+        seconds = self.in_flight(trainer).submit(write)
+        return seconds if seconds is not None else time.perf_counter() - t0
+
+    def publish(self, trainer: Trainer, blob: bytes | dict[str, bytes] | None, version: int | None = None) -> float:
+        """Publish `version` (default: the trainer's current one; rank 0): the full weights `blob`,
+        or under LoRA the adapter files; and its `publish` event."""
+        if version is None:
+            version = trainer.state.version
+        if blob is None and trainer.lora:
+            blob = trainer.adapter_files()
+        seconds = self.publisher.publish(version, blob)
         trainer.ev.emit("publish", version=version, bytes=self.publisher.last_weights_bytes, seconds=seconds)
         return seconds

@@ -127,6 +127,7 @@ class Trainer:
         osd = indexed_optimizer_state(self.model, self.optimizer, self.dist) if self.dist.distributed else None
         if not self.dist.is_main:
             return
+        self.sink.drain(self)  # the versions before this checkpoint are in the store (train.background_publish)
         self.source.save_into(self.state)
         if self.parts.critic is not None:  # before checkpoint.save writes COMMITTED
             self.parts.critic.save(self.store, self.state.step)
@@ -331,6 +332,7 @@ class Trainer:
 
     def finish(self) -> None:
         """The final model (final_model/, committed) and DONE (rank 0). Collective."""
+        self.sink.finish(self)  # the last version in the store before DONE
         model = self.full_model()  # collective
         if model is None:
             return
