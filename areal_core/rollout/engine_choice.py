@@ -3,10 +3,11 @@ as its `engine` event (areal_core/events.py) and the report shows it (report/ser
 engine_choices).
 
 `auto` picks the continuous engine (`continuous_engine.py`) where it implements the architecture
-(`static_cache.check_supported`: the Llama family, Phi-3, Qwen2-MoE, Qwen3-MoE, gpt-oss), because there it
-decodes faster than the torch engine (docs/benchmarks.md, CPU: on a tiny Qwen3-MoE with 32 rows,
-1.4× at equal lengths and 4.7× on long-tailed lengths), else the torch engine (the model's own
-forward, which serves every architecture); and the torch engine when the run replays the rollout's routing
+(`static_cache.check_supported`: the Llama family, Phi-3, Qwen2-MoE, Qwen3-MoE, gpt-oss, and
+DeepSeek-V3 through `mla_decoder.py`), because there it decodes faster than the torch engine
+(docs/benchmarks.md, CPU: on a tiny Qwen3-MoE with 32 rows, 1.4× at equal lengths and 4.7× on
+long-tailed lengths; on a tiny DeepSeek-V3, 1.6–2.8× and 6.4×), else the torch engine (the model's
+own forward, which serves every architecture); and the torch engine when the run replays the rollout's routing
 (`algo.router_replay=rollout`) and the continuous engine records no routes.
 """
 
