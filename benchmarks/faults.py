@@ -116,45 +116,35 @@ def mcp_phase() -> dict:
     }
 
 
-def main() -> None:
+KEYS = {"proxy-0": ["sk-a0", "sk-a1"], "proxy-1": ["sk-b0", "sk-b1"]}  # each proxy's users' API keys
+
+
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--root", default="runs/faults")
     ap.add_argument("--out", default="")
-    a = ap.parse_args()
-    import httpx
-    import openai
+    return ap.parse_args()
 
-    from areal_core.events import read_events
-    from areal_core.layout import LAYOUT
-    from areal_core.online.continuous import run_continuous
-    from areal_core.online.registry import aliased, register_if_better
-    from areal_core.proxy.__main__ import build_app, parse_args
-    from areal_core.proxy.examples import calculator_agent
-    from areal_core.proxy.runner import ProxyServer
-    from areal_core.proxy.sessions import session_id_for_key
+
+def prepare_run(steps: int, root: Path, stamp: int, name: str, registry_uri: str) -> tuple[str, str]:
+    """The calculator agent's continuous run (module docstring) prepared under `root`: (run URI, checkpoint)."""
     from areal_core.run import pipeline
-    from areal_core.run.tracking import mlflow_client
-    from areal_core.store import Store
-    from benchmarks.fault_kit import Forwarder
     from benchmarks.tiny_run import MODEL
-    from task_data.arithmetic import generate
 
-    root = Path(a.root).resolve()
-    root.mkdir(parents=True, exist_ok=True)
-    t0 = time.time()
-    mlflow_proc, port = start_mlflow(root)
-    registry = Forwarder(port)
-    name = f"faults-{int(t0)}"
-    ov = [*MODEL, f"store={root / f'run-{int(t0)}'}", "sft.enabled=false", "task.num_train=40", "task.num_eval=4"]
-    ov += ["rollout.group_size=2", "train.batch_groups=2", f"train.steps={a.steps}", "train.eta=1"]
+    ov = [*MODEL, f"store={root / f'run-{stamp}'}", "sft.enabled=false", "task.num_train=40", "task.num_eval=4"]
+    ov += ["rollout.group_size=2", "train.batch_groups=2", f"train.steps={steps}", "train.eta=1"]
     ov += ["train.checkpoint_every=2", "train.lr_warmup_steps=0", "train.slow_step_s=1.0", "online.promote_every=2"]
     ov += ["train.weight_delta=true"]  # a damaged delta breaks the chain of every later version for a reader
-    ov += [f"online.model_name={name}", "tracking.enabled=false", f"tracking.uri={registry.endpoint}"]
+    ov += [f"online.model_name={name}", "tracking.enabled=false", f"tracking.uri={registry_uri}"]
     run_uri, _ = pipeline.prepare("configs/agent_calculator.yaml", ov)
-    ckpt = pipeline.sft(run_uri)
-    run = Store(run_uri)
-    out: dict = {"steps": a.steps, "faults": {}}
+    return run_uri, pipeline.sft(run_uri)
+
+
+def start_trainer(run_uri: str, ckpt: str) -> tuple[threading.Thread, dict, list[BaseException]]:
+    """The continuous online loop in a thread: (the thread, its result once done, its error if it raised)."""
+    from areal_core.online.continuous import run_continuous
+
     result: dict = {}
     err: list[BaseException] = []
 
@@ -166,93 +156,133 @@ def main() -> None:
 
     trainer = threading.Thread(target=train, daemon=True)
     trainer.start()
-    tasks, _ = generate(7, 40, 1, ops="+-", lo=1, hi=9, max_steps=1)
-    keys = {"proxy-0": ["sk-a0", "sk-a1"], "proxy-1": ["sk-b0", "sk-b1"]}
+    return trainer, result, err
+
+
+def proxy_apps(run, run_uri: str) -> dict:
+    """proxy-0 and proxy-1: each follows RUN/weights and writes its sessions into RUN, with its users' keys."""
+    from areal_core.layout import LAYOUT
+    from areal_core.proxy.__main__ import build_app, parse_args
+
     flags = ["--tool-prompt", "none", "--default-max-tokens", "12", "--poll-interval-s", "0.1"]
-    apps = {
+    return {
         w: build_app(
             parse_args(
                 ["--follow", run.url(LAYOUT.weights_root), "--store", run_uri, "--worker-id", w, *flags]
                 + [x for k in ks for x in ("--api-key", k)]
             )
         )
-        for w, ks in keys.items()
+        for w, ks in KEYS.items()
     }
-    faults = out["faults"]
 
-    def inject() -> None:
-        """The faults, each once, at points of the run's own progress (not of the clock): a version
-        damaged at v2 and at v5; the champion moved by hand after the gate's first offer; the
-        registry cut after its second offer until a third one has met the dead registry."""
-        flipped: list[int] = []
-        while trainer.is_alive():
-            v = run.latest_version() or 0
-            if len(flipped) < 2 and v >= 2 + 3 * len(flipped) and v not in flipped:
-                flipped.append(flip_newest(run))
-            offers = run.read_json(LAYOUT.promotions)["offers"] if run.exists(LAYOUT.promotions) else []
-            if len(offers) >= 1 and "hand_moved_champion" not in faults:
-                register_if_better(run.url(LAYOUT.init_model), name, registry.endpoint, 0.99, None, run_name="by-hand")
-                faults["hand_moved_champion"] = aliased(mlflow_client(registry.endpoint), name).version
-                faults["hand_moved_after_offer"] = offers[-1]["version"]
-            if len(offers) >= 2 and "registry_down_after_offer" not in faults:
-                faults["registry_down_after_offer"] = offers[-1]["version"]
-                registry.down()
-            if len(offers) >= 3 and "registry_up_after_offer" not in faults:
-                faults["registry_up_after_offer"] = offers[-1]["version"]
-                registry.up()
-            time.sleep(0.1)
-        if "registry_down_after_offer" in faults and "registry_up_after_offer" not in faults:
+
+def inject(run, trainer: threading.Thread, registry, name: str, faults: dict) -> None:
+    """The faults, each once, at points of the run's own progress (not of the clock): a version
+    damaged at v2 and at v5; the champion moved by hand after the gate's first offer; the
+    registry cut after its second offer until a third one has met the dead registry."""
+    from areal_core.layout import LAYOUT
+    from areal_core.online.registry import aliased, register_if_better
+    from areal_core.run.tracking import mlflow_client
+
+    flipped: list[int] = []
+    while trainer.is_alive():
+        v = run.latest_version() or 0
+        if len(flipped) < 2 and v >= 2 + 3 * len(flipped) and v not in flipped:
+            flipped.append(flip_newest(run))
+        offers = run.read_json(LAYOUT.promotions)["offers"] if run.exists(LAYOUT.promotions) else []
+        if len(offers) >= 1 and "hand_moved_champion" not in faults:
+            register_if_better(run.url(LAYOUT.init_model), name, registry.endpoint, 0.99, None, run_name="by-hand")
+            faults["hand_moved_champion"] = aliased(mlflow_client(registry.endpoint), name).version
+            faults["hand_moved_after_offer"] = offers[-1]["version"]
+        if len(offers) >= 2 and "registry_down_after_offer" not in faults:
+            faults["registry_down_after_offer"] = offers[-1]["version"]
+            registry.down()
+        if len(offers) >= 3 and "registry_up_after_offer" not in faults:
+            faults["registry_up_after_offer"] = offers[-1]["version"]
             registry.up()
-        faults["flipped_versions"] = flipped
+        time.sleep(0.1)
+    if "registry_down_after_offer" in faults and "registry_up_after_offer" not in faults:
+        registry.up()
+    faults["flipped_versions"] = flipped
 
-    async def user(server: ProxyServer, key: str, offset: int, lost: list) -> None:
-        n = offset
-        while trainer.is_alive():
-            task = tasks[n % len(tasks)]
-            try:
-                reward = await calculator_agent(task, server.base_url, key, max_turns=1)
-            except openai.RateLimitError:
-                await asyncio.sleep(0.2)
-                continue
-            except Exception as exc:  # noqa: BLE001 - a failed request is a lost session
-                lost.append(repr(exc)[:200])
-                continue
-            async with httpx.AsyncClient(base_url=server.url, headers={"Authorization": f"Bearer {key}"}) as http:
-                r = await http.post(
-                    f"/v1/sessions/{session_id_for_key(key)}/end",
-                    json={"reward": reward, "prompt_id": task["prompt_id"]},
-                    timeout=120,
-                )
-                if r.status_code != 200:
-                    lost.append(r.text[:200])
-            n += 4
 
+async def user(server, key: str, offset: int, tasks: list[dict], trainer: threading.Thread, lost: list) -> None:
+    """One user of `server`: the calculator agent on every 4th task from `offset`, each session ended with its
+    reward, while the trainer runs; a refused session waits 0.2 s, a failed one is recorded in `lost`."""
+    import httpx
+    import openai
+
+    from areal_core.proxy.examples import calculator_agent
+    from areal_core.proxy.sessions import session_id_for_key
+
+    n = offset
+    while trainer.is_alive():
+        task = tasks[n % len(tasks)]
+        try:
+            reward = await calculator_agent(task, server.base_url, key, max_turns=1)
+        except openai.RateLimitError:
+            await asyncio.sleep(0.2)
+            continue
+        except Exception as exc:  # noqa: BLE001 - a failed request is a lost session
+            lost.append(repr(exc)[:200])
+            continue
+        async with httpx.AsyncClient(base_url=server.url, headers={"Authorization": f"Bearer {key}"}) as http:
+            r = await http.post(
+                f"/v1/sessions/{session_id_for_key(key)}/end",
+                json={"reward": reward, "prompt_id": task["prompt_id"]},
+                timeout=120,
+            )
+            if r.status_code != 200:
+                lost.append(r.text[:200])
+        n += 4
+
+
+def serve_users(run, run_uri: str, trainer: threading.Thread, registry, name: str, out: dict) -> list[str]:
+    """Both proxies up, a duplicate writer tried, the faults injected and two users a proxy until the
+    trainer ends; the failed requests."""
+    from areal_core.proxy.runner import ProxyServer
+    from task_data.arithmetic import generate
+
+    tasks, _ = generate(7, 40, 1, ops="+-", lo=1, hi=9, max_steps=1)
+    apps = proxy_apps(run, run_uri)
     failed_requests: list[str] = []
     with ProxyServer(apps["proxy-0"]) as p0, ProxyServer(apps["proxy-1"]) as p1:
         out["duplicate_writer_refused"] = duplicate_writer_refused(run_uri)
-        injector = threading.Thread(target=inject, daemon=True)
+        injector = threading.Thread(target=inject, args=(run, trainer, registry, name, out["faults"]), daemon=True)
         injector.start()
-
-        pairs = [(p0, k) for k in keys["proxy-0"]] + [(p1, k) for k in keys["proxy-1"]]
+        pairs = [(p0, k) for k in KEYS["proxy-0"]] + [(p1, k) for k in KEYS["proxy-1"]]
 
         async def users() -> None:
-            await asyncio.gather(*(user(s, k, i, failed_requests) for i, (s, k) in enumerate(pairs)))
+            await asyncio.gather(*(user(s, k, i, tasks, trainer, failed_requests) for i, (s, k) in enumerate(pairs)))
 
         asyncio.run(users())
         trainer.join()
         injector.join(timeout=60)
+    return failed_requests
+
+
+def settle(out: dict, run, registry, name: str, err: list[BaseException], failed_requests: list[str]) -> None:
+    """What the faults cost, into `out`: DONE, the trainer's error, the rows' accounting, failed requests,
+    wrong promotions, republished versions, the gate's offers and the MCP phase."""
+    from areal_core.events import read_events
+    from areal_core.layout import LAYOUT
+    from areal_core.online.registry import aliased
+    from areal_core.run.tracking import mlflow_client
+
     champion = aliased(mlflow_client(registry.endpoint), name)
     out["done"] = run.done()
     out["error"] = repr(err[0]) if err else None
     out["rows"] = accounting(run) if run.done() else {}
     out["failed_requests"] = len(failed_requests)
-    out["wrong_promotions"] = int(champion is None or champion.version != faults.get("hand_moved_champion"))
+    out["wrong_promotions"] = int(champion is None or champion.version != out["faults"].get("hand_moved_champion"))
     events = read_events(run)
     out["republished"] = [e["version"] for e in events if e.get("kind") == "republish"]
     out["offers"] = run.read_json(LAYOUT.promotions)["offers"] if run.exists(LAYOUT.promotions) else []
     out["mcp"] = mcp_phase()
-    out["seconds"] = round(time.time() - t0, 1)
-    mlflow_proc.terminate()
+
+
+def report(out: dict, path: Path) -> None:
+    """`out` written to `path`, the RESULT line; SystemExit when a row is not settled exactly once."""
     summary = {
         "done": out["done"],
         "lost": out["rows"].get("lost"),
@@ -263,11 +293,33 @@ def main() -> None:
         "duplicate_writer_refused": out["duplicate_writer_refused"],
         "republished": out["republished"],
     }
-    Path(a.out or root / "faults.json").write_text(json.dumps(out, indent=1, default=str))
+    path.write_text(json.dumps(out, indent=1, default=str))
     print("RESULT " + json.dumps(summary))
     unsettled = {k: summary[k] for k in ("lost", "trained_twice", "dropped_twice") if summary[k] != 0}
     if unsettled:
         raise SystemExit(f"rows not settled exactly once: {unsettled} ({out['rows']})")
+
+
+def main() -> None:
+    from areal_core.store import Store
+    from benchmarks.fault_kit import Forwarder
+
+    a = parse_args()
+    root = Path(a.root).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    mlflow_proc, port = start_mlflow(root)
+    registry = Forwarder(port)
+    name = f"faults-{int(t0)}"
+    run_uri, ckpt = prepare_run(a.steps, root, int(t0), name, registry.endpoint)
+    run = Store(run_uri)
+    out: dict = {"steps": a.steps, "faults": {}}
+    trainer, _, err = start_trainer(run_uri, ckpt)
+    failed_requests = serve_users(run, run_uri, trainer, registry, name, out)
+    settle(out, run, registry, name, err, failed_requests)
+    out["seconds"] = round(time.time() - t0, 1)
+    mlflow_proc.terminate()
+    report(out, Path(a.out or root / "faults.json"))
 
 
 if __name__ == "__main__":

@@ -252,7 +252,6 @@ SOURCE_FOLDERS = ["areal_core", "benchmarks", "tasks", "workflows", "flyte2", "j
 MAX_FUNCTION_LINES = 80
 # function -> why it may run longer (each entry must still need it: test_long_function_exceptions_are_current)
 LONG_FUNCTIONS = {
-    "benchmarks/faults.py:main": "one scripted fault scenario after another; not split yet",
 }
 
 
