@@ -16,10 +16,11 @@ adds a few). A recompile storm cannot happen: once this model's compiled graphs 
 (dynamo's own `recompile_limit`, 8 per code object, is the backstop under it).
 
 `auto` (`resolve_compile`): off on CPU and on accelerators. Measured on the default job's shapes
-(benchmarks/train_compile.py, docs/benchmarks.md "Compiled trainer step"), a cold compile costs
-more CPU than the compiled step saves over the default job's 800 steps; the accelerator path is not
-measured yet. `on` compiles wherever it can: not under FSDP2 ranks (sharded parameters), not for
-a VLM batch or replayed MoE routes (hooks on the modules), which keep the eager step and say so.
+(benchmarks/train_compile.py, docs/benchmarks.md "The compiled trainer step"), a cold compile
+costs ~63 CPU-s and a step saves ~0.01-0.015 of ~0.17 CPU-s: repaid after ~4,000-6,500 steps, past
+the default job's 800 (SmolLM2's compile passed 375 CPU-s unfinished); accelerators are not measured.
+`on` compiles wherever it can: not under FSDP2 ranks (sharded parameters), not for a VLM batch or
+replayed MoE routes (hooks on the modules), which keep the eager step and say so.
 """
 
 from __future__ import annotations
