@@ -410,21 +410,16 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--hidden", type=int, default=1024, help="large model: hidden size")
     ap.add_argument("--layers", type=int, default=8, help="large model: layers")
     ap.add_argument("--intermediate", type=int, default=ModelConfig().intermediate_size, help="large model: MLP width")
-    ap.add_argument(
-        "--lr", type=float, default=1e-4, help="AdamW lr of the measured chain (configs/default.yaml: 1e-4)"
-    )
+    lr_help = "AdamW lr of the measured chain (configs/default.yaml: 1e-4)"
+    ap.add_argument("--lr", type=float, default=1e-4, help=lr_help)
     ap.add_argument("--lrs", default="1e-3", help="extra lrs, delta size only (comma list; empty: none)")
     ap.add_argument("--steps", type=int, default=6, help="optimizer steps in the chain (versions - 1)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--full-every", type=int, default=8, help="train.weight_full_every")
-    ap.add_argument(
-        "--poll",
-        type=float,
-        default=0.002,
-        help=f"reader poll interval (rollout default {RolloutConfig().poll_interval_s})",
-    )
+    poll_help = f"reader poll interval (rollout default {RolloutConfig().poll_interval_s})"
+    ap.add_argument("--poll", type=float, default=0.002, help=poll_help)
     ap.add_argument("--root", default="", help="local store folder (default: a temp folder)")
     ap.add_argument("--s3", action="store_true", help="also measure on a moto S3 server")
     ap.add_argument("--vllm", action="store_true", help="smollm2: LoRA versions into vLLM, merged vs native")
@@ -457,16 +452,13 @@ def measure_shape(
 
 def print_tables(results: list[dict], sizes: list[dict]) -> None:
     """The timing table, then the delta sizes, as markdown."""
-    print()
-    print(markdown(results))
-    print()
+    print(f"\n{markdown(results)}\n")
     print("| model | AdamW lr | full MB | delta MB (median over steps) | delta saving | zstd of the full file |")
     print("|---|---|---|---|---|---|")
     for s in sizes:
         print(
             f"| {s['model']} | {s['lr']:g} | {s['full_mb']:.2f} | {s['delta_mb']:.2f} | "
-            f"{100 * s['delta_saving']:.1f}% |"
-            f" {100 * s['zstd_of_full_saving']:.1f}% |"
+            f"{100 * s['delta_saving']:.1f}% | {100 * s['zstd_of_full_saving']:.1f}% |"
         )
 
 
