@@ -12,14 +12,11 @@ A fork continues with its roles at once as Flyte tasks (flyte2/roles.py), as `gr
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
-from areal_core.context import load_run_config
-from areal_core.store import Store
 from flyte2.envs import DRIVER, ONE_MACHINE
-from flyte2.grpo import Accuracy, train
-from flyte2.steps import bind_execution, evaluate, mark_failed, start_run
+from flyte2.grpo import Accuracy, failed_on_error, roles_and_evaluate
+from flyte2.steps import bind_execution, evaluate
 from flyte2.translate import job_task
 from jobs import steps
 from jobs.catalog import FORK, REGRADE, REGRADE_AND_REPLAY, REGRADED, REPLAY, REPLAYED
@@ -64,14 +61,8 @@ async def _replay(given: Given) -> Any:
 
 async def _fork(given: Given) -> Any:
     child, checkpoint = await fork_run.aio(run=given.run, step=given.step, into=given.into, overrides=given.overrides)
-    try:
-        await start_run.aio(run_uri=child, sft_checkpoint=checkpoint)
-        cfg = load_run_config(Store(child))
-        await train(child, cfg.rollout.num_workers, cfg.reward.num_workers, local=True)
-        return Accuracy(*await evaluate.aio(run_uri=child))
-    except BaseException:
-        await asyncio.to_thread(mark_failed, child)
-        raise
+    async with failed_on_error(child):
+        return Accuracy(*await roles_and_evaluate(child, checkpoint, None, local=True))
 
 
 async def _regrade(given: Given) -> Any:

@@ -21,7 +21,9 @@ triggered run gets its own run root <store>/<kickoff time> and registers a new m
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import flyte
@@ -85,32 +87,49 @@ async def train(run_uri: str, num_rollout: int, num_reward: int, local: bool) ->
     return final
 
 
-async def _grpo(given: Given) -> Any:
-    run_cfg = check_config(given.cfg, given.config, given.overrides)
-    run_uri, sft_key = await prepare.aio(**given.take("cfg", "config", "overrides", resume="resume_run"))
+@contextlib.asynccontextmanager
+async def failed_on_error(run_uri: str) -> AsyncIterator[None]:
+    """The run's MLflow run marked FAILED (flyte2/steps.py: mark_failed) when the body raises anything,
+    cancellation too; the error propagates."""
     try:
-        checkpoint = await sft.aio(run_uri=run_uri, sft_key=sft_key)
-        await start_run.aio(run_uri=run_uri, sft_checkpoint=checkpoint)
-        await train(run_uri, run_cfg.rollout.num_workers, run_cfg.reward.num_workers, local=True)
-        return Accuracy(*await evaluate.aio(run_uri=run_uri))
+        yield
     except BaseException:
         await asyncio.to_thread(mark_failed, run_uri)
         raise
+
+
+async def roles_and_evaluate(
+    run_uri: str, checkpoint: str, workers: tuple[int, int] | None, local: bool
+) -> tuple[float, float]:
+    """start_run -> the roles at once (`train`) -> evaluate: the held-out accuracy (before, after).
+    `workers`: the rollout and reward workers; None: the run config's (read once the run has started)."""
+    await start_run.aio(run_uri=run_uri, sft_checkpoint=checkpoint)
+    if workers is None:
+        cfg = load_run_config(Store(run_uri))
+        workers = (cfg.rollout.num_workers, cfg.reward.num_workers)
+    await train(run_uri, *workers, local=local)
+    return await evaluate.aio(run_uri=run_uri)
+
+
+async def _grpo(given: Given) -> Any:
+    run_cfg = check_config(given.cfg, given.config, given.overrides)
+    run_uri, sft_key = await prepare.aio(**given.take("cfg", "config", "overrides", resume="resume_run"))
+    async with failed_on_error(run_uri):
+        checkpoint = await sft.aio(run_uri=run_uri, sft_key=sft_key)
+        workers = (run_cfg.rollout.num_workers, run_cfg.reward.num_workers)
+        return Accuracy(*await roles_and_evaluate(run_uri, checkpoint, workers, local=True))
 
 
 async def _grpo_cluster(given: Given) -> Any:
     check_config(given.cfg, given.config, given.overrides, for_cluster=True)
     inputs = given.take("cfg", "config", "overrides", "resume_run", "kickoff_time")
     run_uri, sft_key = await prepare_cluster.aio(**inputs)
-    try:
+    async with failed_on_error(run_uri):
         checkpoint = await sft.aio(run_uri=run_uri, sft_key=sft_key)
-        await start_run.aio(run_uri=run_uri, sft_checkpoint=checkpoint)
-        await train(run_uri, CLUSTER.rollout.replicas, CLUSTER.reward.replicas, local=flyte.ctx().mode == "local")
-        before, after = await evaluate.aio(run_uri=run_uri)
+        workers = (CLUSTER.rollout.replicas, CLUSTER.reward.replicas)
+        local = flyte.ctx().mode == "local"
+        before, after = await roles_and_evaluate(run_uri, checkpoint, workers, local=local)
         return await register.aio(run_uri=run_uri, model_name=given.model_name, before=before, after=after)
-    except BaseException:
-        await asyncio.to_thread(mark_failed, run_uri)
-        raise
 
 
 grpo = job_task(DRIVER, GRPO, _grpo, report=True)

@@ -27,7 +27,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from flytekit import LaunchPlan, PodTemplate, PythonFunctionTask, Resources
+from flytekit import LaunchPlan, PythonFunctionTask, Resources
 from flytekit.core.context_manager import FlyteContextManager
 from flytekit.core.interface import Interface, transform_inputs_to_parameters
 from flytekit.core.resources import ResourceSpec
@@ -84,6 +84,22 @@ def pod_settings(role: str) -> dict[str, Any]:
     return out
 
 
+class PodSetting:
+    """A task attribute that the cluster config's pod settings override once the task is ready (PodTask._setting):
+    reading it gives the setting, or what was declared; writing it (flytekit's constructor does) declares it."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name, self.declared = name, f"_declared_{name}"
+
+    def __get__(self, task: Any, owner: type | None = None) -> Any:
+        if task is None:
+            return self
+        return task._setting(self.name, getattr(task, self.declared, None))
+
+    def __set__(self, task: Any, value: Any) -> None:
+        setattr(task, self.declared, value)
+
+
 class PodTask(PythonFunctionTask[Pod]):
     """A function task whose pod (Pod.role) is read when flytekit first asks for it after the
     task is defined, never at import. While the base classes' __init__ runs, every setting
@@ -137,29 +153,9 @@ class PodTask(PythonFunctionTask[Pod]):
             )
         return self._pod_metadata
 
-    @property
-    def pod_template(self) -> PodTemplate | None:
-        return self._setting("pod_template", self._declared_pod_template)
-
-    @pod_template.setter
-    def pod_template(self, value: PodTemplate | None) -> None:
-        self._declared_pod_template = value
-
-    @property
-    def accelerator(self):
-        return self._setting("accelerator", self._declared_accelerator)
-
-    @accelerator.setter
-    def accelerator(self, value) -> None:
-        self._declared_accelerator = value
-
-    @property
-    def shared_memory(self):
-        return self._setting("shared_memory", self._declared_shared_memory)
-
-    @shared_memory.setter
-    def shared_memory(self, value) -> None:
-        self._declared_shared_memory = value
+    pod_template = PodSetting()  # a PodTemplate or None
+    accelerator = PodSetting()
+    shared_memory = PodSetting()
 
 
 class TrainerTask(PodTask, PytorchElasticFunctionTask):

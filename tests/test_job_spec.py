@@ -290,6 +290,25 @@ def test_no_block_of_six_lines_is_repeated_between_flyte2_and_the_flytekit_front
     assert repeated(flyte2, flytekit) == []
 
 
+def repeated_within(paths: list[Path]) -> list[list[str]]:
+    """The places of every run of WINDOW code lines (as `blocks` counts them) that stands twice or more in `paths`."""
+    places: dict[tuple[str, ...], list[str]] = {}
+    for path in paths:
+        lines = line_shapes(path.read_text())
+        for i in range(len(lines) - WINDOW + 1):
+            run = lines[i : i + WINDOW]
+            if sum(len(shape.split()) > 3 for _, shape in run) >= WINDOW // 2:
+                where = f"{path.relative_to(ROOT)}:{run[0][0]}-{run[-1][0]}"
+                places.setdefault(tuple(shape for _, shape in run), []).append(where)
+    return [where for where in places.values() if len(where) > 1]
+
+
+def test_no_block_of_six_lines_is_repeated_within_flyte2():
+    """One copy of each step sequence inside the Flyte 2 front end too (grpo's and fork's start_run -> roles ->
+    evaluate, marked failed on error: flyte2/grpo.py roles_and_evaluate, failed_on_error)."""
+    assert repeated_within(sorted((ROOT / "flyte2").glob("*.py"))) == []
+
+
 # -- (d) SDK internals: only where a function says why ---------------------------------------------
 # (file, function) -> the private SDK modules it may import; nothing else in the front ends imports one
 PRIVATE_SDK_USES = {
