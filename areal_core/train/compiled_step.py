@@ -1,7 +1,7 @@
 """`train.compile`: the trainer's decoder compiled by `torch.compile` (inductor) for the training
 step only, its backward compiled with it (AOTAutograd).
 
-What is compiled: the policy's decoder (`head._decoder`: the embeddings, every layer and the final
+What is compiled: the policy's decoder (`head.decoder_module`: the embeddings, every layer and the final
 norm), the one module both of the step's forward paths call (the full-logits path through the
 CausalLM and the chunked-head path through `head.hidden_states`). The LM head, the log-softmax and
 the loss stay eager: they are small, and the chunked head's activation checkpointing stays as it is.
@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from areal_core.train.head import _base, _decoder
+from areal_core.train.head import decoder_module
 
 log = logging.getLogger("areal.trainer")
 
@@ -63,12 +63,12 @@ class CompiledDecoder:
     """The decoder of `model` compiled for the training step, or the eager step with its reason."""
 
     def __init__(self, model: Any, enabled: bool, reason: str):
-        self.decoder = _decoder(_base(model)) if enabled else None
+        self.decoder = decoder_module(model) if enabled else None
         self.reason = reason
         self.graphs = 0
         self.compiled = None
         if enabled and self.decoder is None:
-            self.reason = f"{reason}, but {type(_base(model)).__name__} has no decoder module to compile: eager"
+            self.reason = f"{reason}, but {type(model).__name__} has no decoder module to compile: eager"
         elif self.decoder is not None:
             self.compiled = torch.compile(self.decoder._call_impl, dynamic=True)
 

@@ -70,6 +70,11 @@ def _decoder(base: Any) -> Any:
     return decoder if isinstance(decoder, torch.nn.Module) and decoder is not base else None
 
 
+def decoder_module(model: Any) -> torch.nn.Module | None:
+    """The decoder of `model` (a PEFT wrapper's base model's), whose output the LM head reads; or None."""
+    return _decoder(_base(model))
+
+
 def hidden_states(model: Any, **inputs: Any) -> torch.Tensor:
     """The decoder's final (normed) hidden states, the input of the LM head."""
     return _decoder(_base(model))(**inputs, use_cache=False).last_hidden_state
