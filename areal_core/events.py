@@ -134,7 +134,7 @@ class EventLog:
 
     def record_span(self, on: str, t0: float, t1: float, state: str = "busy") -> None:
         """A `span` record of a stretch timed by the caller (unix seconds), added to the phase `on`."""
-        self._phases[on] += t1 - t0
+        self.add(on, t1 - t0)
         self.emit("span", state=state, on=on, t0=round(t0, 4), t1=round(t1, 4))
 
     def switch(self, on: str | None, state: str = "busy", at: float | None = None) -> None:
@@ -151,13 +151,16 @@ class EventLog:
         self._stretch = None if on is None else (on, state, now)
 
     def add(self, phase: str, seconds: float) -> None:
-        """Add seconds to a phase of the current step without a timeline record (inner loops)."""
-        self._phases[phase] += seconds
+        """Add seconds to a phase of the current step without a timeline record (inner loops). Under
+        the lock: a helper thread's span (train.background_publish) may land while `end_step` reads."""
+        with self._lock:
+            self._phases[phase] += seconds
 
     def end_step(self, step: int) -> dict[str, float]:
         """Close the current step: emit its `phases` record, start a new one; returns the phases."""
-        phases = {k: round(v, 5) for k, v in self._phases.items()}
-        self._phases.clear()
+        with self._lock:
+            phases = {k: round(v, 5) for k, v in self._phases.items()}
+            self._phases.clear()
         self.emit("phases", step=step, phases=phases)
         return phases
 

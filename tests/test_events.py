@@ -11,7 +11,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
@@ -114,6 +114,33 @@ def test_spans_phases_and_switch(tmp_path):
     spans = [(r["on"], r["state"]) for r in recs if r["kind"] == "span"]
     assert spans == [("batch", "wait"), ("read", "busy"), ("shards", "wait"), ("grade", "busy")]
     assert [r["kind"] for r in recs][-1] == "overhead"
+
+
+class _PhasesThatLetAHelperIn(defaultdict):
+    """A step's phases whose reading by `end_step` lets another thread (a background publication's
+    span) add a new phase midway, as the GIL may switch there."""
+
+    def __init__(self, ev: EventLog, *args):
+        super().__init__(float, *args)
+        self.ev, self.helper = ev, None
+
+    def items(self):
+        for i, item in enumerate(super().items()):
+            if i == 0 and self.helper is None:
+                self.helper = threading.Thread(target=self.ev.add, args=("publish", 0.5))
+                self.helper.start()
+                self.helper.join(timeout=1.0)  # with the lock it waits for end_step; without, it lands now
+            yield item
+
+
+def test_a_helper_threads_span_during_end_step_neither_crashes_it_nor_is_lost():
+    ev = EventLog(None, "trainer", "0")
+    ev.add("train", 1.0)
+    phases = _PhasesThatLetAHelperIn(ev, ev._phases)
+    ev._phases = phases
+    assert ev.end_step(0) == {"train": 1.0}  # without the lock: dictionary changed size during iteration
+    phases.helper.join()
+    assert ev.end_step(1) == {"publish": 0.5}  # the helper's seconds count in the next step
 
 
 def test_a_long_stretch_is_recorded_in_pieces(tmp_path):
