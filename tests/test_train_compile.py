@@ -111,11 +111,17 @@ def test_a_recompile_storm_turns_the_step_eager_with_a_logged_reason(monkeypatch
         assert not on
 
 
-def test_a_step_with_images_or_replayed_routes_runs_eager():
+def test_a_step_with_images_or_replayed_routes_runs_eager(caplog):
+    """Eager, and the log says why, once per reason (train.compile=on's description promises it)."""
     cfg = load_config(None, [*MODEL, f"model.vocab_size={VOCAB}"])
     compiled = CompiledDecoder(make_model(cfg), True, "test")
-    with compiled.active(compiled_step.step_eager_reason(object(), False)) as on:
-        assert not on
+    with caplog.at_level(logging.INFO, logger="areal.trainer"):
+        for _ in range(2):
+            with compiled.active(compiled_step.step_eager_reason(object(), False)) as on:
+                assert not on
+    said = [r.getMessage() for r in caplog.records if "eager for" in r.getMessage()]
+    assert said == ["trainer step: eager for an image batch (train.compile cannot compile such a step)"]
+    assert compiled.on  # the next text batch still runs compiled
     assert compiled_step.step_eager_reason(None, True) == "replayed MoE routes"
     assert compiled_step.step_eager_reason(None, False) == ""
 

@@ -67,6 +67,7 @@ class CompiledDecoder:
         self.reason = reason
         self.graphs = 0
         self.compiled = None
+        self._eager_said: set[str] = set()  # the per-step eager reasons logged (once each)
         if enabled and self.decoder is None:
             self.reason = f"{reason}, but {type(model).__name__} has no decoder module to compile: eager"
         elif self.decoder is not None:
@@ -91,6 +92,9 @@ class CompiledDecoder:
         """The compiled decoder while entered (yields whether it is); `eager_reason`: this step
         must run eager (a VLM batch, replayed routes). Past `MAX_GRAPHS` the step turns eager."""
         if not self.on or eager_reason:
+            if self.on and eager_reason not in self._eager_said:
+                self._eager_said.add(eager_reason)
+                log.info("trainer step: eager for %s (train.compile cannot compile such a step)", eager_reason)
             yield False
             return
         before = graph_count()
