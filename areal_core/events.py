@@ -10,13 +10,18 @@ written with the next one. A restarted role continues after its last part. Threa
 role's helper threads (a weight watcher) record into the same log.
 
 One JSON object per line. Every record has "t" (unix seconds, when it was recorded) and "kind":
-  span       {"state": "busy"|"wait", "on": str, "t0": float, "t1": float}
+  span       {"state": "busy"|"wait"|"background", "on": str, "t0": float, "t1": float}
              a stretch of work or of waiting, and on what: the trainer waits on "batch", rollout on
              "admission" or "weights", reward on "shards"; busy names a phase ("forward", "decode").
              Spans of one worker may nest (rollout's "shard_write" inside "generate", which covers
              the groups in flight); a long stretch comes as consecutive pieces (`switch`).
-             Trainer busy: "read", "batch_build", "train", "checkpoint", "publish", "eval",
+             Trainer busy: "read", "batch_build", "train", "checkpoint", "publish" (on its own
+             thread: taking the bytes, waiting for the previous version's write), "eval",
              "metrics"; rollout busy: "generate", "shard_write"; reward busy: "grade", "io".
+             "background": a helper thread's work beside the role's own timeline, which may
+             overlap its busy and its waiting (the trainer's "publish_background": a version's
+             store writes under train.background_publish); the report shows it apart, counted
+             as neither busy nor waiting (report/timing.py).
   phases     {"step": int, "phases": {name: seconds}}   where one step's time went (the profile):
              every span and every `add()` since the previous `end_step()`, summed by name; the
              trainer's "train" also splits into "forward", "backward", "optimizer" (train/step.py).

@@ -4,6 +4,7 @@ model; an error there stops the trainer at its next publication. Behaviour only,
 
 from __future__ import annotations
 
+import json
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +16,9 @@ from safetensors.torch import save as st_save
 from areal_core.config.loading import load_config
 from areal_core.events import EventLog
 from areal_core.layout import LAYOUT
+from areal_core.online.promotion import PromotingSink
+from areal_core.report.series import timeline
+from areal_core.report.timing import role_time
 from areal_core.store import Store
 from areal_core.train.checkpoint import TrainerState
 from areal_core.train.in_flight import InFlight
@@ -162,3 +166,90 @@ def test_a_failed_background_write_stops_the_trainer_at_its_next_publication(tmp
     assert trainer.store.latest_version() == 1  # LATEST never named the version whose files failed
     assert not trainer.store.exists(LAYOUT.manifest(2))
     assert not trainer.store.exists(LAYOUT.manifest(3))  # nothing after it was published
+
+
+def span(on: str, t0: float, t1: float, state: str = "busy") -> dict[str, Any]:
+    return {"role": "trainer", "worker": "0", "kind": "span", "t": t1, "state": state, "on": on, "t0": t0, "t1": t1}
+
+
+def test_the_helpers_writes_are_reported_apart_from_the_trainers_busy_and_waiting_time():
+    """10 s: train 6, publish 1 (the bytes), then a 3 s wait for the batch during which the helper
+    writes the version for 2 s. Counted as trainer busy, the write made busy + waiting 120%."""
+    records = [
+        span("train", 0.0, 6.0),
+        span("publish", 6.0, 7.0),
+        span("batch", 7.0, 10.0, "wait"),
+        span("publish_background", 7.0, 9.0, "background"),
+    ]
+    trainer = role_time(records)["trainer"]
+    assert trainer.busy == pytest.approx(0.7) and trainer.wait == pytest.approx(0.3)
+    assert trainer.wait_on == {"batch": pytest.approx(0.3)}
+    assert trainer.background_on == {"publish_background": pytest.approx(0.2)}
+    lanes = timeline(records, 0.0)
+    assert lanes["trainer-0"] == {"busy": [(0.0, 7.0)], "wait:batch": [(7.0, 3.0)]}
+    assert lanes["trainer-0 helper"] == {"background:publish_background": [(7.0, 2.0)]}
+
+
+def test_the_sink_records_the_helpers_writes_as_background_and_its_own_part_as_publish(tmp_path):
+    trainer, sink = make(tmp_path)
+    sink._in_flight = OnDrain()  # v1's write runs inside the wait, as while_waiting's drain does
+    sink._in_flight.background = True
+    trainer.ev._pending.clear()
+    trainer.take_step(sink)
+    with trainer.ev.span("batch", "wait"):
+        sink.while_waiting(trainer)
+    assert trainer.store.latest_version() == 1
+    records = [{"role": "trainer", "worker": "0", **json.loads(line)} for line in trainer.ev._pending]
+    spans = [(r["on"], r["state"]) for r in records if r["kind"] == "span"]
+    assert spans == [("publish", "busy"), ("publish", "busy"), ("publish_background", "background"), ("batch", "wait")]
+    shares = role_time(records)["trainer"]
+    assert shares.busy + shares.wait <= 1.0
+    assert shares.background_on["publish_background"] > 0
+
+
+class Gate:
+    """The promotion gate's offers, each with the store's LATEST when it was offered."""
+
+    champion_score, tracking_uri = 0.0, None
+
+    def __init__(self, store: Store):
+        self.store, self.offered = store, []
+
+    def offer(self, version: int, step: int, score: float, folder: str, score_current: Any = None) -> bool:
+        self.offered.append((version, self.store.latest_version()))
+        return False
+
+
+class ScoringTrainer(FakeTrainer):
+    def full_model(self) -> None:
+        return None
+
+    def score(self, model: Any) -> float:
+        return 1.0
+
+
+def make_promoting(tmp_path, monkeypatch, fail_version: int | None = None) -> tuple[ScoringTrainer, PromotingSink]:
+    monkeypatch.setattr("areal_core.models.save_pretrained", lambda model, tokenizer, folder: None)
+    store = RecordingStore(str(tmp_path / "run"), fail_version)
+    cfg = load_config(None, ["train.background_publish=true", "train.checkpoint_every=100"])
+    trainer = ScoringTrainer(store, cfg)
+    sink = PromotingSink(WeightPublisher(store, {}), Gate(store), every=2)
+    sink.start(trainer)
+    return trainer, sink
+
+
+def test_a_version_is_offered_for_promotion_only_after_its_write(tmp_path, monkeypatch):
+    trainer, sink = make_promoting(tmp_path, monkeypatch)
+    sink._in_flight = OnDrain()  # a write runs only when the sink drains
+    for _ in range(4):
+        trainer.take_step(sink)
+    assert sink.gate.offered == [(2, 2), (4, 4)]  # LATEST already named the version offered
+
+
+def test_a_failed_background_write_is_never_offered_for_promotion(tmp_path, monkeypatch):
+    trainer, sink = make_promoting(tmp_path, monkeypatch, fail_version=2)
+    trainer.take_step(sink)
+    with pytest.raises(OSError, match="store refused"):
+        trainer.take_step(sink)  # v2's write fails on the helper: raised before the offer
+    assert sink.gate.offered == []
+    assert trainer.store.latest_version() == 1

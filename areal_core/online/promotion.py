@@ -7,7 +7,8 @@ is scored on the held-out split, and the registry's `champion` alias moves to it
                     appended to trainer/promotions.json (`LAYOUT.promotions`), which a restarted
                     trainer reads back: the score to beat survives it
     PromotingSink   the run's `PublishingSink` plus the gate: the trainer is unchanged, only where
-                    its versions go is
+                    its versions go is; a version is offered only once its own publication is in
+                    the store (train.background_publish: drained after the score, before the offer)
 
 A serving proxy that follows `models:/NAME@champion` (production) therefore serves a new version only
 once it has won its gate; one that follows `RUN/weights` (research) serves every version.
@@ -208,6 +209,8 @@ class PromotingSink(PublishingSink):
             from areal_core.models import save_pretrained
 
             save_pretrained(model, trainer.tokenizer, tmp)
+            with trainer.ev.span("publish"):  # v's own write done first (train.background_publish): its
+                self.drain(trainer)  # failure raises here, and the registry never holds an unpublished v
             promoted = self.gate.offer(st.version, st.step, score, tmp, score_current=self._scorer(trainer))
         trainer.ev.emit("promotion", version=st.version, score=score, promoted=promoted)
         log.info("version %d scored %.4f: %s", st.version, score, "promoted" if promoted else "not promoted")

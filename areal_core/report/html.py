@@ -42,6 +42,10 @@ def _img(png: bytes | None, alt: str, empty: str) -> str:
     return f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"/></figure>'
 
 
+def _shares(fractions: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.0%}" for k, v in fractions.items())
+
+
 def _table(head: list[str], rows: list[list[Any]]) -> str:
     th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in rows)
@@ -82,7 +86,7 @@ def render(data: RunData, heldout: tuple[float, float] | None = None) -> str:
     if heldout is not None:
         summary.append(["held-out accuracy before → after RL", f"{heldout[0]:.3f} → {heldout[1]:.3f}"])
     roles = [
-        [r.role, r.workers, f"{r.busy:.0%}", f"{r.wait:.0%}", ", ".join(f"{k} {v:.0%}" for k, v in r.wait_on.items())]
+        [r.role, r.workers, f"{r.busy:.0%}", f"{r.wait:.0%}", _shares(r.wait_on), _shares(r.background_on)]
         for r in role_time(recs, rl_start(recs)).values()
     ]
     rates = [
@@ -105,7 +109,9 @@ def render(data: RunData, heldout: tuple[float, float] | None = None) -> str:
         "<h2>Held-out answers before and after RL</h2>",
         answers.section(data.answers),
         "<h2>Where the time went</h2>",
-        _table(["role", "workers", "busy", "waiting", "waiting on"], roles) if roles else "",
+        _table(["role", "workers", "busy", "waiting", "waiting on", "helper threads (beside both)"], roles)
+        if roles
+        else "",
         _img(plots.timeline(lanes), "timeline", "no timing events yet"),
         "<h2>Staleness</h2>",
         _img(plots.staleness(hist, trend, eta), "staleness", "no trained samples yet"),

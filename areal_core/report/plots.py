@@ -76,7 +76,7 @@ def timeline(lanes: dict[str, dict[str, list[tuple]]]) -> bytes | None:
     ax.invert_yaxis()
     ax.set(xlabel="wall time (s)", title="role timeline: busy, and what each role waited on")
     for label, colour in colours.items():
-        ax.bar(0, 0, color=colour, label=_text(label.replace("wait:", "wait on ")))
+        ax.bar(0, 0, color=colour, label=_text(label.replace("wait:", "wait on ").replace("background:", "helper: ")))
     fig.legend(loc="lower center", ncol=6, fontsize=8, frameon=False)
     return _png(fig, bottom=0.85)
 

@@ -65,12 +65,18 @@ def metric_series(rows: Rows, name: str, times: dict[int, float], t0: float) -> 
 
 def timeline(records: Records, t0: float, resolution_s: float = 0.0) -> dict[str, dict[str, list[tuple]]]:
     """ "role-worker" -> {"busy" | "wait:<on>": [(start, duration)]} in seconds since t0, with
-    intervals closer than `resolution_s` joined (one plot pixel)."""
+    intervals closer than `resolution_s` joined (one plot pixel); a worker's helper-thread work
+    ("background:<on>", events.py) in a lane of its own, "role-worker helper", under it."""
     out: dict[str, dict[str, list[tuple]]] = {}
     for (role, worker), labels in sorted(worker_spans(records).items()):
-        out[f"{role}-{worker}"] = {
-            label: [(a - t0, b - a) for a, b in union(ivs, resolution_s)] for label, ivs in sorted(labels.items())
-        }
+        for lane, own in ((f"{role}-{worker}", False), (f"{role}-{worker} helper", True)):
+            bars = {
+                label: [(a - t0, b - a) for a, b in union(ivs, resolution_s)]
+                for label, ivs in sorted(labels.items())
+                if label.startswith("background:") == own
+            }
+            if bars:
+                out[lane] = bars
     return out
 
 

@@ -5,7 +5,10 @@ t0 to its t1, any other record at its t) with the gaps under `IDLE_GAP_S` filled
 silence (a crashed worker's downtime before a retried attempt) is no one's time. Its wait
 fraction on `on` is |∪ wait spans on `on`| / |window|, its busy fraction |∪ busy spans| / |window|
 (nested busy phases count once); a role's fraction is the mean over its workers. Time neither
-busy nor waiting (setup, untimed work) counts as neither.
+busy nor waiting (setup, untimed work) counts as neither. A "background" span (a helper thread's
+work beside the worker's own timeline: the trainer's "publish_background", train.background_publish)
+counts as neither too, so busy + waiting stays within the window; its share is reported apart
+(`RoleTime.background_on`), and may overlap both.
 """
 
 from __future__ import annotations
@@ -53,13 +56,22 @@ def worker_windows(records: Iterable[dict[str, Any]], gap: float = IDLE_GAP_S) -
     return {k: union(v, gap) for k, v in out.items()}
 
 
+def span_label(rec: dict[str, Any]) -> str:
+    """ "busy", "background:<on>" (a helper thread's work) or "wait:<on>"."""
+    state = rec.get("state")
+    if state == "busy":
+        return "busy"
+    return f"{'background' if state == 'background' else 'wait'}:{rec.get('on', '?')}"
+
+
 def worker_spans(records: Iterable[dict[str, Any]]) -> dict[tuple[str, str], dict[str, list[Interval]]]:
-    """(role, worker) -> {"busy": [...], "wait:<on>": [...]}: raw intervals of every span."""
+    """(role, worker) -> {"busy": [...], "wait:<on>": [...], "background:<on>": [...]}: raw intervals
+    of every span."""
     out: dict[tuple[str, str], dict[str, list[Interval]]] = defaultdict(lambda: defaultdict(list))
     for rec in records:
         if rec.get("kind") != "span":
             continue
-        label = "busy" if rec.get("state") == "busy" else f"wait:{rec.get('on', '?')}"
+        label = span_label(rec)
         out[(rec["role"], rec["worker"])][label].append((float(rec["t0"]), float(rec["t1"])))
     return out
 
@@ -74,6 +86,7 @@ class RoleTime:
     busy: float
     wait: float  # any wait
     wait_on: dict[str, float]  # wait fraction per cause ("batch", "admission", "shards", ...)
+    background_on: dict[str, float] = dataclasses.field(default_factory=dict)  # helper threads' work, apart
 
     @property
     def main_wait(self) -> str:
@@ -85,7 +98,7 @@ def role_time(records: list[dict[str, Any]], since: float | None = None) -> dict
     roles with no span at all are left out."""
     windows = worker_windows(records)
     spans = worker_spans(records)
-    per_role: dict[str, list[tuple[float, float, float, dict[str, float]]]] = defaultdict(list)
+    per_role: dict[str, list[tuple[float, float, float, dict[str, float], dict[str, float]]]] = defaultdict(list)
     for key, labels in spans.items():
         up = clip(windows[key], since if since is not None else -float("inf"), float("inf"))
         window = length(up)
@@ -100,7 +113,8 @@ def role_time(records: list[dict[str, Any]], since: float | None = None) -> dict
         waits = {k: v for k, v in labels.items() if k.startswith("wait:")}
         wait_all = share(iv for v in waits.values() for iv in v)
         wait_on = {k[5:]: share(v) / window for k, v in waits.items()}
-        per_role[key[0]].append((window, busy / window, wait_all / window, wait_on))
+        background = {k[11:]: share(v) / window for k, v in labels.items() if k.startswith("background:")}
+        per_role[key[0]].append((window, busy / window, wait_all / window, wait_on, background))
     out = {}
     for role, rows in per_role.items():
         n = len(rows)
@@ -112,5 +126,6 @@ def role_time(records: list[dict[str, Any]], since: float | None = None) -> dict
             busy=min(1.0, sum(r[1] for r in rows) / n),
             wait=min(1.0, sum(r[2] for r in rows) / n),
             wait_on={c: sum(r[3].get(c, 0.0) for r in rows) / n for c in sorted(causes)},
+            background_on={b: sum(r[4].get(b, 0.0) for r in rows) / n for b in sorted({b for r in rows for b in r[4]})},
         )
     return out

@@ -13,7 +13,10 @@ collective: every rank calls them; rank 0 alone writes.
 
 With `train.background_publish` a version's store writes (publisher, prune) run on a helper thread
 while the next step trains (train/in_flight.py: one in flight, in order; drained before a checkpoint,
-a repair and the final model); its bytes are taken on the trainer's thread first.
+a repair and the final model); its bytes are taken on the trainer's thread first. The trainer's
+thread records "publish" spans (the bytes, the wait for the previous write), the helper its
+"publish_background" spans as "background" (events.py): they overlap the trainer's busy and waiting
+time, and the report counts them as neither.
 """
 
 from __future__ import annotations
@@ -217,12 +220,17 @@ class PublishingSink(CheckpointSink):
         weights = trainer.adapter_files() if trainer.lora else blob  # read here: the next step changes the model
 
         def write() -> float:
-            with trainer.ev.span("publish"):
-                seconds = self.publish(trainer, weights, version)
-                prune(trainer.store, version - max(8, 2 * eta + 2))
+            seconds = self.publish(trainer, weights, version)
+            prune(trainer.store, version - max(8, 2 * eta + 2))
             return seconds
 
-        seconds = self.in_flight(trainer).submit(write)
+        def write_in_background() -> float:
+            with trainer.ev.span("publish_background", state="background"):  # the helper's: apart (events.py)
+                return write()
+
+        in_flight = self.in_flight(trainer)
+        with trainer.ev.span("publish"):  # the trainer's own: waiting for the previous write (or writing)
+            seconds = in_flight.submit(write_in_background if in_flight.background else write)
         return seconds if seconds is not None else time.perf_counter() - t0
 
     def publish(self, trainer: Trainer, blob: bytes | dict[str, bytes] | None, version: int | None = None) -> float:
