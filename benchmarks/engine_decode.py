@@ -2,12 +2,14 @@
 static batching on long-tailed lengths, on the tiny default model (configs/default.yaml sizes)
 or a tiny Qwen3-MoE of the same attention and active MLP width (`--model qwen3_moe`: 16 experts,
 top-4, expert width 96, norm_topk_prob, as Qwen3-30B-A3B's 128 / top-8 scaled down) or a tiny
-DeepSeek-V3 of the same widths (`--model deepseek_v3`: MLA, a dense first layer, group-limited routing).
+DeepSeek-V3 of the same widths (`--model deepseek_v3`: MLA, a dense first layer, group-limited routing)
+or a tiny gpt-oss of the same widths (`--model gpt_oss`: attention sinks, windows of 16 on alternate layers).
 
     PYTHONPATH=. .venv/bin/python benchmarks/engine_decode.py --threads 1
     PYTHONPATH=. .venv/bin/python benchmarks/engine_decode.py --threads 2 --skip-longtail
     PYTHONPATH=. .venv/bin/python benchmarks/engine_decode.py --model qwen3_moe --batch 32 --slots 32
     PYTHONPATH=. .venv/bin/python benchmarks/engine_decode.py --model deepseek_v3 --batch 32 --slots 32
+    PYTHONPATH=. .venv/bin/python benchmarks/engine_decode.py --model gpt_oss --batch 32 --slots 32
 
 Equal lengths: batch B prompts of P random tokens, exactly N new tokens each (no token ends a
 sequence), sampling at temperature 1 (top-k/top-p off); tokens/s = B·N / time of the whole call
@@ -220,6 +222,8 @@ MODELS = {
     "expert width 96, norm_topk_prob, vocab 384), float32",
     "deepseek_v3": "tiny DeepSeek-V3 (hidden 128, 4 layers, the first dense, 4 heads of MLA: q rank 64, kv rank 32, "
     "nope 32 + rope 16, v 32; 16 experts in 4 groups (2 kept), top-4, expert width 96, 1 shared, vocab 384), float32",
+    "gpt_oss": "tiny gpt-oss (hidden 128, 4 layers alternating a 16-token window and full attention, 4 heads / 2 kv, "
+    "head_dim 32, sinks, 16 experts, top-4, expert width 96, vocab 384), float32",
 }
 
 
@@ -229,6 +233,8 @@ def build_model(name: str) -> torch.nn.Module:
         return build_tiny_model(ModelConfig(), 384, 0).eval()
     if name == "deepseek_v3":
         return tiny_deepseek_v3()
+    if name == "gpt_oss":
+        return tiny_gpt_oss()
     import transformers
 
     torch.manual_seed(0)
@@ -276,6 +282,27 @@ def tiny_deepseek_v3() -> torch.nn.Module:
         max_position_embeddings=512,
     )
     return transformers.DeepseekV3ForCausalLM(cfg).float().eval()
+
+
+def tiny_gpt_oss() -> torch.nn.Module:
+    """MODELS["gpt_oss"]: Qwen3-MoE's attention width and experts, with gpt-oss's sinks, windows and router."""
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.GptOssConfig(
+        vocab_size=384,
+        hidden_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        num_local_experts=16,
+        num_experts_per_tok=4,
+        intermediate_size=96,
+        sliding_window=16,
+        max_position_embeddings=512,
+    )
+    return transformers.GptOssForCausalLM(cfg).float().eval()
 
 
 def main() -> None:
