@@ -32,7 +32,18 @@ VOCAB = len(tc.tokenizer())  # the random tokens drawn: any id of the real token
 TOL = 1e-5  # fp32, max |Δ log p| per token (measured ≤ 1e-6 on every architecture)
 MOE = {"qwen3_moe", "qwen2_moe"}
 ATTENTION_ONLY = "q_proj,k_proj,v_proj,o_proj"  # an MoE's LoRA targets when named by the user
-CONTINUOUS = {"llama", "qwen2", "qwen2_untied", "qwen2_window", "qwen3", "mistral", "phi3", *MOE, "deepseek_v3"}
+CONTINUOUS = {
+    "llama",
+    "qwen2",
+    "qwen2_untied",
+    "qwen2_window",
+    "qwen3",
+    "mistral",
+    "phi3",
+    *MOE,
+    "deepseek_v3",
+    "gpt_oss",
+}
 WINDOWED = {"qwen2_window", "mistral", "gemma2", "gemma3", "phi3"}
 
 
