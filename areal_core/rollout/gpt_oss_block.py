@@ -118,18 +118,6 @@ def gpt_oss_mlp_into(
     return x.clone().index_add_(0, token, y)
 
 
-def sink_softmax(scores: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
-    """p_j = exp(S_j) / (Σ_i exp(S_i) + exp(s_h)) over the last dim of `scores` [n·KVH, G, keys]
-    (query head h = kv head · G + g, as transformers' repeat_kv orders them); plain softmax when
-    `sinks` is None."""
-    if sinks is None:
-        return torch.softmax(scores, dim=-1)
-    G = scores.shape[1]
-    grouped = scores.unflatten(0, (-1, sinks.shape[0] // G))  # [n, KVH, G, keys]
-    sink = sinks.to(scores.dtype).view(1, -1, G, 1).expand(grouped.shape[0], -1, -1, 1)
-    return torch.softmax(torch.cat([grouped, sink], dim=-1), dim=-1)[..., :-1].flatten(0, 1)
-
-
 def sink_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, sinks: torch.Tensor, scale: float
 ) -> torch.Tensor:

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from areal_core.rollout.cache_ops import cached_attention, move_slots
 from areal_core.rollout.deepseek_moe import DeepseekMoe, deepseek_moe_into, read_deepseek_moe, unsupported_deepseek_moe
 
 
@@ -238,18 +239,11 @@ class MlaCacheDecoder:
             self.v_cache[i].view(-1, v.shape[-1]).index_copy_(0, flat, v.reshape(n * H, -1))
             keys = self.k_cache[i][:n, :, :span].reshape(n * H, span, -1)
             vals = self.v_cache[i][:n, :, :span].reshape(n * H, span, -1)
-            scores = torch.baddbmm(bias, q.reshape(n * H, 1, -1), keys.transpose(1, 2), alpha=self.scale)
-            att = torch.bmm(torch.softmax(scores, dim=-1), vals)  # [n·H, 1, v_dim]
+            att = cached_attention(q.reshape(n * H, 1, -1), keys, vals, bias, self.scale)  # [n·H, 1, v_dim]
             x = self._attn_out_into(L, x, att.view(n, H * self.v_dim))
             x = self._mlp_into(L, x)
         return self.logits(x)
 
-    @torch.no_grad()
     def move_rows(self, src: list[int], dst: list[int], span: int) -> None:
         """Copy cache rows src → dst (positions < span): compaction after sequences finish."""
-        if not src:
-            return
-        s = torch.tensor(src, device=self.device)
-        d = torch.tensor(dst, device=self.device)
-        for cache in (*self.k_cache, *self.v_cache):
-            cache[d, :, :span] = cache[s, :, :span]
+        move_slots([*self.k_cache, *self.v_cache], src, dst, span, slot_dim=0)

@@ -43,12 +43,12 @@ import torch
 import torch.nn.functional as F
 
 from areal_core.architecture import UnsupportedArchitecture, attention_windows
+from areal_core.rollout.cache_ops import cached_attention, move_slots
 from areal_core.rollout.gpt_oss_block import (
     GptOssMoe,
     gpt_oss_mlp_into,
     read_gpt_oss,
     sink_attention,
-    sink_softmax,
     unsupported_gpt_oss,
 )
 from areal_core.rollout.mla_decoder import MlaCacheDecoder, unsupported_mla
@@ -347,18 +347,11 @@ class StaticCacheDecoder:
             keys = cache[0, :n, :, :span].reshape(n * KVH, span, D)
             vals = cache[1, :n, :, :span].reshape(n * KVH, span, D)
             q = qkv[:, : H * D].reshape(n * KVH, G, D)
-            scores = torch.baddbmm(biases[self.windows[i]], q, keys.transpose(1, 2), alpha=self.scale)
-            att = torch.bmm(sink_softmax(scores, L.sinks), vals)  # [n·KVH, G, d]
+            att = cached_attention(q, keys, vals, biases[self.windows[i]], self.scale, L.sinks)  # [n·KVH, G, d]
             x = self._attn_out_into(L, x, att.view(n, H * D))
             x = self._mlp_into(L, x)
         return self.logits(x)
 
-    @torch.no_grad()
     def move_rows(self, src: list[int], dst: list[int], span: int) -> None:
         """Copy cache rows src → dst (positions < span): compaction after sequences finish."""
-        if not src:
-            return
-        s = torch.tensor(src, device=self.device)
-        d = torch.tensor(dst, device=self.device)
-        for cache in self.kv:
-            cache[:, d, :, :span] = cache[:, s, :, :span]
+        move_slots(self.kv, src, dst, span, slot_dim=1)
