@@ -22,6 +22,7 @@ from areal_core.rollout.route_recorder import RouteRecorder
 from areal_core.routes import not_recorded
 from areal_core.train.lora import adapter_files, apply_lora, merge_adapter
 from benchmarks import tiny_checkpoints as tc
+from tests.engine_gaps import hf_logits, logprob_gaps
 
 TOL = 1e-5
 NO_EOS = -1  # every request runs to its max_new_tokens
@@ -79,11 +80,6 @@ def deepseek(name: str, tok, seed: int = 0) -> torch.nn.Module:
     return model
 
 
-def hf_logits(model, seq: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return model(input_ids=torch.tensor([seq])).logits[0].float()
-
-
 def requests(vocab: int, greedy: bool = False) -> tuple[list[list[int]], list[SamplingParams]]:
     """Two groups of 3 samples sharing their prompt (12 and 5 tokens) and two single prompts, with
     4 to 19 new tokens each: more requests than slots, rows of different lengths."""
@@ -100,13 +96,7 @@ def requests(vocab: int, greedy: bool = False) -> tuple[list[list[int]], list[Sa
 def engine_gaps(engine: ContinuousEngine, served, vocab: int) -> torch.Tensor:
     """|Δ log p| of every sampled token against the HF forward of the whole sequence."""
     prompts, params = requests(vocab)
-    gens = engine.generate(prompts, params)
-    assert [len(g.token_ids) for g in gens] == [p.max_new_tokens for p in params]
-    gaps = []
-    for p, g in zip(prompts, gens):
-        ref = torch.log_softmax(hf_logits(served, p + g.token_ids)[len(p) - 1 : -1] / TEMPERATURE, -1)
-        gaps.append((ref.gather(-1, torch.tensor(g.token_ids)[:, None])[:, 0] - torch.tensor(g.logprobs)).abs())
-    return torch.cat(gaps)
+    return logprob_gaps(served, prompts, params, engine.generate(prompts, params), TEMPERATURE)
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -23,6 +23,7 @@ from areal_core.rollout.engine import SamplingParams
 from areal_core.rollout.engine_choice import choose_local_engine
 from areal_core.rollout.route_recorder import RouteRecorder
 from benchmarks import tiny_checkpoints as tc
+from tests.engine_gaps import logprob_gaps
 
 TOL = 1e-5
 NO_EOS = -1  # every request runs to its max_new_tokens
@@ -78,21 +79,10 @@ def requests(vocab: int, temperature: float = TEMPERATURE) -> tuple[list[list[in
     return prompts, params
 
 
-def hf_logits(model, seq: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return model(input_ids=torch.tensor([seq])).logits[0].float()
-
-
 def engine_gaps(engine: ContinuousEngine, served, vocab: int) -> torch.Tensor:
     """|Δ log p| of every sampled token against the HF forward of the whole sequence."""
     prompts, params = requests(vocab)
-    gens = engine.generate(prompts, params)
-    assert [len(g.token_ids) for g in gens] == [p.max_new_tokens for p in params]
-    gaps = []
-    for p, g in zip(prompts, gens):
-        ref = torch.log_softmax(hf_logits(served, p + g.token_ids)[len(p) - 1 : -1] / TEMPERATURE, -1)
-        gaps.append((ref.gather(-1, torch.tensor(g.token_ids)[:, None])[:, 0] - torch.tensor(g.logprobs)).abs())
-    return torch.cat(gaps)
+    return logprob_gaps(served, prompts, params, engine.generate(prompts, params), TEMPERATURE)
 
 
 def new_engine(model: torch.nn.Module, tok) -> ContinuousEngine:

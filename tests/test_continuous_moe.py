@@ -20,6 +20,7 @@ from areal_core.rollout.engine import SamplingParams
 from areal_core.rollout.engine_choice import choose_local_engine
 from areal_core.rollout.factory import local_engine_kind
 from benchmarks import tiny_checkpoints as tc
+from tests.engine_gaps import logprob_gaps
 
 TOL = 1e-5
 NO_EOS = -1  # every request runs to its max_new_tokens
@@ -74,18 +75,7 @@ def requests(vocab: int) -> tuple[list[list[int]], list[SamplingParams]]:
 def engine_gaps(engine: ContinuousEngine, served, vocab: int) -> torch.Tensor:
     """|Δ log p| of every sampled token against the HF forward of the whole sequence."""
     prompts, params = requests(vocab)
-    gens = engine.generate(prompts, params)
-    assert [len(g.token_ids) for g in gens] == [p.max_new_tokens for p in params]
-    gaps = []
-    for p, g in zip(prompts, gens):
-        ref = torch.log_softmax(hf_logits(served, p + g.token_ids)[len(p) - 1 : -1] / 0.9, -1)
-        gaps.append((ref.gather(-1, torch.tensor(g.token_ids)[:, None])[:, 0] - torch.tensor(g.logprobs)).abs())
-    return torch.cat(gaps)
-
-
-def hf_logits(model, seq: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return model(input_ids=torch.tensor([seq])).logits[0].float()
+    return logprob_gaps(served, prompts, params, engine.generate(prompts, params), 0.9)
 
 
 @pytest.mark.parametrize("name", list(CASES))
