@@ -227,82 +227,40 @@ MODELS = {
 }
 
 
+SHARED = dict(vocab_size=384, hidden_size=128, num_hidden_layers=4, num_attention_heads=4, max_position_embeddings=512)
+MOE_CONFIGS = {  # the transformers classes and the settings beyond SHARED of the tiny MoEs (MODELS)
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(num_key_value_heads=2, head_dim=32, num_experts=16, num_experts_per_tok=4, moe_intermediate_size=96)
+        | dict(norm_topk_prob=True, tie_word_embeddings=True),
+    ),
+    "deepseek_v3": (
+        "DeepseekV3Config",
+        "DeepseekV3ForCausalLM",
+        dict(intermediate_size=384, num_key_value_heads=4, q_lora_rank=64, kv_lora_rank=32, qk_nope_head_dim=32)
+        | dict(qk_rope_head_dim=16, v_head_dim=32, n_routed_experts=16, n_group=4, topk_group=2)
+        | dict(num_experts_per_tok=4, moe_intermediate_size=96, n_shared_experts=1, first_k_dense_replace=1),
+    ),
+    "gpt_oss": (
+        "GptOssConfig",
+        "GptOssForCausalLM",
+        dict(num_key_value_heads=2, head_dim=32, num_local_experts=16, num_experts_per_tok=4, intermediate_size=96)
+        | dict(sliding_window=16),
+    ),
+}
+
+
 def build_model(name: str) -> torch.nn.Module:
-    """The benchmark's model `name` (MODELS), randomly initialised, float32, in eval mode."""
+    """The benchmark's model `name` (MODELS), randomly initialised (seed 0), float32, in eval mode."""
     if name == "qwen2":
         return build_tiny_model(ModelConfig(), 384, 0).eval()
-    if name == "deepseek_v3":
-        return tiny_deepseek_v3()
-    if name == "gpt_oss":
-        return tiny_gpt_oss()
     import transformers
 
+    config_class, model_class, settings = MOE_CONFIGS[name]
     torch.manual_seed(0)
-    cfg = transformers.Qwen3MoeConfig(
-        vocab_size=384,
-        hidden_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        num_experts=16,
-        num_experts_per_tok=4,
-        moe_intermediate_size=96,
-        norm_topk_prob=True,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-    )
-    return transformers.Qwen3MoeForCausalLM(cfg).float().eval()
-
-
-def tiny_deepseek_v3() -> torch.nn.Module:
-    """MODELS["deepseek_v3"]: Qwen3-MoE's attention width and experts, as MLA and DeepSeek-V3's router."""
-    import transformers
-
-    torch.manual_seed(0)
-    cfg = transformers.DeepseekV3Config(
-        vocab_size=384,
-        hidden_size=128,
-        intermediate_size=384,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        q_lora_rank=64,
-        kv_lora_rank=32,
-        qk_nope_head_dim=32,
-        qk_rope_head_dim=16,
-        v_head_dim=32,
-        n_routed_experts=16,
-        n_group=4,
-        topk_group=2,
-        num_experts_per_tok=4,
-        moe_intermediate_size=96,
-        n_shared_experts=1,
-        first_k_dense_replace=1,
-        max_position_embeddings=512,
-    )
-    return transformers.DeepseekV3ForCausalLM(cfg).float().eval()
-
-
-def tiny_gpt_oss() -> torch.nn.Module:
-    """MODELS["gpt_oss"]: Qwen3-MoE's attention width and experts, with gpt-oss's sinks, windows and router."""
-    import transformers
-
-    torch.manual_seed(0)
-    cfg = transformers.GptOssConfig(
-        vocab_size=384,
-        hidden_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        num_local_experts=16,
-        num_experts_per_tok=4,
-        intermediate_size=96,
-        sliding_window=16,
-        max_position_embeddings=512,
-    )
-    return transformers.GptOssForCausalLM(cfg).float().eval()
+    cfg = getattr(transformers, config_class)(**SHARED, **settings)
+    return getattr(transformers, model_class)(cfg).float().eval()
 
 
 def main() -> None:
