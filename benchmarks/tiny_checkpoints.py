@@ -80,17 +80,18 @@ def tokenizer() -> Any:
     return build_tokenizer(CORPUS, VOCAB)
 
 
-def config(name: str, tok: Any | None = None) -> Any:
+def config(name: str, tok: Any | None = None, **overrides: Any) -> Any:
+    """The transformers config of architecture `name` (ARCHS), `overrides` applied last."""
     tok = tok or tokenizer()
     cls, extra = ARCHS[name]
     ids = {"pad_token_id": tok.pad_token_id, "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id}
-    return getattr(transformers, cls)(vocab_size=len(tok), **ids, **(_BASE | extra))
+    return getattr(transformers, cls)(vocab_size=len(tok), **ids, **(_BASE | extra | overrides))
 
 
-def model(name: str, seed: int = 0, tok: Any | None = None) -> torch.nn.Module:
-    """A randomly initialised float32 model of architecture `name`, in eval mode."""
+def model(name: str, seed: int = 0, tok: Any | None = None, **overrides: Any) -> torch.nn.Module:
+    """A randomly initialised float32 model of architecture `name` (config `overrides` applied last), in eval mode."""
     torch.manual_seed(seed)
-    return transformers.AutoModelForCausalLM.from_config(config(name, tok)).float().eval()
+    return transformers.AutoModelForCausalLM.from_config(config(name, tok, **overrides)).float().eval()
 
 
 def save(name: str, out_dir: str | Path, seed: int = 0, chat_template: bool = True) -> Path:

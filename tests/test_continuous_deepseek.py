@@ -63,12 +63,7 @@ def tok():
 def deepseek(name: str, tok, seed: int = 0) -> torch.nn.Module:
     """CASES[name] with 3 layers; matrices drawn at std 1/√fan_in and the router's score correction
     bias at std 0.3 (at transformers' init, 0.02 and zeros, routing barely matters)."""
-    cls, base = tc.ARCHS["deepseek_v3"]
-    ids = {"pad_token_id": tok.pad_token_id, "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id}
-    extra = base | {"num_hidden_layers": 3} | CASES[name]
-    cfg = getattr(transformers, cls)(vocab_size=len(tok), **ids, **(tc._BASE | extra))
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(cfg).float().eval()
+    model = tc.model("deepseek_v3", seed, tok, num_hidden_layers=3, **CASES[name])
     with torch.no_grad():
         for n, p in model.named_parameters():
             if p.dim() >= 2 and "embed" not in n:

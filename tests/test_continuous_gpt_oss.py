@@ -15,7 +15,6 @@ import re
 import numpy as np
 import pytest
 import torch
-import transformers
 
 from areal_core.rollout import gpt_oss_block
 from areal_core.rollout.continuous_engine import ContinuousEngine
@@ -49,11 +48,7 @@ def tok():
 def gpt_oss_model(name: str, tok, seed: int = 0) -> torch.nn.Module:
     """CASES[name] with its matrices drawn at std 1/√fan_in, biases at 0.1 and sinks at 1 (the
     defaults, 0.02 and ~0, leave the sinks and the routing too weak to tell apart)."""
-    cls, base = tc.ARCHS["gpt_oss"]
-    ids = {"pad_token_id": tok.pad_token_id, "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id}
-    cfg = getattr(transformers, cls)(vocab_size=len(tok), **ids, **(tc._BASE | base | CASES[name]))
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(cfg).float().eval()
+    model = tc.model("gpt_oss", seed, tok, **CASES[name])
     with torch.no_grad():
         for n, p in model.named_parameters():
             if "embed" in n or "norm" in n:

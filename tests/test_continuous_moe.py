@@ -12,7 +12,6 @@ import re
 
 import pytest
 import torch
-import transformers
 
 from areal_core.rollout import moe_block
 from areal_core.rollout.continuous_engine import ContinuousEngine
@@ -43,11 +42,7 @@ def moe_model(name: str, tok, seed: int = 0) -> torch.nn.Module:
     """CASES[name] with 3 layers, its matrices drawn at std 1/√fan_in (the default 0.02 leaves
     the experts' outputs too small to tell one routing from another)."""
     arch, extra = CASES[name]
-    cls, base = tc.ARCHS[arch]
-    ids = {"pad_token_id": tok.pad_token_id, "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id}
-    cfg = getattr(transformers, cls)(vocab_size=len(tok), **ids, **(tc._BASE | base | {"num_hidden_layers": 3} | extra))
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(cfg).float().eval()
+    model = tc.model(arch, seed, tok, num_hidden_layers=3, **extra)
     with torch.no_grad():
         for n, p in model.named_parameters():
             if p.dim() >= 2 and "embed" not in n:
