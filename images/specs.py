@@ -56,6 +56,7 @@ COMMON = [
     "gguf>=0.10",  # `model.path: pretrained:smollm2` (areal_core/pretrained.py)
     "peft>=0.13",  # LoRA (train/lora.py)
     "zstandard>=0.22",  # delta weight publication (weights/delta.py)
+    "numba>=0.68",  # the delta codec's fused CPU kernels (weights/delta_words.py)
     # the proxy and the remote engines' clients, and the agent examples
     "fastapi>=0.110",
     "starlette",

@@ -2,19 +2,21 @@
 one only the lanes (elements) that changed.
 
 The data (after the safetensors header) is read as little-endian 64-bit words; an element of width
-W bytes is a lane of a word (L = 8 // W lanes a word). For two versions a and b:
+W bytes is a lane of a word (L = 8 // W lanes a word, lane l = bits [8 W l, 8 W (l + 1)) of the word).
+For two versions a and b, with x = a ^ b word by word and nw = nbytes // 8:
 
-    x = a ^ b                       word by word, in chunks that stay in cache, over every core
-    word bits  = packbits(x != 0)   one bit a word (little bit order), nw bits
-    lane bits  = packbits(lanes of x[x != 0] != 0)   L bits a changed word (absent when L == 1)
-    values     = the nonzero lanes of x[x != 0], as byte planes (byte k of every value together)
+    word bits  = bit i (little bit order) set where x[i] != 0          ceil(nw / 8) bytes
+    lane bits  = L bits a changed word, in order, bit l set where its lane l != 0
+                                                                        ceil(k L / 8) bytes (none if L == 1)
+    values     = the c nonzero lanes in order, as byte planes: byte j of every value together,
+                 plane 0 (low bytes) first                              c W bytes
     tail       = the XOR of the last nbytes % 8 bytes
 
-concatenated in that order and compressed as one frame. Decoding XORs the values back into the
-words the bitmaps name, in place. Only elementwise numpy compares, packbits, flatnonzero on the
-word mask (a quarter of the bf16 elements) and gathers of the changed words: no Python loop over
-elements. Every size is checked against the data before anything inflates; a frame never inflates
-past the size it must have (at most the data's size).
+concatenated in that order (padding bits zero) and compressed as one frame (delta.py). Encoding is one
+fused pass over the words (numba, no GIL) on a thread per core: each thread's range writes its word
+bits in place and its lane bits and planes into buffers of its own, which are then placed at their
+offsets. Decoding checks every count against the manifest first, then walks the word bitmap and
+XORs each changed word's lanes in place, again a thread per core.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+from numba import njit
+from numba.extending import overload
 
-CHUNK_WORDS = 1 << 14  # words per pass: 128 KiB of each input and of their XOR stay in L2
+CHUNK_WORDS = 1 << 16  # words between an encoding thread's checks that its output still fits the data
 MIN_WORDS_PER_THREAD = 1 << 20  # smaller inputs run on one thread
 U64 = np.dtype("<u8")
 
@@ -39,8 +43,8 @@ def word_split(words: int) -> list[int]:
 
 
 def run_each(fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
-    """[fn(item) for item in items], on a thread each when there are several (numpy lets go of the
-    GIL in its loops)."""
+    """[fn(item) for item in items], on a thread each when there are several (the kernels let go of
+    the GIL)."""
     if len(items) == 1:
         return [fn(items[0])]
     with ThreadPoolExecutor(len(items)) as pool:
@@ -59,60 +63,122 @@ def sizes(nbytes: int, width: int, words_changed: int, lanes_changed: int) -> tu
     )
 
 
-def _changed_in(
-    a64: np.ndarray, b64: np.ndarray, bits: np.ndarray, width: int, lo: int, hi: int
-) -> tuple[int, np.ndarray, np.ndarray]:
-    """Over the words in [lo, hi) (lo a multiple of 8): their bits set in `bits` where a64 and b64
-    differ (one bit a word, little bit order); (how many differ, which lanes of those words differ
-    (L bools a word), the XOR of those lanes)."""
-    size = min(CHUNK_WORDS, hi - lo)
-    x, mask, found = np.empty(size, U64), np.empty(size, bool), []
-    for i in range(lo, hi, CHUNK_WORDS):
-        j = min(i + CHUNK_WORDS, hi)
-        xs, ms = x[: j - i], mask[: j - i]
-        np.bitwise_xor(a64[i:j], b64[i:j], out=xs)
-        np.not_equal(xs, 0, out=ms)
-        bits[i >> 3 : (j + 7) >> 3] = np.packbits(ms, bitorder="little")
-        found.append(np.compress(ms, xs))
-    words = np.concatenate(found) if found else np.empty(0, U64)
-    lanes = words.view(f"<u{width}")
-    changed = np.not_equal(lanes, 0)
-    return words.size, changed, np.compress(changed, lanes)
+CTZ = np.array([0] + [(i & -i).bit_length() - 1 for i in range(1, 256)], np.int64)  # lowest set bit of a byte
+
+
+def lane_width(lane_type: np.ndarray) -> int:
+    """W, the byte width of lane_type's dtype; in a kernel a constant of its type (so the lane loops unroll)."""
+    return lane_type.itemsize
+
+
+@overload(lane_width)
+def _lane_width(lane_type):  # noqa: ANN001, ANN202
+    width = lane_type.dtype.bitwidth // 8
+    return lambda lane_type: width
+
+
+@njit(nogil=True, cache=True)
+def _encode_range(a64, b64, lo, hi, bits, lane_bits, planes, budget, chunk, lane_type):  # noqa: ANN001, ANN202
+    """Words [lo, hi) (lo a multiple of 8) of a64 ^ b64: their bits into bits[lo >> 3:]; the lane
+    bits of the changed ones ORed into lane_bits (zeroed) from bit 0; their nonzero lanes' bytes
+    into the rows of `planes` (W rows, row k byte k of the value) from column 0, W the width of
+    lane_type's dtype. Returns (changed words, lanes), or (-1, -1) once the lane bits and values
+    alone pass `budget` bytes (checked every `chunk` words, a multiple of 8). Sizes:
+    bits >= ceil(hi / 8), lane_bits >= ceil((hi - lo) L / 8), planes (W, >= (hi - lo) L).
+    Branch-free over the lanes: every lane's bytes are stored, the column advances on nonzero ones."""
+    width = lane_width(lane_type)
+    lanes = 8 // width
+    lane_mask = np.uint64(0xFFFFFFFFFFFFFFFF) >> np.uint64(64 - 8 * width)
+    words = 0
+    count = 0
+    for start in range(lo, hi, chunk):
+        stop = min(start + chunk, hi)
+        for i in range(start, stop, 8):
+            byte = 0
+            if stop - i >= 8:
+                for j in range(8):
+                    byte |= ((a64[i + j] ^ b64[i + j]) != 0) << j
+            else:
+                for j in range(stop - i):
+                    byte |= ((a64[i + j] ^ b64[i + j]) != 0) << j
+            bits[i >> 3] = np.uint8(byte)
+            while byte:
+                j = CTZ[byte]
+                byte &= byte - 1
+                x = a64[i + j] ^ b64[i + j]
+                m = 0
+                for lane in range(lanes):
+                    v = (x >> np.uint64(8 * width * lane)) & lane_mask
+                    f = v != 0
+                    for k in range(width):
+                        planes[k, count] = np.uint8((v >> np.uint64(8 * k)) & np.uint64(0xFF))
+                    count += f
+                    m |= f << lane
+                if lanes > 1:
+                    at = words * lanes
+                    lane_bits[at >> 3] |= np.uint8(m << (at & 7))
+                words += 1
+        if (words * lanes + 7) // 8 + count * width > budget:
+            return -1, -1
+    return words, count
+
+
+@njit(nogil=True, cache=True)
+def _or_bits(dst, at, src, nbits):  # noqa: ANN001, ANN202
+    """OR the first `nbits` bits of `src` into `dst` from bit `at` on (little bit order; the bits of
+    src past nbits are zero, dst's are zero there). Sizes: src >= ceil(nbits / 8),
+    dst >= ceil((at + nbits) / 8)."""
+    base, shift = at >> 3, at & 7
+    for i in range((nbits + 7) >> 3):
+        v = np.uint16(src[i]) << np.uint16(shift)
+        dst[base + i] |= np.uint8(v & np.uint16(0xFF))
+        if shift and base + i + 1 < dst.size:
+            dst[base + i + 1] |= np.uint8(v >> np.uint16(8))
 
 
 def encode_words(a: np.ndarray, b: np.ndarray, width: int) -> tuple[np.ndarray, int, int] | None:
     """(payload, words changed, lanes changed) of format 3 from `a` to `b` (uint8 arrays of the data,
     equal sizes); None when the payload would exceed the data (format 1 is smaller then)."""
-    nbytes, nw = a.size, a.size // 8
+    nbytes, nw, lanes = a.size, a.size // 8, 8 // width
     a64, b64 = a[: nw * 8].view(U64), b[: nw * 8].view(U64)
     bits = np.empty((nw + 7) // 8, np.uint8)
     bounds = word_split(nw)
-    spans = list(zip(bounds[:-1], bounds[1:], strict=True))
-    parts = run_each(lambda span: _changed_in(a64, b64, bits, width, *span), spans)
-    words = sum(part[0] for part in parts)
-    values = np.concatenate([part[2] for part in parts])
-    n_bits, n_lanes, n_values, n_tail = sizes(nbytes, width, words, values.size)
+    budget = nbytes - bits.size
+    chunk, lane_type = max(8, CHUNK_WORDS >> 3 << 3), np.empty(0, f"<u{width}")
+
+    def one(span: tuple[int, int]) -> tuple[int, int, np.ndarray, np.ndarray]:
+        lo, hi = span  # buffers for the worst case: only the pages written are ever touched
+        lane_bits = np.zeros(((hi - lo) * lanes + 7) // 8, np.uint8)
+        planes = np.empty((width, (hi - lo) * lanes), np.uint8)
+        words, count = _encode_range(a64, b64, lo, hi, bits, lane_bits, planes, budget, chunk, lane_type)
+        return words, count, lane_bits, planes
+
+    parts = run_each(one, list(zip(bounds[:-1], bounds[1:], strict=True)))
+    if any(part[0] < 0 for part in parts):
+        return None
+    words, count = sum(part[0] for part in parts), sum(part[1] for part in parts)
+    n_bits, n_lanes, n_values, n_tail = sizes(nbytes, width, words, count)
     total = n_bits + n_lanes + n_values + n_tail
     if total > nbytes:
         return None
     payload = np.empty(total, np.uint8)
     payload[:n_bits] = bits
-    if n_lanes:
-        payload[n_bits : n_bits + n_lanes] = np.packbits(np.concatenate([part[1] for part in parts]), bitorder="little")
-    planes_into(payload[n_bits + n_lanes : total - n_tail], values)
+    lane_out, value_out = payload[n_bits : n_bits + n_lanes], payload[n_bits + n_lanes : total - n_tail]
+    lane_out[:] = 0
+    planes = value_out.reshape(width, count)
+    at_word = at_value = 0
+    for part_words, part_count, lane_bits, part_planes in parts:
+        if lanes > 1:
+            _or_bits(lane_out, at_word * lanes, lane_bits, part_words * lanes)
+        planes[:, at_value : at_value + part_count] = part_planes[:, :part_count]
+        at_word, at_value = at_word + part_words, at_value + part_count
     np.bitwise_xor(a[nw * 8 :], b[nw * 8 :], out=payload[total - n_tail :])
-    return payload, words, values.size
-
-
-def planes_into(out: np.ndarray, values: np.ndarray) -> None:
-    """Byte k of every value together (byte plane k), planes in order, written into `out`."""
-    raw, n, width = values.view(np.uint8), values.size, values.itemsize
-    for k in range(width):  # one strided copy a plane
-        out[k * n : (k + 1) * n] = raw[k::width]
+    return payload, words, count
 
 
 def unplanes(raw: np.ndarray, dtype: np.dtype, count: int) -> np.ndarray:
-    """Inverse of `planes_into`: `count` values of `dtype` from their byte planes in `raw`."""
+    """`count` values of `dtype` from their byte planes in `raw` (byte j of every value together,
+    planes in order; format 2)."""
     values = np.empty(count, dtype)
     out, width = values.view(np.uint8), dtype.itemsize
     for k in range(width):
@@ -120,46 +186,74 @@ def unplanes(raw: np.ndarray, dtype: np.dtype, count: int) -> np.ndarray:
     return values
 
 
-def _xor_in(
-    data64: np.ndarray, bits: np.ndarray, lane_mask: np.ndarray | None, values: np.ndarray, part: tuple[int, ...]
-) -> None:
-    """XOR into data64's words in [lo, hi) whose bit is set their lanes' values: word `first_word`
-    on of the changed ones, value `first_value` on; lane_mask (L bools a changed word) says which
-    lanes have a value (None: one lane a word, every one)."""
-    lo, hi, first_word, first_value = part
-    words = np.flatnonzero(np.unpackbits(bits[lo >> 3 : (hi + 7) >> 3], count=hi - lo, bitorder="little").view(bool))
-    words += lo
-    if lane_mask is None:
-        xors = values[first_word : first_word + words.size]
-    else:
-        lanes = 8 // values.itemsize
-        where = np.flatnonzero(lane_mask[first_word * lanes : (first_word + words.size) * lanes])
-        spread = np.zeros(words.size * lanes, values.dtype)
-        spread[where] = values[first_value : first_value + where.size]
-        xors = spread.view(U64)
-    data64[words] ^= xors
+@njit(nogil=True, cache=True)
+def _apply_range(data64, bits, lane_bits, planes, lo, hi, first_word, first_value, lane_type):  # noqa: ANN001, ANN202
+    """XOR into data64's words in [lo, hi) (lo a multiple of 8) whose bit is set in `bits` their
+    nonzero lanes: the changed words from number `first_word` on, whose lane bits start at bit
+    first_word L of lane_bits, and their values from column `first_value` of `planes` (W rows, W
+    the width of lane_type's dtype). The caller has checked that the bitmaps name exactly as many
+    words and lanes as there are (so at least one column when a word is named). Branch-free over
+    the lanes: each one reads a column (the last, past the end) and keeps it where its bit is set."""
+    width = lane_width(lane_type)
+    lanes = 8 // width
+    lane_field = (1 << lanes) - 1
+    last = planes.shape[1] - 1
+    word, value = first_word, first_value
+    for i in range(lo >> 3, (hi + 7) >> 3):
+        byte = np.int64(bits[i])
+        if hi - 8 * i < 8:
+            byte &= (1 << (hi - 8 * i)) - 1  # the bits past the last word name no word
+        while byte:
+            j = CTZ[byte]
+            byte &= byte - 1
+            m = lane_field
+            if lanes > 1:
+                at = word * lanes
+                m = (np.int64(lane_bits[at >> 3]) >> (at & 7)) & lane_field
+            x = np.uint64(0)
+            for lane in range(lanes):
+                f = (m >> lane) & 1
+                column = min(value, last)
+                v = np.uint64(0)
+                for k in range(width):
+                    v |= np.uint64(planes[k, column]) << np.uint64(8 * k)
+                x |= (v * np.uint64(f)) << np.uint64(8 * width * lane)
+                value += f
+            data64[8 * i + j] ^= x
+            word += 1
+
+
+def _ones(bitmap: np.ndarray, nbits: int) -> int:
+    """How many of the first `nbits` bits of a little-order bitmap are set."""
+    whole = int(np.bitwise_count(bitmap[: nbits >> 3]).sum(dtype=np.int64))
+    if nbits & 7:
+        whole += int(np.bitwise_count(bitmap[nbits >> 3] & ((1 << (nbits & 7)) - 1)))
+    return whole
 
 
 def apply_words(data: np.ndarray, raw: np.ndarray, width: int, words_changed: int, lanes_changed: int) -> None:
     """XOR an inflated format 3 payload `raw` into `data` (the uint8 data after the header, in
-    place); ValueError where its bitmaps do not match the counts the manifest gives."""
+    place); ValueError where its size or its bitmaps do not match the counts the manifest gives,
+    before anything is written."""
     nbytes, nw, lanes = data.size, data.size // 8, 8 // width
-    n_bits, n_lanes, n_values, _ = sizes(nbytes, width, words_changed, lanes_changed)
-    bits = raw[:n_bits]
-    last = np.unpackbits(bits[nw >> 3 :], count=nw & 7, bitorder="little")
-    if int(np.bitwise_count(bits[: nw >> 3]).sum()) + int(np.count_nonzero(last)) != words_changed:
+    if width not in (1, 2, 4, 8) or not (
+        0 <= words_changed <= nw and words_changed <= lanes_changed <= words_changed * lanes
+    ):
+        raise ValueError(f"a delta of {words_changed} words and {lanes_changed} elements does not fit {nw} words")
+    n_bits, n_lanes, n_values, n_tail = sizes(nbytes, width, words_changed, lanes_changed)
+    if raw.size != n_bits + n_lanes + n_values + n_tail:
+        raise ValueError(f"delta holds {raw.size} bytes, expected {n_bits + n_lanes + n_values + n_tail}")
+    bits, lane_bits = raw[:n_bits], raw[n_bits : n_bits + n_lanes]
+    if _ones(bits, nw) != words_changed:
         raise ValueError(f"the delta's word bitmap does not name {words_changed} changed words")
-    values = unplanes(raw[n_bits + n_lanes : n_bits + n_lanes + n_values], np.dtype(f"<u{width}"), lanes_changed)
-    lane_mask = None
-    if lanes > 1:
-        lane_mask = np.unpackbits(raw[n_bits : n_bits + n_lanes], count=words_changed * lanes, bitorder="little")
-        lane_mask = lane_mask.view(bool)
-        if int(np.count_nonzero(lane_mask)) != lanes_changed:
-            raise ValueError(f"the delta's lane bitmap does not name {lanes_changed} changed elements")
+    if lanes > 1 and _ones(lane_bits, words_changed * lanes) != lanes_changed:
+        raise ValueError(f"the delta's lane bitmap does not name {lanes_changed} changed elements")
+    planes = raw[n_bits + n_lanes : n_bits + n_lanes + n_values].reshape(width, lanes_changed)
     bounds = word_split(nw)
-    firsts = [int(np.bitwise_count(bits[: lo >> 3]).sum()) for lo in bounds[:-1]]
-    first_values = firsts if lane_mask is None else [int(np.count_nonzero(lane_mask[: f * lanes])) for f in firsts]
+    firsts = [_ones(bits, lo) for lo in bounds[:-1]]
+    first_values = firsts if lanes == 1 else [_ones(lane_bits, f * lanes) for f in firsts]
     data64 = data[: nw * 8].view(U64)
     parts = list(zip(bounds[:-1], bounds[1:], firsts, first_values, strict=True))
-    run_each(lambda part: _xor_in(data64, bits, lane_mask, values, part), parts)
+    lane_type = np.empty(0, f"<u{width}")
+    run_each(lambda part: _apply_range(data64, bits, lane_bits, planes, *part, lane_type), parts)
     data[nw * 8 :] ^= raw[n_bits + n_lanes + n_values :]
