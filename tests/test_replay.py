@@ -17,6 +17,7 @@ from areal_core.run import pipeline
 from areal_core.run.derived import DerivedRunError
 from areal_core.run.replay import record_ids, replay
 from areal_core.store import Store
+from areal_core.train import borrowed_threads
 from tests.conftest import ROOT, TINY
 from tests.test_regrade import kill_when
 
@@ -29,10 +30,12 @@ def records(store: Store) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory) -> Store:
-    """A short asynchronous run (η = 2, one rollout and one reward worker) to DONE."""
+    """A short asynchronous run (η = 2, one rollout and one reward worker) to DONE, its trainer borrowing idle cores
+    (the thread count of every layer pass recorded)."""
     root = tmp_path_factory.mktemp("replay") / "run"
     signal = ["reward.function=tests.test_pipeline:hash_reward", "rollout.temperature=1.5"]  # mixed groups
-    run_uri, _ = pipeline.prepare("", [*TINY, f"store={root}", f"train.steps={STEPS}", "train.lr=3e-3", *signal])
+    args = [*TINY, f"store={root}", f"train.steps={STEPS}", "train.lr=3e-3", "train.borrow_idle_cores=1", *signal]
+    run_uri, _ = pipeline.prepare("", args)
     pipeline.run_async_rl(run_uri, pipeline.sft(run_uri))
     store = Store(run_uri)
     assert store.done()
@@ -40,7 +43,8 @@ def source(tmp_path_factory) -> Store:
 
 
 @pytest.mark.slow
-def test_replay_reproduces_the_runs_loss_and_grad_norm_step_for_step(source, tmp_path):
+def test_replay_reproduces_the_runs_loss_and_grad_norm_step_for_step(source, tmp_path, monkeypatch):
+    monkeypatch.setattr(borrowed_threads, "others_running", lambda: 99)  # live choices would all be 1 thread
     out = replay(source.uri, str(tmp_path / "replay"))
     dst = Store(str(tmp_path / "replay"))
     run, again = records(source), records(dst)
@@ -49,6 +53,9 @@ def test_replay_reproduces_the_runs_loss_and_grad_norm_step_for_step(source, tmp
     for a, b in zip(run, again):
         assert record_ids(b) == record_ids(a) and len(record_ids(a)) == 8  # same samples, same order
         assert b["trainer_version"] == a["trainer_version"]
+        # the thread count of every layer pass, and the replay ran each pass at it (not at the machine's: 1 thread)
+        assert len(a["threads"]) >= 2 and set(a["threads"]) <= {1, 2}
+        assert b["threads"] == a["threads"]
         for key in ("loss", "grad_norm", "reward_mean", "kl_behav_prox", "importance_weight_mean"):
             x, y = a["metrics"][key], b["metrics"][key]
             assert abs(x - y) <= 1e-5 * max(abs(x), 1e-12), (a["step"], key, x, y)

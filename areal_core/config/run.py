@@ -335,6 +335,17 @@ class TrainConfig(ConfigModel):
             "on accelerators and CPUs with avx512_bf16 or AMX only"
         ),
     )
+    borrow_idle_cores: Int = Field(
+        0,
+        ge=0,
+        le=64,
+        description=(
+            "extra torch threads the trainer's step may take while other processes leave this machine's cores idle "
+            "(checked before every decoder layer's forward and backward; the counts used are in each step's audit "
+            "record, and a replay follows them; areal_core/train/borrowed_threads.py); 0: threads_per_role always; "
+            "not used under FSDP2 or with a compiled decoder"
+        ),
+    )
     compile: Annotated[Literal["auto", "on", "off"], BeforeValidator(_on_off)] = Field(
         "auto",
         description=(

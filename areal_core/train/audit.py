@@ -16,10 +16,12 @@ def audit_record(
     abandoned: list[Sample],
     abandoned_versions: list[list[int]],
     staleness_histogram: dict,
+    threads: list[int] | None = None,
 ) -> dict:
     """The record of `step`, trained at trainer `version`; `*_workers` complete each identity
     (`Sample.identity()` is worker/sample id). The abandoned keys appear only in a run that has
-    abandoned versions."""
+    abandoned versions; `threads` (train.borrow_idle_cores: the step's torch thread count at each decoder layer
+    pass, in order) only where the trainer chose them."""
     record = {
         "step": step,
         "trainer_version": version,
@@ -31,6 +33,8 @@ def audit_record(
         "dropped_workers": [s.worker_id for s in dropped],
         "staleness_histogram": staleness_histogram,
     }
+    if threads is not None:
+        record["threads"] = list(threads)
     if abandoned_versions or abandoned:
         record["abandoned"] = [[s.sample_id, s.min_version()] for s in abandoned]
         record["abandoned_workers"] = [s.worker_id for s in abandoned]

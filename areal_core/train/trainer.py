@@ -16,6 +16,7 @@ the final model and DONE. Under torchrun every rank runs it with the model shard
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import tempfile
 import time
@@ -36,6 +37,7 @@ from areal_core.staleness import staleness_histogram
 from areal_core.store import Store
 from areal_core.train import checkpoint, lora
 from areal_core.train.audit import audit_record
+from areal_core.train.borrowed_threads import BorrowedThreads
 from areal_core.train.compiled_step import CompiledDecoder, step_eager_reason
 from areal_core.train.distributed import full_state_dict, indexed_optimizer_state, state_dict_bytes_rank0
 from areal_core.train.drops import discard_after
@@ -93,11 +95,23 @@ class Trainer:
         self._bf16 = use_bf16(cfg.train.bf16_autocast, cfg.device)  # "auto": only where bf16 is fast
         # train.compile: the decoder compiled for the step (train/compiled_step.py); its choice and reason logged
         self.compiled = CompiledDecoder.for_run(self.model, cfg.train.compile, cfg.device, self.dist.distributed)
+        # train.borrow_idle_cores: more torch threads while the machine's cores are idle (train/borrowed_threads.py)
+        self.threads = BorrowedThreads.for_run(
+            self.model, cfg.threads_per_role, cfg.train.borrow_idle_cores, self._no_borrowing()
+        )
         self._unaudited: tuple[list[Sample], list[Sample]] = ([], [])  # drops while waiting: in the next record
         self._full_copy: torch.nn.Module | None = None  # rank 0's unsharded model for eval / final_model
         self.metrics_file = MetricsFile(store, self.state.step) if self.dist.is_main else None
         self._started = False
         self._images: ImageCache | None = None  # a VLM's decoded images by id
+
+    def _no_borrowing(self) -> str | None:
+        """Why this trainer's step may not borrow idle cores (None: it may)."""
+        if self.cfg.device != "cpu":
+            return f"device {self.cfg.device}"
+        if self.dist.distributed:
+            return "FSDP2 ranks share the machine's cores"
+        return "the decoder is compiled" if self.compiled.on else None
 
     def start(self) -> None:
         """Tell the sink the trainer begins, once (a run publishes its resumed version). Collective.
@@ -176,6 +190,8 @@ class Trainer:
             if cfg.train.slow_step_s:
                 with self.ev.span("train"):
                     time.sleep(cfg.train.slow_step_s)
+            if self.threads is not None:  # a replay follows the recorded thread counts
+                self.threads.follow(batch.record.get("threads") if batch.record else None)
             last = self.step(batch.samples, batch.dropped, batch.abandoned)
             last.update({f"phase_{k}_s": v for k, v in self.ev.end_step(step).items()})  # the profile
             if main:
@@ -199,6 +215,7 @@ class Trainer:
             self.ev.span("train"),
             torch.autocast(cfg.device, torch.bfloat16, enabled=self._bf16),
             self.compiled.active(eager_reason),
+            self.threads.step() if self.threads is not None else contextlib.nullcontext(),
         ):
             metrics = train_step(
                 self.model,
@@ -214,6 +231,8 @@ class Trainer:
                 phase=self.ev.add,
             )
         t_train = time.perf_counter() - t0
+        if self.threads is not None:
+            metrics["borrowed_share"] = self.threads.borrowed_share()
         if self.dist.is_main:
             for key, what in (("nonfinite_grad_frac", "gradient"), ("critic_nonfinite_grad_frac", "critic's gradient")):
                 if metrics.get(key, 0.0) > 0:
@@ -282,7 +301,8 @@ class Trainer:
         dropped, abandoned = self._unaudited[0] + dropped, self._unaudited[1] + abandoned
         self._unaudited = ([], [])
         args = (st.step, st.version, self.cfg.train.eta, samples, stats, dropped, abandoned, st.abandoned, hist)
-        self.store.write_json(LAYOUT.trained_record(st.step), audit_record(*args))
+        threads = self.threads.trace if self.threads is not None else None
+        self.store.write_json(LAYOUT.trained_record(st.step), audit_record(*args, threads=threads))
         n = {"samples": len(samples), "dropped": len(dropped), "abandoned": len(abandoned)}
         self.ev.emit("trained", step=st.step, staleness=hist, **n)
 
