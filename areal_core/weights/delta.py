@@ -65,21 +65,21 @@ def _compress(data: bytes, codec: str) -> bytes:
     return zlib.compress(data, 1)
 
 
-def _decompress(data: bytes, codec: str, size: int) -> bytes:
-    """At most `size + 1` bytes of `data` inflated, whatever its frame declares: a bomb stops there
-    (zstandard's `max_output_size` is ignored when the frame header states a content size, so
-    the frame is read as a stream; zlib's `max_length` bounds a decompressobj the same way)."""
+def _decompress(data: bytes, codec: str, size: int) -> np.ndarray:
+    """At most `size + 1` bytes of `data` inflated (uint8), whatever its frame declares: a bomb stops
+    there (zstandard's `max_output_size` is ignored when the frame header states a content size, so
+    the frame is read as a stream, into a buffer of size + 1 bytes; zlib's `max_length` bounds a
+    decompressobj the same way)."""
     if codec == "zstd":
         import zstandard
 
+        out, got = np.empty(size + 1, np.uint8), 0
         with zstandard.ZstdDecompressor().stream_reader(data) as reader:
-            chunks, got = [], 0
-            while got <= size and (chunk := reader.read(min(size + 1 - got, 1 << 24))):
-                chunks.append(chunk)
-                got += len(chunk)
-        return b"".join(chunks)
+            while got <= size and (n := reader.readinto(out[got:])):
+                got += n
+        return out[:got]
     if codec == "zlib":
-        return zlib.decompressobj().decompress(data, size + 1)
+        return np.frombuffer(zlib.decompressobj().decompress(data, size + 1), np.uint8)
     raise ValueError(f"unknown codec {codec!r}")
 
 
@@ -128,7 +128,7 @@ def _apply_words(data: np.ndarray, width: int, payload: bytes, info: dict[str, A
     raw = _decompress(payload, str(info["codec"]), expected)
     if len(raw) != expected:
         raise ValueError(f"delta holds {len(raw)} bytes, expected {expected}")
-    apply_words(data, np.frombuffer(raw, np.uint8), width, words, lanes)
+    apply_words(data, raw, width, words, lanes)
 
 
 def decode_delta(old: bytes, payload: bytes, info: dict[str, Any]) -> bytes:
@@ -147,14 +147,13 @@ def _apply_changes(elements: np.ndarray, payload: bytes, info: dict[str, Any]) -
     raw = _decompress(payload, str(info["codec"]), expected)
     if len(raw) != expected:
         raise ValueError(f"delta holds {len(raw)} bytes, expected {expected}")
-    raw_u8 = np.frombuffer(raw, np.uint8)
-    positions = unplanes(raw_u8, np.dtype(f"<u{gap_width}"), changed).astype(np.int64)  # the gaps
+    positions = unplanes(raw, np.dtype(f"<u{gap_width}"), changed).astype(np.int64)  # the gaps
     positions += 1
     np.cumsum(positions, out=positions)  # a gap of 2**63 or more turns negative: refused below
     positions -= 1
     if changed and (positions[0] < 0 or positions[-1] >= n or np.any(positions[1:] <= positions[:-1])):
         raise ValueError(f"the delta's positions are not ascending within {n} elements")
-    elements[positions] ^= unplanes(raw_u8[changed * gap_width :], elements.dtype, changed)
+    elements[positions] ^= unplanes(raw[changed * gap_width :], elements.dtype, changed)
 
 
 _CHUNK = 1 << 18  # elements per numpy pass of format 1: the temporaries stay in cache
@@ -185,7 +184,7 @@ def _apply_differences(elements: np.ndarray, payload: bytes, info: dict[str, Any
     raw = _decompress(payload, str(info["codec"]), elements.nbytes)
     if len(raw) != elements.nbytes:
         raise ValueError(f"delta holds {len(raw)} bytes, expected {elements.nbytes}")
-    planes = np.frombuffer(raw, np.uint8).reshape(width, -1)
+    planes = raw.reshape(width, -1)
     z, sign = np.empty(_CHUNK, dtype), np.empty(_CHUNK, dtype)
     for i in range(0, elements.size, _CHUNK):
         j = min(i + _CHUNK, elements.size)

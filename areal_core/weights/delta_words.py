@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 from numba import njit
+from numba.cpython.unsafe.numbers import trailing_zeros
 from numba.extending import overload
 
 CHUNK_WORDS = 1 << 16  # words between an encoding thread's checks that its output still fits the data
@@ -63,9 +64,6 @@ def sizes(nbytes: int, width: int, words_changed: int, lanes_changed: int) -> tu
     )
 
 
-CTZ = np.array([0] + [(i & -i).bit_length() - 1 for i in range(1, 256)], np.int64)  # lowest set bit of a byte
-
-
 def lane_width(lane_type: np.ndarray) -> int:
     """W, the byte width of lane_type's dtype; in a kernel a constant of its type (so the lane loops unroll)."""
     return lane_type.itemsize
@@ -78,45 +76,68 @@ def _lane_width(lane_type):  # noqa: ANN001, ANN202
 
 
 @njit(nogil=True, cache=True)
+def _block_bits(a64, b64, i, n, bits):  # noqa: ANN001, ANN202
+    """The mask of words i .. i + n - 1 (i a multiple of 8, n <= 64) where a64 and b64 differ (bit j
+    for word i + j), also written as bitmap bytes bits[i >> 3:]."""
+    block = np.uint64(0)
+    if n == 64:
+        for t in range(8):
+            byte = np.uint64(0)
+            for j in range(8):
+                byte |= np.uint64(a64[i + 8 * t + j] != b64[i + 8 * t + j]) << np.uint64(j)
+            bits[(i >> 3) + t] = np.uint8(byte)
+            block |= byte << np.uint64(8 * t)
+        return block
+    for j in range(n):
+        block |= np.uint64(a64[i + j] != b64[i + j]) << np.uint64(j)
+    for t in range((n + 7) >> 3):
+        bits[(i >> 3) + t] = np.uint8((block >> np.uint64(8 * t)) & np.uint64(0xFF))
+    return block
+
+
+@njit(nogil=True, cache=True)
+def _nonzero_lanes(x, width):  # noqa: ANN001, ANN202
+    """Bit l set where lane l (bits [8 W l, 8 W (l + 1))) of the word x is nonzero: a lane's top bit
+    is set in ((x & ~H) + ~H) | x, H the lanes' top bits (no carry crosses a lane)."""
+    top = np.uint64(0)
+    for lane in range(8 // width):
+        top |= np.uint64(1) << np.uint64(8 * width * (lane + 1) - 1)
+    seen = (((x & ~top) + ~top) | x) & top
+    m = 0
+    for lane in range(8 // width):
+        m |= np.int64((seen >> np.uint64(8 * width * (lane + 1) - 1)) & np.uint64(1)) << lane
+    return m
+
+
+@njit(nogil=True, cache=True)
 def _encode_range(a64, b64, lo, hi, bits, lane_bits, planes, budget, chunk, lane_type):  # noqa: ANN001, ANN202
     """Words [lo, hi) (lo a multiple of 8) of a64 ^ b64: their bits into bits[lo >> 3:]; the lane
     bits of the changed ones ORed into lane_bits (zeroed) from bit 0; their nonzero lanes' bytes
     into the rows of `planes` (W rows, row k byte k of the value) from column 0, W the width of
     lane_type's dtype. Returns (changed words, lanes), or (-1, -1) once the lane bits and values
-    alone pass `budget` bytes (checked every `chunk` words, a multiple of 8). Sizes:
+    alone pass `budget` bytes (checked every `chunk` words, a multiple of 64). Sizes:
     bits >= ceil(hi / 8), lane_bits >= ceil((hi - lo) L / 8), planes (W, >= (hi - lo) L).
-    Branch-free over the lanes: every lane's bytes are stored, the column advances on nonzero ones."""
+    64 words at a time: their mask, then its set bits lowest first, and in each such word the set
+    bits of its nonzero lanes' mask."""
     width = lane_width(lane_type)
     lanes = 8 // width
     lane_mask = np.uint64(0xFFFFFFFFFFFFFFFF) >> np.uint64(64 - 8 * width)
-    words = 0
-    count = 0
+    words = count = 0
     for start in range(lo, hi, chunk):
-        stop = min(start + chunk, hi)
-        for i in range(start, stop, 8):
-            byte = 0
-            if stop - i >= 8:
-                for j in range(8):
-                    byte |= ((a64[i + j] ^ b64[i + j]) != 0) << j
-            else:
-                for j in range(stop - i):
-                    byte |= ((a64[i + j] ^ b64[i + j]) != 0) << j
-            bits[i >> 3] = np.uint8(byte)
-            while byte:
-                j = CTZ[byte]
-                byte &= byte - 1
-                x = a64[i + j] ^ b64[i + j]
-                m = 0
-                for lane in range(lanes):
-                    v = (x >> np.uint64(8 * width * lane)) & lane_mask
-                    f = v != 0
+        for i in range(start, min(start + chunk, hi), 64):
+            block = _block_bits(a64, b64, i, min(64, hi - i), bits)
+            while block:
+                x = a64[i + trailing_zeros(block)] ^ b64[i + trailing_zeros(block)]
+                block &= block - np.uint64(1)
+                m = _nonzero_lanes(x, width)
+                if lanes > 1:
+                    lane_bits[(words * lanes) >> 3] |= np.uint8(m << ((words * lanes) & 7))
+                while m:  # mostly one lane
+                    v = (x >> np.uint64(8 * width * trailing_zeros(m))) & lane_mask
+                    m &= m - 1
                     for k in range(width):
                         planes[k, count] = np.uint8((v >> np.uint64(8 * k)) & np.uint64(0xFF))
-                    count += f
-                    m |= f << lane
-                if lanes > 1:
-                    at = words * lanes
-                    lane_bits[at >> 3] |= np.uint8(m << (at & 7))
+                    count += 1
                 words += 1
         if (words * lanes + 7) // 8 + count * width > budget:
             return -1, -1
@@ -144,7 +165,7 @@ def encode_words(a: np.ndarray, b: np.ndarray, width: int) -> tuple[np.ndarray, 
     bits = np.empty((nw + 7) // 8, np.uint8)
     bounds = word_split(nw)
     budget = nbytes - bits.size
-    chunk, lane_type = max(8, CHUNK_WORDS >> 3 << 3), np.empty(0, f"<u{width}")
+    chunk, lane_type = max(64, CHUNK_WORDS >> 6 << 6), np.empty(0, f"<u{width}")
 
     def one(span: tuple[int, int]) -> tuple[int, int, np.ndarray, np.ndarray]:
         lo, hi = span  # buffers for the worst case: only the pages written are ever touched
@@ -192,34 +213,34 @@ def _apply_range(data64, bits, lane_bits, planes, lo, hi, first_word, first_valu
     nonzero lanes: the changed words from number `first_word` on, whose lane bits start at bit
     first_word L of lane_bits, and their values from column `first_value` of `planes` (W rows, W
     the width of lane_type's dtype). The caller has checked that the bitmaps name exactly as many
-    words and lanes as there are (so at least one column when a word is named). Branch-free over
-    the lanes: each one reads a column (the last, past the end) and keeps it where its bit is set."""
+    words and lanes as there are, so no index passes an array. 64 words at a time, their set bits
+    lowest first, and in each such word the set bits of its lane field."""
     width = lane_width(lane_type)
     lanes = 8 // width
     lane_field = (1 << lanes) - 1
-    last = planes.shape[1] - 1
     word, value = first_word, first_value
-    for i in range(lo >> 3, (hi + 7) >> 3):
-        byte = np.int64(bits[i])
-        if hi - 8 * i < 8:
-            byte &= (1 << (hi - 8 * i)) - 1  # the bits past the last word name no word
-        while byte:
-            j = CTZ[byte]
-            byte &= byte - 1
+    for i in range(lo, hi, 64):
+        n = min(64, hi - i)
+        block = np.uint64(0)
+        for t in range((n + 7) >> 3):
+            block |= np.uint64(bits[(i >> 3) + t]) << np.uint64(8 * t)
+        if n < 64:
+            block &= (np.uint64(1) << np.uint64(n)) - np.uint64(1)  # the bits past the last word name none
+        while block:
+            j = trailing_zeros(block)
+            block &= block - np.uint64(1)
             m = lane_field
             if lanes > 1:
-                at = word * lanes
-                m = (np.int64(lane_bits[at >> 3]) >> (at & 7)) & lane_field
+                m = (np.int64(lane_bits[(word * lanes) >> 3]) >> ((word * lanes) & 7)) & lane_field
             x = np.uint64(0)
-            for lane in range(lanes):
-                f = (m >> lane) & 1
-                column = min(value, last)
+            while m:  # mostly one lane
                 v = np.uint64(0)
                 for k in range(width):
-                    v |= np.uint64(planes[k, column]) << np.uint64(8 * k)
-                x |= (v * np.uint64(f)) << np.uint64(8 * width * lane)
-                value += f
-            data64[8 * i + j] ^= x
+                    v |= np.uint64(planes[k, value]) << np.uint64(8 * k)
+                x |= v << np.uint64(8 * width * trailing_zeros(m))
+                m &= m - 1
+                value += 1
+            data64[i + j] ^= x
             word += 1
 
 
