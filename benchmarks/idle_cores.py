@@ -1,13 +1,14 @@
 """Idle cores (issue 57): the default job with and without a change, paired and interleaved on one machine.
 
     PYTHONPATH=. .venv/bin/python benchmarks/idle_cores.py [--steps 300] [--seeds 1 2 3] [--skip 10]
-                                                          [--old COMMIT] [--root runs/idle-cores] [overrides...]
+        [--old COMMIT | --old-set KEY=VALUE ...] [--new-set KEY=VALUE ...] [--root runs/idle-cores] [overrides...]
 
 Each seed runs the default job (configs/default.yaml, from one SFT checkpoint, trained once under ROOT/sft,
 held-out evaluations off) twice in a row, "old" then "new": one rollout, one reward and one trainer process
-as `make run` starts them (benchmarks/step_profile.py). "old" is this tree with `train.background_publish=false`
-or, with `--old COMMIT`, that commit's code (a `git worktree` under ROOT/old-COMMIT); "new" is this tree as
-configured. Per run, from the trainer's step `--skip` to the end:
+as `make run` starts them (benchmarks/step_profile.py). "old" is this tree with the `--old-set KEY=VALUE`
+overrides (default `train.background_publish=false`) or, with `--old COMMIT`, that commit's code (a `git worktree`
+under ROOT/old-COMMIT); "new" is this tree as configured, with the `--new-set KEY=VALUE` overrides. Per run, from
+the trainer's step `--skip` to the end:
   - wall s/step; CPU-s/step of the three role processes with their children (wait4's rusage); CPU-s/step ÷ the
     cores this process may run on, and wall ÷ that (1.00: no core idle; the target is ≤ 1.10);
   - the doctor's shares since RL began (areal_core/report/timing.py: role_time): the trainer's busy share, rollout's
@@ -113,7 +114,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1])
     parser.add_argument("--skip", type=int, default=10, help="steps left out of the figures (start-up)")
-    parser.add_argument("--old", default="", help="a commit to compare with (default: background_publish=false)")
+    parser.add_argument("--old", default="", help="a commit to compare with (default: this tree with --old-set)")
+    parser.add_argument("--old-set", action="append", help="an override of the old runs of this tree (repeatable)")
+    parser.add_argument("--new-set", action="append", help="an override of the new runs only (repeatable)")
     parser.add_argument("--root", default="runs/idle-cores")
     parser.add_argument("--init", default="", help="an SFT checkpoint (default: trained once under ROOT/sft)")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
@@ -125,8 +128,8 @@ def main() -> None:
         return
     root = Path(args.root).resolve()
     init = (os.path.abspath(args.init) if "://" not in args.init else args.init) if args.init else sft_init(root)
-    old = (old_tree(root, args.old), []) if args.old else (HERE, ["train.background_publish=false"])
-    variants = {"old": old, "new": (HERE, [])}
+    old = (old_tree(root, args.old), []) if args.old else (HERE, args.old_set or ["train.background_publish=false"])
+    variants = {"old": old, "new": (HERE, args.new_set or [])}
     results: dict[str, list[dict]] = {k: [] for k in variants}
     print(
         "| code | seed | wall s/step | CPU-s/step | CPU-s/step ÷ cores | wall ÷ that | trainer busy "
