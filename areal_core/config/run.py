@@ -342,8 +342,9 @@ class TrainConfig(ConfigModel):
         description=(
             "extra torch threads the trainer's step may take while other processes leave this machine's cores idle "
             "(checked before every decoder layer's forward and backward; the counts used are in each step's audit "
-            "record, and a replay follows them; areal_core/train/borrowed_threads.py); 0: threads_per_role always; "
-            "not used under FSDP2 or with a compiled decoder"
+            "record, and a replay follows them; areal_core/train/borrowed_threads.py); 0: threads_per_role always "
+            "(the default job measured +11% wall per step with 1: docs/benchmarks.md); not used under FSDP2, off CPU "
+            "or with a compiled decoder"
         ),
     )
     compile: Annotated[Literal["auto", "on", "off"], BeforeValidator(_on_off)] = Field(
