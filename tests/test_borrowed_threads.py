@@ -155,3 +155,38 @@ def test_for_run_says_why_it_does_not_borrow(caplog):
     assert "not used: the decoder is compiled" in caplog.text
     assert BorrowedThreads.for_run(torch.nn.Linear(2, 2), 1, 1, None) is None
     assert "no decoder layers found" in caplog.text
+
+
+def test_a_followed_trace_is_clamped_and_a_mismatch_is_logged(caplog):
+    model = tiny_qwen()
+    follower = BorrowedThreads(1, 0, probe=lambda: 0, cores=2).hooked(model)
+    follower.follow([0, 7, "2", 1, 1, 1])  # a tampered record: 0 and 7 threads are not run
+    caplog.set_level("WARNING", logger="areal.trainer")
+    one_step(model, follower)
+    assert follower.trace == [1, 2, 2, 1, 1, 1] and "layer passes" not in caplog.text
+    follower.follow([2] * 9)  # three passes too many: another model or micro-batching
+    one_step(model, follower)
+    assert follower.trace == [2] * 6 and "made 6 layer passes where its record names 9" in caplog.text
+    follower.follow([])  # a record of a step that did not borrow: base everywhere, though the probe says idle
+    one_step(model, follower)
+    assert follower.trace == [1] * 6
+
+
+def test_usable_cores_follow_a_cgroup_quota(monkeypatch, tmp_path):
+    monkeypatch.setattr(bt.os, "sched_getaffinity", lambda pid: set(range(8)))
+    real_open = open
+
+    def cpu_max(text: str):
+        def fake_open(path, *args, **kwargs):
+            if path == "/sys/fs/cgroup/cpu.max":
+                (tmp_path / "cpu.max").write_text(text)
+                return real_open(tmp_path / "cpu.max", *args, **kwargs)
+            return real_open(path, *args, **kwargs)
+
+        return fake_open
+
+    for text, want in (("max 100000\n", 8), ("250000 100000\n", 3), ("50000 100000\n", 1), ("2000000 100000", 8)):
+        monkeypatch.setattr("builtins.open", cpu_max(text))
+        assert bt.usable_cores() == want, text
+    monkeypatch.setattr("builtins.open", cpu_max("garbage"))
+    assert bt.usable_cores() == 8

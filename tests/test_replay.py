@@ -69,6 +69,23 @@ def test_replay_reproduces_the_runs_loss_and_grad_norm_step_for_step(source, tmp
 
 
 @pytest.mark.slow
+def test_a_replay_runs_each_layer_pass_at_the_recorded_thread_count(source, tmp_path, monkeypatch):
+    """The run's records say which passes ran on 2 threads; the replay follows them (the machine, patched to busy,
+    would say 1 everywhere), also under a config that would not borrow."""
+    run = Store(str(tmp_path / "run"))
+    shutil.copytree(source.local_path(), tmp_path / "run")
+    pattern = {}
+    for rec in records(run):
+        rec["threads"] = pattern[rec["step"]] = [1 + (i + rec["step"]) % 2 for i in range(len(rec["threads"]))]
+        run.write_json(LAYOUT.trained_record(rec["step"]), rec)
+    monkeypatch.setattr(borrowed_threads, "others_running", lambda: 99)
+    for name, overrides in (("same", []), ("off", ["train.borrow_idle_cores=0"])):
+        out = replay(run.uri, str(tmp_path / name), overrides)
+        assert {r["step"]: r["threads"] for r in records(Store(str(tmp_path / name)))} == pattern, name
+        assert out["max_rel_diff"]["loss"] <= 1e-5 and out["max_rel_diff"]["grad_norm"] <= 1e-5
+
+
+@pytest.mark.slow
 def test_replay_under_other_settings_trains_the_same_samples_differently(source, tmp_path):
     out = replay(source.uri, str(tmp_path / "lr"), ["train.lr=1e-4"])
     run, steps = records(source), out["per_step"]

@@ -62,6 +62,20 @@ def others_running() -> int:
     return running_elsewhere(loadavg, own_thread_states())
 
 
+def usable_cores() -> int:
+    """The CPUs this process may run on, fewer under a cgroup v2 CPU quota (/sys/fs/cgroup/cpu.max "QUOTA PERIOD":
+    ceil(QUOTA / PERIOD))."""
+    cores = len(os.sched_getaffinity(0))
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+    except (OSError, ValueError):
+        return cores
+    if quota == "max" or not quota.isdigit() or not period.isdigit() or int(period) == 0:
+        return cores
+    return max(1, min(cores, -(-int(quota) // int(period))))
+
+
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The transformer blocks of a causal LM, LoRA-wrapped or not (…layers.N, …h.N)."""
     return [m for name, m in model.named_modules() if _LAYER.search(name)]
@@ -74,9 +88,10 @@ class BorrowedThreads:
 
     def __init__(self, base: int, extra: int, probe: Callable[[], int] | None = None, cores: int | None = None):
         self.base, self.extra, self._probe = base, extra, probe
-        self.cores = cores if cores is not None else len(os.sched_getaffinity(0))
+        self.cores = cores if cores is not None else usable_cores()
         self.trace: list[int] = []
         self._recorded: list[int] | None = None
+        self._recorded_len = 0  # the followed trace's length
         self._active = False
 
     @classmethod
@@ -87,22 +102,28 @@ class BorrowedThreads:
             return None
         if why_not is None and not os.path.exists("/proc/loadavg"):
             why_not = "no /proc/loadavg on this machine"
-        layers = decoder_layers(model)
-        if why_not is None and not layers:
+        if why_not is None and not decoder_layers(model):
             why_not = "no decoder layers found (…layers.N, …h.N)"
         if why_not is not None:
             log.info("trainer threads: %d (train.borrow_idle_cores=%d not used: %s)", base, extra, why_not)
             return None
-        borrowed = cls(base, extra)
-        for layer in layers:
-            layer.register_forward_pre_hook(borrowed._before_forward)
-            layer.register_forward_hook(borrowed._after_forward)
+        borrowed = cls(base, extra).hooked(model)
         log.info("trainer threads: %d, up to %d more while cores are idle (%d cores)", base, extra, borrowed.cores)
         return borrowed
 
+    def hooked(self, model: torch.nn.Module) -> BorrowedThreads:
+        """Itself, its hooks on every decoder layer of `model` (a replay of a run that borrowed hooks a follower,
+        `extra` 0, whatever its own config says)."""
+        for layer in decoder_layers(model):
+            layer.register_forward_pre_hook(self._before_forward)
+            layer.register_forward_hook(self._after_forward)
+        return self
+
     def follow(self, trace: list[int] | None) -> None:
-        """Replay: the next step uses `trace`'s counts in order (then `base`); None: chosen live again."""
-        self._recorded = [int(n) for n in trace] if trace is not None else None
+        """Replay: the next step uses `trace`'s counts in order (each clamped to 1 … this machine's cores), `base`
+        past its end; None: chosen live again."""
+        self._recorded = [min(max(int(n), 1), max(self.cores, self.base)) for n in trace] if trace is not None else None
+        self._recorded_len = len(self._recorded or [])
 
     def choose(self) -> None:
         """Set this pass's thread count: the next recorded one, or the idle cores' count now."""
@@ -119,10 +140,20 @@ class BorrowedThreads:
 
     @contextmanager
     def step(self) -> Iterator[None]:
-        """One training step: its trace starts empty; the thread count is `base` again after it."""
+        """One training step: its trace starts empty; the thread count is `base` again after it. A followed trace
+        that does not match the step's layer passes one for one is logged (the replay's passes differ from the run's:
+        another model, micro-batching or checkpointing)."""
         self.trace, self._active = [], True
         try:
             yield
+            if self._recorded is not None and len(self.trace) != self._recorded_len:
+                log.warning(
+                    "replay: the step made %d layer passes where its record names %d thread counts (another model, "
+                    "micro-batching or checkpointing?): passes past the record ran on %d threads",
+                    len(self.trace),
+                    self._recorded_len,
+                    self.base,
+                )
         finally:
             self._active, self._recorded = False, None
             if torch.get_num_threads() != self.base:

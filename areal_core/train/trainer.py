@@ -113,6 +113,18 @@ class Trainer:
             return "FSDP2 ranks share the machine's cores"
         return "the decoder is compiled" if self.compiled.on else None
 
+    def _follow_threads(self, record: dict) -> None:
+        """Replay: the record's thread counts (train.borrow_idle_cores), or `threads_per_role` for every pass of a
+        record without them; a run that borrowed is followed even where this config would not borrow."""
+        trace = record.get("threads")
+        if self.threads is None and trace and any(n != self.cfg.threads_per_role for n in trace):
+            if self.compiled.on:
+                log.warning("replay: the decoder is compiled, so the run's recorded thread counts cannot be followed")
+                return
+            self.threads = BorrowedThreads(self.cfg.threads_per_role, 0).hooked(self.model)
+        if self.threads is not None:
+            self.threads.follow(trace if trace is not None else [])
+
     def start(self) -> None:
         """Tell the sink the trainer begins, once (a run publishes its resumed version). Collective.
         Drop records of checkpoints after the resumed one are deleted: their drops are made again."""
@@ -190,8 +202,8 @@ class Trainer:
             if cfg.train.slow_step_s:
                 with self.ev.span("train"):
                     time.sleep(cfg.train.slow_step_s)
-            if self.threads is not None:  # a replay follows the recorded thread counts
-                self.threads.follow(batch.record.get("threads") if batch.record else None)
+            if batch.record is not None:  # a replay runs each layer pass at the run's recorded thread count
+                self._follow_threads(batch.record)
             last = self.step(batch.samples, batch.dropped, batch.abandoned)
             last.update({f"phase_{k}_s": v for k, v in self.ev.end_step(step).items()})  # the profile
             if main:
