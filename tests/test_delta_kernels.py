@@ -70,7 +70,7 @@ def test_the_payload_is_the_reference_payload_at_every_width_and_size(width, nby
 def test_split_over_threads_at_bounds_that_are_not_multiples_of_64_words(width, monkeypatch):
     monkeypatch.setattr(delta_words, "MIN_WORDS_PER_THREAD", 64)
     monkeypatch.setattr(delta_words, "CHUNK_WORDS", 128)
-    monkeypatch.setattr(delta_words.os, "cpu_count", lambda: 5)
+    monkeypatch.setattr(delta_words.os, "sched_getaffinity", lambda pid: set(range(5)))
     nbytes = 8 * 1003 + 5  # 1003 words in 5 parts: multiples of 8, not of 64
     assert delta_words.word_split(1003) == [0, 200, 400, 600, 800, 1003]
     for seed, frac in enumerate((0.01, 0.1, 0.5)):  # odd changed-word counts: lane bits off byte boundaries
@@ -144,3 +144,24 @@ def test_hostile_bitmaps_with_matching_counts_stay_inside_the_data():
         apply_words(guarded[32:-32], raw, 2, words, lanes)  # garbage in, but only in the data
         assert (guarded[:32] == 0xA5).all() and (guarded[-32:] == 0xA5).all()
     assert np.array_equal(guarded[32:-32], b)  # the padding bit was ignored
+
+
+def test_apply_delta_refuses_a_base_it_cannot_write_in_place_before_reading_the_payload():
+    import torch
+    from safetensors.torch import save as st_save
+
+    from areal_core.weights.delta import apply_delta, encode_delta
+
+    old = torch.arange(4096, dtype=torch.float32).to(torch.bfloat16)
+    new = old.clone()
+    new[::7] += 1
+    a, b = st_save({"w": old}), st_save({"w": new})
+    payload, info = encode_delta(a, b)
+    base = np.frombuffer(a, np.uint8)  # read-only: a view of bytes
+    for bad in (base, np.frombuffer(a, np.uint8).copy()[::2], np.frombuffer(a, np.uint8).copy().view(np.int8)):
+        with pytest.raises(ValueError, match="writable, contiguous 1-D uint8"):
+            apply_delta(bad, payload, info)
+    assert bytes(base) == a
+    dst = base.copy()
+    apply_delta(dst, payload, info)
+    assert dst.tobytes() == b

@@ -105,6 +105,8 @@ def encode_delta(old: bytes, new: bytes, codec: str | None = None) -> tuple[byte
 def apply_delta(data: np.ndarray, payload: bytes, info: dict[str, Any]) -> None:
     """Apply a delta from `encode_delta` (format 1, 2 or 3) in place to `data`, the base file's bytes
     (a writable uint8 array); ValueError (or the codec's error) if it does not fit."""
+    if data.dtype != np.uint8 or data.ndim != 1 or not data.flags.writeable or not data.flags.c_contiguous:
+        raise ValueError("apply_delta needs the base as a writable, contiguous 1-D uint8 array")
     start, width, size = int(info["start"]), int(info["width"]), int(info["size"])
     if data.size != size or width not in (1, 2, 4, 8) or not 0 <= start <= size or (size - start) % width:
         raise ValueError(f"the delta (width {width}, {size} bytes) does not fit a base of {data.size} bytes")

@@ -36,7 +36,7 @@ U64 = np.dtype("<u8")
 def word_split(words: int) -> list[int]:
     """Thread boundaries over `words` words: multiples of 8 (a whole bitmap byte each), one part a
     core, none under MIN_WORDS_PER_THREAD words."""
-    parts = max(1, min(os.cpu_count() or 1, words // MIN_WORDS_PER_THREAD))
+    parts = max(1, min(len(os.sched_getaffinity(0)), words // MIN_WORDS_PER_THREAD))
     return [0] + [words * p // parts >> 3 << 3 for p in range(1, parts)] + [words]
 
 
