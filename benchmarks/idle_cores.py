@@ -117,6 +117,7 @@ def main() -> None:
     parser.add_argument("--old", default="", help="a commit to compare with (default: this tree with --old-set)")
     parser.add_argument("--old-set", action="append", help="an override of the old runs of this tree (repeatable)")
     parser.add_argument("--new-set", action="append", help="an override of the new runs only (repeatable)")
+    parser.add_argument("--new-first", action="store_true", help="run new before old in each seed (order effects)")
     parser.add_argument("--root", default="runs/idle-cores")
     parser.add_argument("--init", default="", help="an SFT checkpoint (default: trained once under ROOT/sft)")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
@@ -137,7 +138,8 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for seed in args.seeds:
-        for name, (tree, extra) in variants.items():  # interleaved: old, new, old, new
+        for name in ["new", "old"] if args.new_first else ["old", "new"]:  # interleaved: old, new, old, new
+            tree, extra = variants[name]
             r = run_in(tree, root, name, init, args, seed, [*extra, *args.overrides])
             results[name].append(r)
             print(row(name, seed, r), flush=True)
