@@ -289,6 +289,14 @@ class TrainConfig(ConfigModel):
         ),
     )
     ppo_minibatches: Int = Field(1, gt=0, description="optimizer minibatches per step (divides batch_groups)")
+    skip_zero_advantage: Bool = Field(
+        True,
+        description=(
+            "leave rows whose advantages are all 0 (GRPO: groups of equal rewards) out of the forward and backward "
+            "where that leaves the gradient unchanged: an advantage-weighted loss, no KL term, entropy bonus or "
+            "critic (areal_core/train/zero_advantage.py); false: train every row"
+        ),
+    )
     checkpoint_every: Int = Field(10, gt=0, description="steps between trainer checkpoints")
     nproc_per_node: Int = Field(
         1, ge=1, description="trainer processes on this machine: above 1, torchrun ranks with FSDP2 (gloo on CPU)"

@@ -139,6 +139,24 @@ def _bad_labels(rel: str, exc: Exception, reported: set[str], events: EventLog) 
         events.emit("labels_skipped", path=rel, reason=str(exc)[:300])
 
 
+IDLE_BACKOFF_AFTER_S = 1.0  # idle this long, the worker starts backing off
+IDLE_SLEEP_CAP_S = 0.2
+
+
+def idle_sleep_s(idle_for_s: float, base_s: float) -> float:
+    """The next sleep while no shard waits, after `idle_for_s` seconds without one:
+
+        base_s                                   while idle_for_s < 1 s
+        min(0.2, base_s · 2^⌊idle_for_s / 1 s⌋)  after that (never below base_s)
+
+    A running job's shards arrive every few tenths of a second, and the time a shard waits to be seen
+    is on the trainer's path, so the worker keeps its poll interval between them; a rollout side that
+    paused (an evaluation, a restart) costs few listings (LIST requests on S3)."""
+    if idle_for_s < IDLE_BACKOFF_AFTER_S:
+        return base_s
+    return max(base_s, min(IDLE_SLEEP_CAP_S, base_s * 2 ** int(idle_for_s / IDLE_BACKOFF_AFTER_S)))
+
+
 def run_reward_worker(run_uri: str, index: int = 0) -> dict:
     from areal_core.hf_load import load_config, load_tokenizer
     from areal_core.models import localize
@@ -154,7 +172,7 @@ def run_reward_worker(run_uri: str, index: int = 0) -> dict:
     graded = 0
     reported: set[str] = set()
     t0 = time.time()
-    idle_s = cfg.reward.poll_interval_s
+    idle_since: float | None = None
     fn_path = reward_function(cfg)
     with (
         RewardPool(fn_path, cfg.reward.pool_size, cfg.reward.timeout_s, cfg.reward.retries) as pool,
@@ -183,11 +201,12 @@ def run_reward_worker(run_uri: str, index: int = 0) -> dict:
                 store.heartbeat(
                     "reward", str(index), graded=graded, grades_per_s=graded / max(time.time() - t0, 1e-9), **pool.stats
                 )
-                idle_s = cfg.reward.poll_interval_s
+                idle_since = None
             elif finished:
                 break
             else:
                 ev.switch("shards", "wait")
-                time.sleep(idle_s)
-                idle_s = min(idle_s * 2, 0.2)  # back off while idle so polling costs no CPU
+                now = time.monotonic()
+                idle_since = now if idle_since is None else idle_since
+                time.sleep(idle_sleep_s(now - idle_since, cfg.reward.poll_interval_s))
     return {"graded": graded}

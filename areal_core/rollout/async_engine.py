@@ -6,7 +6,9 @@ thread-safe, so one thread runs it: the calls made in one step of an event loop 
 a worker starts together) and those waiting while the engine is busy, with the same sampling
 settings apart from max_new_tokens, go into one `generate` call run to the largest
 max_new_tokens and cut back per call; every caller of that batch is woken in the same loop
-step. While idle, the thread installs staged weight versions. A vision-language prompt brings
+step. While idle, the thread installs staged weight versions, at once when `wake()` says one was staged;
+`on_new_version(fn)` callbacks hear of each version installed (a rollout loop waiting on admission
+rechecks then, not at its next poll). A vision-language prompt brings
 its images as one MMInputs (`mm`, None for a text prompt), passed through to the torch engine.
 """
 
@@ -17,6 +19,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -25,6 +28,7 @@ from areal_core.rollout.remote_engine import RemoteEngine
 from areal_core.routes import cut_routes
 
 log = logging.getLogger("areal.rollout")
+_WAKE = object()  # queued by wake(): install what is staged now
 
 
 @dataclass
@@ -70,6 +74,7 @@ class AsyncEngine:
         self._q: queue.Queue = queue.Queue()  # lists of calls, None to stop
         self._pending: dict[asyncio.AbstractEventLoop, list[_Call]] = {}
         self._lock = threading.Lock()
+        self._listeners: list[Callable[[], None]] = []
         self._thread: threading.Thread | None = None
         if not self.remote:
             self._thread = threading.Thread(target=self._loop, name="areal-engine", daemon=True)
@@ -115,6 +120,27 @@ class AsyncEngine:
         """One prompt (the proxy's backend interface); `mm`: its MMInputs (a VLM's images) or None."""
         return (await self.agenerate([prompt_ids], params, mm=None if mm is None else [mm]))[0]
 
+    def on_new_version(self, fn: Callable[[], None]) -> Callable[[], None]:
+        """Call `fn()` (from the engine's or the weight watcher's thread) after each version is installed;
+        returns the function that stops it."""
+        self._listeners.append(fn)
+        return lambda: self._listeners.remove(fn) if fn in self._listeners else None
+
+    def wake(self) -> None:
+        """A version was just staged (the weight watcher's thread): an idle engine thread installs it now. A
+        remote engine has already installed it on its server: the listeners hear of it here."""
+        if self.remote:
+            self._tell()
+        elif self._thread is not None:
+            self._q.put(_WAKE)
+
+    def _tell(self) -> None:
+        for fn in list(self._listeners):
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - a listener (a closed loop) must not stop the engine thread
+                log.debug("a new-version listener failed", exc_info=True)
+
     def close(self) -> None:
         thread, self._thread = self._thread, None
         if thread is not None:
@@ -131,6 +157,9 @@ class AsyncEngine:
                 continue
             if first is None:
                 return
+            if first is _WAKE:
+                self._install_staged()
+                continue
             calls = list(first)
             while sum(len(c.prompts) for c in calls) < self.max_batch_prompts:
                 try:
@@ -140,7 +169,9 @@ class AsyncEngine:
                 if nxt is None:
                     self._q.put(None)  # stop after this batch
                     break
-                calls += nxt
+                if nxt is not _WAKE:  # busy: the engine installs it at its next step
+                    calls += nxt
+            version = self.engine.version
             batches: dict[tuple, list[_Call]] = {}
             for c in calls:
                 batches.setdefault(_key(c.params), []).append(c)
@@ -151,12 +182,17 @@ class AsyncEngine:
                     log.exception("engine thread failed a batch")
                     for c in batch:
                         c.loop.call_soon_threadsafe(_settle, [(c.future, exc)])
+            if self.engine.version != version:
+                self._tell()
 
     def _install_staged(self) -> None:
+        version = self.engine.version
         try:
             self.engine.load_version(self.engine.version)  # an in-process engine installs what is staged
         except Exception:  # noqa: BLE001 - a bad staged version must not stop the engine thread
             log.exception("installing staged weights failed")
+        if self.engine.version != version:
+            self._tell()
 
     def _run(self, batch: list[_Call]) -> None:
         params = replace(batch[0].params, max_new_tokens=max(c.params.max_new_tokens for c in batch))

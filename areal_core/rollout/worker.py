@@ -96,8 +96,12 @@ class RolloutLoop:
         in_flight: dict[asyncio.Task, tuple[int, int]] = {}
         first = self.admission.started
         stop_checked = 0.0
+        loop, new_version = asyncio.get_running_loop(), asyncio.Event()
+        listen = getattr(self.engine, "on_new_version", None)
+        unlisten = listen(lambda: loop.call_soon_threadsafe(new_version.set)) if listen is not None else None
         try:
             while True:
+                new_version.clear()  # before reading the version: one installed after this wakes the wait below
                 if self.check is not None:
                     self.check()
                 if num_groups is not None and self.admission.started - first >= num_groups:
@@ -115,8 +119,11 @@ class RolloutLoop:
                     in_flight[asyncio.create_task(self.workflow.arun_episode(self.engine, self.tasks[p]))] = (g, p)
                 # the timeline: generating while any group is in flight, else blocked by admission
                 self.ev.switch("generate" if in_flight else "admission", "busy" if in_flight else "wait")
-                if not in_flight:
-                    await asyncio.sleep(self.poll_interval_s)
+                if not in_flight:  # blocked by admission: until the next version is installed, or a poll
+                    try:
+                        await asyncio.wait_for(new_version.wait(), self.poll_interval_s)
+                    except TimeoutError:
+                        pass
                     continue
                 done, _ = await asyncio.wait(in_flight, timeout=self.poll_interval_s, return_when="FIRST_COMPLETED")
                 if done:
@@ -125,6 +132,8 @@ class RolloutLoop:
                 done, _ = await asyncio.wait(in_flight, return_when="FIRST_COMPLETED")
                 await self._finish({t: in_flight.pop(t) for t in done})
         finally:
+            if unlisten is not None:
+                unlisten()
             self.ev.switch(None)
             for t in in_flight:
                 t.cancel()
@@ -284,11 +293,14 @@ def _run(store: Store, index: int, ev: EventLog) -> dict:
     if getattr(engine, "choice", None) is not None:  # which engine rollout.engine chose, and why (the report's)
         ev.emit("engine", **engine.choice.fields())
 
+    aengine = AsyncEngine(engine, max(256, ro.max_batch_groups * ro.group_size), ro.poll_interval_s)
+
     def receive(v: int) -> None:
         t = time.time()
         engine.receive(store, v)
         ev.emit("load", version=v, seconds=round(time.time() - t, 4))
         faults.loaded()
+        aengine.wake()  # installed now if the engine is idle: admission may be waiting on it
 
     watcher = WeightWatcher(store, receive, ro.poll_interval_s, version=version, on_failure=faults.failed).start()
 
@@ -296,7 +308,6 @@ def _run(store: Store, index: int, ev: EventLog) -> dict:
         if watcher.error is not None:
             raise RolloutEngineFailed(f"{worker_id}: loading a new version failed: {watcher.error}") from watcher.error
 
-    aengine = AsyncEngine(engine, max(256, ro.max_batch_groups * ro.group_size), ro.poll_interval_s)
     workflow = None
     try:
         images = ImageCache(image_roots(store)) if cfg.model.kind == "vlm" else None  # a record's meta.image_ids

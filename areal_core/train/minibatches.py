@@ -22,6 +22,7 @@ class Minibatch:
     """This rank's rows of one minibatch and the minibatch's denominators (over every rank)."""
 
     rows: torch.Tensor  # row indices into the batch
+    members: torch.Tensor  # the minibatch's rows on every rank
     dummy: bool  # no group of this minibatch is this rank's: one masked row keeps collectives aligned
     global_tokens: float
     global_seqs: float
@@ -47,6 +48,7 @@ def plan_minibatches(batch: TrainBatch, n_mb: int, rank: int, world: int) -> lis
         plan.append(
             Minibatch(
                 rows,
+                torch.nonzero(in_mb).flatten(),
                 dummy,
                 global_tokens=float(per_row.sum().clamp(min=1)),
                 global_seqs=float((per_row > 0).sum().clamp(min=1)),
@@ -72,8 +74,11 @@ def minibatch_update(
     critic: Critic | None,
     parts: list[tuple[dict[str, float], float]],
     n_micro: int,
+    trained_tokens: float | None = None,
 ) -> dict[str, float]:
-    """Clip (the global norm over every shard) and step; the minibatch's metrics over every rank.
+    """Clip (the global norm over every shard) and step; the minibatch's metrics over every rank, each rank's
+    weighted by its share of the policy tokens trained on (`trained_tokens`, over every rank: fewer than the
+    minibatch's when zero-advantage rows were skipped; None: all of them).
     A NaN/inf gradient (the global norm: every rank skips alike) would poison the weights and
     AdamW's moments, and the next published version with them: the update is skipped and counted."""
     mb_stats = combine(parts)
@@ -87,7 +92,7 @@ def minibatch_update(
         mb_stats["critic_nonfinite_grad_frac"] = 0.0 if math.isfinite(mb_stats["critic_grad_norm"]) else 1.0
     if ctx.distributed:
         rank_tokens = sum(t for _, t in parts)
-        mb_stats = _reduce(mb_stats, rank_tokens / mb.global_tokens, ctx)
+        mb_stats = _reduce(mb_stats, rank_tokens / max(trained_tokens or mb.global_tokens, 1.0), ctx)
     mb_stats["grad_norm"] = grad_norm
     mb_stats["micro_batches"] = float(n_micro)
     return mb_stats

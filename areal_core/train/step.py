@@ -50,6 +50,7 @@ from areal_core.train.minibatches import Minibatch, minibatch_algo, minibatch_up
 from areal_core.train.packing import packed_token_logprobs
 from areal_core.train.router_replay import RouteReplay, RouteTally, route_gap_metrics
 from areal_core.train.value_head import Critic
+from areal_core.train.zero_advantage import inert_rows, skip_refusal, trained_rows
 from areal_core.vlm.inputs import MultimodalRows, vision_token_ids
 
 FULL_LOGITS_MAX = 2**25  # logit values (128 MB in float32) under which the head runs on all tokens at once
@@ -326,20 +327,24 @@ def minibatch_backward(
     adv: Advantages,
     critic: Critic | None,
     lap: _Laps,
+    inert: torch.Tensor | None = None,
 ) -> tuple[list[tuple[dict[str, float], float]], int]:
     """Forward, loss and backward of each micro-batch of `mb`, the gradients accumulated; returns
     (metrics, policy tokens) per micro-batch and the number of micro-batches. The backward is of
-    W · L_r (module docstring), so FSDP's average over ranks is the minibatch's gradient."""
+    W · L_r (module docstring), so FSDP's average over ranks is the minibatch's gradient. `inert`:
+    the [N] rows left out because their advantages are all zero (areal_core/train/zero_advantage.py)."""
     algo, need = minibatch_algo(step.cfg.algo, mb), required_inputs(step.cfg.algo)
     sync = getattr(model, "set_requires_gradient_sync", None)  # FSDP2: reduce gradients after the last micro-batch
     parts = []
-    micro = step.passes(mb.rows)
-    split = step.ctx.distributed or len(micro) > 1  # the minibatch's denominators, not these rows'
+    rows_trained, none_left = trained_rows(mb.rows, inert)
+    micro = step.passes(rows_trained)
+    # the minibatch's denominators, not these rows'
+    split = step.ctx.distributed or len(micro) > 1 or len(rows_trained) < len(mb.rows)
     for k, (rows, padding) in enumerate(micro):
         lap("forward")
         # algo.router_replay: the rollout's experts, held through the backward (checkpointed layers recompute)
         with _routes(model, step.batch, rows, step.replay):
-            fwd = policy_pass(model, step, rows, mb.dummy or padding, "entropy" in need, frozen, critic)
+            fwd = policy_pass(model, step, rows, mb.dummy or none_left or padding, "entropy" in need, frozen, critic)
             inputs = loss_inputs(step.batch, fwd, frozen, adv, mb, split)
             loss, micro_stats = total_loss(algo, inputs)
             micro_stats["abs_dlogp_behav_prox"] = behaviour_abs_diff(fwd.prox, inputs.behav_logp, inputs.mask)
@@ -405,17 +410,23 @@ def train_step(
     frozen = frozen_logprobs(model, step, plan, need, ref_model, teacher_model)
     adv = batch_advantages(step, frozen, critic)
 
+    inert = None
+    if cfg.train.skip_zero_advantage and not skip_refusal(algo, critic is not None):
+        inert = inert_rows(adv.advantages, batch.loss_mask)
     averaged: dict[str, float] = {}
     for mb in plan:
         optimizer.zero_grad(set_to_none=True)
         if critic is not None:
             critic.zero_grad()
-        parts, n_micro = minibatch_backward(model, step, mb, frozen, adv, critic, lap)
-        mb_stats = minibatch_update(model, optimizer, cfg.train.grad_clip, ctx, mb, critic, parts, n_micro)
+        parts, n_micro = minibatch_backward(model, step, mb, frozen, adv, critic, lap, inert)
+        trained = None if inert is None else float(batch.loss_mask[mb.members[~inert[mb.members]]].sum())
+        mb_stats = minibatch_update(model, optimizer, cfg.train.grad_clip, ctx, mb, critic, parts, n_micro, trained)
         for k, v in mb_stats.items():
             averaged[k] = averaged.get(k, 0.0) + v / n_mb
         lap("optimizer")
-    return step_metrics(averaged, adv, frozen, step)
+    stats = step_metrics(averaged, adv, frozen, step)
+    stats["zero_adv_rows_skipped"] = 0.0 if inert is None else float(inert.sum())
+    return stats
 
 
 def _value_kwargs(step: StepBatch) -> dict:

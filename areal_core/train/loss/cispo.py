@@ -60,6 +60,7 @@ class CISPO(Loss):
     name = "cispo"
     needs = frozenset({"advantages"})
     level = "token"
+    advantage_weighted = True  # A = 0 on a row: no loss, no gradient
 
     def __call__(self, cfg: AlgorithmConfig, x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
         return cispo_loss(cfg, x)

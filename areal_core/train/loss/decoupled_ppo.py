@@ -125,6 +125,7 @@ class DecoupledPPO(Loss):
     Settings = DecoupledPpoSettings  # its subclasses have none: they set LossSettings
     needs = frozenset({"advantages"})
     level = "token"
+    advantage_weighted = True  # A = 0 on a row (Ā = 0 at sequence level): no loss, no gradient
     seq_advantage = False  # with level "sequence": each row's mean advantage Ā_i instead of A_t
 
     def clip_drop(self, cfg: AlgorithmConfig) -> str:

@@ -91,6 +91,7 @@ class KPop(Loss):
     Settings = KpopSettings
     needs = frozenset({"advantages"})
     level = "token"
+    advantage_weighted = True  # A = 0 on a row: no loss, no gradient
 
     def __call__(self, cfg: AlgorithmConfig, x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
         return kpop_loss(cfg, x)

@@ -34,6 +34,9 @@ What a loss declares (checked at registration):
   level        'token' or 'sequence': the unit its ratio (or log-probability) is formed over
   distributed  False: refused with more than one FSDP rank (its reduction has no global denominator)
   kl_term      False: `algo.kl_coef` adds no KL loss term (the loss holds its own β towards π_ref)
+  advantage_weighted  True: each row's loss is its advantages times a function of that row alone, so a row
+               whose advantages are all 0 adds nothing to the loss or the gradient and the trainer may leave
+               it out of the passes (areal_core/train/zero_advantage.py); False (the default) trains every row
   check        what its settings require (`algo.decoupled_ppo.behav_clip_drop`: a token-level correction, and
                decoupled PPO itself as the loss), checked at prepare for each active loss and each loss whose
                section the config sets; a ConfigError naming the key
@@ -128,6 +131,7 @@ class Loss:
     level: ClassVar[str] = "token"
     distributed: ClassVar[bool] = True
     kl_term: ClassVar[bool] = True
+    advantage_weighted: ClassVar[bool] = False
 
     def __call__(self, cfg: AlgorithmConfig, x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
         raise NotImplementedError

@@ -79,6 +79,7 @@ class SAPO(Loss):
     Settings = SapoSettings
     needs = frozenset({"advantages"})
     level = "token"
+    advantage_weighted = True  # A = 0 on a row: no loss, no gradient
 
     def __call__(self, cfg: AlgorithmConfig, x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
         return sapo_loss(cfg, x)
