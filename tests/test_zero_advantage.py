@@ -61,8 +61,9 @@ def config(*overrides: str, minibatches: int = 1):
 def side_by_side(overrides: list[str], minibatches: int = 1, steps=STEPS, ref: bool = False):
     """Both copies' per-step metrics and the largest parameter gap after each step."""
     torch.set_num_threads(1)
-    on, off = config(*overrides, minibatches=minibatches), config(
-        *overrides, "train.skip_zero_advantage=false", minibatches=minibatches
+    on, off = (
+        config(*overrides, minibatches=minibatches),
+        config(*overrides, "train.skip_zero_advantage=false", minibatches=minibatches),
     )
     a = make_model(on)
     b = copy.deepcopy(a)
