@@ -154,7 +154,8 @@ def idle_sleep_s(idle_for_s: float, base_s: float) -> float:
     paused (an evaluation, a restart) costs few listings (LIST requests on S3)."""
     if idle_for_s < IDLE_BACKOFF_AFTER_S:
         return base_s
-    return max(base_s, min(IDLE_SLEEP_CAP_S, base_s * 2 ** int(idle_for_s / IDLE_BACKOFF_AFTER_S)))
+    doublings = min(int(idle_for_s / IDLE_BACKOFF_AFTER_S), 32)  # bounded: idle for days stays a float
+    return max(base_s, min(IDLE_SLEEP_CAP_S, base_s * 2**doublings))
 
 
 def run_reward_worker(run_uri: str, index: int = 0) -> dict:
