@@ -37,15 +37,26 @@ from areal_core.store import Store
 ROLES = ("trainer", "rollout", "reward")
 
 
-def start(role: str, uri: str, prof_dir: Path | None, log_dir: Path) -> subprocess.Popen:
+def start(role: str, uri: str, prof_dir: Path | None, log_dir: Path, index: int = 0) -> subprocess.Popen:
+    name = role if index == 0 else f"{role}-{index}"
     cmd = [sys.executable]
     if prof_dir is not None:
-        cmd += ["-m", "cProfile", "-o", str(prof_dir / f"{role}.prof")]
-    cmd += ["-m", "areal_core.run.roles", role, "--run-uri", uri]
+        cmd += ["-m", "cProfile", "-o", str(prof_dir / f"{name}.prof")]
+    cmd += ["-m", "areal_core.run.roles", role, "--run-uri", uri, "--index", str(index)]
     env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
-        cmd, env=env, cwd=str(PROJECT_ROOT), stdout=subprocess.DEVNULL, stderr=(log_dir / f"{role}.log").open("w")
+        cmd, env=env, cwd=str(PROJECT_ROOT), stdout=subprocess.DEVNULL, stderr=(log_dir / f"{name}.log").open("w")
     )
+
+
+def workers(uri: str) -> list[tuple[str, int]]:
+    """(role, index) of every process the run's config asks for: one trainer, rollout.num_workers rollout workers
+    and reward.num_workers reward workers."""
+    from areal_core.context import load_run_config
+
+    cfg = load_run_config(Store(uri))
+    n = {"trainer": 1, "rollout": cfg.rollout.num_workers, "reward": cfg.reward.num_workers}
+    return [(role, i) for role in ROLES for i in range(n[role])]
 
 
 def cpu_now(pid: int) -> float:
@@ -61,12 +72,13 @@ def cpu_now(pid: int) -> float:
 
 
 def run(uri: str, prof_dir: Path | None, skip: int, timeout_s: float = 3600) -> tuple[float, dict[str, float], int]:
-    """Run the three roles to DONE. Returns (wall s, CPU s per role, steps measured): from the
-    trainer's heartbeat at step `skip` (start-up and the first steps left out) to the end (the
-    role's own and its children's CPU, from wait4's rusage at exit)."""
+    """Run the three roles to DONE (as many rollout and reward workers as the config asks for). Returns (wall s,
+    CPU s per role, its workers summed, steps measured): from the trainer's heartbeat at step `skip` (start-up and
+    the first steps left out) to the end (the processes' own and their children's CPU, from wait4's rusage at
+    exit)."""
     log_dir = Path(uri.removeprefix("file://")).resolve().parent / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    procs = {role: start(role, uri, prof_dir, log_dir) for role in ROLES}
+    procs = {(role, i): start(role, uri, prof_dir, log_dir, i) for role, i in workers(uri)}
     store = Store(uri)
     cpu: dict[str, float] = {}
     base: dict[str, float] | None = None
@@ -90,7 +102,7 @@ def run(uri: str, prof_dir: Path | None, skip: int, timeout_s: float = 3600) -> 
                 p.returncode = os.waitstatus_to_exitcode(status)
                 cpu[role] = ru.ru_utime + ru.ru_stime
                 if p.returncode != 0:
-                    log = (log_dir / f"{role}.log").read_text()[-3000:]
+                    log = (log_dir / f"{role[0] if role[1] == 0 else '-'.join(map(str, role))}.log").read_text()[-3000:]
                     raise RuntimeError(f"{role} exited {p.returncode}: {log}")
             if time.time() - t0 > timeout_s:
                 raise TimeoutError("run did not finish")
@@ -100,8 +112,8 @@ def run(uri: str, prof_dir: Path | None, skip: int, timeout_s: float = 3600) -> 
             if p.returncode is None:
                 p.kill()
                 p.wait()
-    base = base or dict.fromkeys(ROLES, 0.0)
-    return time.time() - t_base, {r: cpu[r] - base[r] for r in ROLES}, base_step
+    base = base or dict.fromkeys(procs, 0.0)
+    return time.time() - t_base, {r: sum(cpu[k] - base[k] for k in procs if k[0] == r) for r in ROLES}, base_step
 
 
 def main() -> None:

@@ -92,7 +92,8 @@ def make_optimizer(model, cfg):
     return torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=0.0, betas=(0.9, 0.99))
 
 
-def train_curve(cfg, ctx=None) -> tuple[list[dict], dict[str, torch.Tensor]]:
+def train_curve(cfg, ctx=None, data=None) -> tuple[list[dict], dict[str, torch.Tensor]]:
+    """Per-step metrics and the final state of a run over `data` (default: `fixed_batches()`)."""
     from areal_core.train.distributed import full_state_dict, shard_model
     from areal_core.train.step import train_step
 
@@ -100,7 +101,7 @@ def train_curve(cfg, ctx=None) -> tuple[list[dict], dict[str, torch.Tensor]]:
     if ctx is not None:
         model = shard_model(model, ctx)
     opt = make_optimizer(model, cfg)
-    stats = [train_step(model, opt, samples, cfg, 0, ctx=ctx) for samples in fixed_batches()]
+    stats = [train_step(model, opt, samples, cfg, 0, ctx=ctx) for samples in data or fixed_batches()]
     return stats, full_state_dict(model, ctx) if ctx is not None else dict(model.state_dict())
 
 
@@ -132,6 +133,15 @@ def test_groups_are_split_contiguously_and_a_rank_may_get_none():
 
 
 CASES = [(1, "grpo"), (2, "dr_grpo"), (2, "gspo"), (2, "grpo_micro")]  # (minibatches, algorithm)
+# zero-advantage rows skipped on two ranks (tests/test_zero_advantage.py's batches: groups of equal rewards,
+# a minibatch where both ranks are left with nothing) against one process that trains every row
+SKIP_CASES = [(2, "grpo"), (2, "dr_grpo"), (2, "grpo_micro")]
+
+
+def uniform_batches():
+    from tests.test_zero_advantage import batches
+
+    return batches()
 
 
 def _fsdp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
@@ -154,6 +164,12 @@ def _fsdp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
         if rank == 0:
             torch.save(sd, os.path.join(out_dir, f"state-{minibatches}-{algo}.pt"))
             with open(os.path.join(out_dir, f"stats-{minibatches}-{algo}.json"), "w") as f:
+                json.dump(stats, f)
+    for minibatches, algo in SKIP_CASES:
+        stats, sd = train_curve(run_config(minibatches, algo), ctx, uniform_batches())
+        if rank == 0:
+            torch.save(sd, os.path.join(out_dir, f"skip-state-{minibatches}-{algo}.pt"))
+            with open(os.path.join(out_dir, f"skip-stats-{minibatches}-{algo}.json"), "w") as f:
                 json.dump(stats, f)
     model = shard_model(make_model(run_config()), ctx)
     local = sum(p.to_local().numel() for p in model.parameters())
@@ -188,6 +204,25 @@ def test_two_process_fsdp2_matches_one_process(tmp_path):
         assert set(got_sd) == set(ref_sd)
         for name, tensor in ref_sd.items():
             torch.testing.assert_close(got_sd[name], tensor, rtol=1e-4, atol=1e-5, msg=f"{algo} {name}")
+    for minibatches, algo in SKIP_CASES:
+        skipping, _ = train_curve(run_config(minibatches, algo), data=uniform_batches())
+        full_cfg = run_config(minibatches, algo).model_copy(deep=True)
+        full_cfg.train.skip_zero_advantage = False
+        ref_stats, ref_sd = train_curve(full_cfg, data=uniform_batches())
+        got_stats = json.loads((tmp_path / f"skip-stats-{minibatches}-{algo}.json").read_text())
+        assert [s["zero_adv_rows_skipped"] for s in got_stats] == [4.0, 6.0, 12.0, 0.0], algo
+        for ref, one, got in zip(ref_stats, skipping, got_stats):
+            assert got["loss"] == pytest.approx(ref["loss"], rel=1e-4, abs=1e-6), algo
+            assert got["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-4, abs=1e-6), algo
+            # the metrics of the passes: over the rows trained on, each rank weighted by its share of them
+            for key in ("clip_frac", "importance_weight_mean"):
+                assert got[key] == pytest.approx(one[key], rel=1e-5, abs=1e-6), (algo, key)
+            assert got["policy_tokens"] == one["policy_tokens"], algo
+            if got["zero_adv_rows_skipped"]:
+                assert got["policy_tokens"] < ref["policy_tokens"], algo
+        got_sd = torch.load(tmp_path / f"skip-state-{minibatches}-{algo}.pt")
+        for name, tensor in ref_sd.items():
+            torch.testing.assert_close(got_sd[name], tensor, rtol=1e-4, atol=2e-5, msg=f"skip {algo} {name}")
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert ranks[0]["total"] == ranks[1]["total"]
     assert all(r["local"] < r["total"] for r in ranks)  # parameters really are sharded
