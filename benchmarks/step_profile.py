@@ -10,6 +10,8 @@ trained first when --init is missing) and prints:
   - the per-step phases of each role (`areal_core/events.py` `phases` records), mean seconds
     per step, when the roles write them;
   - the trainer's own timing metrics (train_s, publish_s, ...) averaged over the steps;
+  - with STEP_PROFILE_NICE=trainer=5,reward=5 in the environment: those roles start at that niceness (an
+    experiment: the rollout, the critical path of a rollout-bound job, then wins the cores; docs/benchmarks.md);
   - with --cprofile DIR: each role runs under cProfile (DIR/{role}.prof) and its top functions
     by own time are printed (cProfile slows Python-heavy code: use it to find, not to measure).
 """
@@ -44,8 +46,14 @@ def start(role: str, uri: str, prof_dir: Path | None, log_dir: Path, index: int 
         cmd += ["-m", "cProfile", "-o", str(prof_dir / f"{name}.prof")]
     cmd += ["-m", "areal_core.run.roles", role, "--run-uri", uri, "--index", str(index)]
     env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "PYTHONUNBUFFERED": "1"}
+    nice = dict(kv.split("=") for kv in os.environ.get("STEP_PROFILE_NICE", "").split(",") if kv).get(role)
     return subprocess.Popen(
-        cmd, env=env, cwd=str(PROJECT_ROOT), stdout=subprocess.DEVNULL, stderr=(log_dir / f"{name}.log").open("w")
+        cmd,
+        env=env,
+        cwd=str(PROJECT_ROOT),
+        stdout=subprocess.DEVNULL,
+        stderr=(log_dir / f"{name}.log").open("w"),
+        preexec_fn=(lambda: os.nice(int(nice))) if nice else None,
     )
 
 
