@@ -168,8 +168,10 @@ def test_swap_mid_generation_is_a_rollout_setting_the_factory_passes_on():
     cfg = load_config("configs/default.yaml", ["rollout.swap_mid_generation=false"])
     m = build_tiny_model(CFG, len(tok), 0)
     assert build_local_engine(cfg, m, tok, 0, seed=1).swap_mid_generation is False
-    cfg = load_config("configs/default.yaml", ["rollout.engine=torch"])
+    cfg = load_config("configs/default.yaml", ["rollout.engine=torch", "rollout.swap_mid_generation=true"])
     assert build_local_engine(cfg, m, tok, 0, seed=1).swap_mid_generation is True
+    assert load_config(None, []).rollout.swap_mid_generation is True  # the library default: AReaL's
+    assert load_config("configs/default.yaml", []).rollout.swap_mid_generation is False  # the default job's
 
 
 def test_a_step_delay_slows_the_engine_and_changes_no_token():

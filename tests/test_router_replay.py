@@ -233,7 +233,10 @@ def test_a_short_run_with_replay_reaches_done_with_the_route_metrics(tmp_path):
     the replayed one (it replays), below the gap under its own routes."""
     from benchmarks.router_replay import COLUMNS, run
 
-    rows = run(tmp_path, 3, "rollout", ["train.eta=0", "train.lr=1e-4", "rollout.max_new_tokens=12"])
+    # every row trained: the pass's abs_dlogp_behav_prox is then over the same rows as the probe's replay gap
+    # (with zero-advantage rows skipped it is over the trained rows only)
+    extra = ["train.eta=0", "train.lr=1e-4", "rollout.max_new_tokens=12", "train.skip_zero_advantage=false"]
+    rows = run(tmp_path, 3, "rollout", extra)
     assert [r["step"] for r in rows] == [1, 2, 3]
     for r in rows:
         assert all(c in r for c in COLUMNS) and r["route_token_layers"] > 0
