@@ -52,12 +52,17 @@ def run_config(minibatches: int = 1, algo: str = "grpo"):
     )
 
 
-def fixed_batches(seed: int = 0) -> list[list[Sample]]:
-    """Deterministic groups: random prompts and responses, rewards varying inside groups, and
-    behaviour log-probs near (not equal to) the policy's so that the importance weights matter."""
+def varying_reward(rng: random.Random, step: int, g: int, k: int) -> float:
+    return float(rng.random() < 0.5 if k else 1.0 - (g % 2))
+
+
+def fixed_batches(seed: int = 0, steps=STEPS, reward=varying_reward) -> list[list[Sample]]:
+    """Deterministic groups: random prompts and responses, rewards from `reward(rng, step, group, k)`
+    (by default varying inside groups), and behaviour log-probs near (not equal to) the policy's so
+    that the importance weights matter. `steps`: (groups, group size) per step."""
     rng = random.Random(seed)
     out = []
-    for step, (groups, size) in enumerate(STEPS):
+    for step, (groups, size) in enumerate(steps):
         samples = []
         for g in range(groups):
             prompt = [rng.randrange(3, VOCAB) for _ in range(rng.randint(3, 6))]
@@ -75,7 +80,7 @@ def fixed_batches(seed: int = 0) -> list[list[Sample]]:
                         loss_mask=[0] * n_p + [1] * n_r,
                         behav_logprobs=[0.0] * n_p + [-5.7 + rng.uniform(-0.3, 0.3) for _ in range(n_r)],
                         versions=[-1] * n_p + [0] * n_r,
-                        reward=float(rng.random() < 0.5 if k else 1.0 - (g % 2)),
+                        reward=reward(rng, step, g, k),
                     )
                 )
         out.append(samples)

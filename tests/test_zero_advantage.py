@@ -15,41 +15,22 @@ from areal_core.config import load_config
 from areal_core.protocol import Sample
 from areal_core.train.step import train_step
 from areal_core.train.zero_advantage import inert_rows, skip_refusal, trained_rows
-from tests.test_fsdp import MODEL, VOCAB, make_model, make_optimizer
+from tests.test_fsdp import MODEL, fixed_batches, make_model, make_optimizer
 
 # (groups, group size, which groups have equal rewards) per step
 STEPS = [(4, 4, {1}), (3, 3, {0, 2}), (4, 4, {0, 1, 3}), (2, 4, set())]
 
 
 def batches(uniform_steps=STEPS, seed: int = 3) -> list[list[Sample]]:
-    """Random prompts and responses; the groups named in `uniform` get one reward for all their samples
+    """tests/test_fsdp.py's random groups; the groups named in a step's set get one reward for all their samples
     (alternately 1 and 0), the others rewards that differ inside the group."""
-    rng = random.Random(seed)
-    out = []
-    for step, (groups, size, uniform) in enumerate(uniform_steps):
-        samples = []
-        for g in range(groups):
-            prompt = [rng.randrange(3, VOCAB) for _ in range(rng.randint(3, 6))]
-            for k in range(size):
-                resp = [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 7))]
-                n_p, n_r = len(prompt), len(resp)
-                reward = float(g % 2) if g in uniform else float(k % 2 == 0 or rng.random() < 0.3)
-                samples.append(
-                    Sample(
-                        sample_id=f"s{step}-{g}-{k}",
-                        group_id=f"s{step}-{g}",
-                        prompt_id=f"p{g}",
-                        worker_id="w",
-                        input_ids=prompt + resp,
-                        prompt_len=n_p,
-                        loss_mask=[0] * n_p + [1] * n_r,
-                        behav_logprobs=[0.0] * n_p + [-5.7 + rng.uniform(-0.3, 0.3) for _ in range(n_r)],
-                        versions=[-1] * n_p + [0] * n_r,
-                        reward=reward,
-                    )
-                )
-        out.append(samples)
-    return out
+
+    def reward(rng: random.Random, step: int, g: int, k: int) -> float:
+        if g in uniform_steps[step][2]:
+            return float(g % 2)
+        return 1.0 if k == 0 else 0.0 if k == 1 else float(rng.random() < 0.5)  # never all equal
+
+    return fixed_batches(seed, [(groups, size) for groups, size, _ in uniform_steps], reward)
 
 
 def config(*overrides: str, minibatches: int = 1):
