@@ -62,6 +62,51 @@ def test_wake_installs_a_staged_version_on_an_idle_engine_and_tells_the_listener
         aengine.close()
 
 
+def test_a_version_staged_behind_a_queued_call_is_installed_when_that_batch_ends():
+    """The wake-up is queued behind a call while the engine runs another: the engine thread takes both from the
+    queue together for its next batch, and installs the version once that batch ends (swap_mid_generation off
+    waits for the end of a call), not at its idle poll an hour later."""
+    from areal_core.rollout.engine import SamplingParams
+
+    _, tok, engine = tasks_and_engine()
+    busy, go = threading.Event(), threading.Event()
+    generate = engine.generate
+
+    def slow_generate(prompts, params):
+        busy.set()
+        assert go.wait(60)
+        return generate(prompts, params)
+
+    engine.generate = slow_generate
+    aengine = AsyncEngine(engine, idle_poll_s=HOUR)
+    heard = threading.Event()
+    aengine.on_new_version(heard.set)
+    params = SamplingParams(max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=0)
+
+    def call() -> threading.Thread:
+        t = threading.Thread(target=lambda: asyncio.run(aengine.generate(tok.encode("1 + 1"), params)), daemon=True)
+        t.start()
+        return t
+
+    callers = [call()]
+    try:
+        assert busy.wait(60)  # the first call runs
+        callers.append(call())
+        deadline = time.monotonic() + 60
+        while aengine._q.qsize() < 1 and time.monotonic() < deadline:  # the second call waits in the queue
+            time.sleep(0.01)
+        engine.staged = 2
+        aengine.wake()  # queued behind the second call
+        go.set()
+        assert heard.wait(60) and engine.version == 2
+        assert engine.calls == [1, 1]
+    finally:
+        go.set()
+        for t in callers:
+            t.join(timeout=60)
+        aengine.close()
+
+
 def test_a_rollout_loop_blocked_by_admission_starts_as_soon_as_the_next_version_is_installed(tmp_path):
     """η = 0, 2 groups a version: the loop starts 2 groups, writes them, and is blocked until version 1.
     Its poll interval is an hour: the version staged and woken from another thread (the weight watcher's

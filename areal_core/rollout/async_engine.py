@@ -160,7 +160,7 @@ class AsyncEngine:
             if first is _WAKE:
                 self._install_staged()
                 continue
-            calls = list(first)
+            calls, woken = list(first), False
             while sum(len(c.prompts) for c in calls) < self.max_batch_prompts:
                 try:
                     nxt = self._q.get_nowait()
@@ -169,7 +169,9 @@ class AsyncEngine:
                 if nxt is None:
                     self._q.put(None)  # stop after this batch
                     break
-                if nxt is not _WAKE:  # busy: the engine installs it at its next step
+                if nxt is _WAKE:  # busy: installed after this batch (or by the engine at its next step)
+                    woken = True
+                else:
                     calls += nxt
             version = self.engine.version
             batches: dict[tuple, list[_Call]] = {}
@@ -182,11 +184,15 @@ class AsyncEngine:
                     log.exception("engine thread failed a batch")
                     for c in batch:
                         c.loop.call_soon_threadsafe(_settle, [(c.future, exc)])
-            if self.engine.version != version:
+            if woken:  # a version staged while busy: the engine is idle now (swap_mid_generation off waits for this)
+                self._install_staged(since=version)
+            elif self.engine.version != version:  # the engine installed one between two steps
                 self._tell()
 
-    def _install_staged(self) -> None:
-        version = self.engine.version
+    def _install_staged(self, since: int | None = None) -> None:
+        """Install what is staged; the listeners hear of it if the version differs from `since` (default: the
+        version before this install)."""
+        version = self.engine.version if since is None else since
         try:
             self.engine.load_version(self.engine.version)  # an in-process engine installs what is staged
         except Exception:  # noqa: BLE001 - a bad staged version must not stop the engine thread
