@@ -49,6 +49,23 @@ def test_dr_grpo_is_mean_centred_without_std():
     assert adv.tolist() == approx([0.75, -0.25, -0.25, -0.25, 0, 0])
 
 
+@pytest.mark.parametrize("est", ["grpo", "dr_grpo", "rloo", "lite_ppo"])  # group_batch_norm then shifts by the batch
+@pytest.mark.parametrize("n", [2, 3, 6, 7, 8, 16])
+@pytest.mark.parametrize("value", [0.7, 0.1, 0.3, 0.9, 1 / 3, 2 / 3, -0.7, 1e-8, 123.456, 0.0, 1.0])
+def test_a_group_of_equal_rewards_gets_exactly_zero_advantage(est, n, value):
+    """Eight rewards of 0.7 have a float32 sum that misses 8 × 0.7 by an ulp: (r − mean)/(std + 1e-6) was then
+    0.056 on every row of the group (a push the data does not ask for, and rows the trainer could not skip)."""
+    from areal_core.train.zero_advantage import inert_rows
+
+    rewards = torch.tensor([value] * n + [0.0, 1.0, 0.25, 1.0])
+    groups = torch.tensor([0] * n + [1] * 4)
+    mask = torch.ones(n + 4, 5)
+    adv, _, _ = compute_advantages(AlgorithmConfig(adv_estimator=est), rewards, groups, mask)
+    assert adv[:n].abs().max().item() == 0.0, adv[:n, 0].tolist()
+    assert adv[n:].abs().min().item() > 0  # the mixed group still learns
+    assert inert_rows(adv, mask).tolist() == [True] * n + [False] * 4
+
+
 def test_rloo_by_hand_and_group_of_one():
     adv = A.rloo_advantages(torch.tensor([1.0, 0, 0, 1, 5.0]), torch.tensor([0, 0, 0, 0, 1]))
     # A_0 = 1 − (0+0+1)/3, A_1 = 0 − (1+0+1)/3; a lone sample has no baseline

@@ -89,6 +89,8 @@ def test_skipping_zero_advantage_rows_leaves_every_step_unchanged(name, minibatc
         assert m_a["grad_norm"] == pytest.approx(m_b["grad_norm"], rel=1e-5, abs=1e-7)
         assert m_a["response_tokens"] == m_b["response_tokens"]  # the whole batch's, not the trained rows'
         assert gap < 1e-5, gap  # lr 3e-3: a wrong denominator or a skipped AdamW update moves ~lr
+        for m in (m_a, m_b):  # the policy loss is the whole loss here, summed over micro-batches like it
+            assert m["loss_policy"] == pytest.approx(m["loss"], rel=1e-5, abs=1e-7)
     trained = [m_a["policy_tokens"] < m_b["policy_tokens"] for m_a, m_b, _ in rows[:3]]
     assert all(trained)  # fewer tokens went through the passes
     assert rows[0][2] > 0 or rows[-1][0]["loss"] != rows[0][0]["loss"]  # it does train
@@ -165,3 +167,99 @@ def test_inert_rows_are_exactly_zero_on_every_policy_token():
     assert kept.tolist() == [0] and none_left  # one row, to run with its mask zeroed
     kept, none_left = trained_rows(rows, None)
     assert kept.tolist() == rows.tolist() and not none_left
+    # rows that reach parameters the others do not (a VLM's image rows): one of them stays when all are inert
+    reach = torch.tensor([False, False, False, True, True])
+    kept, none_left = trained_rows(rows, inert_rows(adv, mask), reach)
+    assert kept.tolist() == [1, 2, 3] and not none_left  # row 3 is inert: its loss and gradient are 0
+    kept, none_left = trained_rows(torch.tensor([0, 3, 4]), inert_rows(adv, mask), reach)
+    assert kept.tolist() == [3] and none_left  # the masked row is one that reaches them
+    kept, none_left = trained_rows(torch.tensor([1, 2, 4]), inert_rows(adv, mask), torch.tensor([0, 1, 0, 0, 1]) > 0)
+    assert kept.tolist() == [1, 2] and not none_left  # a kept row reaches them already
+
+
+PASS_MEANS = ("ratio_mean", "importance_weight_mean", "importance_weight_min", "kl_behav_prox", "sampled_entropy")
+
+
+def test_a_minibatch_whose_rows_were_all_skipped_does_not_dilute_the_means_over_the_passes(monkeypatch):
+    """Two minibatches, the first all uniform groups: the skipping copy trains nothing there. Its means over the
+    rows' passes (ratio, importance weights, entropy, ...) are the second minibatch's as the unskipped copy
+    computed them, not halved by a masked row's zeros (ratio_mean was 0.5); the loss and update still average
+    both; a step that trained no row at all reports no such means."""
+    import areal_core.train.step as step_module
+
+    per_minibatch = []
+    update = step_module.minibatch_update
+    monkeypatch.setattr(
+        step_module, "minibatch_update", lambda *a, **k: per_minibatch.append(update(*a, **k)) or per_minibatch[-1]
+    )
+    steps = [(2, 4, {0}), (2, 4, {0, 1})]
+    (on1, off1, gap1), (on2, off2, gap2) = side_by_side([], minibatches=2, steps=steps)
+    assert on1["zero_adv_rows_skipped"] == 4.0 and gap1 < 1e-5 and gap2 < 1e-5
+    second_unskipped = per_minibatch[3]  # step 1: the skipping copy's two minibatches, then the other copy's
+    assert on1["ratio_mean"] == pytest.approx(1.0, abs=1e-3)
+    for key in PASS_MEANS:
+        assert on1[key] == pytest.approx(second_unskipped[key], rel=1e-4, abs=1e-6), key
+    assert on1["loss"] == pytest.approx(off1["loss"], rel=1e-5, abs=1e-7)
+    assert on2["zero_adv_rows_skipped"] == 8.0 and on2["loss"] == 0.0 and on2["grad_norm"] == 0.0
+    assert not set(PASS_MEANS) & set(on2) and set(PASS_MEANS) <= set(off2)
+
+
+def test_a_vlm_s_vision_tower_moves_as_without_the_skip_when_its_image_rows_are_skipped():
+    """A tiny Qwen2.5-VL, one image group and one text-only group a step; from step 1 the image group's rewards
+    are equal. The vision tower is reached only by image rows: had they all been left out, its parameters would
+    get no gradient and AdamW would leave them as they were (a gap of ~lr against the unskipped copy)."""
+    from areal_core.store import Store
+    from areal_core.vlm.images import ImageCache, put_images
+    from areal_core.vlm.inputs import MultimodalRows, vision_token_ids
+    from task_data.clevr import generate, record_images
+    from tests.test_vlm_model import tiny
+
+    torch.set_num_threads(1)
+    model, processor = tiny()
+    store = Store(str(pytest.importorskip("tempfile").mkdtemp()))
+    record = generate(5, 1, 1, "count_colour")[0][0]
+    image_ids = put_images(store, record_images(record))
+    img_prompt, _ = processor.encode(record["prompt"], ImageCache([store]).load(image_ids))
+    txt_prompt, _ = processor.encode("is there a circle?", [])
+    banned = set(vision_token_ids(model.config))
+    rng = random.Random(0)
+    tokens = [t for t in range(3, 300) if t not in banned]
+
+    def batch(step: int, image_uniform: bool) -> list[Sample]:
+        out = []
+        for g, (prompt, ids) in enumerate([(img_prompt, image_ids), (txt_prompt, None)]):
+            for k in range(4):
+                resp = [rng.choice(tokens) for _ in range(rng.randint(2, 5))]
+                out.append(
+                    Sample(
+                        sample_id=f"s{step}{g}{k}",
+                        group_id=f"g{step}{g}",
+                        prompt_id=f"p{g}",
+                        worker_id="w",
+                        input_ids=prompt + resp,
+                        prompt_len=len(prompt),
+                        loss_mask=[0] * len(prompt) + [1] * len(resp),
+                        behav_logprobs=[0.0] * len(prompt) + [-5.0] * len(resp),
+                        versions=[-1] * len(prompt) + [0] * len(resp),
+                        reward=1.0 if (g == 0 and image_uniform) else float(k % 2),
+                        image_ids=ids,
+                    )
+                )
+        return out
+
+    data = [batch(0, False), batch(1, True), batch(2, True)]
+    copies = {True: model, False: copy.deepcopy(model)}
+    skipped = []
+    for skip, m in copies.items():
+        cfg = load_config(None, ["train.packing=false", f"train.skip_zero_advantage={str(skip).lower()}"])
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.01)
+        for samples in data:
+            mm = MultimodalRows.from_samples(samples, processor, ImageCache([store]))
+            out = train_step(m, opt, samples, cfg, processor.pad_token_id, mm=mm)
+            skipped.append(out["zero_adv_rows_skipped"])
+    assert skipped == [0.0, 4.0, 4.0, 0.0, 0.0, 0.0]
+    gaps = {"visual": 0.0, "language": 0.0}
+    for (name, p), q in zip(copies[True].named_parameters(), copies[False].parameters()):
+        key = "visual" if ".visual." in f".{name}" else "language"
+        gaps[key] = max(gaps[key], float((p - q).detach().abs().max()))
+    assert gaps["visual"] < 1e-6 and gaps["language"] < 1e-5, gaps

@@ -26,18 +26,26 @@ def grpo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float =
     for g in torch.unique(group_ids):
         idx = group_ids == g
         r = rewards[idx].float()
+        if bool(r.max() == r.min()):  # exactly 0: the float mean of equal values can miss them by an ulp, which
+            continue  # divided by (std ≈ 0) + eps is an advantage of ~0.06 (0.7 × 8 in float32)
         adv[idx] = (r - r.mean()) / (r.std(unbiased=False) + eps)
     return adv
 
 
 def group_stats(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-sample (group sum, group size, group mean) of the sample's group, shape [N] each."""
+    """Per-sample (group sum, group size, group mean) of the sample's group, shape [N] each.
+
+    A group whose rewards are all equal has that reward as its mean, exactly: a float sum of n equal values can
+    miss n·r by an ulp, and r − mean would then be a nonzero advantage (rescaled by a std of ~0 under GRPO)."""
     r = rewards.float()
     _, inv = torch.unique(group_ids, return_inverse=True)
     k = int(inv.max().item()) + 1 if inv.numel() else 0
     sums = torch.zeros(k, dtype=r.dtype, device=r.device).index_add_(0, inv, r)
     counts = torch.zeros(k, dtype=r.dtype, device=r.device).index_add_(0, inv, torch.ones_like(r))
-    return sums[inv], counts[inv], (sums / counts)[inv]
+    hi = torch.full((k,), -torch.inf, dtype=r.dtype, device=r.device).scatter_reduce_(0, inv, r, "amax")
+    lo = torch.full((k,), torch.inf, dtype=r.dtype, device=r.device).scatter_reduce_(0, inv, r, "amin")
+    mean = torch.where((hi == lo)[inv], r, (sums / counts)[inv])
+    return sums[inv], counts[inv], mean
 
 
 def dr_grpo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
@@ -56,9 +64,10 @@ def rloo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Ten
     A group of one sample has no baseline and gets A = 0.
     """
     r = rewards.float()
-    sums, counts, _ = group_stats(r, group_ids)
+    sums, counts, mean = group_stats(r, group_ids)
     baseline = (sums - r) / (counts - 1).clamp(min=1)
-    return torch.where(counts > 1, r - baseline, torch.zeros_like(r))
+    # r_i = mean_g gives A_i = 0 exactly (an equal-reward group: its float sum may miss n·r by an ulp)
+    return torch.where((counts > 1) & (r != mean), r - baseline, torch.zeros_like(r))
 
 
 def lite_ppo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

@@ -18,7 +18,8 @@ from __future__ import annotations
 import torch
 
 # per-minibatch metrics that are counts over the rows (summed over ranks and micro-batches, not averaged)
-SUMMED = {"policy_tokens", "pref_pairs"}
+# partial sums over a micro-batch (or rank): the loss's terms are reduced with the minibatch's denominators
+SUMMED = {"policy_tokens", "pref_pairs", "loss_policy", "loss_kl", "loss_distill", "loss_rl"}
 
 
 def split_rows(rows: torch.Tensor, groups: torch.Tensor, lengths: torch.Tensor, budget: int) -> list[torch.Tensor]:

@@ -45,7 +45,7 @@ from areal_core.train.entropy import token_logprobs_and_entropy
 from areal_core.train.logprobs import token_logprobs
 from areal_core.train.loss.common import behaviour_abs_diff
 from areal_core.train.loss.registry import LossInputs, check_algorithm
-from areal_core.train.micro_batches import aligned, split_rows
+from areal_core.train.micro_batches import SUMMED, aligned, split_rows
 from areal_core.train.minibatches import Minibatch, minibatch_algo, minibatch_update, plan_minibatches
 from areal_core.train.packing import packed_token_logprobs
 from areal_core.train.router_replay import RouteReplay, RouteTally, route_gap_metrics
@@ -336,7 +336,8 @@ def minibatch_backward(
     algo, need = minibatch_algo(step.cfg.algo, mb), required_inputs(step.cfg.algo)
     sync = getattr(model, "set_requires_gradient_sync", None)  # FSDP2: reduce gradients after the last micro-batch
     parts = []
-    rows_trained, none_left = trained_rows(mb.rows, inert)
+    reach = None if step.mm is None else torch.tensor([m is not None for m in step.mm.per_row], device=mb.rows.device)
+    rows_trained, none_left = trained_rows(mb.rows, inert, reach)
     micro = step.passes(rows_trained)
     # the minibatch's denominators, not these rows'
     split = step.ctx.distributed or len(micro) > 1 or len(rows_trained) < len(mb.rows)
@@ -364,10 +365,19 @@ def step_metrics(
     to them), the route probe's, and the batch's reward mean, image rows and policy tokens."""
     stats = {**averaged, **adv.stats, **frozen.route_stats}
     stats["reward_mean"] = step.batch.rewards.mean().item()
-    if step.mm is not None:  # the rows trained with their images in the forward passes
+    if step.mm is not None:  # the batch's rows with images
         stats["image_rows"] = float(sum(m is not None for m in step.mm.per_row))
     stats["response_tokens"] = step.batch.loss_mask.sum().item()
     return stats
+
+
+# what a minibatch whose rows were all skipped still reports (its loss and update: 0, as without the skip); the
+# means over its rows' passes (ratios, importance weights, entropy, ...) average over the minibatches that trained
+# rows, and a step that trained none has none of them
+UPDATE_METRICS = frozenset(
+    {"loss", "grad_norm", "nonfinite_grad_frac", "critic_grad_norm", "critic_nonfinite_grad_frac", "micro_batches"}
+    | SUMMED
+)
 
 
 def train_step(
@@ -393,7 +403,8 @@ def train_step(
     "forward" (no-grad passes and the loss), "backward" and "optimizer" (clipping and the step).
 
     The steps: load (the batch and the minibatch plan) → the no-grad passes and advantages →
-    per minibatch M, backward then update → metrics, each minibatch's weighted 1/n_mb."""
+    per minibatch M, backward then update → metrics, each minibatch's weighted 1/n_mb (the means over rows'
+    passes: 1/(the minibatches that trained a row), UPDATE_METRICS)."""
     t0 = time.perf_counter()
     ctx = ctx or DistContext()
     algo, n_mb = cfg.algo, cfg.train.ppo_minibatches
@@ -413,7 +424,8 @@ def train_step(
     inert = None
     if cfg.train.skip_zero_advantage and not skip_refusal(algo, critic is not None):
         inert = inert_rows(adv.advantages, batch.loss_mask)
-    averaged: dict[str, float] = {}
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
     for mb in plan:
         optimizer.zero_grad(set_to_none=True)
         if critic is not None:
@@ -422,9 +434,11 @@ def train_step(
         trained = None if inert is None else float(batch.loss_mask[mb.members[~inert[mb.members]]].sum())
         mb_stats = minibatch_update(model, optimizer, cfg.train.grad_clip, ctx, mb, critic, parts, n_micro, trained)
         for k, v in mb_stats.items():
-            averaged[k] = averaged.get(k, 0.0) + v / n_mb
+            if trained == 0.0 and k not in UPDATE_METRICS:  # a pass over no trained row: its means are of nothing
+                continue
+            sums[k], counts[k] = sums.get(k, 0.0) + v, counts.get(k, 0) + 1
         lap("optimizer")
-    stats = step_metrics(averaged, adv, frozen, step)
+    stats = step_metrics({k: v / counts[k] for k, v in sums.items()}, adv, frozen, step)
     stats["zero_adv_rows_skipped"] = 0.0 if inert is None else float(inert.sum())
     return stats
 

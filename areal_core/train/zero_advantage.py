@@ -52,13 +52,25 @@ def inert_rows(advantages: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tenso
     return ~((advantages != 0) & loss_mask.bool()).any(dim=1)
 
 
-def trained_rows(rows: torch.Tensor, inert: torch.Tensor | None) -> tuple[torch.Tensor, bool]:
-    """`rows` less the inert ones, and whether none is left. None left: the first row, to be run with its
-    loss mask zeroed, so every parameter still gets a gradient (zero), as without the skip: AdamW moves a
-    parameter with a zero gradient (its moments decay) but leaves one without any untouched."""
+def trained_rows(
+    rows: torch.Tensor, inert: torch.Tensor | None, reach: torch.Tensor | None = None
+) -> tuple[torch.Tensor, bool]:
+    """`rows` less the inert ones, and whether none is left. None left: one row, to be run with its loss mask
+    zeroed, so every parameter still gets a gradient (zero), as without the skip: AdamW moves a parameter with a
+    zero gradient (its moments decay, its weight decays) but leaves one without any untouched.
+
+    `reach`: [N] bool, the rows that reach parameters the others do not (a VLM's rows with images reach the vision
+    tower). When `rows` hold such a row and the kept rows none, the first of them is kept too: inert, its loss and
+    gradient are exactly 0, and those parameters get their zero gradient as without the skip (the masked row when
+    none is left is this one)."""
     if inert is None or len(rows) == 0:
         return rows, False
     kept = rows[~inert[rows]]
+    if reach is not None and bool(reach[rows].any()) and not bool(reach[kept].any()):
+        first = rows[reach[rows]][:1]
+        if len(kept) == 0:
+            return first, True
+        return torch.sort(torch.cat([kept, first])).values, False
     if len(kept) == 0:
         return rows[:1], True
     return kept, False
