@@ -83,6 +83,49 @@ def test_tool_call_arguments_that_break_strict_json_are_served_as_their_text(ser
     assert r.json()["choices"][0]["message"]["role"] == "assistant"
 
 
+def test_the_depth_is_read_off_the_brackets_before_any_parser_recurses(monkeypatch):
+    """`nested_deeper_than` agrees with the depth of the parsed value on random JSON whose strings are full of
+    brackets, quotes and backslashes; 100,000 levels are refused without recursing (json.loads met the stack
+    limit at ~1,000, where a finalizer's warning then failed to print: a flaky unraisable-exception error)."""
+    import random
+    import sys
+
+    from areal_core.proxy.strictjson import TooDeep, depth_of, loads, nested_deeper_than
+
+    rng = random.Random(0)
+
+    def text() -> str:
+        return "".join(rng.choice(["[", "]", "{", "}", '"', "\\", "a", " ", "é"]) for _ in range(rng.randint(0, 8)))
+
+    def value(depth: int):
+        if depth == 0 or rng.random() < 0.3:
+            return rng.choice([text(), 1, None, 2.5])
+        if rng.random() < 0.5:
+            return [value(depth - 1) for _ in range(rng.randint(0, 3))]
+        return {text(): value(depth - 1) for _ in range(rng.randint(0, 3))}
+
+    for _ in range(500):
+        obj = value(rng.randint(0, 12))
+        encoded = json.dumps(obj, ensure_ascii=rng.random() < 0.5)
+        depth = depth_of(obj, 10**6)
+        for limit in (0, 1, 3, 8, 12):
+            assert nested_deeper_than(encoded, limit) == (depth > limit), (encoded, limit)
+            assert nested_deeper_than(encoded.encode(), limit) == (depth > limit)
+    import areal_core.proxy.strictjson as strictjson
+
+    parse = strictjson.json.loads
+    monkeypatch.setattr(strictjson.json, "loads", lambda t, **k: parse(t, **k) if len(t) < 1000 else pytest.fail(t))
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(200)  # a stack this shallow still refuses the deepest text: no parser sees it
+    try:
+        for deep in ["[" * 100_000 + "]" * 100_000, '{"a":' * 100_000 + "1" + "}" * 100_000, "[" * 100_000]:
+            with pytest.raises(TooDeep, match=f"nested more than {MAX_JSON_DEPTH} levels"):
+                loads(deep)
+    finally:
+        sys.setrecursionlimit(limit)
+    assert loads('["[[[[", {"]}": "\\"[["}]') == ["[[[[", {"]}": '"[['}]  # brackets in strings are text
+
+
 @pytest.mark.parametrize("where", ["tool-parameters", "arguments-object", "extra-field"])
 def test_nesting_past_the_depth_cap_is_a_422_before_any_handler(server, where):  # noqa: F811
     deep = json.loads(nested(500))  # 500 levels passed json.loads and failed the chat template with a 500

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 MAX_JSON_DEPTH = 64  # nesting levels of arrays and objects; a request needs a handful, a JSON schema a few dozen
@@ -25,6 +26,27 @@ class NotJson(ValueError):
 
 class TooDeep(ValueError):
     """Arrays and objects nested deeper than allowed."""
+
+
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)  # a JSON string literal, escapes included
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+
+
+def nested_deeper_than(text: str | bytes, limit: int) -> bool:
+    """Whether the arrays and objects of `text` (JSON or not) nest deeper than `limit`, read off its brackets
+    outside string literals, before any parser recurses into them: json.loads would go as deep as the text and
+    meet the interpreter's stack limit (a RecursionError deep in the stack, where even a finalizer's warning
+    cannot be printed). Linear in the text; a text with at most `limit` brackets is not scanned."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    if text.count("[") + text.count("{") <= limit:
+        return False
+    depth = 0
+    for ch in _NOT_BRACKET.sub("", _STRING.sub("", text)):
+        depth += 1 if ch in "[{" else -1
+        if depth > limit:
+            return True
+    return False
 
 
 def _no_constant(name: str) -> Any:
@@ -63,6 +85,8 @@ def loads(text: str | bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
     """`text` as strict JSON, else ValueError with the reason (`NotJson` for a syntax error, `TooDeep`): UTF-8
     only; no NaN/Infinity literals; numbers that a float64 or int64 holds; strings of valid Unicode
     (no lone surrogate, which json.loads lets through); at most `max_depth` levels of nesting."""
+    if nested_deeper_than(text, max_depth):
+        raise TooDeep(f"nested more than {max_depth} levels deep")
     try:
         obj = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float, parse_int=_bounded_int)
         depth_of(obj, max_depth)
