@@ -205,7 +205,9 @@ def test_three_steps_of_a_qwen3_moe_on_auto_run_the_continuous_engine(tmp_path):
     from areal_core.report.html import build_report
     from tests.test_architectures import three_steps
 
-    store = three_steps(tc.save("qwen3_moe", tmp_path / "qwen3_moe"), tmp_path, ["rollout.engine=auto"])
+    # every row trained: a step whose rows all had advantage 0 would measure no gap (train.skip_zero_advantage)
+    overrides = ["rollout.engine=auto", "train.skip_zero_advantage=false"]
+    store = three_steps(tc.save("qwen3_moe", tmp_path / "qwen3_moe"), tmp_path, overrides)
     chosen = [r for r in read_events(store) if r["kind"] == "engine"]
     assert chosen and all(r["engine"] == "continuous" and r["setting"] == "auto" for r in chosen)
     rows = [json.loads(line) for line in store.read_text(LAYOUT.metrics).splitlines() if line]

@@ -92,7 +92,10 @@ def minibatch_update(
         mb_stats["critic_nonfinite_grad_frac"] = 0.0 if math.isfinite(mb_stats["critic_grad_norm"]) else 1.0
     if ctx.distributed:
         rank_tokens = sum(t for _, t in parts)
-        mb_stats = _reduce(mb_stats, rank_tokens / max(trained_tokens or mb.global_tokens, 1.0), ctx)
+        total = mb.global_tokens if trained_tokens is None else trained_tokens
+        if trained_tokens == 0.0:  # every row skipped (on every rank alike): the inert rows the ranks ran
+            total = ctx.all_reduce_sum([rank_tokens])[0]
+        mb_stats = _reduce(mb_stats, rank_tokens / max(total, 1.0), ctx)
     mb_stats["grad_norm"] = grad_norm
     mb_stats["micro_batches"] = float(n_micro)
     return mb_stats

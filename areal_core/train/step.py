@@ -338,6 +338,7 @@ def minibatch_backward(
     parts = []
     reach = None if step.mm is None else torch.tensor([m is not None for m in step.mm.per_row], device=mb.rows.device)
     rows_trained, none_left = trained_rows(mb.rows, inert, reach)
+    nothing_trained = none_left and bool(inert[mb.members].all())  # on no rank either
     micro = step.passes(rows_trained)
     # the minibatch's denominators, not these rows'
     split = step.ctx.distributed or len(micro) > 1 or len(rows_trained) < len(mb.rows)
@@ -348,8 +349,14 @@ def minibatch_backward(
             fwd = policy_pass(model, step, rows, mb.dummy or none_left or padding, "entropy" in need, frozen, critic)
             inputs = loss_inputs(step.batch, fwd, frozen, adv, mb, split)
             loss, micro_stats = total_loss(algo, inputs)
-            micro_stats["abs_dlogp_behav_prox"] = behaviour_abs_diff(fwd.prox, inputs.behav_logp, inputs.mask)
-            parts.append((micro_stats, float(fwd.mask.sum())))
+            seen = fwd
+            if nothing_trained and not (mb.dummy or padding):  # the figures of the inert row run (its loss: 0)
+                seen = dataclasses.replace(fwd, mask=step.batch.loss_mask[rows])
+                inputs = loss_inputs(step.batch, seen, frozen, adv, mb, split)
+                update = {k: v for k, v in micro_stats.items() if k == "loss" or k in SUMMED}  # nothing trained
+                micro_stats = {**total_loss(algo, inputs)[1], **update}
+            micro_stats["abs_dlogp_behav_prox"] = behaviour_abs_diff(seen.prox, inputs.behav_logp, inputs.mask)
+            parts.append((micro_stats, float(seen.mask.sum())))
             lap("forward")
             if sync is not None and len(micro) > 1:
                 sync(k == len(micro) - 1)
@@ -371,9 +378,9 @@ def step_metrics(
     return stats
 
 
-# what a minibatch whose rows were all skipped still reports (its loss and update: 0, as without the skip); the
-# means over its rows' passes (ratios, importance weights, entropy, ...) average over the minibatches that trained
-# rows, and a step that trained none has none of them
+# what a minibatch whose rows were all skipped reports with the others (its loss and update: 0, as without the
+# skip); the means over the passes (ratios, importance weights, entropy, ...) average the minibatches that trained
+# rows, and only in a step that trained none are they the inert rows' run for AdamW's sake
 UPDATE_METRICS = frozenset(
     {"loss", "grad_norm", "nonfinite_grad_frac", "critic_grad_norm", "critic_nonfinite_grad_frac", "micro_batches"}
     | SUMMED
@@ -403,8 +410,8 @@ def train_step(
     "forward" (no-grad passes and the loss), "backward" and "optimizer" (clipping and the step).
 
     The steps: load (the batch and the minibatch plan) → the no-grad passes and advantages →
-    per minibatch M, backward then update → metrics, each minibatch's weighted 1/n_mb (the means over rows'
-    passes: 1/(the minibatches that trained a row), UPDATE_METRICS)."""
+    per minibatch M, backward then update → metrics, each minibatch's weighted 1/n_mb (the means over the
+    passes: over the minibatches that trained a row, UPDATE_METRICS)."""
     t0 = time.perf_counter()
     ctx = ctx or DistContext()
     algo, n_mb = cfg.algo, cfg.train.ppo_minibatches
@@ -424,8 +431,10 @@ def train_step(
     inert = None
     if cfg.train.skip_zero_advantage and not skip_refusal(algo, critic is not None):
         inert = inert_rows(adv.advantages, batch.loss_mask)
-    sums: dict[str, float] = {}
-    counts: dict[str, int] = {}
+    # per key: (sum, count) over the minibatches, and over those that trained no row their means over the passes
+    # (the one inert row each ran), used only where no minibatch trained a row
+    sums: dict[str, list[float]] = {}
+    untrained: dict[str, list[float]] = {}
     for mb in plan:
         optimizer.zero_grad(set_to_none=True)
         if critic is not None:
@@ -434,11 +443,11 @@ def train_step(
         trained = None if inert is None else float(batch.loss_mask[mb.members[~inert[mb.members]]].sum())
         mb_stats = minibatch_update(model, optimizer, cfg.train.grad_clip, ctx, mb, critic, parts, n_micro, trained)
         for k, v in mb_stats.items():
-            if trained == 0.0 and k not in UPDATE_METRICS:  # a pass over no trained row: its means are of nothing
-                continue
-            sums[k], counts[k] = sums.get(k, 0.0) + v, counts.get(k, 0) + 1
+            acc = (untrained if trained == 0.0 and k not in UPDATE_METRICS else sums).setdefault(k, [0.0, 0])
+            acc[0], acc[1] = acc[0] + v, acc[1] + 1
         lap("optimizer")
-    stats = step_metrics({k: v / counts[k] for k, v in sums.items()}, adv, frozen, step)
+    averaged = {k: total / n for k, (total, n) in (untrained | sums).items()}
+    stats = step_metrics(averaged, adv, frozen, step)
     stats["zero_adv_rows_skipped"] = 0.0 if inert is None else float(inert.sum())
     return stats
 
