@@ -207,7 +207,7 @@ def test_a_minibatch_whose_rows_were_all_skipped_does_not_dilute_the_means_over_
     assert on2["importance_weight_mean"] > 0.5 and on2["sampled_entropy"] > 0.5 * off2["sampled_entropy"]
 
 
-def test_a_vlm_s_vision_tower_moves_as_without_the_skip_when_its_image_rows_are_skipped():
+def test_a_vlm_s_vision_tower_moves_as_without_the_skip_when_its_image_rows_are_skipped(tmp_path):
     """A tiny Qwen2.5-VL, one image group and one text-only group a step; from step 1 the image group's rewards
     are equal. The vision tower is reached only by image rows: had they all been left out, its parameters would
     get no gradient and AdamW would leave them as they were (a gap of ~lr against the unskipped copy)."""
@@ -219,7 +219,7 @@ def test_a_vlm_s_vision_tower_moves_as_without_the_skip_when_its_image_rows_are_
 
     torch.set_num_threads(1)
     model, processor = tiny()
-    store = Store(str(pytest.importorskip("tempfile").mkdtemp()))
+    store = Store(str(tmp_path / "images"))
     record = generate(5, 1, 1, "count_colour")[0][0]
     image_ids = put_images(store, record_images(record))
     img_prompt, _ = processor.encode(record["prompt"], ImageCache([store]).load(image_ids))
